@@ -1,0 +1,105 @@
+"""
+hw_specs —— 课程里用到的芯片：一张表，每个数旁边写着出处；外加 roofline 的时间估计。
+
+【约定】
+- 所有算力都是 **稠密（dense）** 峰值，单位 FLOP/s。数据手册上带星号的"with sparsity"数字是 2:4 稀疏的，
+  正好是稠密的两倍，这里不用。
+- 带宽是字节/秒、容量是字节，都按十进制（80 GB = 80 × 10⁹ 字节），和数据手册一致。
+- roofline：一个算子的时间下界 = max(FLOPs / 峰值算力, 字节 / 带宽)；哪一项大，就说它受哪一项限制。
+
+【出处】
+- H100 SXM5 / H100 PCIe：NVIDIA H100 Tensor Core GPU Datasheet（稀疏数字除以 2 得到稠密）。
+- H200 SXM：NVIDIA H200 Tensor Core GPU 产品页（算力同 H100 SXM5）。
+- A100 80GB SXM：NVIDIA A100 Tensor Core GPU Datasheet。
+- B200：NVIDIA DGX B200 / HGX B200 公开规格，**近似值**（各代产品页的数字略有出入）。
+- d-Matrix Corsair：d-Matrix 产品页与 Gimlet Labs 博客（2026）：每张卡 2 GB SRAM、150 TB/s，
+  MXINT8 2.4 PFLOPS、MXINT4 9.6 PFLOPS（只有 MX 整数格式，没有 IEEE 浮点）；
+  容量层 LPDDR5X 最多 256 GB，带宽约 0.4 TB/s 是**二手来源的近似值**。
+"""
+from dataclasses import dataclass, field
+
+__all__ = ["Chip", "H100", "H100_PCIE", "H200", "A100", "B200", "CORSAIR", "ALL_CHIPS",
+           "roofline_time", "roofline_bound"]
+
+
+@dataclass(frozen=True)
+class Chip:
+    """一块芯片（或一张卡）：带宽、容量、各数据类型的稠密峰值算力，以及出处。"""
+    name: str
+    mem_bw: float                      # 字节/秒：模型权重放在这一层时 decode 读权重的带宽
+    mem_bytes: float                   # 字节：这一层能放多少（Corsair 是 SRAM 的 2 GB）
+    flops: dict = field(default_factory=dict)   # 数据类型 -> 稠密峰值 FLOP/s
+    power_w: float = 0.0               # 板卡功耗（W）；0 表示没有公开数字
+    link_bw: float = 0.0               # 卡间互联（单向聚合，字节/秒）；0 表示不适用
+    source: str = ""
+    capacity_bytes: float = 0.0        # 第二层（容量层）存储的字节数（只有 Corsair 有）
+    capacity_bw: float = 0.0           # 第二层存储的带宽（字节/秒）
+    note: str = ""
+
+    def peak_flops(self, dtype):
+        """dtype 的稠密峰值算力（FLOP/s）。芯片没有这种数据类型时抛 ValueError，列出它有的。"""
+        if dtype not in self.flops:
+            have = ", ".join(sorted(self.flops))
+            raise ValueError(f"{self.name} 没有 {dtype!r} 的算力；它支持的数据类型：{have}")
+        return self.flops[dtype]
+
+    def ridge_point(self, dtype):
+        """roofline 的拐点：算术强度（FLOP/字节）高于它就受算力限制，低于它受带宽限制。"""
+        return self.peak_flops(dtype) / self.mem_bw
+
+
+TB, GB, T = 1e12, 1e9, 1e12
+
+H100 = Chip(
+    "H100 SXM5", mem_bw=3.35 * TB, mem_bytes=80 * GB,
+    flops={"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp8": 1978.9 * T, "int8": 1978.9 * T},
+    power_w=700, link_bw=900 * GB,
+    source="NVIDIA H100 Tensor Core GPU Datasheet（SXM5 栏；稀疏数字 ÷ 2）")
+H100_PCIE = Chip(
+    "H100 PCIe", mem_bw=2.0 * TB, mem_bytes=80 * GB,
+    flops={"bf16": 756.5 * T, "fp16": 756.5 * T, "tf32": 378.0 * T, "fp8": 1513.0 * T, "int8": 1513.0 * T},
+    power_w=350, link_bw=600 * GB,
+    source="NVIDIA H100 Tensor Core GPU Datasheet（PCIe 栏；稀疏数字 ÷ 2）")
+H200 = Chip(
+    "H200 SXM", mem_bw=4.8 * TB, mem_bytes=141 * GB,
+    flops={"bf16": 989.4 * T, "fp16": 989.4 * T, "tf32": 494.7 * T, "fp8": 1978.9 * T, "int8": 1978.9 * T},
+    power_w=700, link_bw=900 * GB,
+    source="NVIDIA H200 Tensor Core GPU 产品页（算力同 H100 SXM5）")
+A100 = Chip(
+    "A100 80GB SXM", mem_bw=2.039 * TB, mem_bytes=80 * GB,
+    flops={"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "int8": 624 * T},
+    power_w=400, link_bw=600 * GB,
+    source="NVIDIA A100 Tensor Core GPU Datasheet（80GB SXM 栏；没有 FP8）")
+B200 = Chip(
+    "B200", mem_bw=8.0 * TB, mem_bytes=180 * GB,
+    flops={"bf16": 2250 * T, "fp16": 2250 * T, "fp8": 4500 * T, "fp4": 9000 * T},
+    power_w=1000, link_bw=1800 * GB,
+    source="NVIDIA DGX/HGX B200 公开规格（近似值：带宽约 8 TB/s，容量 180–192 GB）",
+    note="近似值")
+CORSAIR = Chip(
+    "d-Matrix Corsair", mem_bw=150 * TB, mem_bytes=2 * GB,
+    flops={"mxint8": 2400 * T, "mxint4": 9600 * T},
+    source="d-Matrix Corsair 产品页；Gimlet Labs 博客（2026）",
+    capacity_bytes=256 * GB, capacity_bw=0.4 * TB,
+    note="快层 = 2 GB SRAM @ 150 TB/s；容量层 LPDDR5X 256 GB @ 约 0.4 TB/s（二手来源）；只有 MX 整数格式")
+
+ALL_CHIPS = (H100, H100_PCIE, H200, A100, B200, CORSAIR)
+
+
+def roofline_time(flops, nbytes, chip, dtype="bf16"):
+    """
+    一个算子在 chip 上的时间下界（秒）= max(flops / 峰值算力, nbytes / 带宽)。
+
+    【参数】flops：要做的浮点运算数；nbytes：要搬的字节数；dtype：用哪种数据类型的峰值算力。
+    【边界】flops 或 nbytes 为负抛 ValueError。
+    """
+    if flops < 0 or nbytes < 0:
+        raise ValueError(f"FLOPs 和字节数都不能为负（收到 flops={flops}, bytes={nbytes}）")
+    return max(flops / chip.peak_flops(dtype), nbytes / chip.mem_bw)
+
+
+def roofline_bound(flops, nbytes, chip, dtype="bf16"):
+    """这个算子受什么限制："compute"（算力）或 "memory"（带宽）。两者相等时算 "compute"。"""
+    t_compute = flops / chip.peak_flops(dtype)
+    t_memory = nbytes / chip.mem_bw
+    return "compute" if t_compute >= t_memory else "memory"

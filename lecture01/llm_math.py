@@ -1,0 +1,232 @@
+"""
+llm_math —— 大模型的"账"：结构（配置）→ 参数量、每 token 的运算量、KV cache 字节、roofline 时间。
+
+【一个配置类型管稠密和 MoE】ModelConfig 描述一个 decoder-only 语言模型（Llama / gpt-oss 这一族：
+RMSNorm、RoPE、GQA、SwiGLU）。n_experts = 0 是稠密 FFN；n_experts > 0 是 MoE（每个 token 选 top_k 个专家）。
+
+【参数量的数法】和 Hugging Face 上的 checkpoint 一样逐个张量数：
+- 输入词嵌入 vocab × d；每层 q/k/v/o 投影（gpt-oss 带偏置）、两个 RMSNorm 的权重、FFN（或路由器 + 专家）；
+  gpt-oss 每层每个头还有一个 attention sink 的 logit；最后一个 RMSNorm；不共享权重时另有 lm_head vocab × d。
+- "激活参数"（MoE）：每个 token 真正用到的参数。按 gpt-oss 模型卡的口径：算 lm_head（unembedding），
+  不算输入词嵌入（查表，不做乘法），专家只算 top_k 个。
+
+【出处】Llama 3.1 的 config.json（meta-llama/Llama-3.1-8B / 70B / 405B）；gpt-oss 模型卡（OpenAI 2025，
+arXiv 2508.10925）与 openai/gpt-oss-120b、gpt-oss-20b 的 config.json。参数总数见 CURRICULUM §5。
+"""
+import math
+from dataclasses import dataclass, replace
+
+__all__ = ["ModelConfig", "LLAMA31_8B", "LLAMA31_70B", "LLAMA31_405B", "GPT_OSS_120B", "GPT_OSS_20B",
+           "ALL_MODELS", "expected_touched_experts", "decode_step", "prefill_time"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """一个 decoder-only 语言模型的结构。所有字段都是整数（bool 除外）；见模块说明。"""
+    name: str
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int                      # 稠密 FFN 的中间维度；MoE 时是每个专家的中间维度
+    tied: bool = False             # lm_head 是否和输入词嵌入共享
+    n_experts: int = 0             # 0 = 稠密
+    top_k: int = 0
+    attn_bias: bool = False        # q/k/v/o 是否带偏置（gpt-oss 带）
+    attn_sinks: bool = False       # 每层每个头一个 sink logit（gpt-oss）
+    router_bias: bool = False
+    expert_bias: bool = False      # 专家的 gate_up（2·d_ff）和 down（d）偏置
+    sliding_window: int = 0        # > 0 时，每隔一层（偶数层）只看最近 sliding_window 个位置
+    max_seq: int = 131072
+
+    def __post_init__(self):
+        for f in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{self.name}: {f} 必须是正整数（收到 {getattr(self, f)}）")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{self.name}: n_heads = {self.n_heads} 必须是 n_kv_heads = {self.n_kv_heads} 的整数倍（GQA 分组）")
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"{self.name}: top_k 必须在 1..n_experts = {self.n_experts} 之间（收到 {self.top_k}）")
+
+    # ---- 结构上的几个量 ----
+    @property
+    def is_moe(self):
+        return self.n_experts > 0
+
+    @property
+    def group(self):
+        """GQA 的组大小：几个 query 头共享一对 K/V 头。"""
+        return self.n_heads // self.n_kv_heads
+
+    def to_model_config(self):
+        """已经是 ModelConfig：返回自己（这样 analytic_ops 等函数对小配置和大配置一视同仁）。"""
+        return self
+
+    # ---- 参数量 ----
+    def attn_params(self):
+        """一层注意力的参数：q/k/v/o 的权重（和偏置）、sink。"""
+        d, q, kv = self.d_model, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        n = d * q + 2 * d * kv + q * d
+        if self.attn_bias:
+            n += q + 2 * kv + d
+        if self.attn_sinks:
+            n += self.n_heads
+        return n
+
+    def expert_params(self):
+        """一个专家（或稠密 FFN）的参数：SwiGLU 的 gate、up、down（和偏置）。"""
+        n = 3 * self.d_model * self.d_ff
+        if self.expert_bias:
+            n += 2 * self.d_ff + self.d_model
+        return n
+
+    def router_params(self):
+        """一层路由器的参数（稠密模型为 0）。"""
+        if not self.is_moe:
+            return 0
+        return self.d_model * self.n_experts + (self.n_experts if self.router_bias else 0)
+
+    def layer_params(self, active=False):
+        """一层的参数；active=True 时专家只算 top_k 个。"""
+        n_exp = (self.top_k if active else self.n_experts) if self.is_moe else 1
+        return self.attn_params() + self.router_params() + n_exp * self.expert_params() + 2 * self.d_model
+
+    def embed_params(self):
+        return self.vocab * self.d_model
+
+    def params(self):
+        """参数总数（和公开的 checkpoint 逐个参数一致）。"""
+        head = 0 if self.tied else self.vocab * self.d_model
+        return self.embed_params() + self.n_layers * self.layer_params() + self.d_model + head
+
+    def active_params(self):
+        """每个 token 用到的参数（MoE 模型卡的口径：含 lm_head，不含输入词嵌入）；稠密模型 = 总数 − 词嵌入。"""
+        return self.n_layers * self.layer_params(active=True) + self.d_model + self.vocab * self.d_model
+
+    def expert_params_total(self):
+        """所有专家的参数（MoE 里用 MXFP4 存的那部分，含专家偏置）；稠密模型为 0。"""
+        return self.n_layers * self.n_experts * self.expert_params() if self.is_moe else 0
+
+    def matmul_params(self):
+        """
+        一个 token 走一遍前向要乘的权重个数（只数矩阵乘法的权重，不含偏置、norm、词嵌入查表；含 lm_head）。
+
+        【推导】一个 token 乘一个 m × n 的权重矩阵要 2mn FLOPs，所以每 token 的矩阵乘法 FLOPs = 2 × matmul_params()。
+        MoE 只算路由器和 top_k 个专家。
+        """
+        d, q, kv = self.d_model, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        per_layer = d * q + 2 * d * kv + q * d
+        if self.is_moe:
+            per_layer += d * self.n_experts + self.top_k * 3 * d * self.d_ff
+        else:
+            per_layer += 3 * d * self.d_ff
+        return self.n_layers * per_layer + self.vocab * d
+
+    # ---- KV cache ----
+    def kv_bytes_per_token(self, bytes_per_el=2.0):
+        """每个 token 在所有层里存的 K 和 V 的字节数 = 2 × 层数 × KV 头数 × head_dim × 每个数的字节。"""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_el
+
+    def attended(self, context):
+        """上下文 context 时，所有层加起来每个 query 看的位置数（滑动窗口层最多看 sliding_window 个）。"""
+        if context < 0:
+            raise ValueError(f"上下文长度不能为负（收到 {context}）")
+        if not self.sliding_window:
+            return self.n_layers * context
+        n_win = (self.n_layers + 1) // 2          # 偶数层（0, 2, 4, …）用滑动窗口
+        return n_win * min(context, self.sliding_window) + (self.n_layers - n_win) * context
+
+    def kv_bytes(self, context, bytes_per_el=2.0):
+        """一个序列在上下文 context 时 KV cache 的字节数（滑动窗口层只存最近的窗口）。"""
+        return 2 * self.attended(context) * self.n_kv_heads * self.head_dim * bytes_per_el
+
+    # ---- 运算量 ----
+    def flops_per_token(self, context=0):
+        """
+        decode 一个 token 的 FLOPs = 2 × matmul_params() + 注意力核心 4 × 头数 × head_dim × 看的位置数。
+
+        【推导】QKᵀ 和 softmax·V 各是 2 × head_dim × 位置数 FLOPs 每个头；softmax 本身这里不算（见第 2 讲）。
+        """
+        return 2 * self.matmul_params() + 4 * self.n_heads * self.head_dim * self.attended(context)
+
+
+def _llama(name, d, ff, layers, heads, kv):
+    return ModelConfig(name, vocab=128256, d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=kv,
+                       head_dim=128, d_ff=ff)
+
+
+LLAMA31_8B = _llama("Llama-3.1-8B", 4096, 14336, 32, 32, 8)
+LLAMA31_70B = _llama("Llama-3.1-70B", 8192, 28672, 80, 64, 8)
+LLAMA31_405B = _llama("Llama-3.1-405B", 16384, 53248, 126, 128, 8)
+GPT_OSS_120B = ModelConfig("gpt-oss-120b", vocab=201088, d_model=2880, n_layers=36, n_heads=64, n_kv_heads=8,
+                           head_dim=64, d_ff=2880, n_experts=128, top_k=4, attn_bias=True, attn_sinks=True,
+                           router_bias=True, expert_bias=True, sliding_window=128)
+GPT_OSS_20B = replace(GPT_OSS_120B, name="gpt-oss-20b", n_layers=24, n_experts=32)
+ALL_MODELS = (LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, GPT_OSS_120B, GPT_OSS_20B)
+
+
+def expected_touched_experts(n_experts, top_k, n_tokens):
+    """
+    n 个 token 各自独立、均匀地从 E 个专家里选 k 个时，一层里被碰到的不同专家数的期望 = E · (1 − (1 − k/E)^n)。
+
+    【推导】某个专家不被一个 token 选中的概率是 1 − k/E；n 个 token 都不选它的概率是 (1 − k/E)^n；
+    对 E 个专家求和（期望的线性性）。
+    【边界】n = 0 时为 0；n 很大时趋于 E。
+    """
+    if n_tokens < 0:
+        raise ValueError(f"token 数不能为负（收到 {n_tokens}）")
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(f"需要 1 ≤ top_k ≤ n_experts（收到 top_k={top_k}, n_experts={n_experts}）")
+    return n_experts * (1 - (1 - top_k / n_experts) ** n_tokens)
+
+
+def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="bf16"):
+    """
+    一个 decode 步（batch 个序列各生成 1 个 token，每个序列已有 context 个位置）在 chip 上的 roofline 估计。
+
+    返回 dict：flops、w_bytes（读权重）、kv_bytes（读 KV cache）、t_compute、t_memory、time = 两者较大者、bound。
+    【推导】FLOPs = batch × flops_per_token(context)；权重每步读一遍（MoE 只读被碰到的专家，期望见
+    expected_touched_experts）；KV cache 每个序列读一遍。
+    【参数】w_bits / kv_bits：每个权重 / 每个 KV 数的位数（含量化的 scale）。
+    """
+    if batch < 1:
+        raise ValueError(f"批大小至少为 1（收到 {batch}）")
+    flops = batch * model.flops_per_token(context)
+    if model.is_moe:
+        touched = expected_touched_experts(model.n_experts, model.top_k, batch)
+        dense = model.active_params() - model.n_layers * model.top_k * model.expert_params()
+        w_params = dense + model.n_layers * touched * model.expert_params()
+    else:
+        w_params = model.active_params()
+    w_bytes = w_params * w_bits / 8
+    kv_bytes = batch * model.kv_bytes(context, kv_bits / 8)
+    t_compute = flops / chip.peak_flops(dtype)
+    t_memory = (w_bytes + kv_bytes) / chip.mem_bw
+    return {"flops": flops, "w_bytes": w_bytes, "kv_bytes": kv_bytes, "t_compute": t_compute,
+            "t_memory": t_memory, "time": max(t_compute, t_memory),
+            "bound": "compute" if t_compute >= t_memory else "memory"}
+
+
+def prefill_time(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
+    """
+    一次 prefill（一个长 n_tokens 的提示）的 roofline 下界（秒）：max(FLOPs / 算力, 权重字节 / 带宽)。
+
+    【推导】FLOPs = 2 × matmul_params × n + 因果注意力 4 × 头数 × head_dim × Σ_{i=1..n} attended(i)
+    （第 i 个位置看 i 个位置，滑动窗口层最多看窗口那么多）。MoE 读被 n 个 token 碰到的专家（期望）。
+    """
+    if n_tokens < 1:
+        raise ValueError(f"提示至少 1 个 token（收到 {n_tokens}）")
+    n = n_tokens
+    full = n * (n + 1) // 2
+    if model.sliding_window:
+        w = model.sliding_window
+        n_win = (model.n_layers + 1) // 2
+        m = min(n, w)
+        win = m * (m + 1) // 2 + (n - m) * w
+        pairs = n_win * win + (model.n_layers - n_win) * full
+    else:
+        pairs = model.n_layers * full
+    flops = 2 * model.matmul_params() * n + 4 * model.n_heads * model.head_dim * pairs
+    return max(flops / chip.peak_flops(dtype), decode_step(model, chip, n, 0, w_bits)["w_bytes"] / chip.mem_bw)

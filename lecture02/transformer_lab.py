@@ -1,0 +1,410 @@
+"""
+transformer_lab —— 一个 Llama 形状的 numpy transformer，和它的逐运算账本。
+
+【模型】decoder-only：词嵌入 → n_layers × [RMSNorm → 注意力（RoPE、GQA）→ 残差 → RMSNorm → SwiGLU FFN → 残差]
+→ RMSNorm → lm_head（不和词嵌入共享）。权重存成 (输入维, 输出维)，前向是 x @ W（picoGPT 的写法）。
+全部用 **float64** 计算：带 KV cache 的增量 decode 和一次算完整个序列，差别只有浮点舍入（测试断言 < 1e-12），
+而且选出的 token 完全一样——这是后面所有"精确"结论（回滚、投机解码不改变分布）的前提。
+
+【KV cache】预先分配好的数组 + 一个位置 pos（likejazz/llama3.np、karpathy/nanochat 的做法）：
+写入第 pos.. 个位置；回滚就是把 pos 往回挪（先检查不越界）。回滚后再喂同样的 token，得到的状态和从头算一样。
+
+【账本（Counter）】模型真的运行时，每个算子按**实际数组的形状**把四个数记到账上：
+- "flops"：代码真正执行的浮点运算。矩阵乘 2·m·n·k；逐元素运算按每个元素的固定次数（见 ELEMENTWISE_FLOPS）；
+  注意力的打分和 softmax 按整个矩形算（因果遮罩挡住的那一半也算了，代码确实算了）。
+- "useful"：数学上需要的矩阵乘 FLOPs——因果遮罩挡住的上半部分不算；softmax、norm、RoPE、激活都算 0。
+  这是 roofline 里拿去和 peak_flops 比的"张量核心的活"。
+- "w"：读的权重字节，按 BF16（每个 2 字节）记，不管 numpy 里是什么 dtype；一次前向每个权重矩阵读一遍。
+- "kv"：注意力读的 K 和 V 的字节，按 BF16 记，包括缓存里的和这次新算的所有被看的位置。
+analytic_ops 用公式算同样的四个数。测试断言：同样的形状，真实运行的账本和公式**逐算子、逐字段完全相等**。
+
+【随机数】init_params 只用 rng.standard_normal；采样只用 rng.random() 的均匀数，自己做 CDF 反查
+（cumsum + searchsorted），所以打印出来的抽样结果不依赖 numpy 的版本（choice / integers 的实现会变）。
+"""
+import math
+import os
+import sys
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lecture01"))
+from llm_math import ModelConfig  # noqa: E402
+
+__all__ = ["LMConfig", "init_params", "config_like", "NumpyTransformer", "KVCache", "Counter",
+           "analytic_ops", "sum_rows", "MATMUL_OPS", "ATTN_CORE_OPS", "ALL_OPS", "ELEMENTWISE_FLOPS",
+           "FIELDS", "BYTES_PER_EL", "softmax", "sample_inverse_cdf"]
+
+# 一次前向里的算子，按执行顺序。每层的算子在账本里按名字累加（所有层合在一行）。
+ALL_OPS = ("embed", "attn_norm", "q_proj", "k_proj", "v_proj", "rope", "attn_scores", "attn_softmax",
+           "attn_av", "o_proj", "attn_residual", "mlp_norm", "mlp_gate", "mlp_up", "mlp_act", "mlp_down",
+           "mlp_residual", "final_norm", "lm_head")
+MATMUL_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "mlp_gate", "mlp_up", "mlp_down", "lm_head")
+ATTN_CORE_OPS = ("attn_scores", "attn_softmax", "attn_av")
+FIELDS = ("flops", "useful", "w", "kv")
+BYTES_PER_EL = 2  # 账本里的字节按 BF16 记
+
+# 逐元素运算每个元素算几次 FLOP（约定，真实运行和公式用同一张表）：
+ELEMENTWISE_FLOPS = {
+    "norm": 4,      # RMSNorm：平方、求和、乘 1/rms、乘权重
+    "rope": 3,      # 旋转：x·cos + rot(x)·sin 每个输出元素 2 次乘 1 次加
+    "softmax": 5,   # 缩放、减最大值、exp、求和、除
+    "act": 5,       # SiLU(gate)·up：取负、exp、加 1、除、乘 up
+    "residual": 1,  # 残差相加
+}
+
+
+# ---------------------------------------------------------------------------
+# 配置与初始化
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LMConfig:
+    """
+    numpy 小模型的配置。结构字段之外，初始化的尺度也是配置的一部分（init_params 读它们）。
+
+    【初始化】词嵌入 N(0, emb_std²)；wq/wk/wv/w_gate/w_up 的标准差 in_gain/√d_model；
+    wo 的标准差 wo_gain/√(n_heads·head_dim)；w_down 的标准差 down_gain/√d_ff；lm_head 的标准差 head_gain/√d_model；
+    RMSNorm 的权重全为 1。默认值（全是 1）是"方差保持"的初始化；第 3 讲的 QCFG 改了其中几个（见 quant_lab）。
+    """
+    name: str = "tiny"
+    vocab: int = 64
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 8
+    d_ff: int = 64
+    max_seq: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    emb_std: float = 1.0
+    in_gain: float = 1.0
+    wo_gain: float = 1.0
+    down_gain: float = 1.0
+    head_gain: float = 1.0
+
+    def __post_init__(self):
+        for f in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq"):
+            if int(getattr(self, f)) < 1:
+                raise ValueError(f"LMConfig.{f} 必须是正整数（收到 {getattr(self, f)}）")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads = {self.n_heads} 必须是 n_kv_heads = {self.n_kv_heads} 的整数倍（GQA 分组）")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim = {self.head_dim} 必须是偶数（RoPE 把它分成两半旋转）")
+
+    @property
+    def group(self):
+        return self.n_heads // self.n_kv_heads
+
+    def to_model_config(self):
+        """对应的 llm_math.ModelConfig（参数量、matmul_params、analytic_ops 都用它）。"""
+        return ModelConfig(self.name, vocab=self.vocab, d_model=self.d_model, n_layers=self.n_layers,
+                           n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+                           d_ff=self.d_ff, max_seq=self.max_seq)
+
+
+def config_like(cfg, **overrides):
+    """复制一个配置、改几个字段（例如 n_layers=3 得到"只用前 3 层"的草稿模型的配置）。"""
+    return replace(cfg, **overrides)
+
+
+def init_params(cfg, seed=0):
+    """
+    按 cfg 的初始化尺度随机生成参数 -> dict（picoGPT 的写法：名字同模型自己的权重）。
+
+    P = {"embed": [V, d], "layers": [每层一个 dict], "final_norm": [d], "lm_head": [d, V]}；
+    每层：attn_norm [d]、wq [d, H·hd]、wk [d, Hkv·hd]、wv [d, Hkv·hd]、wo [H·hd, d]、
+    mlp_norm [d]、w_gate [d, ff]、w_up [d, ff]、w_down [ff, d]。
+    P["layers"] 是列表：取前 k 层（pk["layers"] = P["layers"][:k]）就是一个更浅的模型。
+    【随机数】只用 standard_normal，按上面的顺序抽，所以同一个 seed 在任何 numpy 版本上得到同样的参数。
+    """
+    rng = np.random.default_rng(seed)
+    d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    s_in = cfg.in_gain / math.sqrt(d)
+
+    def normal(shape, std):
+        return rng.standard_normal(shape) * std
+
+    P = {"embed": normal((V, d), cfg.emb_std), "layers": []}
+    for _ in range(cfg.n_layers):
+        P["layers"].append({
+            "attn_norm": np.ones(d),
+            "wq": normal((d, q), s_in), "wk": normal((d, kv), s_in), "wv": normal((d, kv), s_in),
+            "wo": normal((q, d), cfg.wo_gain / math.sqrt(q)),
+            "mlp_norm": np.ones(d),
+            "w_gate": normal((d, ff), s_in), "w_up": normal((d, ff), s_in),
+            "w_down": normal((ff, d), cfg.down_gain / math.sqrt(ff)),
+        })
+    P["final_norm"] = np.ones(d)
+    P["lm_head"] = normal((d, V), cfg.head_gain / math.sqrt(d))
+    return P
+
+
+# ---------------------------------------------------------------------------
+# 账本
+# ---------------------------------------------------------------------------
+class Counter:
+    """逐算子的账本：op 名 -> {"flops", "useful", "w", "kv"}，都是 Python 整数（精确）。"""
+
+    def __init__(self):
+        self.ops = {}
+
+    def add(self, op, flops=0, useful=0, w=0, kv=0):
+        row = self.ops.setdefault(op, dict.fromkeys(FIELDS, 0))
+        row["flops"] += int(flops)
+        row["useful"] += int(useful)
+        row["w"] += int(w)
+        row["kv"] += int(kv)
+
+    def total(self, field, ops=None):
+        """ops 这些算子（None = 全部）的 field 之和。"""
+        if field not in FIELDS:
+            raise ValueError(f"未知的字段 {field!r}；可用：{', '.join(FIELDS)}")
+        return sum(r[field] for op, r in self.ops.items() if ops is None or op in ops)
+
+    def rows(self):
+        """和 analytic_ops 同样格式的行（按 ALL_OPS 的顺序）。"""
+        return [dict(op=op, **self.ops[op]) for op in ALL_OPS if op in self.ops]
+
+
+def _causal_pairs(n_new, n_past):
+    """n_new 个新位置、前面已有 n_past 个位置时，因果注意力里 (query, key) 的对数。"""
+    return n_new * n_past + n_new * (n_new + 1) // 2
+
+
+def _layer_ledger(add, cfg, B, n, n_past):
+    """一层的账，从配置用公式算（真实运行的账在 NumpyTransformer.forward 里按数组形状记，两者互相核对）。"""
+    d, ff, hd = cfg.d_model, cfg.d_ff, cfg.head_dim
+    H, Hkv = cfg.n_heads, cfg.n_kv_heads
+    t = B * n                       # 这一步的 token 数
+    S = n_past + n                  # 被看的位置数（缓存的 + 新的）
+    e = ELEMENTWISE_FLOPS
+    add("attn_norm", e["norm"] * t * d, 0, d * BYTES_PER_EL, 0)
+    for op, k_in, k_out in (("q_proj", d, H * hd), ("k_proj", d, Hkv * hd), ("v_proj", d, Hkv * hd)):
+        add(op, 2 * t * k_in * k_out, 2 * t * k_in * k_out, k_in * k_out * BYTES_PER_EL, 0)
+    add("rope", e["rope"] * t * (H + Hkv) * hd, 0, 0, 0)
+    rect = 2 * B * H * n * S * hd
+    causal = 2 * B * H * _causal_pairs(n, n_past) * hd
+    kv_bytes = B * Hkv * S * hd * BYTES_PER_EL
+    add("attn_scores", rect, causal, 0, kv_bytes)
+    add("attn_softmax", e["softmax"] * B * H * n * S, 0, 0, 0)
+    add("attn_av", rect, causal, 0, kv_bytes)
+    add("o_proj", 2 * t * H * hd * d, 2 * t * H * hd * d, H * hd * d * BYTES_PER_EL, 0)
+    add("attn_residual", e["residual"] * t * d, 0, 0, 0)
+    add("mlp_norm", e["norm"] * t * d, 0, d * BYTES_PER_EL, 0)
+    for op in ("mlp_gate", "mlp_up"):
+        add(op, 2 * t * d * ff, 2 * t * d * ff, d * ff * BYTES_PER_EL, 0)
+    add("mlp_act", e["act"] * t * ff, 0, 0, 0)
+    add("mlp_down", 2 * t * ff * d, 2 * t * ff * d, ff * d * BYTES_PER_EL, 0)
+    add("mlp_residual", e["residual"] * t * d, 0, 0, 0)
+
+
+def _edge_ledger(add, cfg, B, n, n_head_rows):
+    """层外面的账：词嵌入查表、最后的 RMSNorm、lm_head（算 n_head_rows 个位置）。"""
+    d, V = cfg.d_model, cfg.vocab
+    add("embed", 0, 0, B * n * d * BYTES_PER_EL, 0)  # 查表：读 B·n 行（重复的行也按读一次算）
+    add("final_norm", ELEMENTWISE_FLOPS["norm"] * B * n * d, 0, d * BYTES_PER_EL, 0)
+    add("lm_head", 2 * n_head_rows * d * V, 2 * n_head_rows * d * V, d * V * BYTES_PER_EL, 0)
+
+
+def analytic_ops(model_cfg, B, n_new, n_past, last_only=False):
+    """
+    用公式算一次前向（B 个序列，每个 n_new 个新位置，前面已缓存 n_past 个）的账 -> 行的列表，每个算子一行：
+    {"op", "flops", "useful", "w", "kv"}（所有层合在一行）。
+
+    【参数】model_cfg：llm_math.ModelConfig，或任何有 to_model_config() 的配置（LMConfig）。
+    last_only=True：lm_head 只算最后一个位置（生成时真正需要的）；False：每个位置都算（TransformerLM 的做法）。
+    【边界】MoE 配置不在这里（numpy 模型是稠密的）：抛 ValueError。
+    """
+    cfg = model_cfg.to_model_config()
+    if getattr(cfg, "is_moe", False):
+        raise ValueError(f"analytic_ops 只支持稠密模型（{cfg.name} 是 MoE）")
+    if B < 1 or n_new < 1 or n_past < 0:
+        raise ValueError(f"需要 B ≥ 1、n_new ≥ 1、n_past ≥ 0（收到 B={B}, n_new={n_new}, n_past={n_past}）")
+    c = Counter()
+    _edge_ledger(c.add, cfg, B, n_new, B * (1 if last_only else n_new))
+    for _ in range(cfg.n_layers):
+        _layer_ledger(c.add, cfg, B, n_new, n_past)
+    return c.rows()
+
+
+def sum_rows(rows, field, ops=None):
+    """rows 里属于 ops（None = 全部）的行的 field 之和。"""
+    if field not in FIELDS:
+        raise ValueError(f"未知的字段 {field!r}；可用：{', '.join(FIELDS)}")
+    return sum(r[field] for r in rows if ops is None or r["op"] in ops)
+
+
+# ---------------------------------------------------------------------------
+# 前向计算
+# ---------------------------------------------------------------------------
+def softmax(x, axis=-1):  # [..., n] -> [..., n]
+    """数值稳定的 softmax（先减最大值）。"""
+    z = np.exp(x - x.max(axis=axis, keepdims=True))
+    return z / z.sum(axis=axis, keepdims=True)
+
+
+def sample_inverse_cdf(probs, u):  # [..., V], [...] -> [...] (int)
+    """
+    按概率 probs 抽下标：第一个累积概率 > u·总和 的位置（CDF 反查）。u 是 [0, 1) 的均匀数，形状 = probs 去掉最后一维。
+
+    【边界】概率为 0 的下标永远不会被抽到（它的 CDF 区间是空的）；浮点舍入使 u·总和 落在最后时，
+    取最后一个正概率的下标。
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    c = np.cumsum(probs, axis=-1)
+    x = np.asarray(u, dtype=np.float64) * c[..., -1]
+    j = np.sum(c <= x[..., None], axis=-1)
+    over = j >= probs.shape[-1]
+    if np.any(over):
+        last = probs.shape[-1] - 1 - np.argmax((probs > 0)[..., ::-1], axis=-1)
+        j = np.where(over, last, j)
+    return j
+
+
+class KVCache:
+    """
+    预先分配的 KV cache：k, v 形状 [层, B, Hkv, max_len, head_dim]，pos = 已经写入的位置数。
+
+    rollback(n)：丢掉最后 n 个位置（只挪 pos；被丢掉的位置之后会被覆盖）。
+    """
+
+    def __init__(self, cfg, batch, max_len=None):
+        max_len = cfg.max_seq if max_len is None else max_len
+        if max_len > cfg.max_seq:
+            raise ValueError(f"KV cache 长度 {max_len} 超过模型的上下文 max_seq = {cfg.max_seq}")
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.k = np.zeros(shape)
+        self.v = np.zeros(shape)
+        self.batch, self.max_len, self.pos = batch, max_len, 0
+
+    def rollback(self, n):
+        """丢掉最后 n 个位置。n 必须在 0..pos 之间，否则抛 ValueError。"""
+        if not 0 <= n <= self.pos:
+            raise ValueError(f"回滚 {n} 个位置超出范围：缓存里只有 {self.pos} 个位置（允许 0..{self.pos}）")
+        self.pos -= n
+
+
+def _rmsnorm(x, g, eps):  # [..., d] -> [..., d]
+    return x * (1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)) * g
+
+
+class NumpyTransformer:
+    """
+    Llama 形状的 numpy 模型：params（init_params 的 dict）+ cfg。
+
+    构造时把每层的 wq/wk/wv 拼成一个矩阵、w_gate/w_up 拼成一个矩阵（融合的矩阵乘，只是为了快；
+    账本仍按 q_proj、k_proj、… 分开记），并预先算好 RoPE 的 cos/sin 表。params 之后不应再修改。
+    """
+
+    def __init__(self, params, cfg):
+        if len(params["layers"]) != cfg.n_layers:
+            raise ValueError(f"params 有 {len(params['layers'])} 层，配置说 n_layers = {cfg.n_layers}")
+        self.params, self.cfg = params, cfg
+        self._fused = [(np.concatenate([L["wq"], L["wk"], L["wv"]], axis=1), L["wo"],
+                        np.concatenate([L["w_gate"], L["w_up"]], axis=1), L["w_down"],
+                        L["attn_norm"], L["mlp_norm"]) for L in params["layers"]]
+        half = cfg.head_dim // 2
+        inv_freq = cfg.rope_theta ** (-np.arange(half) / half)
+        ang = np.arange(cfg.max_seq)[:, None] * inv_freq[None, :]      # [max_seq, hd/2]
+        self._cos, self._sin = np.cos(ang), np.sin(ang)
+
+    def new_cache(self, batch=1, max_len=None):
+        return KVCache(self.cfg, batch, max_len)
+
+    def _rope(self, x, pos0):  # [B, n, h, hd] -> [B, n, h, hd]
+        n, half = x.shape[1], x.shape[-1] // 2
+        cos = self._cos[pos0:pos0 + n, None, :]
+        sin = self._sin[pos0:pos0 + n, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def forward(self, toks, cache=None, counter=None):  # [B, n] -> [B, n, V]
+        """
+        喂 toks（每个序列 n 个新 token），写进 cache，返回这 n 个位置的 logits。
+
+        【参数】cache=None 时用一个新的缓存（一次算完整个序列）；counter 不为 None 时把账记上。
+        【边界】cache 放不下（已有位置 + n > 缓存长度）时抛 ValueError；token 越界也抛 ValueError。
+        """
+        cfg = self.cfg
+        toks = np.asarray(toks)
+        if toks.ndim != 2 or toks.shape[1] < 1:
+            raise ValueError(f"toks 必须是形状 [批, 长度 ≥ 1] 的整数数组（收到形状 {toks.shape}）")
+        B, n = toks.shape
+        if cache is None:
+            cache = self.new_cache(B, n)
+        if cache.batch != B:
+            raise ValueError(f"缓存的批大小是 {cache.batch}，toks 的批大小是 {B}")
+        p0 = cache.pos
+        S = p0 + n
+        if S > cache.max_len:
+            raise ValueError(f"序列长度 {S} 超过 KV cache 的长度 {cache.max_len}（模型上下文 max_seq = {cfg.max_seq}）")
+        if toks.min() < 0 or toks.max() >= cfg.vocab:
+            raise ValueError(f"token 必须在 0..{cfg.vocab - 1} 之间")
+        H, Hkv, hd, G = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group
+        nq, nkv = H * hd, Hkv * hd
+        scale = 1.0 / math.sqrt(hd)
+        mask = None
+        if n > 1:  # 新位置 i（绝对位置 p0 + i）只能看 ≤ p0 + i 的位置
+            mask = np.where(np.arange(S)[None, :] > (p0 + np.arange(n))[:, None], -np.inf, 0.0)  # [n, S]
+        add = counter.add if counter is not None else None
+        e = ELEMENTWISE_FLOPS
+        emb = self.params["embed"]
+        x = emb[toks]                                                    # [B, n, d]
+        if add:
+            add("embed", 0, 0, x.size * BYTES_PER_EL, 0)
+        for li, (wqkv, wo, wgu, wdown, g_attn, g_mlp) in enumerate(self._fused):
+            L = self.params["layers"][li]
+            h = _rmsnorm(x, g_attn, cfg.norm_eps)
+            qkv = h @ wqkv                                               # [B, n, nq + 2·nkv]
+            q = self._rope(qkv[..., :nq].reshape(B, n, H, hd), p0)
+            k = self._rope(qkv[..., nq:nq + nkv].reshape(B, n, Hkv, hd), p0)
+            cache.k[li, :, :, p0:S] = k.transpose(0, 2, 1, 3)
+            cache.v[li, :, :, p0:S] = qkv[..., nq + nkv:].reshape(B, n, Hkv, hd).transpose(0, 2, 1, 3)
+            K, Vv = cache.k[li, :, :, :S], cache.v[li, :, :, :S]           # [B, Hkv, S, hd]
+            # 第 h 个 query 头 = 第 h // G 个 KV 头的第 h % G 个；把同组的头和位置摞在一起做一次矩阵乘
+            qg = q.reshape(B, n, Hkv, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, hd)
+            s = (qg @ K.transpose(0, 1, 3, 2)) * scale                   # [B, Hkv, G·n, S]
+            if mask is not None:
+                s = (s.reshape(B, Hkv, G, n, S) + mask).reshape(B, Hkv, G * n, S)
+            a = softmax(s) @ Vv                                          # [B, Hkv, G·n, hd]
+            a = a.reshape(B, Hkv, G, n, hd).transpose(0, 3, 1, 2, 4).reshape(B, n, nq)
+            x = x + a @ wo
+            if add:  # 账按真实数组的形状记：矩阵乘 2·(行数)·(权重的输入维)·(输出维)
+                rows = h.shape[0] * h.shape[1]
+                add("attn_norm", e["norm"] * h.size, 0, g_attn.size * BYTES_PER_EL, 0)
+                for op in ("q_proj", "k_proj", "v_proj"):
+                    W = L["w" + op[0]]
+                    add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
+                add("rope", e["rope"] * (q.size + k.size), 0, 0, 0)
+                # 打分和加权和都按整个矩形执行；因果遮罩下真正需要的 (query, key) 对数单独数
+                visible = int(np.count_nonzero(mask == 0)) if mask is not None else n * S
+                rect = 2 * s.size * hd
+                useful = 2 * B * H * visible * hd
+                add("attn_scores", rect, useful, 0, K.size * BYTES_PER_EL)
+                add("attn_softmax", e["softmax"] * s.size, 0, 0, 0)
+                add("attn_av", rect, useful, 0, Vv.size * BYTES_PER_EL)
+                add("o_proj", 2 * rows * wo.size, 2 * rows * wo.size, wo.size * BYTES_PER_EL, 0)
+                add("attn_residual", e["residual"] * x.size, 0, 0, 0)
+            h = _rmsnorm(x, g_mlp, cfg.norm_eps)
+            gu = h @ wgu                                                 # [B, n, 2·ff]
+            gate, up = gu[..., :cfg.d_ff], gu[..., cfg.d_ff:]
+            act = gate / (1.0 + np.exp(-gate)) * up                      # SiLU(gate)·up
+            x = x + act @ wdown
+            if add:
+                add("mlp_norm", e["norm"] * h.size, 0, g_mlp.size * BYTES_PER_EL, 0)
+                for op in ("mlp_gate", "mlp_up"):
+                    W = L["w_" + op[4:]]
+                    add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
+                add("mlp_act", e["act"] * act.size, 0, 0, 0)
+                add("mlp_down", 2 * rows * wdown.size, 2 * rows * wdown.size, wdown.size * BYTES_PER_EL, 0)
+                add("mlp_residual", e["residual"] * x.size, 0, 0, 0)
+        g_final, head = self.params["final_norm"], self.params["lm_head"]
+        h = _rmsnorm(x, g_final, cfg.norm_eps)
+        logits = h @ head                                                # [B, n, V]
+        if add:
+            add("final_norm", e["norm"] * h.size, 0, g_final.size * BYTES_PER_EL, 0)
+            add("lm_head", 2 * B * n * head.size, 2 * B * n * head.size, head.size * BYTES_PER_EL, 0)
+        cache.pos = S
+        return logits

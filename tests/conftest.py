@@ -1,0 +1,77 @@
+"""
+pytest 的公共设置：把各讲的实验模块所在目录放到 sys.path 上；提供按路径加载编号脚本、运行脚本的工具。
+
+编号脚本（NN_name.py）不能按名字 import：用 load_script 按文件路径加载（不运行 __main__ 部分）。
+"""
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAB_DIRS = ("lecture01", "lecture02", "lecture03", "lecture06", "prereq3")
+for sub in LAB_DIRS:
+    p = os.path.join(ROOT, sub)
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+
+def numbered_scripts():
+    """仓库里所有的编号脚本（相对路径，排好序）。新脚本一落地就被找到。"""
+    found = glob.glob(os.path.join(ROOT, "*", "[0-9][0-9]_*.py"))
+    return sorted(os.path.relpath(p, ROOT) for p in found)
+
+
+def load_script(relpath):
+    """按路径加载一个编号脚本，返回模块对象（不执行 if __name__ == "__main__" 的部分）。"""
+    path = os.path.join(ROOT, relpath)
+    name = "script_" + relpath.replace(os.sep, "_").replace(".py", "")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_script(relpath, cwd=None):
+    """在 cwd（默认仓库根目录）里用 python3 运行脚本，返回 (退出码, stdout 字节, stderr 字节)。"""
+    cwd = ROOT if cwd is None else cwd
+    path = os.path.relpath(os.path.join(ROOT, relpath), cwd)
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8")
+    r = subprocess.run([sys.executable, path], cwd=cwd, capture_output=True, env=env, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+_OUTPUTS = {}
+
+
+def script_runs():
+    """
+    每个编号脚本跑两次：一次在仓库根目录，一次在脚本自己的目录里（两核机器上两个一起跑）。
+    结果缓存在这次 pytest 会话里，供各个测试共用：{相对路径: (第一次, 第二次)}。
+    """
+    if not _OUTPUTS:
+        jobs = []
+        for rel in numbered_scripts():
+            jobs.append((rel, None))
+            jobs.append((rel, os.path.join(ROOT, os.path.dirname(rel))))
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            results = list(ex.map(lambda j: run_script(*j), jobs))
+        for i, (rel, _) in enumerate(jobs[::2]):
+            _OUTPUTS[rel] = (results[2 * i], results[2 * i + 1])
+    return _OUTPUTS
+
+
+@pytest.fixture(scope="session")
+def script_outputs():
+    return script_runs()
+
+
+def script_stdout(relpath):
+    """一个编号脚本（在仓库根目录运行时）打印的文字。"""
+    code, out, err = script_runs()[relpath][0]
+    assert code == 0, err.decode("utf-8", "replace")
+    return out.decode("utf-8")

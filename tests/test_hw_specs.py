@@ -1,0 +1,52 @@
+"""hw_specs：每个硬件数字等于出处里的数据手册值（这里逐个写出来核对）；roofline 辅助函数。"""
+import pytest
+
+from hw_specs import A100, ALL_CHIPS, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time
+
+# (芯片, 带宽 B/s, 容量 B, {dtype: 稠密 FLOP/s}) —— 数据手册值（CURRICULUM §5）
+DATASHEET = [
+    (H100, 3.35e12, 80e9, {"bf16": 989.4e12, "fp8": 1978.9e12}),
+    (H100_PCIE, 2.0e12, 80e9, {"bf16": 756.5e12}),
+    (H200, 4.8e12, 141e9, {"bf16": 989.4e12, "fp8": 1978.9e12}),
+    (A100, 2.039e12, 80e9, {"bf16": 312e12}),
+    (B200, 8.0e12, 180e9, {"bf16": 2250e12}),
+    (CORSAIR, 150e12, 2e9, {"mxint8": 2400e12, "mxint4": 9600e12}),
+]
+
+
+@pytest.mark.parametrize("chip,bw,cap,flops", DATASHEET, ids=[c[0].name for c in DATASHEET])
+def test_chip_matches_datasheet(chip, bw, cap, flops):
+    assert chip.mem_bw == pytest.approx(bw, rel=1e-12)
+    assert chip.mem_bytes == pytest.approx(cap, rel=1e-12)
+    for dt, f in flops.items():
+        assert chip.peak_flops(dt) == pytest.approx(f, rel=1e-12)
+
+
+def test_power_and_links():
+    assert (H100.power_w, A100.power_w) == (700, 400)
+    assert H100.link_bw == 900e9
+
+
+def test_corsair_capacity_tier_and_mx_only():
+    assert CORSAIR.capacity_bytes == 256e9
+    assert CORSAIR.capacity_bw == pytest.approx(0.4e12)
+    with pytest.raises(ValueError, match="mxint4, mxint8"):
+        CORSAIR.peak_flops("bf16")
+
+
+def test_every_chip_has_a_source():
+    assert all(c.source for c in ALL_CHIPS)
+
+
+def test_unsupported_dtype_names_the_supported_ones():
+    with pytest.raises(ValueError, match="A100.*fp8.*bf16"):
+        A100.peak_flops("fp8")
+
+
+def test_ridge_point_and_roofline():
+    assert H100.ridge_point("bf16") == pytest.approx(989.4 / 3.35 * 1e0, rel=1e-12)
+    assert roofline_time(1e12, 1e9, H100) == pytest.approx(1e12 / 989.4e12)
+    assert roofline_bound(1e12, 1e9, H100) == "compute"
+    assert roofline_bound(1e9, 1e9, H100) == "memory"
+    with pytest.raises(ValueError):
+        roofline_time(-1, 0, H100)

@@ -1,0 +1,47 @@
+"""
+每个编号脚本（按文件名模式找到，新脚本自动覆盖）：退出码 0、stderr 为空（没有警告）、从仓库根目录和
+从脚本自己的目录各跑一次打印的字节完全相同；并检查文档形式和可移植性（Python 3.9 的语法）。
+"""
+import ast
+import glob
+import os
+
+import pytest
+
+from conftest import ROOT, numbered_scripts, script_runs
+
+SCRIPTS = numbered_scripts()
+
+
+def test_there_are_scripts():
+    assert "lecture05/05_heterogeneous_spec_decode.py" in SCRIPTS
+
+
+@pytest.mark.parametrize("rel", SCRIPTS)
+def test_script_runs_cleanly_and_prints_the_same_bytes_from_any_directory(rel):
+    (c1, out1, err1), (c2, out2, err2) = script_runs()[rel]
+    assert c1 == 0, err1.decode("utf-8", "replace")
+    assert c2 == 0, err2.decode("utf-8", "replace")
+    assert err1 == b"" and err2 == b"", (err1 + err2).decode("utf-8", "replace")
+    assert out1 and out1 == out2
+    assert b"nan" not in out1.lower().replace(b"nanochat", b"")
+
+
+@pytest.mark.parametrize("rel", SCRIPTS)
+def test_script_docstring_has_the_seed_form(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    assert doc and os.path.basename(rel) in doc
+    for part in ("【这个脚本要回答的问题】", "【运行】", "【依赖】"):
+        assert part in doc, part
+
+
+def _python_files():
+    files = glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
+    return sorted(os.path.relpath(p, ROOT) for p in files if "/." not in p)
+
+
+@pytest.mark.parametrize("rel", _python_files())
+def test_source_parses_as_python_3_9(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        ast.parse(f.read(), feature_version=(3, 9))
