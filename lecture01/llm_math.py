@@ -230,3 +230,120 @@ def prefill_time(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
         pairs = model.n_layers * full
     flops = 2 * model.matmul_params() * n + 4 * model.n_heads * model.head_dim * pairs
     return max(flops / chip.peak_flops(dtype), decode_step(model, chip, n, 0, w_bits)["w_bytes"] / chip.mem_bw)
+
+
+# ---- 第 1 讲脚本用到的补充 ----
+
+# 权重格式：名字 -> (每个值的位数, 每个 scale 的位数, 一个 scale 管几个值)。
+# "row" = 每个输出通道（权重矩阵的一行，长 = 输入维度）一个 scale；None = 没有（或可以忽略的）scale。
+WEIGHT_FORMATS = {
+    "bf16": (16, 0, None),        # 不量化
+    "fp8": (8, 0, None),          # FP8-E4M3，每个张量一个 FP32 scale：摊到每个参数上可以忽略，记为 0
+    "int8": (8, 16, "row"),       # INT8，每个输出通道一个 FP16 scale（对称量化，没有零点）
+    "int4-g128": (4, 16, 128),    # INT4，沿输入维度每 128 个一组、每组一个 FP16 scale（对称，没有零点）
+    "mxfp4": (4, 8, 32),          # OCP MX：E2M1 的值 + 每 32 个共享一个 E8M0 scale
+}
+
+
+def bits_per_param(fmt, row_len=None):
+    """
+    一种权重格式平均每个参数占几位（**含量化的 scale**）。
+
+    【推导】每个值 b 位；每 g 个值共享一个 s 位的 scale，平均每个参数多 s / g 位。
+    给了 row_len（矩阵一行的长度 = 输入维度）时按实际组数算：一行 ⌈row_len / g⌉ 个 scale（最后一组不满也要一个）。
+    各格式假设的 scale：bf16 无；fp8 每张量一个 FP32（忽略，记 8 位）；int8 每个输出通道一个 FP16
+    （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；
+    mxfp4 每 32 个一个 E8M0（4 + 8/32 = 4.25 位，OCP MX 规范）。
+    【参数】fmt：WEIGHT_FORMATS 里的名字；row_len：每行的长度（"int8" 必须给）。
+    【边界】未知格式、int8 没给 row_len、row_len < 1 都抛 ValueError。
+    """
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"未知的权重格式 {fmt!r}；可选：{', '.join(WEIGHT_FORMATS)}")
+    value_bits, scale_bits, group = WEIGHT_FORMATS[fmt]
+    if row_len is not None and row_len < 1:
+        raise ValueError(f"row_len 必须是正整数（收到 {row_len}）")
+    if group is None:
+        return float(value_bits)
+    if group == "row":
+        if row_len is None:
+            raise ValueError(f"{fmt} 每个输出通道一个 scale：要给 row_len（矩阵一行的长度）")
+        return value_bits + scale_bits / row_len
+    if row_len is None:
+        return value_bits + scale_bits / group
+    return value_bits + scale_bits * math.ceil(row_len / group) / row_len
+
+
+def linear_shapes(model):
+    """
+    transformer 块里会被量化的权重矩阵：[(名字, 输出维度, 输入维度, 全模型里的个数)]。
+
+    【推导】每层 q/k/v/o 四个投影；稠密模型一个 SwiGLU（gate、up、down），MoE 每个专家一个
+    （名字前缀 "expert_"）。不含：输入词嵌入、lm_head、路由器、norm、偏置、sink——它们通常留在 BF16
+    （gpt-oss 的 checkpoint、常见的 INT4 checkpoint 都如此）。
+    """
+    d, q, kv, ff, L = model.d_model, model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim, \
+        model.d_ff, model.n_layers
+    rows = [("q_proj", q, d, L), ("k_proj", kv, d, L), ("v_proj", kv, d, L), ("o_proj", d, q, L)]
+    n_ffn, pre = (L * model.n_experts, "expert_") if model.is_moe else (L, "")
+    rows += [(pre + "gate", ff, d, n_ffn), (pre + "up", ff, d, n_ffn), (pre + "down", d, ff, n_ffn)]
+    return rows
+
+
+def weight_bytes(model, fmt="bf16", expert_fmt=None):
+    """
+    整个模型的权重字节数：transformer 块里的权重矩阵用 fmt 存（MoE 的专家矩阵用 expert_fmt，没给就用 fmt），
+    其余参数（词嵌入、lm_head、路由器、norm、所有偏置、sink）用 BF16。
+
+    【推导】Σ 每种矩阵 个数 × 输出维度 × 输入维度 × bits_per_param(格式, 输入维度) / 8
+    + (params() − 这些矩阵的参数) × 2 字节。
+    gpt-oss 的 checkpoint 正是 weight_bytes(m, "bf16", expert_fmt="mxfp4")：专家的权重矩阵 MXFP4，
+    专家的偏置和其余一切 BF16。
+    """
+    total, n_lin = 0.0, 0
+    for name, n_out, n_in, count in linear_shapes(model):
+        f = expert_fmt if (expert_fmt is not None and name.startswith("expert_")) else fmt
+        total += count * n_out * n_in * bits_per_param(f, n_in) / 8
+        n_lin += count * n_out * n_in
+    return total + (model.params() - n_lin) * 2
+
+
+def matmul_intensity(m, k, n, bytes_per_el=2.0):
+    """
+    矩阵乘 [m × k] · [k × n] 的算术强度（FLOP / 字节）= 2mkn / ((mk + kn + mn) × 每个数的字节)。
+
+    【推导】FLOPs = 2mkn（乘加各一次）；最少要搬的字节 = 读两个输入、写一个输出，各一遍。
+    m = 1（decode 的矩阵-向量乘，BF16）时约等于 1；k、n 远大于 m 时约等于 m（"强度 ≈ 批大小"）。
+    """
+    if min(m, k, n) < 1:
+        raise ValueError(f"矩阵的维度必须是正整数（收到 m={m}, k={k}, n={n}）")
+    return 2.0 * m * k * n / ((m * k + k * n + m * n) * bytes_per_el)
+
+
+def prefill_step(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
+    """
+    一次 prefill（一个长 n_tokens 的提示）在 chip 上的 roofline 估计，各项分开给出（prefill_time 只给总时间）。
+
+    返回 dict：flops、w_bytes（读权重）、t_compute、t_memory、time = 两者较大者（= prefill_time）、bound。
+    【推导】同 prefill_time：FLOPs = 2 × matmul_params × n + 4 × 头数 × head_dim × Σ_{i=1..n} attended(i)；
+    读的字节只算权重（MoE 是被 n 个 token 碰到的专家的期望），不算激活和写 KV——所以是下界。
+    """
+    if n_tokens < 1:
+        raise ValueError(f"提示至少 1 个 token（收到 {n_tokens}）")
+    n = n_tokens
+    full = n * (n + 1) // 2
+    if model.sliding_window:
+        w = model.sliding_window
+        n_win = (model.n_layers + 1) // 2
+        m = min(n, w)
+        pairs = n_win * (m * (m + 1) // 2 + (n - m) * w) + (model.n_layers - n_win) * full
+    else:
+        pairs = model.n_layers * full
+    flops = 2 * model.matmul_params() * n + 4 * model.n_heads * model.head_dim * pairs
+    w_bytes = decode_step(model, chip, n, 0, w_bits)["w_bytes"]
+    t_compute = flops / chip.peak_flops(dtype)
+    t_memory = w_bytes / chip.mem_bw
+    return {"flops": flops, "w_bytes": w_bytes, "t_compute": t_compute, "t_memory": t_memory,
+            "time": max(t_compute, t_memory), "bound": "compute" if t_compute >= t_memory else "memory"}
+
+
+__all__ += ["WEIGHT_FORMATS", "bits_per_param", "linear_shapes", "weight_bytes", "matmul_intensity", "prefill_step"]
