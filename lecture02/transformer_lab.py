@@ -254,6 +254,9 @@ def sample_inverse_cdf(probs, u):  # [..., V], [...] -> [...] (int)
     """
     probs = np.asarray(probs, dtype=np.float64)
     c = np.cumsum(probs, axis=-1)
+    if probs.ndim == 1:  # 单个分布：快速路径（和下面的一般路径结果相同）
+        j = int(np.searchsorted(c, float(u) * c[-1], side="right"))
+        return j if j < len(c) else int(np.flatnonzero(probs > 0)[-1])
     x = np.asarray(u, dtype=np.float64) * c[..., -1]
     j = np.sum(c <= x[..., None], axis=-1)
     over = j >= probs.shape[-1]
@@ -286,39 +289,55 @@ class KVCache:
         self.pos -= n
 
 
-def _rmsnorm(x, g, eps):  # [..., d] -> [..., d]
-    return x * (1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)) * g
+def _rms_scale(x, eps_d):  # [..., d] -> [..., d]
+    """
+    RMSNorm 不乘权重的部分，再除以 √d：x / √(Σx² + d·ε) = (x / rms(x)) / √d。
+    权重 g 和 √d 在构造模型时已经并进后面的矩阵（少几次 numpy 调用）。
+    """
+    return x / np.sqrt(np.add.reduce(x * x, axis=-1, keepdims=True) + eps_d)
 
 
 class NumpyTransformer:
     """
     Llama 形状的 numpy 模型：params（init_params 的 dict）+ cfg。
 
-    构造时把每层的 wq/wk/wv 拼成一个矩阵、w_gate/w_up 拼成一个矩阵（融合的矩阵乘，只是为了快；
-    账本仍按 q_proj、k_proj、… 分开记），并预先算好 RoPE 的 cos/sin 表。params 之后不应再修改。
+    【为了快做的等价变换】（只在构造时做一次；profile 显示 decode 一步的时间几乎全是 numpy 调用的固定开销，
+    所以减少调用次数最有效）：
+    - wq/wk/wv 拼成一个矩阵、w_gate/w_up 拼成一个矩阵（融合的矩阵乘；账本仍按 q_proj、k_proj、… 分开记）；
+    - RMSNorm 的权重 g（和 √d_model）并进紧跟着的矩阵：(x/rms · g) @ W = (x/(rms·√d)) @ (√d·diag(g) W)；注意力的 1/√head_dim 并进 wq；
+    - RoPE 写成复数乘法：把 wq、wk 每个头的列重排成 (x₀, x_{hd/2}, x₁, x_{hd/2+1}, …)，相邻两列看成一个复数，
+      旋转就是乘 e^{iθ}。q·k 对两边同样的重排不变，所以注意力完全一样（缓存里的 K 也是重排后的）。
+    这些变换只改变浮点舍入的顺序：测试断言带缓存的 decode 和一次算完的差别 < 1e-12（float64）。
+    params 之后不应再修改。
     """
 
     def __init__(self, params, cfg):
         if len(params["layers"]) != cfg.n_layers:
             raise ValueError(f"params 有 {len(params['layers'])} 层，配置说 n_layers = {cfg.n_layers}")
         self.params, self.cfg = params, cfg
-        self._fused = [(np.concatenate([L["wq"], L["wk"], L["wv"]], axis=1), L["wo"],
-                        np.concatenate([L["w_gate"], L["w_up"]], axis=1), L["w_down"],
-                        L["attn_norm"], L["mlp_norm"]) for L in params["layers"]]
-        half = cfg.head_dim // 2
+        hd, half = cfg.head_dim, cfg.head_dim // 2
+        # 每个头内的列重排：新的第 2i 列 = 原来的第 i 列，第 2i+1 列 = 原来的第 half+i 列
+        perm = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()
+
+        def rope_cols(w, heads):  # [d, heads·hd] -> 同形状，每个头内重排
+            return w.reshape(w.shape[0], heads, hd)[:, :, perm].reshape(w.shape[0], heads * hd)
+
+        self._layers = []
+        sd = math.sqrt(cfg.d_model)
+        for L in params["layers"]:
+            g1, g2 = sd * L["attn_norm"][:, None], sd * L["mlp_norm"][:, None]
+            wq = rope_cols(L["wq"], cfg.n_heads) / math.sqrt(hd)
+            wk = rope_cols(L["wk"], cfg.n_kv_heads)
+            wqkv = np.ascontiguousarray(g1 * np.concatenate([wq, wk, L["wv"]], axis=1))
+            wgu = np.ascontiguousarray(g2 * np.concatenate([L["w_gate"], L["w_up"]], axis=1))
+            self._layers.append((wqkv, L["wo"], wgu, L["w_down"]))
+        self._head = sd * params["final_norm"][:, None] * params["lm_head"]
         inv_freq = cfg.rope_theta ** (-np.arange(half) / half)
         ang = np.arange(cfg.max_seq)[:, None] * inv_freq[None, :]      # [max_seq, hd/2]
-        self._cos, self._sin = np.cos(ang), np.sin(ang)
+        self._rot = np.exp(1j * ang)                                   # e^{iθ}，[max_seq, hd/2]
 
     def new_cache(self, batch=1, max_len=None):
         return KVCache(self.cfg, batch, max_len)
-
-    def _rope(self, x, pos0):  # [B, n, h, hd] -> [B, n, h, hd]
-        n, half = x.shape[1], x.shape[-1] // 2
-        cos = self._cos[pos0:pos0 + n, None, :]
-        sin = self._sin[pos0:pos0 + n, None, :]
-        x1, x2 = x[..., :half], x[..., half:]
-        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     def forward(self, toks, cache=None, counter=None):  # [B, n] -> [B, n, V]
         """
@@ -342,42 +361,42 @@ class NumpyTransformer:
             raise ValueError(f"序列长度 {S} 超过 KV cache 的长度 {cache.max_len}（模型上下文 max_seq = {cfg.max_seq}）")
         if toks.min() < 0 or toks.max() >= cfg.vocab:
             raise ValueError(f"token 必须在 0..{cfg.vocab - 1} 之间")
-        H, Hkv, hd, G = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group
+        H, Hkv, hd, G, ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.d_ff
         nq, nkv = H * hd, Hkv * hd
-        scale = 1.0 / math.sqrt(hd)
+        eps_d = cfg.d_model * cfg.norm_eps
+        rot = self._rot[p0:S, None, :]                                   # [n, 1, hd/2]
         mask = None
         if n > 1:  # 新位置 i（绝对位置 p0 + i）只能看 ≤ p0 + i 的位置
             mask = np.where(np.arange(S)[None, :] > (p0 + np.arange(n))[:, None], -np.inf, 0.0)  # [n, S]
         add = counter.add if counter is not None else None
         e = ELEMENTWISE_FLOPS
-        emb = self.params["embed"]
-        x = emb[toks]                                                    # [B, n, d]
+        x = self.params["embed"][toks]                                   # [B, n, d]
         if add:
             add("embed", 0, 0, x.size * BYTES_PER_EL, 0)
-        for li, (wqkv, wo, wgu, wdown, g_attn, g_mlp) in enumerate(self._fused):
-            L = self.params["layers"][li]
-            h = _rmsnorm(x, g_attn, cfg.norm_eps)
+        for li, (wqkv, wo, wgu, wdown) in enumerate(self._layers):
+            h = _rms_scale(x, eps_d)
             qkv = h @ wqkv                                               # [B, n, nq + 2·nkv]
-            q = self._rope(qkv[..., :nq].reshape(B, n, H, hd), p0)
-            k = self._rope(qkv[..., nq:nq + nkv].reshape(B, n, Hkv, hd), p0)
-            cache.k[li, :, :, p0:S] = k.transpose(0, 2, 1, 3)
+            # RoPE：q 和 k 一起，按复数乘 e^{iθ}
+            qk = (qkv[..., :nq + nkv].view(np.complex128).reshape(B, n, H + Hkv, hd // 2) * rot).view(np.float64)
+            cache.k[li, :, :, p0:S] = qk[:, :, H:].transpose(0, 2, 1, 3)
             cache.v[li, :, :, p0:S] = qkv[..., nq + nkv:].reshape(B, n, Hkv, hd).transpose(0, 2, 1, 3)
             K, Vv = cache.k[li, :, :, :S], cache.v[li, :, :, :S]           # [B, Hkv, S, hd]
             # 第 h 个 query 头 = 第 h // G 个 KV 头的第 h % G 个；把同组的头和位置摞在一起做一次矩阵乘
-            qg = q.reshape(B, n, Hkv, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, hd)
-            s = (qg @ K.transpose(0, 1, 3, 2)) * scale                   # [B, Hkv, G·n, S]
+            qg = qk[:, :, :H].reshape(B, n, Hkv, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, hd)
+            s = qg @ K.transpose(0, 1, 3, 2)                             # [B, Hkv, G·n, S]（1/√hd 已并进 wq）
             if mask is not None:
                 s = (s.reshape(B, Hkv, G, n, S) + mask).reshape(B, Hkv, G * n, S)
-            a = softmax(s) @ Vv                                          # [B, Hkv, G·n, hd]
+            p = np.exp(s - np.maximum.reduce(s, axis=-1, keepdims=True))
+            a = (p / np.add.reduce(p, axis=-1, keepdims=True)) @ Vv      # softmax · V，[B, Hkv, G·n, hd]
             a = a.reshape(B, Hkv, G, n, hd).transpose(0, 3, 1, 2, 4).reshape(B, n, nq)
             x = x + a @ wo
             if add:  # 账按真实数组的形状记：矩阵乘 2·(行数)·(权重的输入维)·(输出维)
                 rows = h.shape[0] * h.shape[1]
-                add("attn_norm", e["norm"] * h.size, 0, g_attn.size * BYTES_PER_EL, 0)
-                for op in ("q_proj", "k_proj", "v_proj"):
-                    W = L["w" + op[0]]
-                    add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
-                add("rope", e["rope"] * (q.size + k.size), 0, 0, 0)
+                add("attn_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
+                for op, cols in (("q_proj", nq), ("k_proj", nkv), ("v_proj", nkv)):
+                    add(op, 2 * rows * h.shape[2] * cols, 2 * rows * h.shape[2] * cols,
+                        h.shape[2] * cols * BYTES_PER_EL, 0)
+                add("rope", e["rope"] * qk.size, 0, 0, 0)
                 # 打分和加权和都按整个矩形执行；因果遮罩下真正需要的 (query, key) 对数单独数
                 visible = int(np.count_nonzero(mask == 0)) if mask is not None else n * S
                 rect = 2 * s.size * hd
@@ -387,24 +406,23 @@ class NumpyTransformer:
                 add("attn_av", rect, useful, 0, Vv.size * BYTES_PER_EL)
                 add("o_proj", 2 * rows * wo.size, 2 * rows * wo.size, wo.size * BYTES_PER_EL, 0)
                 add("attn_residual", e["residual"] * x.size, 0, 0, 0)
-            h = _rmsnorm(x, g_mlp, cfg.norm_eps)
+            h = _rms_scale(x, eps_d)
             gu = h @ wgu                                                 # [B, n, 2·ff]
-            gate, up = gu[..., :cfg.d_ff], gu[..., cfg.d_ff:]
-            act = gate / (1.0 + np.exp(-gate)) * up                      # SiLU(gate)·up
+            gate = gu[..., :ff]
+            act = gate / (1.0 + np.exp(-gate)) * gu[..., ff:]            # SiLU(gate)·up
             x = x + act @ wdown
             if add:
-                add("mlp_norm", e["norm"] * h.size, 0, g_mlp.size * BYTES_PER_EL, 0)
+                add("mlp_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
                 for op in ("mlp_gate", "mlp_up"):
-                    W = L["w_" + op[4:]]
-                    add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
+                    add(op, 2 * rows * h.shape[2] * ff, 2 * rows * h.shape[2] * ff, h.shape[2] * ff * BYTES_PER_EL, 0)
                 add("mlp_act", e["act"] * act.size, 0, 0, 0)
                 add("mlp_down", 2 * rows * wdown.size, 2 * rows * wdown.size, wdown.size * BYTES_PER_EL, 0)
                 add("mlp_residual", e["residual"] * x.size, 0, 0, 0)
-        g_final, head = self.params["final_norm"], self.params["lm_head"]
-        h = _rmsnorm(x, g_final, cfg.norm_eps)
-        logits = h @ head                                                # [B, n, V]
+        h = _rms_scale(x, eps_d)
+        logits = h @ self._head                                          # [B, n, V]
         if add:
-            add("final_norm", e["norm"] * h.size, 0, g_final.size * BYTES_PER_EL, 0)
-            add("lm_head", 2 * B * n * head.size, 2 * B * n * head.size, head.size * BYTES_PER_EL, 0)
+            add("final_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
+            add("lm_head", 2 * B * n * self._head.size, 2 * B * n * self._head.size,
+                self._head.size * BYTES_PER_EL, 0)
         cache.pos = S
         return logits

@@ -1,0 +1,382 @@
+"""
+decode_lab —— 解码：自回归生成、投机解码（Leviathan et al. 2023 的算法 1 / Chen et al. 2023 的修正拒绝采样），
+以及投机解码的期望收益公式。
+
+【p 和 q 的约定】两篇论文的记号相反（Leviathan：p = 目标模型、q = 草稿；Chen：p = 草稿、q = 目标）。
+这里按 Leviathan：**p = 目标（target），q = 草稿（draft）**；代码里的数组一律叫 target_probs / draft_probs。
+
+【一步接受 / 拒绝】草稿从 q 抽出 x；以概率 min(1, p(x) / q(x)) 接受（抽 r ~ U[0, 1)，r·q(x) < p(x) 就接受）；
+拒绝时从残差分布 norm(max(0, p − q)) 重新抽。输出的分布正好是 p（Leviathan 定理 3.5 的附录证明；
+speculative_step_probs 用精确枚举把它算出来，测试断言等于 p）。残差的和是 0（p == q，舍入后）时用 p 本身。
+
+【模型的接口】TransformerLM（带 KV cache 的 numpy transformer）和 NGramLM（二元语法表）都有 session()：
+session.logits(seq, counter) 返回"把 seq 里还没喂的 token 喂进去"得到的那几行 logits；session.truncate(m) 把状态
+退回到只看过 seq 的前 m 个 token（KV cache 回滚）。生成器只用这两个操作，所以草稿可以是两种模型中的任何一种。
+
+【随机数】只用 rng.random() 的均匀数，CDF 反查（transformer_lab.sample_inverse_cdf），所以打印的抽样结果不依赖
+numpy 版本。投机解码每轮消耗随机数的顺序固定为：γ 个草稿 token 各一个；然后按顺序检查草稿，每检查一个用一个
+（第一次拒绝就停）；最后一个用来抽修正 token（拒绝时）或额外的 token（全部接受时）。
+"""
+import math
+import os
+import sys
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _sub in ("lecture01", "lecture02"):
+    _p = os.path.join(_HERE, "..", _sub)
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from transformer_lab import NumpyTransformer, sample_inverse_cdf, softmax  # noqa: E402
+
+__all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "speculative_generate",
+           "residual_distribution", "speculative_step_probs", "acceptance_rate",
+           "expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
+           "chi2_sf", "chi2_gof"]
+
+
+# ---------------------------------------------------------------------------
+# 模型
+# ---------------------------------------------------------------------------
+class _Session:
+    """一个模型的增量解码状态：fed = 已经喂进去的 token 数（KV cache 里的位置数）。"""
+
+    def __init__(self, model):
+        self.model, self.fed = model, 0
+        self.cache = model.new_cache(1) if isinstance(model, NumpyTransformer) else None
+
+    def logits(self, seq, counter=None):  # seq: 整个序列（list） -> [新喂的个数, V]
+        """把 seq[fed:] 喂进去，返回这些位置的 logits（最后一行是 seq 之后下一个 token 的 logits）。"""
+        new = seq[self.fed:]
+        if not new:
+            raise ValueError("没有新的 token 可喂：先 truncate 到更短的前缀")
+        self.fed = len(seq)
+        if self.cache is None:
+            return self.model.table[np.asarray(new)]
+        return self.model.forward(np.asarray([new]), self.cache, counter)[0]
+
+    def truncate(self, m):
+        """退回到只看过前 m 个 token（m ≥ fed 时什么都不做）。"""
+        if m < self.fed:
+            if self.cache is not None:
+                self.cache.rollback(self.fed - m)
+            self.fed = m
+
+
+class TransformerLM(NumpyTransformer):
+    """
+    带名字的 numpy transformer（见 ../lecture02/transformer_lab）：.params、.cfg、.name；
+    full_logits(toks) 一次算完；session() 开一个带 KV cache（可回滚）的增量解码状态。
+    """
+
+    def __init__(self, params, cfg, name=""):
+        super().__init__(params, cfg)
+        self.name = name
+
+    def full_logits(self, toks):  # [n_seq, len] -> [n_seq, len, V]
+        """一次前向算出每个位置的下一个 token 的 logits（不用也不改任何会话的缓存）。"""
+        return self.forward(np.asarray(toks))
+
+    def session(self):
+        return _Session(self)
+
+
+class NGramLM:
+    """
+    平滑的二元语法模型：.table[prev] 是下一个 token 的 logits（对数概率），形状 [V, V]；.table[toks] 得到 [..., V]。
+
+    【平滑】加 k 平滑（k = 0.1）：P(b | a) = (count(a, b) + k) / (count(a) + k·V)。
+    """
+
+    def __init__(self, table, name="二元语法表"):
+        self.table, self.name = table, name
+
+    @classmethod
+    def fit(cls, tokens_2d, vocab, k=0.1):
+        """从 token 数组 [n_seq, len] 数相邻的 (a, b) 对，加 k 平滑，得到对数概率表。"""
+        toks = np.asarray(tokens_2d)
+        if k <= 0:
+            raise ValueError(f"平滑常数 k 必须为正（收到 {k}）")
+        counts = np.zeros((vocab, vocab))
+        np.add.at(counts, (toks[:, :-1].ravel(), toks[:, 1:].ravel()), 1.0)
+        probs = (counts + k) / (counts.sum(1, keepdims=True) + k * vocab)
+        return cls(np.log(probs))
+
+    def session(self):
+        return _Session(self)
+
+
+# ---------------------------------------------------------------------------
+# 概率与一步接受 / 拒绝
+# ---------------------------------------------------------------------------
+def adjust(logits, T):  # [..., V] -> [..., V]
+    """
+    logits -> 温度 T 下的概率（最后一维）。
+
+    【边界】T = 0 是贪心：argmax 处为 1 的 one-hot（有并列时取下标最小的），不做除以 T 的运算；T < 0 抛 ValueError。
+    """
+    if not T >= 0:
+        raise ValueError(f"温度 T 必须 ≥ 0（T = 0 表示贪心），收到 {T}")
+    logits = np.asarray(logits, dtype=np.float64)
+    if T == 0:
+        out = np.zeros_like(logits)
+        np.put_along_axis(out, logits.argmax(-1)[..., None], 1.0, axis=-1)
+        return out
+    return softmax(logits / T)
+
+
+def residual_distribution(target_probs, draft_probs):  # [V], [V] -> [V]
+    """
+    拒绝之后重新抽样用的分布 norm(max(0, p − q))。
+
+    【边界】p == q（舍入后残差全为 0 或和为 0）时返回 p：那时拒绝的概率是 0，返回什么都不影响分布，但不能 0/0。
+    """
+    r = np.maximum(target_probs - draft_probs, 0.0)
+    s = r.sum()
+    return r / s if s > 0 else np.asarray(target_probs, dtype=np.float64)
+
+
+def acceptance_rate(target_probs, draft_probs):
+    """β = Σ_x min(p(x), q(x)) = 1 − TV(p, q)：一个草稿 token 被接受的概率（Leviathan 定义 3.2、推论 3.6）。"""
+    return float(np.minimum(target_probs, draft_probs).sum(-1).mean())
+
+
+def speculative_step_probs(target_probs, draft_probs):  # [V], [V] -> [V]
+    """
+    一步"草稿抽 x → 接受或拒绝 → 拒绝时从残差重抽"的输出分布，用精确枚举算（不抽样）。
+
+    【推导】对每个草稿 token x：以 q(x)·min(1, p(x)/q(x)) 的概率输出 x；以 q(x)·(1 − min(1, p(x)/q(x))) 的概率
+    改从残差分布抽。把所有 x 的贡献加起来。结果应该正好是 p（测试断言）。q(x) = 0 的 x 抽不到，跳过。
+    """
+    p = np.asarray(target_probs, dtype=np.float64)
+    q = np.asarray(draft_probs, dtype=np.float64)
+    res = residual_distribution(p, q)
+    out = np.zeros_like(p)
+    for x in np.flatnonzero(q > 0):
+        acc = min(1.0, p[x] / q[x])
+        out[x] += q[x] * acc
+        out += q[x] * (1.0 - acc) * res
+    return out
+
+
+def _check_generation(prompt, n_new, model, extra):
+    prompt = [int(t) for t in np.asarray(prompt).ravel()]
+    if n_new < 1:
+        raise ValueError(f"n_new 至少为 1（收到 {n_new}）")
+    if not prompt:
+        raise ValueError("提示至少要有 1 个 token")
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and len(prompt) + n_new + extra > cfg.max_seq:
+        raise ValueError(f"提示 {len(prompt)} + 新 token {n_new}（+ 草稿 {extra}）超过模型 {getattr(model, 'name', '')} "
+                         f"的上下文 max_seq = {cfg.max_seq}")
+    return prompt
+
+
+def autoregressive_generate(model, prompt, n_new, T, rng, counter=None):
+    """
+    普通的自回归生成 -> int 数组 [n_new]（不含提示）。每个新 token 一次前向；第一次前向覆盖整个提示。
+
+    【参数】T：温度（0 = 贪心）；rng：np.random.Generator（每个 token 用一个均匀数）；counter：记目标模型的账。
+    """
+    adjust(np.zeros(1), T)  # 尽早检查 T
+    seq = _check_generation(prompt, n_new, model, 0)
+    n0 = len(seq)
+    sess = model.session()
+    for _ in range(n_new):
+        probs = adjust(sess.logits(seq, counter)[-1], T)
+        seq.append(int(sample_inverse_cdf(probs, rng.random())))
+    return np.asarray(seq[n0:], dtype=np.int64)
+
+
+def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=None):
+    """
+    投机解码（Leviathan 算法 1）-> (新 token 的 int 数组 [n_new], stats)。
+
+    stats["target_calls"]：轮数 = 目标模型的前向次数（第一轮的前向连提示一起算，没有单独的预填充）；
+    stats["accepted"]：每轮被接受的草稿个数（0..γ）的列表。
+    【每一轮】（论文的步骤，下标从 1 开始，代码里从 0 开始）
+      1. 草稿模型自回归地抽 γ 个 token x₁..x_γ，记下各自的分布 q₁..q_γ；
+      2. 目标模型一次前向算出 p₁..p_{γ+1}（γ + 1 个位置）；
+      3. 依次检查 x_i：r_i·q_i(x_i) < p_i(x_i) 就接受，否则在第一个被拒绝的位置停；
+      4. 有拒绝（位置 n + 1）：从 norm(max(0, p_{n+1} − q_{n+1})) 抽修正 token；全部接受：从 p_{γ+1} 抽额外的 token；
+      5. 两个模型的缓存都回滚到已确定的序列（新抽的那个 token 还没喂过）。
+    每轮都草稿 γ 个；最后输出截到 n_new 个。
+    【边界】γ < 1 抛 ValueError（γ = 0 就是普通解码，用 autoregressive_generate）；T = 0 时输出正好是目标模型的贪心序列。
+    """
+    if not (isinstance(gamma, (int, np.integer)) and gamma >= 1):
+        raise ValueError(f"草稿长度 γ 必须是 ≥ 1 的整数（收到 {gamma!r}）；γ = 0 是普通解码")
+    adjust(np.zeros(1), T)
+    seq = _check_generation(prompt, n_new, target, gamma + 1)
+    n0 = len(seq)
+    t_sess, d_sess = target.session(), draft.session()
+    calls, accepted = 0, []
+    while len(seq) - n0 < n_new:
+        # 1. 草稿 γ 个
+        drafts, qs = [], []
+        for _ in range(gamma):
+            q = adjust(d_sess.logits(seq + drafts)[-1], T)
+            drafts.append(int(sample_inverse_cdf(q, rng.random())))
+            qs.append(q)
+        # 2. 目标模型一次前向：最后 γ + 1 行是 p₁..p_{γ+1}
+        ps = adjust(t_sess.logits(seq + drafts, counter_t)[-(gamma + 1):], T)
+        calls += 1
+        # 3. 依次接受 / 拒绝
+        n = 0
+        while n < gamma:
+            x = drafts[n]
+            if rng.random() * qs[n][x] < ps[n][x]:
+                n += 1
+            else:
+                break
+        # 4. 修正 token 或额外的 token
+        dist = residual_distribution(ps[n], qs[n]) if n < gamma else ps[gamma]
+        seq += drafts[:n] + [int(sample_inverse_cdf(dist, rng.random()))]
+        accepted.append(n)
+        # 5. 回滚：两个模型都只保留已确定的前缀（最后一个新 token 下一轮再喂）
+        t_sess.truncate(len(seq) - 1)
+        d_sess.truncate(len(seq) - 1)
+    return np.asarray(seq[n0:n0 + n_new], dtype=np.int64), {"target_calls": calls, "accepted": accepted}
+
+
+# ---------------------------------------------------------------------------
+# 公式（Leviathan et al. 2023）
+# ---------------------------------------------------------------------------
+def _check_alpha_gamma(alpha, gamma):
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"接受率 α 必须在 [0, 1] 之间（收到 {alpha}）")
+    if not (isinstance(gamma, (int, np.integer)) and gamma >= 0):
+        raise ValueError(f"草稿长度 γ 必须是 ≥ 0 的整数（收到 {gamma!r}；γ = 0 是普通解码）")
+
+
+def expected_tokens(alpha, gamma):
+    """
+    每轮（每次目标前向）平均产出的 token 数 E = (1 − α^{γ+1}) / (1 − α)（论文式 (1)）。
+
+    【推导】产出 1 + (被接受的个数)；第 i 个草稿被接受的概率是 α^i（前 i 个都接受），E = Σ_{i=0..γ} α^i。
+    【边界】α = 1 时取极限 γ + 1；γ = 0 时是 1（普通解码）。
+    """
+    _check_alpha_gamma(alpha, gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def walltime_speedup(alpha, gamma, c):
+    """
+    墙钟加速比 = (1 − α^{γ+1}) / ((1 − α)(γc + 1))（定理 3.8）。c = 草稿一次前向 / 目标一次前向的时间。
+
+    【边界】α = 1 取极限 (γ + 1) / (γc + 1)；γ = 0 时是 1；c < 0 抛 ValueError。
+    """
+    if c < 0:
+        raise ValueError(f"代价系数 c 必须 ≥ 0（收到 {c}）")
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+def ops_factor(alpha, gamma, c_hat):
+    """
+    总运算量相对普通解码的倍数 = (1 − α)(γĉ + γ + 1) / (1 − α^{γ+1})（定理 3.11）。ĉ = 草稿 / 目标 每 token 的运算量。
+
+    【推导】每轮目标模型算 γ + 1 个位置、草稿算 γ 个（各 ĉ），产出 E 个 token。
+    【边界】α = 1 取极限 (γĉ + γ + 1) / (γ + 1)；γ = 0 时是 1；ĉ < 0 抛 ValueError。
+    """
+    if c_hat < 0:
+        raise ValueError(f"运算量系数 ĉ 必须 ≥ 0（收到 {c_hat}）")
+    return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
+
+
+def best_gamma(alpha, c, max_gamma=256):
+    """
+    在 γ = 1..max_gamma 里找墙钟加速比最大的 γ -> (γ*, 加速比)。
+
+    【边界】没有任何 γ 的加速比 > 1（α ≤ c 时；α = c 时 γ = 1 正好是 1）返回 (0, 1.0)：不划算，用普通解码；
+    c ≤ 0 或 α = 1 时加速比随 γ 无限增长、没有有限的最优值：抛 ValueError。
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"接受率 α 必须在 [0, 1] 之间（收到 {alpha}）")
+    if c <= 0:
+        raise ValueError(f"c = {c} ≤ 0：草稿免费时 γ 越大越快，没有有限的最优 γ（需要 c > 0）")
+    if alpha == 1.0:
+        raise ValueError("α = 1：草稿永远被接受，γ 越大越快，没有有限的最优 γ（需要 α < 1）")
+    best = (0, 1.0)
+    for g in range(1, max_gamma + 1):
+        s = walltime_speedup(alpha, g, c)
+        if s > best[1] * (1 + 1e-12):
+            best = (g, s)
+    return best
+
+
+def truncated_geometric(alpha, gamma):
+    """
+    每轮被接受个数的分布（各位置独立、接受率都是 α 时）：P(n) = α^n (1 − α)（n < γ），P(γ) = α^γ -> 长 γ + 1 的数组。
+    """
+    _check_alpha_gamma(alpha, gamma)
+    return np.array([alpha ** n * (1 - alpha) for n in range(gamma)] + [alpha ** gamma])
+
+
+# ---------------------------------------------------------------------------
+# 拟合优度：检查抽样和精确分布一致（只用 numpy 和标准库）
+# ---------------------------------------------------------------------------
+def chi2_sf(x, dof):
+    """
+    χ² 分布的右尾概率 P(X ≥ x)，自由度 dof = 正则化上不完全伽马函数 Q(dof/2, x/2)。
+
+    【做法】x < a + 1 时用级数算 P 再取 1 − P，否则用连分式（Lentz 算法）直接算 Q（Numerical Recipes §6.2 的方法）。
+    """
+    if dof < 1:
+        raise ValueError(f"自由度至少为 1（收到 {dof}）")
+    if x <= 0:
+        return 1.0
+    a, z = dof / 2.0, x / 2.0
+    log_pre = a * math.log(z) - z - math.lgamma(a)
+    if z < a + 1:
+        term = total = 1.0 / a
+        for n in range(1, 1000):
+            term *= z / (a + n)
+            total += term
+            if term < total * 1e-16:
+                break
+        return max(0.0, 1.0 - total * math.exp(log_pre))
+    tiny = 1e-300
+    b = z + 1 - a
+    cc, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 1000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        cc = b + an / cc
+        cc = tiny if abs(cc) < tiny else cc
+        d = 1.0 / d
+        delta = d * cc
+        h *= delta
+        if abs(delta - 1) < 1e-16:
+            break
+    return math.exp(log_pre) * h
+
+
+def chi2_gof(counts, probs, min_expected=5.0):
+    """
+    Pearson χ² 拟合优度检验：观测次数 counts 是否来自分布 probs -> (χ², 自由度, p 值)。
+
+    【做法】期望次数 < min_expected 的格子合并成一格（χ² 近似需要每格期望够大）；概率为 0 的格子如果有观测，
+    χ² = inf、p = 0。自由度 = 格子数 − 1。
+    """
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    n = counts.sum()
+    if np.any((probs <= 0) & (counts > 0)):
+        return math.inf, 0, 0.0
+    exp = probs * n
+    big = exp >= min_expected
+    obs_cells = list(counts[big])
+    exp_cells = list(exp[big])
+    if np.any(~big) and exp[~big].sum() > 0:
+        obs_cells.append(counts[~big].sum())
+        exp_cells.append(exp[~big].sum())
+    o, e = np.array(obs_cells), np.array(exp_cells)
+    stat = float(((o - e) ** 2 / e).sum())
+    dof = len(o) - 1
+    return stat, dof, (chi2_sf(stat, dof) if dof >= 1 else 1.0)

@@ -1,0 +1,235 @@
+"""
+numfmt —— 数的格式：浮点格式的位布局与舍入、对称整数量化（每张量 / 每通道 / 分组）、MX 块格式。
+
+【浮点格式】FloatFormat 描述 1 位符号 + e 位指数 + m 位尾数的格式（偏置 2^(e−1) − 1，有次正规数）：
+- FP32、FP16、BF16、FP8-E5M2：IEEE 风格，最大的指数码留给 inf / NaN；**溢出变成 ±inf**（和 IEEE 一样：
+  舍入后超过最大有限值就是 inf，包括正好在最大值和下一个"虚拟"值中间、按偶数规则进位的情况）。
+- FP8-E4M3（OCP 的 "FN" 版本）：没有 inf，只有 S.1111.111 是 NaN，所以最大值是 1.75 × 2⁸ = 448；
+  FP4-E2M1：没有 inf 也没有 NaN，最大值 6。这两种**饱和**：超出范围的值（包括 ±inf）变成 ±最大有限值。
+- 舍入：就近舍入，一样近时取偶数（round to nearest, ties to even）。np.round 正是"取偶"的规则。
+  负零保留符号（-0.0 仍是 -0.0；很小的负数下溢成 -0.0）。NaN 进 NaN 出。
+
+【整数量化】对称：scale = max|w| / qmax（int8 的 qmax = 127，int4 的 qmax = 7），q = clip(round(w / scale))，
+反量化 w' = q · scale。scale 存成 FP16（所以 scale 本身也先舍入到 FP16）。粒度：
+- "tensor"：整个矩阵一个 scale；"channel"：每个输出通道（权重 [输入维, 输出维] 的每一列）一个；
+- "group"：每个输出通道里沿输入维每 group 个数一个。全为 0 的组 scale = 0，反量化也是 0（不做除法）。
+
+【MX 块格式】（OCP Microscaling 规范 v1.0）每 32 个数共享一个 E8M0 的 scale（8 位，只有指数，值是 2 的幂）：
+X = 2^(⌊log₂ max|v|⌋ − emax_elem)，emax_elem 是元素格式最大正规数的指数（E2M1 是 2，E4M3 是 8）；
+元素 = round_to(v / X, 元素格式)（饱和）。MXFP4 = E2M1 元素：每个数 4 + 8/32 = **4.25 位**；MXFP8 = E4M3：8.25 位。
+
+【每个数占几位】bits_per_value 把 scale 算进去：int4 每组 32 个一个 FP16 scale = 4 + 16/32 = 4.5 位。
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP4_E2M1", "FLOAT_FORMATS",
+           "round_to", "encode_bits", "quantize_int", "quantize_mx", "bits_per_value", "INT_QMAX"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """1 位符号 + exp_bits 位指数 + man_bits 位尾数的二进制浮点格式。"""
+    name: str
+    exp_bits: int
+    man_bits: int
+    has_inf: bool          # True：IEEE 风格（最大指数码是 inf/NaN，溢出成 inf）；False：饱和
+    nan_in_top: bool = False  # E4M3：最大指数码里只有尾数全 1 是 NaN
+
+    @property
+    def bits(self):
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def bias(self):
+        return 2 ** (self.exp_bits - 1) - 1
+
+    @property
+    def emin(self):
+        """最小正规数的指数（= 1 − bias）。"""
+        return 1 - self.bias
+
+    @property
+    def emax(self):
+        """最大有限数的指数。"""
+        top = 2 ** self.exp_bits - 1          # 最大的指数码
+        return (top - 1 if self.has_inf else top) - self.bias
+
+    @property
+    def max_value(self):
+        """最大有限值。"""
+        m = self.man_bits
+        if self.has_inf or not self.nan_in_top:
+            frac = 2 - 2.0 ** -m              # 尾数全 1
+        else:
+            frac = 2 - 2.0 ** (1 - m)         # 尾数全 1 是 NaN，只能到 1.11…10
+        return frac * 2.0 ** self.emax
+
+    @property
+    def min_normal(self):
+        return 2.0 ** self.emin
+
+    @property
+    def min_subnormal(self):
+        return 2.0 ** (self.emin - self.man_bits)
+
+    @property
+    def epsilon(self):
+        """相对精度：1 和比 1 大的下一个数之差 = 2^(−尾数位数)。就近舍入的相对误差最多是它的一半。"""
+        return 2.0 ** -self.man_bits
+
+
+FP32 = FloatFormat("FP32", 8, 23, True)
+FP16 = FloatFormat("FP16", 5, 10, True)
+BF16 = FloatFormat("BF16", 8, 7, True)
+FP8_E5M2 = FloatFormat("FP8-E5M2", 5, 2, True)
+FP8_E4M3 = FloatFormat("FP8-E4M3", 4, 3, False, nan_in_top=True)
+FP4_E2M1 = FloatFormat("FP4-E2M1", 2, 1, False)
+FLOAT_FORMATS = (FP32, FP16, BF16, FP8_E4M3, FP8_E5M2, FP4_E2M1)
+
+
+def round_to(x, fmt):
+    """
+    把 float64 数组 x 舍入到格式 fmt 能表示的最近的值（仍用 float64 存）-> 同形状数组。
+
+    【推导】|x| 的指数 e = max(⌊log₂|x|⌋, emin)，这一段相邻两个可表示数的间隔（量子）是 2^(e − 尾数位数)；
+    x / 量子 是精确的（除以 2 的幂），np.round 就近取偶，再乘回量子。次正规数区间量子固定为 2^(emin − m)。
+    【边界】超出最大有限值：IEEE 风格的格式变 ±inf，饱和格式变 ±最大值；±inf 输入同理；NaN 原样；−0.0 保留。
+    """
+    x = np.asarray(x, dtype=np.float64)
+    out = np.array(x, dtype=np.float64, copy=True)
+    finite = np.isfinite(x) & (x != 0)
+    if np.any(finite):
+        v = x[finite]
+        e = np.maximum(np.floor(np.log2(np.abs(v))), fmt.emin)
+        quantum = np.exp2(e - fmt.man_bits)
+        r = np.round(v / quantum) * quantum
+        r = np.where(r == 0, np.copysign(0.0, v), r)      # 下溢到 0 时保留符号
+        out[finite] = r
+    over = np.abs(out) > fmt.max_value                     # 包括输入本来就是 ±inf
+    if np.any(over):
+        big = np.inf if fmt.has_inf else fmt.max_value
+        out[over] = np.copysign(big, out[over])
+    return out
+
+
+def encode_bits(value, fmt):
+    """
+    一个（已经可以精确表示的）值在 fmt 里的位：返回 (符号位, 指数位串, 尾数位串)，例如 FP8-E4M3 的 448 →
+    ("0", "1111", "110")。
+
+    【边界】NaN：IEEE 风格返回指数全 1、尾数最高位 1；E4M3 返回 S.1111.111；E2M1 没有 NaN，抛 ValueError。
+    value 不能精确表示时抛 ValueError（先用 round_to）。
+    """
+    v = float(value)
+    E, M = fmt.exp_bits, fmt.man_bits
+    if math.isnan(v):
+        if not (fmt.has_inf or fmt.nan_in_top):
+            raise ValueError(f"{fmt.name} 没有 NaN")
+        man = "1" * M if fmt.nan_in_top else "1" + "0" * (M - 1)
+        return "0", "1" * E, man
+    sign = "1" if math.copysign(1.0, v) < 0 else "0"
+    a = abs(v)
+    if math.isinf(a):
+        if not fmt.has_inf:
+            raise ValueError(f"{fmt.name} 没有 inf（它饱和到 ±{fmt.max_value:g}）")
+        return sign, "1" * E, "0" * M
+    if float(round_to(a, fmt)) != a:
+        raise ValueError(f"{v!r} 不能用 {fmt.name} 精确表示；先用 round_to 舍入")
+    if a == 0:
+        return sign, "0" * E, "0" * M
+    e = max(math.floor(math.log2(a)), fmt.emin)
+    if a < fmt.min_normal:                                  # 次正规数：指数码 0，尾数 = a / 最小次正规数
+        return sign, "0" * E, format(int(round(a / fmt.min_subnormal)), f"0{M}b")
+    frac = int(round((a / 2.0 ** e - 1) * 2 ** M))
+    return sign, format(e + fmt.bias, f"0{E}b"), format(frac, f"0{M}b") if M else ""
+
+
+INT_QMAX = {8: 127, 4: 7}
+
+
+def quantize_int(w, bits, granularity="channel", group=None):
+    """
+    对称整数量化再反量化：w 形状 [输入维, 输出维]（权重矩阵）-> (w', scale)。
+
+    【参数】bits：8 或 4；granularity："tensor"、"channel"（每列一个 scale）、"group"（每列里沿输入维每 group 个一个）。
+    【边界】group 不整除输入维时抛 ValueError；全 0 的组 scale = 0，反量化结果也是 0；scale 舍入到 FP16。
+    """
+    if bits not in INT_QMAX:
+        raise ValueError(f"整数量化只支持 8 位和 4 位（收到 {bits}）")
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"权重必须是二维 [输入维, 输出维]（收到形状 {w.shape}）")
+    qmax = INT_QMAX[bits]
+    n_in, n_out = w.shape
+    if granularity == "tensor":
+        blocks = w.reshape(1, n_in * n_out)
+    elif granularity == "channel":
+        blocks = w.T                                         # [输出维, 输入维]：每行一个输出通道
+    elif granularity == "group":
+        if not group or n_in % group:
+            raise ValueError(f"分组大小 {group} 必须整除输入维 {n_in}")
+        blocks = w.T.reshape(n_out * (n_in // group), group)
+    else:
+        raise ValueError(f"未知的粒度 {granularity!r}；可用：tensor、channel、group")
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    scale = round_to(amax / qmax, FP16)
+    safe = np.where(scale > 0, scale, 1.0)
+    q = np.clip(np.round(blocks / safe), -qmax, qmax)
+    deq = np.where(scale > 0, q * scale, 0.0)
+    if granularity == "tensor":
+        return deq.reshape(n_in, n_out), scale.reshape(1)
+    if granularity == "channel":
+        return deq.T.copy(), scale.reshape(n_out)
+    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
+
+
+def quantize_mx(w, elem=FP4_E2M1, block=32):
+    """
+    MX 块格式量化再反量化：w [输入维, 输出维]，每列里沿输入维每 block 个数共享一个 E8M0 scale -> (w', scale)。
+
+    【推导】X = 2^(⌊log₂ max|v|⌋ − emax_elem)（OCP MX v1.0 §6.3）；元素 = round_to(v / X, elem)，超出的饱和。
+    【边界】block 不整除输入维时抛 ValueError；全 0 的块 scale 记 1、元素全 0。
+    """
+    w = np.asarray(w, dtype=np.float64)
+    n_in, n_out = w.shape
+    if n_in % block:
+        raise ValueError(f"MX 块大小 {block} 必须整除输入维 {n_in}")
+    blocks = w.T.reshape(n_out * (n_in // block), block)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    safe = np.where(amax > 0, amax, 1.0)
+    scale = np.exp2(np.floor(np.log2(safe)) - elem.emax)
+    deq = round_to(blocks / scale, elem) * scale
+    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // block)
+
+
+def bits_per_value(kind, n_in=None, group=None):
+    """
+    每个权重平均占几位（**含 scale**）。
+
+    【参数】kind："int8"/"int4"（加 granularity 的 scale：每通道一个 FP16 scale 摊到 n_in 个数上；每组一个摊到
+    group 个数上）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、
+    或者一个浮点格式名（"bf16"、"fp16"：16）。
+    """
+    if kind in ("int8", "int4"):
+        b = 8 if kind == "int8" else 4
+        if group:
+            return b + 16 / group
+        if not n_in:
+            raise ValueError("每通道量化需要 n_in（一个 scale 摊到多少个数上）")
+        return b + 16 / n_in
+    if kind == "fp8":
+        if not n_in:
+            raise ValueError("fp8 每通道量化需要 n_in")
+        return 8 + 32 / n_in
+    if kind == "mxfp4":
+        return 4 + 8 / 32
+    if kind == "mxfp8":
+        return 8 + 8 / 32
+    if kind in ("bf16", "fp16"):
+        return 16.0
+    if kind == "fp32":
+        return 32.0
+    raise ValueError(f"未知的格式 {kind!r}；可用：int8、int4、fp8、mxfp4、mxfp8、bf16、fp16、fp32")
