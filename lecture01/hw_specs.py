@@ -103,3 +103,41 @@ def roofline_bound(flops, nbytes, chip, dtype="bf16"):
     t_compute = flops / chip.peak_flops(dtype)
     t_memory = nbytes / chip.mem_bw
     return "compute" if t_compute >= t_memory else "memory"
+
+
+# ---- 互联（第 5 讲用）----
+# 一张表：每种互联的**单向**带宽（字节/秒，十进制），旁边写出处。链路都是全双工：两个方向各有这么多，
+# 数据手册上常写的"双向合计"是它的两倍（NVLink 的 900 GB/s、PCIe Gen5 x16 的 128 GB/s 都是双向合计）。
+# 搬 KV cache 是单向的，所以第 5 讲算传输时间用单向带宽。这里只有带宽；延迟、协议开销不在表里。
+@dataclass(frozen=True)
+class Link:
+    """一种互联：单向带宽（字节/秒）、双向合计、出处。"""
+    name: str
+    bw: float                          # 单向带宽，字节/秒
+    bidir_bw: float                    # 双向合计（数据手册常写这个），字节/秒
+    source: str = ""
+    note: str = ""
+
+
+NVLINK4 = Link(
+    "NVLink 4（H100 SXM5，每块 GPU）", bw=450 * GB, bidir_bw=900 * GB,
+    source="NVIDIA H100 Datasheet（NVLink 900 GB/s，双向合计）；NVIDIA NVLink 页面：第四代 18 条链路",
+    note="每块 GPU 18 条链路 × 每条每方向 25 GB/s = 450 GB/s 单向")
+IB_NDR = Link(
+    "InfiniBand NDR（一个 400 Gb/s 端口）", bw=400e9 / 8, bidir_bw=2 * 400e9 / 8,
+    source="NVIDIA ConnectX-7 / Quantum-2 产品简介：NDR 每端口 400 Gb/s",
+    note="400 Gb/s = 50 GB/s 每方向；DGX H100 每块 GPU 配一张 ConnectX-7")
+PCIE5_X16 = Link(
+    "PCIe Gen5 x16", bw=64 * GB, bidir_bw=128 * GB,
+    source="PCI-SIG PCIe 5.0 规范：32 GT/s 每通道；NVIDIA H100 Datasheet：PCIe Gen5 128 GB/s（双向合计）",
+    note="约 64 GB/s 每方向（扣掉 128b/130b 编码约 63 GB/s）；Corsair 卡的主机接口也是它")
+ETH_100G = Link(
+    "100 GbE 以太网", bw=100e9 / 8, bidir_bw=2 * 100e9 / 8,
+    source="IEEE 802.3（100GBASE）：100 Gb/s 每方向",
+    note="12.5 GB/s 每方向")
+ETH_400G = Link(
+    "400 GbE 以太网", bw=400e9 / 8, bidir_bw=2 * 400e9 / 8,
+    source="IEEE 802.3bs（400GBASE）：400 Gb/s 每方向",
+    note="50 GB/s 每方向（和 NDR 同速）")
+ALL_LINKS = (NVLINK4, IB_NDR, PCIE5_X16, ETH_400G, ETH_100G)
+__all__ += ["Link", "NVLINK4", "IB_NDR", "PCIE5_X16", "ETH_100G", "ETH_400G", "ALL_LINKS"]

@@ -1,0 +1,167 @@
+"""
+=============================================================================
+CS349E · 第 5 讲 · 01_batching_tradeoff.py —— 连续批处理：吞吐和每个 token 的延迟怎么换
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：decode 的批从 1 加到显存装得下的最大值：每步时间（= 每个用户看到的 TPOT）涨得很慢，吞吐几乎成倍涨——服务为什么总跑大批。
+演示 2：批大到多少才变成 compute-bound（B*）？上下文一长，读 KV 的时间跟着批一起涨，B* 变大，甚至永远到不了。
+演示 3：连续批处理 vs 静态批处理：同样的位置数，输出长短不一的请求，连续批把空出来的位置立刻补上，吞吐高多少。
+
+【怎么读输出】"每步时间"就是这一步里每个序列多出一个 token 要等的时间，也就是 TPOT；"吞吐" = 批大小 / 每步时间。
+"受什么限制"：memory = 读权重和 KV 的时间比计算长（roofline，第 1 讲）。
+
+【模型的假设（务必看）】
+所有时间都是 roofline 下界（llm_math.decode_step 的口径：max(FLOPs / 峰值, 字节 / 带宽)），没有 kernel 启动、调度等固定开销；
+权重和 KV cache 都是 BF16。Llama-3.1-8B 放在一块 H100 SXM5 上；Llama-3.1-70B 放在 8 块 H100 上，按**理想张量并行**
+（带宽、容量、算力都乘 8，卡间通信不要钱——**假设**）。演示 1、2 里一批序列的上下文都按 2048 个位置算（**假设**）；
+"显存装得下的最大批"只算权重和 KV，不算激活和碎片（上界）。演示 3 的 512 个请求、提示 1024 个 token、
+输出长度在 [16, 1024) 里均匀分布（种子固定）都是**假设的工作负载**。硬件数字见 ../lecture01/hw_specs 的出处。
+
+【运行】python3 01_batching_tradeoff.py （约 0.2 秒）
+
+【依赖】numpy；本目录的 serving_lab；../lecture01 的 console、hw_specs、llm_math。
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from hw_specs import H100  # noqa: E402
+from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
+from serving_lab import compute_bound_batch, gang, max_batch, simulate_batching, uniform_ints  # noqa: E402
+
+# ---- 部署和工作负载（假设，见文件开头）----
+CONTEXT = 2048                                   # 演示 1、2：批里每个序列的上下文长度
+SETUPS = ((LLAMA31_8B, H100), (LLAMA31_70B, gang(H100, 8)))
+N_REQ, PROMPT, OUT_LO, OUT_HI, OUT_SEED = 512, 1024, 16, 1024, 1   # 演示 3 的工作负载
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：批大小 → TPOT 和吞吐
+# ---------------------------------------------------------------------------
+def demo1_batch_sweep():
+    print_header(f"演示 1：decode 的批大小 vs 每步时间（TPOT）和吞吐（上下文 {CONTEXT}，BF16，roofline 下界）")
+    rows, out = [], {}
+    for model, chip in SETUPS:
+        bmax = max_batch(model, chip, CONTEXT)
+        batches = [b for b in (1, 4, 16, 64, 128, 256, 512) if b < bmax] + [bmax]
+        for b in batches:
+            s = decode_step(model, chip, b, CONTEXT)
+            rows.append([model.name, chip.name, b, fmt_time(s["time"]), f"{b / s['time']:,.0f}",
+                         fmt_time(s["w_bytes"] / chip.mem_bw), fmt_time(s["kv_bytes"] / chip.mem_bw),
+                         fmt_time(s["t_compute"]), s["bound"],
+                         "最大" if b == bmax else ""])
+            out[(model.name, b)] = s
+        out[(model.name, "bmax")] = bmax
+    print_table(["模型", "硬件", "批 B", "每步 = TPOT", "吞吐 tok/s", "读权重", "读 KV", "计算", "受什么限制", "显存"], rows)
+    m8, m70 = LLAMA31_8B.name, LLAMA31_70B.name
+    b8, b70 = out[(m8, "bmax")], out[(m70, "bmax")]
+    t1, t64, tmax = out[(m8, 1)]["time"], out[(m8, 64)]["time"], out[(m8, b8)]["time"]
+    r = {"tpot_8b_b1": t1, "tpot_8b_b64": t64, "tpot_8b_bmax": tmax, "bmax_8b": b8, "bmax_70b": b70,
+         "thr_ratio_64": 64 * t1 / t64, "tpot_ratio_64": t64 / t1,
+         "kv_over_w_8b_bmax": out[(m8, b8)]["kv_bytes"] / out[(m8, b8)]["w_bytes"],
+         "thr_8b_bmax": b8 / tmax, "thr_8b_b1": 1 / t1,
+         "tpot_70b_b1": out[(m70, 1)]["time"], "tpot_70b_bmax": out[(m70, b70)]["time"],
+         "thr_70b_bmax": b70 / out[(m70, b70)]["time"],
+         "all_memory_bound": all(v["bound"] == "memory" for k, v in out.items() if k[1] != "bmax")}
+    print_observations([
+        f"{m8}：批从 1 到 64，每步时间只从 {fmt_time(t1)} 涨到 {fmt_time(t64)}（×{r['tpot_ratio_64']:.2f}），"
+        f"吞吐却涨了 {r['thr_ratio_64']:.1f} 倍。权重每步只读一遍，批里所有序列共用；每多一个序列只多读它自己的 KV。",
+        f"这就是服务总跑大批的原因：每个用户的 TPOT 变慢的倍数远小于吞吐涨的倍数，而吞吐决定每个 token 的成本。"
+        f"批 = 1 时 {r['thr_8b_b1']:,.0f} tok/s，显存装满（B = {b8}）时 {r['thr_8b_bmax']:,.0f} tok/s（{r['thr_8b_bmax'] / r['thr_8b_b1']:.0f} 倍），"
+        f"TPOT 只从 {fmt_time(t1)} 变成 {fmt_time(tmax)}（{tmax / t1:.1f} 倍）。",
+        f"批大了以后，读 KV 成了大头：B = {b8} 时 KV 字节是权重的 {r['kv_over_w_8b_bmax']:.1f} 倍。批最终被显存卡住（装 KV），"
+        + ("不是被算力卡住：表里每一行都是 memory-bound，计算时间始终比读数据短。" if r["all_memory_bound"]
+           else "有的行已经 compute-bound。"),
+        f"{m70} 在 8 块 H100 上同理：B = 1 时 {fmt_time(r['tpot_70b_b1'])}，装满（B = {b70}）时 {fmt_time(r['tpot_70b_bmax'])}、"
+        f"{r['thr_70b_bmax']:,.0f} tok/s。连续批处理（演示 3）的目的就是让批一直保持在这么大。",
+    ])
+    return r
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：什么时候变成 compute-bound
+# ---------------------------------------------------------------------------
+def critical_context(model, chip):
+    """
+    超过这个上下文长度，decode 批再大也是 memory-bound：每个序列读自己 KV 的时间 ≥ 它的计算时间。
+
+    【推导】compute_bound_batch 的分母 f(L)/P − k(L)/BW = 2·matmul/P − L·(k₁/BW − a₁/P)，
+    k₁ = 每个位置的 KV 字节，a₁ = 每个位置的注意力 FLOPs；令它为 0 解出 L。
+    """
+    k1 = model.kv_bytes_per_token()
+    a1 = 4 * model.n_heads * model.head_dim * model.n_layers
+    return (2 * model.matmul_params() / chip.peak_flops("bf16")) / (k1 / chip.mem_bw - a1 / chip.peak_flops("bf16"))
+
+
+def demo2_compute_bound():
+    print_header("演示 2：批大到多少才 compute-bound？B* = (W/BW) / (f/P − k/BW)（f、k：一个序列每步的 FLOPs 和 KV 字节）")
+    rows, out = [], {}
+    contexts = (128, 256, 512, 1024, 2048, 8192)
+    for model, chip in SETUPS:
+        for L in contexts:
+            bs = compute_bound_batch(model, chip, L)
+            bm = max_batch(model, chip, L)
+            reach = bs <= bm
+            rows.append([model.name, chip.name, L, "永远到不了" if bs == float("inf") else f"{bs:.0f}", bm,
+                         "能" if reach else "不能"])
+            out[(model.name, L)] = (bs, bm)
+    print_table(["模型", "硬件", "上下文 L", "compute-bound 的批 B*", "显存装得下的最大批", "装得下 B* 吗"], rows)
+    ridge = H100.ridge_point("bf16")
+    lc8, lc70 = critical_context(LLAMA31_8B, SETUPS[0][1]), critical_context(LLAMA31_70B, SETUPS[1][1])
+    b0 = compute_bound_batch(LLAMA31_8B, H100, 0)
+    r = {"ridge": ridge, "b0_8b": b0, "lc_8b": lc8, "lc_70b": lc70,
+         "b128_8b": out[(LLAMA31_8B.name, 128)][0], "b1024_70b": out[(LLAMA31_70B.name, 1024)][0],
+         "bm1024_70b": out[(LLAMA31_70B.name, 1024)][1]}
+    print_observations([
+        f"不读 KV 时（L → 0），B* = {b0:.0f}，正好是 H100 的拐点 {ridge:.0f} FLOP/字节：BF16 权重每个参数 2 字节、每个 token 2 FLOPs，"
+        f"投影和 FFN 的算术强度就等于批大小（第 2 讲）。",
+        f"KV 把 B* 往上推：注意力核心的强度只有 GQA 的组大小（8B 是 {LLAMA31_8B.group}、70B 是 {LLAMA31_70B.group}），远低于拐点，每加一个序列就多一份读 KV 的时间。"
+        f"8B 在 L = 128 时 B* 已经是 {r['b128_8b']:.0f}；70B 在 L = 1024 时 B* = {r['b1024_70b']:.0f}，"
+        f"显存装得下 {r['bm1024_70b']} 个序列，{'还够得着' if r['b1024_70b'] <= r['bm1024_70b'] else '已经够不着'}。",
+        f"上下文超过一个临界长度，分母变成负的，批再大也到不了 compute-bound：8B 约 {lc8:.0f} 个位置，70B（8 卡）约 {lc70:.0f} 个位置。"
+        f"实际服务的上下文通常更长，所以 decode 几乎总是 memory-bound——这正是投机解码（第 6 讲）有闲置算力可用、"
+        f"以及把 decode 放到带宽更高的硬件上（04、05）有意义的原因。",
+    ])
+    return r
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：静态批 vs 连续批
+# ---------------------------------------------------------------------------
+def demo3_continuous_batching():
+    print_header(f"演示 3：静态批 vs 连续批（{LLAMA31_8B.name}，一块 H100；{N_REQ} 个请求同时到达，提示 {PROMPT}，"
+                 f"输出长度在 [{OUT_LO}, {OUT_HI}) 均匀）")
+    outs = uniform_ints(OUT_LO, OUT_HI, N_REQ, OUT_SEED)
+    rows, res = [], {}
+    for slots in (32, 128):
+        for cont in (False, True):
+            s = simulate_batching(LLAMA31_8B, H100, PROMPT, outs, slots, cont)
+            res[(slots, cont)] = s
+            rows.append([slots, "连续批" if cont else "静态批", s["steps"], f"{s['mean_active']:.1f}",
+                         f"{s['time']:.1f} s", f"{s['throughput']:,.0f}", fmt_time(s["tpot"])])
+    print_table(["位置数", "做法", "迭代次数", "平均在算的序列", "总时间", "吞吐 tok/s", "平均每步 = TPOT"], rows)
+    gain = {k: res[(k, True)]["throughput"] / res[(k, False)]["throughput"] for k in (32, 128)}
+    r = {"gain_32": gain[32], "gain_128": gain[128], "tokens": int(outs.sum()),
+         "active_static_128": res[(128, False)]["mean_active"], "active_cont_128": res[(128, True)]["mean_active"],
+         "tpot_static_128": res[(128, False)]["tpot"], "tpot_cont_128": res[(128, True)]["tpot"]}
+    print_observations([
+        f"同样 128 个位置，静态批平均只有 {r['active_static_128']:.1f} 个序列在算：一组里先生成完的请求占着位置等最长的那个；"
+        f"连续批平均 {r['active_cont_128']:.1f} 个，空出来的位置下一步就补上新请求（Orca 的迭代级调度）。",
+        f"吞吐因此高 {gain[128]:.2f} 倍（32 个位置时 {gain[32]:.2f} 倍），一共都是 {r['tokens']:,} 个 token。"
+        f"代价是每步时间（TPOT）从 {fmt_time(r['tpot_static_128'])} 涨到 {fmt_time(r['tpot_cont_128'])}"
+        f"（+{(r['tpot_cont_128'] / r['tpot_static_128'] - 1) * 100:.0f}%）：在算的序列多了，每步多读它们的 KV（演示 1）——吞吐和 TPOT 的交换。",
+        "这里还假设静态批不计算空位置、prefill 不占时间——都对静态批有利；真实差距更大。连续批的代价是每步都要调度、"
+        "KV cache 要按页管理（vLLM 的 PagedAttention），以及新请求的 prefill 会插进 decode 里（02 脚本）。",
+    ])
+    return r
+
+
+if __name__ == "__main__":
+    demo1_batch_sweep()
+    demo2_compute_bound()
+    demo3_continuous_batching()
