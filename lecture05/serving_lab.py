@@ -213,19 +213,21 @@ def simulate_batching(model, chip, prompt_len, out_lens, slots, continuous, w_bi
 # ---------------------------------------------------------------------------
 # 模拟 2：prefill / decode 同机 vs 解耦
 # ---------------------------------------------------------------------------
-def _finish(first, last, gaps, arrivals, out_lens):
-    """把每个请求的首 token 时刻、末 token 时刻、最大间隔整理成结果 dict。"""
+def _finish(first, last, gaps, gap1, arrivals, out_lens):
+    """把每个请求的首 token 时刻、末 token 时刻、最大间隔、第 1→2 个 token 的间隔整理成结果 dict。"""
     first, last, gaps = np.asarray(first), np.asarray(last), np.asarray(gaps)
     n_out = np.asarray(out_lens, dtype=float)
     tpot = np.where(n_out > 1, (last - first) / np.maximum(n_out - 1, 1), 0.0)
-    return {"ttft": first - np.asarray(arrivals), "tpot": tpot, "max_gap": gaps, "finish": last}
+    return {"ttft": first - np.asarray(arrivals), "tpot": tpot, "max_gap": gaps, "first_gap": np.asarray(gap1),
+            "finish": last}
 
 
 def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, chunk=None):
     """
     同机部署：n_gpus 台机器，每台既做 prefill 也做 decode；请求按到达顺序轮流分给各台（第 i 个给第 i mod n_gpus 台）。
     返回 dict（每个请求一个数的数组，按请求编号）：ttft（首 token 时刻 − 到达）、tpot（(末 token − 首 token)/(生成数 − 1)）、
-    max_gap（相邻两个 token 之间最长的等待）、finish（末 token 时刻）。
+    max_gap（相邻两个 token 之间最长的等待）、first_gap（第 1 个到第 2 个 token 的间隔）、finish（末 token 时刻）。
+    只生成 1 个 token 的请求：tpot、max_gap、first_gap 都记 0。
 
     【推导】每台机器一次迭代一次迭代地跑（时间 = iteration_time）：
     chunk=None（prefill 优先）：有等着的请求，就先把排在最前面的那个的整个提示 prefill 掉（这次迭代不 decode），
@@ -235,7 +237,7 @@ def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, c
     【边界】机器空闲时时间跳到下一个到达时刻。
     """
     n = len(arrivals)
-    first, last, gaps = [0.0] * n, [0.0] * n, [0.0] * n
+    first, last, gaps, gap1 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     for g in range(n_gpus):
         mine = list(range(g, n, n_gpus))
         nxt, t = 0, 0.0
@@ -272,6 +274,8 @@ def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, c
                 for r in list(running):
                     running[r] += 1
                     gaps[r] = max(gaps[r], t - last[r])
+                    if running[r] == 2:
+                        gap1[r] = t - last[r]
                     last[r] = t
                     if running[r] == int(out_lens[r]):
                         del running[r]
@@ -282,7 +286,7 @@ def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, c
                     finished += 1
                 else:
                     running[r] = 1
-    return _finish(first, last, gaps, arrivals, out_lens)
+    return _finish(first, last, gaps, gap1, arrivals, out_lens)
 
 
 def simulate_disaggregated(model, chip, arrivals, prompt_lens, out_lens, kv_time):
@@ -295,7 +299,7 @@ def simulate_disaggregated(model, chip, arrivals, prompt_lens, out_lens, kv_time
     【参数】kv_time：函数，提示长度 → 搬 KV 的秒数（例如 link_time(model.kv_bytes(n), IB_NDR)）。
     """
     n = len(arrivals)
-    first, last, gaps = [0.0] * n, [0.0] * n, [0.0] * n
+    first, last, gaps, gap1 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     ready = []
     free = 0.0
     for r in range(n):
@@ -317,7 +321,9 @@ def simulate_disaggregated(model, chip, arrivals, prompt_lens, out_lens, kv_time
         for r in list(running):
             running[r] += 1
             gaps[r] = max(gaps[r], t - last[r])
+            if running[r] == 2:
+                gap1[r] = t - last[r]
             last[r] = t
             if running[r] == int(out_lens[r]):
                 del running[r]
-    return _finish(first, last, gaps, arrivals, out_lens)
+    return _finish(first, last, gaps, gap1, arrivals, out_lens)
