@@ -16,7 +16,7 @@ CS349E · 第 2 讲 · 01_numpy_transformer.py —— 一个 Llama 形状的 num
 它只用来看形状和核对"缓存 == 重算"，输出的 token 没有语言上的意义。全部用 **float64** 计算（dtype 会打印出来）。
 提示的 token 用 rng.random() 的均匀数乘词表大小取整得到（固定种子）。
 
-【运行】python3 01_numpy_transformer.py （约 0.2 秒）
+【运行】python3 01_numpy_transformer.py （约 0.3 秒）
 
 【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、init_params、LMConfig）；../lecture01 的 console。
 """
