@@ -1,0 +1,247 @@
+"""
+第 2 讲的四个编号脚本：每个演示返回它的观察引用的数；这里用独立的闭式公式和公开数字（Llama 3.1 的 config.json、
+H100 数据手册、CURRICULUM §5）核对它们，并检查观察里说的"相等 / 一致 / 受什么限制"确实成立。
+"""
+import contextlib
+import io
+import math
+
+import pytest
+
+from conftest import load_script
+from hw_specs import H100
+from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B
+from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, LMConfig, analytic_ops, sum_rows
+
+S1, S2, S3, S4 = ("lecture02/01_numpy_transformer.py", "lecture02/02_op_ledger.py",
+                  "lecture02/03_arithmetic_intensity.py", "lecture02/04_kv_cache.py")
+
+
+def _run(rel, *demos):
+    """加载脚本、依次运行几个演示（吞掉打印），返回 (模块, {演示名: 返回的 dict}, 打印的文字)。"""
+    mod = load_script(rel)
+    buf = io.StringIO()
+    out = {}
+    with contextlib.redirect_stdout(buf):
+        for d in demos:
+            out[d] = getattr(mod, d)()
+    return mod, out, buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def s1():
+    return _run(S1, "demo1_one_forward_pass", "demo2_cache_equals_recompute")
+
+
+@pytest.fixture(scope="module")
+def s2():
+    return _run(S2, "demo1_prefill_ledger", "demo2_decode_ledger", "demo3_where_it_goes")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    return _run(S3, "demo1_two_intensities", "demo2_time_split", "demo3_step_intensity_limit")
+
+
+@pytest.fixture(scope="module")
+def s4():
+    return _run(S4, "demo1_cache_size", "demo2_mha_gqa_mqa", "demo3_cache_vs_recompute")
+
+
+# 小模型的结构（01、02、04 共用）；闭式公式里直接用这些数，不经过 llm_math
+V, D, L, H, HKV, HD, FF = 256, 64, 4, 8, 2, 8, 192
+M_TINY = L * (D * H * HD + 2 * D * HKV * HD + H * HD * D + 3 * D * FF) + V * D   # 矩阵乘的权重个数（含 lm_head）
+
+
+def test_all_scripts_share_the_same_tiny_config(s1, s2, s4):
+    want = LMConfig(name="lec2-tiny", vocab=V, d_model=D, n_layers=L, n_heads=H, n_kv_heads=HKV, head_dim=HD,
+                    d_ff=FF, max_seq=128)
+    for mod, _, _ in (s1, s2, s4):
+        assert mod.CFG == want
+
+
+# ---------------------------------------------------------------------------
+# 01：逐个算子的前向、缓存 == 重算
+# ---------------------------------------------------------------------------
+def test_01_by_hand_forward_equals_lab_model_and_counts_params(s1):
+    r = s1[1]["demo1_one_forward_pass"]
+    assert r["dtype"] == "float64"
+    assert r["delta_by_hand"] < 1e-12
+    n_params = V * D + L * (D * H * HD + 2 * D * HKV * HD + H * HD * D + 3 * D * FF + 2 * D) + D + D * V
+    assert r["n_params"] == r["n_params_formula"] == n_params == 221760
+    assert r["n_layer_steps"] == 16 and r["n_layer_matmuls"] == 7
+
+
+def test_01_stage_shapes(s1):
+    sh = s1[1]["demo1_one_forward_pass"]["shapes"]
+    B, n = 2, 16
+    assert sh["q_proj"] == f"[{B}, {n}, {H}, {HD}]"
+    assert sh["k_proj"] == sh["v_proj"] == f"[{B}, {n}, {HKV}, {HD}]"
+    assert sh["attn_scores"] == sh["attn_softmax"] == f"[{B}, {H}, {n}, {n}]"
+    assert sh["mlp_gate"] == sh["mlp_act"] == f"[{B}, {n}, {FF}]"
+    assert sh["lm_head"] == f"[{B}, {n}, {V}]"
+
+
+def test_01_cached_decode_equals_full_recompute(s1):
+    r = s1[1]["demo2_cache_equals_recompute"]
+    assert r["dtype"] == "float64"
+    assert r["tokens_agree"] is True
+    assert r["max_delta"] < 1e-12
+    assert r["rel_delta"] / r["eps"] < 100          # 观察说"ε 的几倍"：舍入量级
+    assert r["n_compared"] == 2 * 32 * V
+
+
+# ---------------------------------------------------------------------------
+# 02：账本 == 公式，以及比例
+# ---------------------------------------------------------------------------
+def test_02_ledger_equals_analytic_in_every_cell(s2):
+    for d in ("demo1_prefill_ledger", "demo2_decode_ledger"):
+        r = s2[1][d]
+        assert r["cells"] == 19 * 4 and r["same"] == r["cells"]
+    assert "76 个数，实测 == 公式的有 76 个：全部相等" in s2[2]
+
+
+def test_02_prefill_and_decode_totals_match_closed_forms(s2):
+    B, n = 2, 32
+    pre, dec = s2[1]["demo1_prefill_ledger"], s2[1]["demo2_decode_ledger"]
+    assert pre["scores_useful_ratio"] == (n + 1) / (2 * n)
+    useful_pre = 2 * B * n * M_TINY + 4 * L * H * HD * B * n * (n + 1) // 2
+    useful_dec = 2 * B * M_TINY + 4 * L * H * HD * B * (n + 1)
+    assert pre["totals"]["useful"] == useful_pre
+    assert dec["useful_ratio"] == pytest.approx(useful_dec / useful_pre, rel=1e-12)
+    assert dec["w_pre"] == dec["w_dec"] == 2 * M_TINY
+    assert dec["kv_scores"] == B * HKV * (n + 1) * HD * 2 * L
+
+
+def test_02_where_flops_and_bytes_go_for_llama70b(s2):
+    out = s2[1]["demo3_where_it_goes"]
+    P = LLAMA31_70B.matmul_params()
+    keys = list(k for k in out if k != "ridge")
+    pre, dec, dec64 = out[keys[2]], out[keys[3]], out[keys[4]]
+    assert out["ridge"] == pytest.approx(989.4 / 3.35, rel=1e-12)
+    assert pre["intensity"] > out["ridge"] > dec64["intensity"]
+    assert 1.0 < dec["intensity"] < 1.05                       # 每个权重一次乘加，加一点注意力
+    kv64 = 64 * 2 * 80 * 8 * 128 * 2 * 8192
+    share = dec64["shares"]["注意力核心"][2]
+    assert share == pytest.approx(kv64 / (kv64 + 2 * P), abs=2e-3) and share > 0.5
+    assert pre["shares"]["权重矩阵乘"][1] > 0.95
+
+
+# ---------------------------------------------------------------------------
+# 03：两种强度、时间分配、整步的上限
+# ---------------------------------------------------------------------------
+def test_03_projection_intensity_is_batch_and_attention_is_group(s3):
+    r = s3[1]["demo1_two_intensities"]
+    for B, v in r["by_batch"].items():
+        assert v["proj_intensity"] == B          # stanford-cs336 的写法：assert intensity == B
+        assert v["attn_intensity"] == 8
+    for name, (g, vals) in r["attn_by_model"].items():
+        assert all(x == g for x in vals)
+    assert {k: v[0] for k, v in r["attn_by_model"].items()} == {
+        LLAMA31_8B.name: 4, LLAMA31_70B.name: 8, LLAMA31_405B.name: 16}
+
+
+def test_03_ridge_point_and_seed05_figures(s3):
+    r = s3[1]["demo1_two_intensities"]
+    assert r["ridge"] == pytest.approx(295.34, abs=0.01)
+    assert r["first_compute_bound_batch"] == 296 == math.ceil(r["ridge"])
+    b = r["by_batch"][1024]
+    assert abs(b["proj_compute"] - 0.144) < 0.5e-3       # 第 5 讲 05："计算 144 ms"
+    assert abs(b["proj_memory"] - 0.0415) < 0.5e-3       # "读权重 41 ms"（41.5）
+    assert r["ridges"]["A100 80GB SXM"] == pytest.approx(312 / 2.039, rel=1e-9)
+
+
+def test_03_time_split_grows_with_batch_and_context(s3):
+    r = s3[1]["demo2_time_split"]
+    P = LLAMA31_70B.matmul_params()
+    assert r["kv_per_token"] == 2 * 80 * 8 * 128 * 2 == 327680
+    assert r["crossover_tokens"] == pytest.approx(2 * P / 327680, rel=1e-12)
+    assert 4.2e5 < r["crossover_tokens"] < 4.3e5
+    cases = r["by_case"]
+    assert r["all_proj_memory_bound"] and r["n_distinct_t_proj"] == 1
+    for (B, ctx), v in cases.items():
+        assert v["t_attn"] == pytest.approx(B * ctx * 327680 / 3.35e12, rel=1e-12)
+        assert v["t_proj"] == pytest.approx(2 * P / 3.35e12, rel=1e-12)
+        # 读 KV 比读权重久 ⇔ B × 上下文 超过分界线
+        assert (v["share"] > 0.5) == (B * ctx > r["crossover_tokens"])
+    assert cases[(1, 1024)]["share"] < 0.01 and cases[(128, 131072)]["share"] > 0.95
+
+
+def test_03_step_intensity_limit(s3):
+    r = s3[1]["demo3_step_intensity_limit"]
+    P = LLAMA31_70B.matmul_params()
+    ridge = 989.4e12 / 3.35e12
+    assert r["s_star"] == pytest.approx(2 * P / (4 * 80 * 8 * 128 * (ridge - 8)), rel=1e-12)
+    assert 1400 < r["s_star"] < 1550
+    lims = []
+    for ctx, v in r["by_ctx"].items():
+        assert v["limit"] == pytest.approx(v["closed"], rel=1e-12)
+        assert (v["limit"] > ridge) == (ctx < r["s_star"])
+        vals = [v["by_batch"][B] for B in sorted(v["by_batch"])]
+        assert vals == sorted(vals) and vals[-1] < v["limit"]
+        lims.append(v["limit"])
+    assert lims == sorted(lims, reverse=True)
+    assert 8 < r["by_ctx"][131072]["limit"] < 12
+
+
+# ---------------------------------------------------------------------------
+# 04：KV cache 的大小、MHA/GQA/MQA、缓存 vs 重算
+# ---------------------------------------------------------------------------
+def test_04_kv_cache_sizes(s4):
+    r = s4[1]["demo1_cache_size"]
+    per = {k: v["per_token"] for k, v in r["models"].items()}
+    assert per == {LLAMA31_8B.name: 131072, LLAMA31_70B.name: 327680, LLAMA31_405B.name: 516096}
+    r70 = r["models"][LLAMA31_70B.name]
+    assert r70["weights"] == 2 * 70_553_706_496                 # CURRICULUM §5 的参数总数 × 2 字节
+    assert r70["per_seq"][131072] == 131072 * 327680
+    assert r70["break_even_ctx"] == pytest.approx(2 * 70_553_706_496 / 327680)
+    assert r["ledger_kv_8192"] == r["kv_70b_8192"] == 8192 * 327680
+    assert r["grid_70b"][(32, 32768)] == 32 * 32768 * 327680
+
+
+def test_04_mha_gqa_mqa(s4):
+    r = s4[1]["demo2_mha_gqa_mqa"]
+    mha, gqa, mqa = (r[k] for k in r)
+    assert (mha["n_kv_heads"], gqa["n_kv_heads"], mqa["n_kv_heads"]) == (64, 8, 1)
+    assert gqa["params"] == 70_553_706_496
+    assert mha["params"] - gqa["params"] == 80 * 2 * 8192 * (64 - 8) * 128
+    assert gqa["params"] - mqa["params"] == 80 * 2 * 8192 * (8 - 1) * 128
+    assert mha["kv_total"] == 8 * gqa["kv_total"] == 64 * mqa["kv_total"] == 64 * 32 * 8192 * 2 * 80 * 128 * 2
+    for v in (mha, gqa, mqa):
+        assert v["attn_intensity"] == v["group"] == 64 // v["n_kv_heads"]
+        assert v["t_attn"] == pytest.approx(v["kv_total"] / 3.35e12, rel=1e-12)
+    assert mha["t_attn"] > mha["t_proj"]
+
+
+def _ledger_sum(cfg, steps):
+    """analytic_ops 按步骤 [(n_new, n_past), …] 加起来的 useful（lm_head 每个位置都算）。"""
+    return sum(sum_rows(analytic_ops(cfg, 1, n, past), "useful") for n, past in steps)
+
+
+def test_04_cache_vs_recompute_closed_form(s4):
+    mod, out, _ = s4
+    r = out["demo3_cache_vs_recompute"]
+    p = mod.N_PROMPT
+    assert r["tokens_agree"] is True
+    for n, v in r["by_n"].items():
+        assert v["closed_ok"]
+        assert v["cached"]["useful"] == _ledger_sum(mod.CFG, [(p, 0)] + [(1, p + i) for i in range(n - 1)])
+        assert v["recompute"]["useful"] == _ledger_sum(mod.CFG, [(p + i, 0) for i in range(n)])
+        assert v["recompute"]["w"] == v["cached"]["w"] == n * 2 * M_TINY
+        assert v["recompute"]["kv"] == v["cached"]["kv"]
+    # 大模型的闭式公式也和逐步加起来的 analytic_ops 一致（小例子）
+    for m in (LLAMA31_8B, LLAMA31_70B):
+        cached, recompute = mod.closed_form_useful(m, 5, 3)
+        assert cached == _ledger_sum(m, [(5, 0), (1, 5), (1, 6)])
+        assert recompute == _ledger_sum(m, [(5, 0), (6, 0), (7, 0)])
+
+
+def test_04_llama70b_recompute_is_compute_bound_and_far_costlier(s4):
+    big = s4[1]["demo3_cache_vs_recompute"]["llama70b"]
+    for n, v in big.items():
+        # 大约 n·(p + n/2) / (p + n) 倍
+        approx = n * (2048 + n / 2) / (2048 + n - 1)
+        assert v["recompute"] / v["cached"] == pytest.approx(approx, rel=0.1)
+        assert v["cached_bound"] == "memory" and v["recompute_bound"] == "compute"
+        assert v["t_recompute_step"] > 5 * v["t_cached_step"]
+        assert v["kv"] == (2048 + n - 1) * 327680
