@@ -1,0 +1,231 @@
+"""
+=============================================================================
+CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefill 和 decode 想要不同的硬件
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：prefill 和 decode 的算术强度，和每块芯片的 roofline 拐点比：一个远在拐点之上，一个远在拐点之下。
+演示 2：同样换一块芯片，prefill 和 decode 各快多少——"比较优势"：拐点低的芯片相对更适合 decode。
+演示 3：分开的代价之一：prefill 做完要把 KV cache 搬到 decode 的机器，经不同的互联要多久（加上协调开销）。
+演示 4：一笔总账：同一块卡上混着跑 vs 分开跑（同种卡 / decode 换成带宽更高的卡）的 TTFT、TPOT 和每块卡的吞吐。
+这就是第 1 讲 §6 的一句话：**按算术强度把计算分给最合适的硬件，代价是搬数据和协调**。
+
+【怎么读输出】时间都是 roofline 下界（llm_math.decode_step / prefill_step）。强度 = FLOPs / 读的字节；
+"用上的算力" = min(1, 强度 / 拐点)。
+
+【模型的假设（务必看）】
+- 演示 1 用 Llama-3.1-70B 的形状，只比较强度（与芯片无关）；演示 2–4 用 Llama-3.1-8B，它一块卡放得下。
+  权重和 KV 都是 BF16。请求：提示 4096 个 token、输出 256 个（假设）；decode 批大小 64（假设）。
+- 协调开销（调度、建立传输、通知 decode 端）每个请求 1 ms：**假设值**，真实系统从几百微秒到几毫秒不等。
+- 互联带宽取单向带宽（hw_specs 末尾的互联表：NVLink 4 每块 GPU 450 GB/s、InfiniBand NDR 50 GB/s、
+  PCIe Gen5 x16 64 GB/s、100 GbE 12.5 GB/s），假设能跑满、没有协议开销；演示 4 默认走 InfiniBand NDR（假设）。
+- 演示 3 里 gpt-oss-120b 的权重按 4.25 位读（MXFP4；它的非专家部分其实是 BF16，这里近似——它的 prefill 受算力限制，
+  读权重的字节不影响时间）。
+- 演示 4 的"同机"是最朴素的做法：prefill 单独占一步、不和 decode 拼在一起（不做 chunked prefill，第 5 讲再看），
+  一个新请求平均要等半个 decode 步才轮到它的 prefill（假设）；
+  批里各序列的上下文均匀分布在 4096..4352 之间，decode 一步按平均上下文算（受带宽限制时这是精确的平均）；
+  prefill 卡的台数可以是小数（一个 prefill 池被很多 decode 卡共用，假设）；功耗按板卡功耗满载算（假设）。
+
+【运行】python3 04_disaggregation.py （< 1 秒）
+
+【依赖】本目录的 console、hw_specs（芯片和互联表）、llm_math。
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from hw_specs import (A100, B200, CORSAIR, ETH_100G, H100, H100_PCIE, H200, IB_NDR, NVLINK4,  # noqa: E402
+                      PCIE5_X16)
+from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_step  # noqa: E402
+
+GPUS = (A100, H100_PCIE, H100, H200, B200)
+LINKS = (NVLINK4, PCIE5_X16, IB_NDR, ETH_100G)
+PROMPT, OUTPUT, BATCH = 4096, 256, 64      # 请求和 decode 批大小（假设）
+COORD = 1e-3                               # 每个请求的协调开销（假设）
+MODEL = LLAMA31_8B
+BOUND_ZH = {"compute": "算力", "memory": "带宽"}
+
+
+def short(chip):
+    """表头里的芯片短名。"""
+    return {"H100 SXM5": "H100", "H100 PCIe": "H100 PCIe", "H200 SXM": "H200", "A100 80GB SXM": "A100",
+            "B200": "B200"}[chip.name]
+
+
+def link_short(link):
+    """表头里的互联短名。"""
+    return link.name.split("（")[0]
+
+
+def mean_decode_step(model, chip, batch=BATCH):
+    """decode 一步：批里的上下文均匀分布在 PROMPT..PROMPT+OUTPUT，按平均上下文算（见文件开头的假设）。"""
+    return decode_step(model, chip, batch, PROMPT + OUTPUT // 2)
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：两个阶段的强度 vs 拐点
+# ---------------------------------------------------------------------------
+def demo1_intensity_vs_ridge():
+    m = LLAMA31_70B
+    print_header(f"演示 1：prefill 和 decode 的算术强度 vs 各芯片的拐点（{m.name} 的形状，BF16）")
+    cases = []
+    for n in (512, 4096):
+        r = prefill_step(m, H100, n)
+        cases.append((f"prefill，提示 {n}", r["flops"] / r["w_bytes"]))
+    for b in (1, 16, 64, 256):
+        r = decode_step(m, H100, b, PROMPT)
+        cases.append((f"decode，批 {b}、上下文 {PROMPT}", r["flops"] / (r["w_bytes"] + r["kv_bytes"])))
+    rows = []
+    for name, i in cases:
+        rows.append([name, f"{i:.1f}"] + [f"{BOUND_ZH['compute' if i >= c.ridge_point('bf16') else 'memory']} "
+                                          f"{100 * min(1.0, i / c.ridge_point('bf16')):.3g}%" for c in GPUS])
+    print_table(["阶段", "强度 FLOP/B"] + [f"{short(c)}（拐点 {c.ridge_point('bf16'):.0f}）" for c in GPUS], rows)
+    intens = dict(cases)
+    i_pre = intens[f"prefill，提示 {PROMPT}"]
+    i_dec = intens[f"decode，批 64、上下文 {PROMPT}"]
+    i_dec256 = intens[f"decode，批 256、上下文 {PROMPT}"]
+    util = i_dec / H100.ridge_point("bf16")
+    min_ratio = min(i_pre / c.ridge_point("bf16") for c in GPUS)
+    print_observations([
+        f"prefill {PROMPT} 个 token 的强度是 {i_pre:.0f} FLOP/字节，至少是每块 GPU 拐点的 {min_ratio:.1f} 倍：它要的是算力。",
+        f"decode 批 64、上下文 {PROMPT} 的强度只有 {i_dec:.1f}：在 H100 上只用上 {100 * util:.1f}% 的算力；批加到 256 也只有 "
+        f"{i_dec256:.1f}——KV cache 的强度停在 GQA 组大小 {m.group}。它要的是带宽（和放 KV 的容量）。",
+        f"同一块芯片同时服务两种工作，总有一种资源闲着：prefill 时带宽闲着，decode 时算力闲着。"
+        f"拐点只有 {CORSAIR.ridge_point('mxint8'):.0f}（MXINT8）的 SRAM 芯片是 decode 型工作的极端（第 5 讲）。",
+    ])
+    return {"i_prefill": i_pre, "i_decode64": i_dec, "i_decode256": i_dec256, "h100_util_decode64": util,
+            "min_ratio_prefill": min_ratio,
+            "group": m.group}
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：比较优势
+# ---------------------------------------------------------------------------
+def demo2_comparative_advantage():
+    m = MODEL
+    print_header(f"演示 2：换一块芯片，prefill 和 decode 各快多少（{m.name}；prefill {PROMPT} token；"
+                 f"decode 批 {BATCH}）")
+    base_pre = prefill_step(m, H100, PROMPT)["time"]
+    base_dec = mean_decode_step(m, H100)["time"]
+    rows = []
+    res = {}
+    for c in GPUS:
+        tp, td = prefill_step(m, c, PROMPT)["time"], mean_decode_step(m, c)["time"]
+        sp, sd = base_pre / tp, base_dec / td
+        res[short(c)] = {"prefill": tp, "decode": td, "sp_pre": sp, "sp_dec": sd, "adv": sd / sp}
+        rows.append([c.name, fmt_time(tp), f"{sp:.2f}×", fmt_time(td), f"{sd:.2f}×", f"{sd / sp:.2f}",
+                     f"{H100.ridge_point('bf16') / c.ridge_point('bf16'):.2f}",
+                     f"{PROMPT / tp / c.power_w:.0f}", f"{BATCH / td / c.power_w:.2f}"])
+    print_table(["芯片", "prefill", "相对 H100", "decode 一步", "相对 H100", "decode 优势（两者之比）",
+                 "H100 拐点 / 本芯片拐点", "prefill token/s/W", "decode token/s/W"], rows)
+    a, h = res["A100"], res["H200"]
+    power = {short(c): c.power_w for c in GPUS}
+    best_pre = max(res, key=lambda k: PROMPT / res[k]["prefill"] / power[k])
+    best_dec = max(res, key=lambda k: BATCH / res[k]["decode"] / power[k])
+    best_adv = max(res, key=lambda k: res[k]["adv"])
+    print_observations([
+        f"prefill 受算力限制，快多少看算力之比；decode 受带宽限制，看带宽之比。两者之比（\"decode 优势\"）"
+        f"正好是拐点之比：拐点越低的芯片，相对越适合 decode。",
+        f"H200 和 H100 算力相同：prefill {h['sp_pre']:.2f}×，decode 却快 {h['sp_dec']:.2f}×——多花在 H200 上的钱只在 decode 时有回报。"
+        f"A100 的 prefill 只有 H100 的 {a['sp_pre']:.2f}×，decode 还有 {a['sp_dec']:.2f}×：旧卡做 decode 比做 prefill 划算得多"
+        f"（Splitwise 就提出过用 H100 做 prefill、A100 做 decode）。",
+        f"按功耗算，prefill 每瓦最好的是 {best_pre}，decode 每瓦最好的是 {best_dec}"
+        f"{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。所以要看的不是绝对谁快，而是相对哪一样更强："
+        f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}）。",
+    ])
+    res["best_prefill_per_w"], res["best_decode_per_w"], res["best_adv"] = best_pre, best_dec, best_adv
+    return res
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：搬 KV cache 的代价
+# ---------------------------------------------------------------------------
+def demo3_kv_transfer():
+    print_header(f"演示 3：分开的代价——把提示的 KV cache（{PROMPT} token，BF16）从 prefill 机器搬到 decode 机器"
+                 f"（+ 协调 {fmt_time(COORD)}，假设）")
+    rows = []
+    res = {}
+    for m in (LLAMA31_8B, LLAMA31_70B, GPT_OSS_120B):
+        kv = m.kv_bytes(PROMPT)
+        tp = prefill_step(m, H100, PROMPT, w_bits=4.25 if m.is_moe else 16.0)["time"]
+        cells = [m.name, fmt_bytes(kv), fmt_time(tp)]
+        for lk in LINKS:
+            t = kv / lk.bw + COORD
+            res[(m.name, link_short(lk))] = t / tp
+            cells.append(f"{fmt_time(t)}（{100 * t / tp:.0f}%）")
+        rows.append(cells)
+    print_table(["模型", "KV cache", "prefill（1 块 H100）"] + [f"{link_short(lk)} {fmt_bytes(lk.bw)}/s" for lk in LINKS],
+                rows)
+    print("（括号里是占 prefill 时间的百分比。70B 一块 H100 放不下：多卡时 prefill 和网卡都按卡数放大，比值不变——假设。）")
+    g8, g120 = LLAMA31_8B.name, GPT_OSS_120B.name
+    t8 = LLAMA31_8B.kv_bytes(PROMPT) / IB_NDR.bw
+    kv_ratio = GPT_OSS_120B.kv_bytes(PROMPT) / LLAMA31_8B.kv_bytes(PROMPT)
+    print_observations([
+        f"{g8} 的 {fmt_bytes(LLAMA31_8B.kv_bytes(PROMPT))} KV cache 经 InfiniBand NDR 要 {fmt_time(t8)}，加上协调是 prefill 时间的 "
+        f"{100 * res[(g8, 'InfiniBand NDR')]:.0f}%；经 100 GbE 要 {100 * res[(g8, '100 GbE 以太网')]:.0f}%，"
+        f"在同一台机器里经 NVLink 只要 {100 * res[(g8, 'NVLink 4')]:.0f}%。",
+        f"{g120} 的总参数是 8B 的 {GPT_OSS_120B.params() / LLAMA31_8B.params():.1f} 倍，KV cache 却只有它的 "
+        f"{kv_ratio:.2f}（{GPT_OSS_120B.n_kv_heads} 个 KV 头、head_dim {GPT_OSS_120B.head_dim}、一半的层只存 "
+        f"{GPT_OSS_120B.sliding_window} 个位置）：经 100 GbE 占 prefill 的 {100 * res[(g120, '100 GbE 以太网')]:.0f}%，"
+        f"8B 是 {100 * res[(g8, '100 GbE 以太网')]:.0f}%。GQA、滑动窗口、KV 量化都在减这笔账。",
+        "这段时间直接加在 TTFT 上；真实系统按层边算边传，把它大部分藏在 prefill 后面。",
+    ])
+    return {"ratio": res, "t_ib_8b": t8, "kv_ratio_120b_8b": kv_ratio}
+
+
+# ---------------------------------------------------------------------------
+# 演示 4：总账
+# ---------------------------------------------------------------------------
+def demo4_ledger():
+    m = MODEL
+    print_header(f"演示 4：总账（{m.name}；提示 {PROMPT}、输出 {OUTPUT}；decode 批 {BATCH}；"
+                 f"KV 经 InfiniBand NDR + 协调 {fmt_time(COORD)}）")
+    t_pre = prefill_step(m, H100, PROMPT)["time"]
+    t_kv = m.kv_bytes(PROMPT) / IB_NDR.bw + COORD
+    rows = []
+    res = {}
+    # 同机：每个请求在它的 OUTPUT 步里要插进一次 prefill；一个批 BATCH 个请求 → 平均每步多 BATCH/OUTPUT 次 prefill
+    t_dec = mean_decode_step(m, H100)["time"]
+    tpot = t_dec + BATCH / OUTPUT * t_pre
+    thr = BATCH / tpot
+    res["colocated"] = {"ttft": t_pre + t_dec / 2, "tpot": tpot, "worst": t_dec + t_pre, "gpus": 1.0,
+                        "thr_per_gpu": thr, "thr_per_kw": thr / (H100.power_w / 1e3)}
+    rows.append(["同机：H100 既 prefill 又 decode", fmt_time(t_pre + t_dec / 2), fmt_time(tpot), fmt_time(t_dec + t_pre),
+                 "1", f"{thr:.0f}", f"{thr / (H100.power_w / 1e3):.0f}"])
+    for dec_chip in (H100, H200, A100):
+        t_dec = mean_decode_step(m, dec_chip)["time"]
+        rate = BATCH / (OUTPUT * t_dec)                     # 每块 decode 卡每秒完成的请求
+        n_pre = rate * t_pre                                # 需要的 prefill 卡（可以是小数）
+        thr = BATCH / t_dec
+        key = f"H100→{short(dec_chip)}"
+        watts = dec_chip.power_w + n_pre * H100.power_w
+        res[key] = {"ttft": t_pre + t_kv, "tpot": t_dec, "worst": t_dec, "gpus": 1 + n_pre,
+                    "thr_per_gpu": thr / (1 + n_pre), "thr_per_kw": thr / (watts / 1e3), "n_prefill": n_pre}
+        rows.append([f"分开：H100 prefill → {short(dec_chip)} decode", fmt_time(t_pre + t_kv), fmt_time(t_dec),
+                     fmt_time(t_dec), f"1 + {n_pre:.2f}", f"{thr / (1 + n_pre):.0f}", f"{thr / (watts / 1e3):.0f}"])
+    print_table(["部署", "TTFT", "平均 TPOT", "最长的 token 间隔", "卡数（decode + prefill）", "每块卡 token/s",
+                 "每 kW token/s"], rows)
+    co, hh, h2, a1 = res["colocated"], res["H100→H100"], res["H100→H200"], res["H100→A100"]
+    print_observations([
+        f"同机时，每个请求的 prefill（{fmt_time(t_pre)}）都插在别人的 decode 之间：平均 TPOT 从纯 decode 的 {fmt_time(hh['tpot'])} "
+        f"涨到 {fmt_time(co['tpot'])}，碰上 prefill 的那一步要等 {fmt_time(co['worst'])}。分开后 TPOT 稳定在 {fmt_time(hh['tpot'])}。",
+        f"代价：TTFT 多了搬 KV 和协调的 {fmt_time(t_kv)}；还要配 {hh['n_prefill']:.2f} 块 prefill 卡给每块 decode 卡。"
+        f"同一种卡分开跑，每块卡的吞吐 {hh['thr_per_gpu']:.0f} 和同机的 {co['thr_per_gpu']:.0f} token/s 一样——"
+        f"在 roofline 的账上两者恒等（每个 token 摊到的 decode 时间和 prefill 时间都没变），分开本身不产生吞吐，"
+        f"它换来的是 TPOT 不被打断。",
+        f"吞吐的好处来自\"各用所长\"：decode 换成 H200（带宽 ×{H200.mem_bw / H100.mem_bw:.2f}），每块卡 {h2['thr_per_gpu']:.0f} token/s，"
+        f"比同机多 {100 * (h2['thr_per_gpu'] / co['thr_per_gpu'] - 1):.0f}%，TPOT 降到 {fmt_time(h2['tpot'])}。"
+        f"decode 放在旧的 A100 上，每块卡只有 {a1['thr_per_gpu']:.0f} token/s，但每 kW 有 {a1['thr_per_kw']:.0f}，"
+        f"比同机的 {co['thr_per_kw']:.0f} 高。这就是第 1 讲 §6：按算术强度把计算分给最合适的硬件，代价是搬数据和协调。",
+    ])
+    return res
+
+
+if __name__ == "__main__":
+    demo1_intensity_vs_ridge()
+    demo2_comparative_advantage()
+    demo3_kv_transfer()
+    demo4_ledger()
