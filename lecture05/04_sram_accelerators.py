@@ -1,0 +1,179 @@
+"""
+=============================================================================
+CS349E · 第 5 讲 · 04_sram_accelerators.py —— SRAM 芯片 vs HBM GPU：装得下什么、一个 token 多快、草稿的代价系数 c
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：装下一个模型要几张 d-Matrix Corsair 卡（每张 2 GB 片上 SRAM）、几块 H100（80 GB HBM3）：
+Llama-3.1-8B / 70B、gpt-oss-120b、一个 1.6B 的草稿模型，按不同的权重格式。
+演示 2：批大小 1 时生成一个 token 要读一遍（激活的）权重：放在 H100 的 HBM、Corsair 的 SRAM、Corsair 的 LPDDR5X 上各要多久。
+演示 3：同一个 1.6B 草稿模型，代价系数 c = 草稿一步 / 目标一步，在 GPU 上和在 SRAM 芯片上差多少倍（第 5 讲 §8.3、
+第 6 讲 04 的演示 2），以及这让最优草稿长度 γ* 和加速比怎样变。
+
+【怎么读输出】演示 1："装下"只看权重能不能放进 SRAM（Corsair）或 HBM（H100），KV cache、激活另算，所以卡数是下限。
+演示 3 的 c 越小，草稿越便宜，投机解码可以猜得越长。
+
+【模型的假设（务必看）】
+和种子 05 的玩具模型一致：每步时间 = 固定开销 + 读的字节 / (带宽 × 0.8)；固定开销 GPU 目标 1.5 ms、GPU 草稿 0.3 ms、
+SRAM 芯片 0.05 ms，带宽效率 0.8——都是**假设值**。草稿模型：16 亿参数的稠密模型，每个参数 8 位，放在两张 Corsair 卡上
+（Gimlet Labs 博客的部署；种子 05 同）。目标模型：gpt-oss-120b 在一块 H100 上，批大小 1，读激活的权重（约 51 亿参数），
+全按 4.25 位算（种子 05 的口径；实际非专家部分是 BF16）。
+多卡时按理想的并行算：带宽相加，卡间通信不要钱（**假设**；几十张卡串起来时这一项其实不小）。
+"8 位"在 H100 上是 FP8，在 Corsair 上是 MXINT8（Corsair 只有 MX 整数格式；MX 每 32 个数共享一个 8 位 scale，
+合 8.25 位，这里忽略这 3%）。4.25 位 = MXFP4 / MXINT4 的每个参数位数（含 scale）。
+硬件数字（Corsair：2 GB SRAM、150 TB/s；LPDDR5X 256 GB、约 0.4 TB/s 是二手来源的近似值；H100 SXM5：80 GB、3.35 TB/s）
+见 ../lecture01/hw_specs 的出处。
+
+【运行】python3 04_sram_accelerators.py （约 0.1 秒）
+
+【依赖】本目录的 serving_lab；../lecture06 的 decode_lab（best_gamma，定理 3.8）；../lecture01 的 console、hw_specs、llm_math。
+"""
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+for sub in ("lecture01", "lecture06"):
+    sys.path.insert(0, os.path.join(HERE, "..", sub))
+
+from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from decode_lab import best_gamma  # noqa: E402
+from hw_specs import CORSAIR, H100  # noqa: E402
+from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B  # noqa: E402
+from serving_lab import active_weight_bytes, step_time, weight_bytes  # noqa: E402
+
+# ---- 种子 05 的玩具模型的假设（见文件开头）----
+EFF = 0.8                                          # 能用到的带宽比例
+OVH_TARGET, OVH_DRAFT_GPU, OVH_SRAM = 1.5e-3, 0.3e-3, 0.05e-3
+D_PARAMS, D_BITS, D_CARDS = 1.6e9, 8.0, 2          # 草稿模型：参数、每个参数的位数、放在几张 Corsair 卡上
+T_BITS = 4.25                                      # 目标模型 gpt-oss-120b 的权重位数（种子 05 的口径）
+ALPHA = 0.93                                       # 种子 05 演示 2 用的接受率
+
+# (名字, 全部权重字节, 批大小 1 时每个 token 读的权重字节)。Corsair 只有 MX 整数格式，所以只列 8 位和 4.25 位。
+MODELS = [
+    ("草稿 1.6B（8 位）", D_PARAMS * D_BITS / 8, D_PARAMS * D_BITS / 8),
+    ("Llama-3.1-8B（8 位）", weight_bytes(LLAMA31_8B, 8), active_weight_bytes(LLAMA31_8B, 8)),
+    ("Llama-3.1-8B（4.25 位）", weight_bytes(LLAMA31_8B, 4.25), active_weight_bytes(LLAMA31_8B, 4.25)),
+    ("Llama-3.1-70B（8 位）", weight_bytes(LLAMA31_70B, 8), active_weight_bytes(LLAMA31_70B, 8)),
+    ("Llama-3.1-70B（4.25 位）", weight_bytes(LLAMA31_70B, 4.25), active_weight_bytes(LLAMA31_70B, 4.25)),
+    ("gpt-oss-120b（全部 4.25 位）", weight_bytes(GPT_OSS_120B, 4.25), active_weight_bytes(GPT_OSS_120B, 4.25)),
+]
+OSS_CHECKPOINT_GIB = 60.8   # gpt-oss-120b 发布的 checkpoint（专家 MXFP4、其余 BF16）：60.8 GiB（OpenAI 模型卡）
+
+
+def cards(nbytes, per_card):
+    """装下 nbytes 要几张每张 per_card 字节的卡（向上取整）。"""
+    return math.ceil(nbytes / per_card)
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：装得下吗
+# ---------------------------------------------------------------------------
+def demo1_how_many_cards():
+    print_header("演示 1：装下权重要几张卡（Corsair 按 2 GB SRAM 算、H100 按 80 GB HBM3 算；KV cache 另算）")
+    rows, out = [], {}
+    for name, total, _ in MODELS:
+        n_c, n_h = cards(total, CORSAIR.mem_bytes), cards(total, H100.mem_bytes)
+        n_lp = cards(total, CORSAIR.capacity_bytes)
+        out[name] = (total, n_c, n_h, n_lp)
+        rows.append([name, fmt_bytes(total), n_h, n_c, n_lp, fmt_bytes(n_c * CORSAIR.mem_bw * 1.0) + "/s"])
+    print_table(["模型（格式）", "权重", "H100（80 GB）", "Corsair（2 GB SRAM）", "Corsair（放 256 GB LPDDR5X）",
+                 "那么多张 Corsair 的 SRAM 带宽合计"], rows)
+    d = out[MODELS[0][0]]
+    l70 = out["Llama-3.1-70B（8 位）"]
+    oss = out[MODELS[-1][0]]
+    native = weight_bytes(GPT_OSS_120B, 16, 4.25)
+    r = {"draft_bytes": d[0], "draft_cards": d[1], "l70_8bit_cards": l70[1], "l70_8bit_h100": l70[2],
+         "oss_bytes": oss[0], "oss_cards": oss[1], "oss_h100": oss[2], "oss_native_gib": native / 2 ** 30,
+         "l8_8bit_cards": out["Llama-3.1-8B（8 位）"][1], "cap_ratio": H100.mem_bytes / CORSAIR.mem_bytes}
+    print_observations([
+        f"1.6B 的草稿按 8 位是 {fmt_bytes(d[0])}，{d[1]} 张 Corsair 的 SRAM 就装得下；Gimlet 的部署（种子 05）用了 {D_CARDS} 张——"
+        f"多出来的地方放 KV cache，两张卡的 SRAM 带宽也加倍。",
+        f"大模型就不一样了：Llama-3.1-70B 按 8 位要 {l70[1]} 张 Corsair，一块 H100 就放得下（{l70[2]} 块）；"
+        f"gpt-oss-120b 全按 4.25 位是 {fmt_bytes(oss[0])}，要 {oss[1]} 张 Corsair 或 {oss[2]} 块 H100"
+        f"（发布格式的非专家部分是 BF16：{r['oss_native_gib']:.1f} GiB，和 checkpoint 的 {OSS_CHECKPOINT_GIB} GiB 对得上）。"
+        f"SRAM 快但小：每张卡 {fmt_bytes(CORSAIR.mem_bytes)}，是一块 H100 的 1/{r['cap_ratio']:.0f}。",
+        f"把权重放进 Corsair 的 LPDDR5X（每张 {fmt_bytes(CORSAIR.capacity_bytes)}）就不缺地方了，但那一层的带宽只有约 "
+        f"{CORSAIR.capacity_bw / 1e12:.1f} TB/s，比 H100 的 HBM（{H100.mem_bw / 1e12:.2f} TB/s）还慢（演示 2）。"
+        "所以 SRAM 芯片最适合的是**小而要快**的模型——比如投机解码的草稿。",
+    ])
+    return r
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：一个 token 多快
+# ---------------------------------------------------------------------------
+def demo2_per_token_time():
+    print_header(f"演示 2：批大小 1 生成一个 token 读权重的时间（带宽 × {EFF}，不含固定开销和卡间通信）")
+    rows, out = [], {}
+    for name, total, per_tok in MODELS:
+        n_c, n_h, n_lp = cards(total, CORSAIR.mem_bytes), cards(total, H100.mem_bytes), cards(total, CORSAIR.capacity_bytes)
+        t_h = per_tok / (n_h * H100.mem_bw * EFF)
+        t_s = per_tok / (n_c * CORSAIR.mem_bw * EFF)
+        t_lp = per_tok / (n_lp * CORSAIR.capacity_bw * EFF)
+        out[name] = (t_h, t_s, t_lp)
+        rows.append([name, fmt_bytes(per_tok), f"{n_h} 块：{fmt_time(t_h)}", f"{n_c} 张：{fmt_time(t_s)}",
+                     f"{n_lp} 张：{fmt_time(t_lp)}", f"{t_h / t_s:.0f}×"])
+    print_table(["模型（格式）", "每个 token 读的权重", "H100 HBM", "Corsair SRAM", "Corsair LPDDR5X", "SRAM 比 H100 快"], rows)
+    dn = MODELS[0][0]
+    t_h, t_s, t_lp = out[dn]
+    ln, l70 = "Llama-3.1-8B（8 位）", "Llama-3.1-70B（8 位）"
+    r = {"draft_h100": t_h, "draft_sram": t_s, "draft_lpddr": t_lp, "l8_h100": out[ln][0], "l8_lpddr": out[ln][2],
+         "bw_ratio_1card": CORSAIR.mem_bw / H100.mem_bw, "draft_speedup": t_h / t_s,
+         "l70_speedup": out[l70][0] / out[l70][1]}
+    print_observations([
+        f"草稿模型在一块 H100 上读一遍权重要 {fmt_time(t_h)}，在 Corsair 的 SRAM 上只要 {fmt_time(t_s)}："
+        f"快 {r['draft_speedup']:.0f} 倍——正好是一张卡的 SRAM 带宽和一块 H100 的 HBM 带宽之比（{r['bw_ratio_1card']:.0f}），因为两边都只用一张卡。",
+        f"模型越大，要的 Corsair 越多、带宽跟着加，H100 却还是一块：Llama-3.1-70B（8 位）\"快 {r['l70_speedup']:.0f} 倍\"。"
+        "但这一栏没算几十张卡之间传激活的时间和每张卡的固定开销，对大模型是过于乐观的下界——张数多了，卡间通信才是瓶颈。",
+        f"权重放在 LPDDR5X 上就慢了：Llama-3.1-8B（8 位）要 {fmt_time(out[ln][2])}，比一块 H100 的 {fmt_time(out[ln][0])} 还慢。"
+        "片上 SRAM 的快只属于装得进 SRAM 的东西。",
+    ])
+    return r
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：同一个草稿的代价系数 c
+# ---------------------------------------------------------------------------
+def demo3_cost_coefficient():
+    print_header(f"演示 3：同一个 1.6B 草稿的代价系数 c = 草稿一步 / 目标一步（目标 gpt-oss-120b 在一块 H100 上，α = {ALPHA}）")
+    d_bytes = D_PARAMS * D_BITS / 8
+    t_bytes = active_weight_bytes(GPT_OSS_120B, T_BITS)
+    sram_bw = D_CARDS * CORSAIR.mem_bw
+    rows, out = [], {}
+    for label, ovh in (("只看带宽（固定开销 = 0）", (0.0, 0.0, 0.0)),
+                       ("加上种子 05 的固定开销", (OVH_TARGET, OVH_DRAFT_GPU, OVH_SRAM))):
+        t_tgt = step_time(t_bytes, H100.mem_bw, ovh[0], EFF)
+        t_gpu = step_time(d_bytes, H100.mem_bw, ovh[1], EFF)
+        t_sram = step_time(d_bytes, sram_bw, ovh[2], EFF)
+        c_gpu, c_sram = t_gpu / t_tgt, t_sram / t_tgt
+        g_gpu, s_gpu = best_gamma(ALPHA, c_gpu)
+        g_sram, s_sram = best_gamma(ALPHA, c_sram)
+        out[label] = {"t_tgt": t_tgt, "t_gpu": t_gpu, "t_sram": t_sram, "c_gpu": c_gpu, "c_sram": c_sram,
+                      "ratio": c_gpu / c_sram, "g_gpu": g_gpu, "s_gpu": s_gpu, "g_sram": g_sram, "s_sram": s_sram}
+        rows.append([label, fmt_time(t_tgt), fmt_time(t_gpu), fmt_time(t_sram), f"{c_gpu:.3f}", f"{c_sram:.4f}",
+                     f"{c_gpu / c_sram:.1f}×", f"γ*={g_gpu}, {s_gpu:.2f}×", f"γ*={g_sram}, {s_sram:.2f}×"])
+    print_table(["情形", "目标一步", "草稿一步：GPU", f"草稿一步：{D_CARDS} 张 Corsair", "c（GPU）", "c（SRAM）",
+                 "c 差几倍", "GPU 草稿：最优", "SRAM 草稿：最优"], rows)
+    a, b = out["只看带宽（固定开销 = 0）"], out["加上种子 05 的固定开销"]
+    r = {"c_gpu": b["c_gpu"], "c_sram": b["c_sram"], "ratio": b["ratio"], "ratio_no_ovh": a["ratio"],
+         "t_gpu": b["t_gpu"], "t_sram": b["t_sram"], "t_tgt": b["t_tgt"], "sram_ovh_share": OVH_SRAM / b["t_sram"],
+         "g_gpu": b["g_gpu"], "g_sram": b["g_sram"], "s_gpu": b["s_gpu"], "s_sram": b["s_sram"]}
+    print_observations([
+        f"按种子 05 的假设：草稿在 GPU 上一步 {fmt_time(b['t_gpu'])}、在两张 Corsair 上 {fmt_time(b['t_sram'])}，目标一步 "
+        f"{fmt_time(b['t_tgt'])}；c 从 {b['c_gpu']:.2f} 降到 {b['c_sram']:.3f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
+        "c 随硬件变了十几倍（第 6 讲 04 说的\"第 5 讲 §8.3\"）。c 不是模型的属性，是模型 × 硬件 × 实现的属性。",
+        f"只看带宽的话差 {a['ratio']:.0f} 倍（两张卡的 SRAM 带宽 / 一块 H100 的 HBM 带宽）。加上固定开销后，SRAM 草稿一步里 "
+        f"{r['sram_ovh_share'] * 100:.0f}% 是 {fmt_time(OVH_SRAM)} 的固定开销——倍数由开销决定，这个假设值最值得怀疑。",
+        f"c 变小，最优草稿长度变长、加速比变大（α = {ALPHA}，定理 3.8，验证代价按不随 γ 变算）：GPU 草稿 γ* = {b['g_gpu']}、"
+        f"{b['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {b['g_sram']}、{b['s_sram']:.2f} 倍。MoE 目标模型验证 γ + 1 个 token 时要读更多专家，"
+        "会把两者都拉低（种子 05 的演示 2）。",
+    ])
+    return r
+
+
+if __name__ == "__main__":
+    demo1_how_many_cards()
+    demo2_per_token_time()
+    demo3_cost_coefficient()
