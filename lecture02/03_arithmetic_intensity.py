@@ -17,14 +17,13 @@ last_only=True)：有用 FLOPs 是字段 "useful"，投影 + FFN 读的是权重
 【模型的假设（务必看）】H100 SXM5：BF16 稠密峰值 989.4 TFLOP/s、HBM3 3.35 TB/s（NVIDIA 数据手册）。时间是 roofline 下界：
 假设算子达到峰值、两部分先后执行（一步 = 两部分时间之和），不算 norm / RoPE / softmax 等逐元素运算、激活的读写和
 kernel 启动开销。70B 的权重（141 GB）一块 H100（80 GB）放不下，KV cache 也常常放不下：这里**忽略放不放得下**，
-只用一块卡的峰值比较两部分各受什么限制（真实部署会把模型切到多块卡上，比例不变）。模型结构来自 Llama 3.1 的 config.json。
+只用一块卡的峰值比较两部分各受什么限制（真实部署把模型切到多块卡上，每块卡的 FLOPs 和字节同比例变小，忽略通信时比例不变）。模型结构来自 Llama 3.1 的 config.json。
 
 【运行】python3 03_arithmetic_intensity.py （约 0.2 秒）
 
 【依赖】numpy；../lecture02 的 transformer_lab（analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
 ../lecture01 的 console、hw_specs、llm_math。
 """
-import math
 import os
 import sys
 

@@ -9,9 +9,8 @@ import math
 import pytest
 
 from conftest import load_script
-from hw_specs import H100
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B
-from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, LMConfig, analytic_ops, sum_rows
+from transformer_lab import LMConfig, analytic_ops, sum_rows
 
 S1, S2, S3, S4 = ("lecture02/01_numpy_transformer.py", "lecture02/02_op_ledger.py",
                   "lecture02/03_arithmetic_intensity.py", "lecture02/04_kv_cache.py")
