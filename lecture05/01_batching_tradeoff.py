@@ -18,7 +18,7 @@ CS349E · 第 5 讲 · 01_batching_tradeoff.py —— 连续批处理：吞吐�
 "显存装得下的最大批"只算权重和 KV，不算激活和碎片（上界）。演示 3 的 512 个请求、提示 1024 个 token、
 输出长度在 [16, 1024) 里均匀分布（种子固定）都是**假设的工作负载**。硬件数字见 ../lecture01/hw_specs 的出处。
 
-【运行】python3 01_batching_tradeoff.py （约 0.2 秒）
+【运行】python3 01_batching_tradeoff.py （不到 1 秒）
 
 【依赖】numpy；本目录的 serving_lab；../lecture01 的 console、hw_specs、llm_math。
 """

@@ -20,7 +20,7 @@ Llama-3.1-8B，BF16 权重和 KV，每块 H100 SXM5 放一份完整的模型。�
 解耦：prefill 机先来先服务，一次一个提示；KV 经一个 InfiniBand NDR 端口（单向 50 GB/s，见 hw_specs 的互联表）
 搬到 decode 机；decode 机连续批处理。第一个 token 由 prefill 机给出。
 
-【运行】python3 02_prefill_decode_disagg.py （约 0.8 秒）
+【运行】python3 02_prefill_decode_disagg.py （约 1 秒）
 
 【依赖】numpy；本目录的 serving_lab；../lecture01 的 console、hw_specs、llm_math。
 """

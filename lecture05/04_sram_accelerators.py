@@ -24,7 +24,7 @@ SRAM 芯片 0.05 ms，带宽效率 0.8——都是**假设值**。草稿模型�
 硬件数字（Corsair：2 GB SRAM、150 TB/s；LPDDR5X 256 GB、约 0.4 TB/s 是二手来源的近似值；H100 SXM5：80 GB、3.35 TB/s）
 见 ../lecture01/hw_specs 的出处。
 
-【运行】python3 04_sram_accelerators.py （约 0.1 秒）
+【运行】python3 04_sram_accelerators.py （不到 1 秒）
 
 【依赖】本目录的 serving_lab；../lecture06 的 decode_lab（best_gamma，定理 3.8）；../lecture01 的 console、hw_specs、llm_math。
 """
