@@ -20,7 +20,7 @@ Corsair 没有 BF16，它那一行用 MXINT8 的算力（数据类型不同，�
 
 【运行】python3 01_roofline.py （< 1 秒）
 
-【依赖】numpy 之外没有第三方库；本目录的 console、hw_specs、llm_math。
+【依赖】本目录的 console、hw_specs、llm_math（只用标准库）。
 """
 import os
 import sys

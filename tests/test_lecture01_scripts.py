@@ -1,0 +1,272 @@
+"""
+第 1 讲的四个脚本（01_roofline、02_model_arithmetic、03_prefill_vs_decode、04_disaggregation）和它们在 llm_math 末尾
+加的补充函数：每个观察里引用的数，用独立的闭式或公开的数据重新算一遍再比。
+"""
+import math
+
+import pytest
+
+from conftest import load_script
+from hw_specs import A100, B200, H100, H100_PCIE, H200, IB_NDR
+from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B,
+                      bits_per_param, decode_step, linear_shapes, matmul_intensity, prefill_step, prefill_time,
+                      weight_bytes)
+
+GIB = 2 ** 30
+
+
+@pytest.fixture(scope="module")
+def s01():
+    return load_script("lecture01/01_roofline.py")
+
+
+@pytest.fixture(scope="module")
+def s02():
+    return load_script("lecture01/02_model_arithmetic.py")
+
+
+@pytest.fixture(scope="module")
+def s03():
+    return load_script("lecture01/03_prefill_vs_decode.py")
+
+
+@pytest.fixture(scope="module")
+def s04():
+    return load_script("lecture01/04_disaggregation.py")
+
+
+# ---------------------------------------------------------------------------
+# llm_math 的补充
+# ---------------------------------------------------------------------------
+def test_bits_per_param_include_scales():
+    assert bits_per_param("bf16") == 16
+    assert bits_per_param("fp8") == 8
+    assert bits_per_param("int4-g128") == 4.125
+    assert bits_per_param("mxfp4") == 4.25
+    assert bits_per_param("int8", 4096) == 8 + 16 / 4096
+    # 2880 不是 128 的整数倍：一行 23 组，最后一组不满
+    assert bits_per_param("int4-g128", 2880) == pytest.approx(4 + 16 * 23 / 2880)
+    assert bits_per_param("mxfp4", 2880) == 4.25
+
+
+def test_bits_per_param_errors():
+    with pytest.raises(ValueError, match="row_len"):
+        bits_per_param("int8")
+    with pytest.raises(ValueError, match="可选"):
+        bits_per_param("int3")
+
+
+@pytest.mark.parametrize("m", ALL_MODELS, ids=[m.name for m in ALL_MODELS])
+def test_bf16_weight_bytes_is_two_bytes_per_parameter(m):
+    assert weight_bytes(m, "bf16") == 2 * m.params()
+
+
+@pytest.mark.parametrize("m", ALL_MODELS, ids=[m.name for m in ALL_MODELS])
+def test_linear_shapes_are_matmul_params_minus_head_and_router(m):
+    n = sum(c * o * i for _, o, i, c in linear_shapes(m))
+    router = m.n_layers * m.d_model * m.n_experts if m.is_moe else 0
+    expert_scale = m.n_experts / m.top_k if m.is_moe else 1
+    attn = m.n_layers * (2 * m.d_model * m.n_heads * m.head_dim + 2 * m.d_model * m.n_kv_heads * m.head_dim)
+    ffn = (m.matmul_params() - m.vocab * m.d_model - router - attn) * expert_scale
+    assert n == attn + ffn
+
+
+def test_gpt_oss_120b_checkpoint_is_60_8_gib():
+    """CURRICULUM §5：专家权重 MXFP4（4.25 位）、其余 BF16 → 60.8 GiB。"""
+    m = GPT_OSS_120B
+    experts = m.n_layers * m.n_experts * 3 * m.d_model * m.d_ff
+    closed = experts * 4.25 / 8 + (m.params() - experts) * 2
+    got = weight_bytes(m, "bf16", expert_fmt="mxfp4")
+    assert got == pytest.approx(closed, rel=1e-12)
+    assert round(got / GIB, 1) == 60.8
+
+
+def test_matmul_intensity_is_batch_for_thin_matrices():
+    assert matmul_intensity(1, 4096, 14336) == pytest.approx(1.0, abs=1e-3)
+    assert matmul_intensity(16, 8192, 28672) == pytest.approx(16, rel=0.01)
+    assert matmul_intensity(2, 3, 4, bytes_per_el=1) == 2 * 2 * 3 * 4 / (6 + 12 + 8)
+    with pytest.raises(ValueError):
+        matmul_intensity(0, 1, 1)
+
+
+@pytest.mark.parametrize("m", ALL_MODELS, ids=[m.name for m in ALL_MODELS])
+@pytest.mark.parametrize("n", [1, 100, 128, 4096])
+def test_prefill_step_time_equals_prefill_time(m, n):
+    assert prefill_step(m, H100, n)["time"] == prefill_time(m, H100, n)
+
+
+# ---------------------------------------------------------------------------
+# 01_roofline
+# ---------------------------------------------------------------------------
+def test_01_ridge_points(s01, capsys):
+    r = s01.demo1_chips()
+    assert r["ridge"]["H100"] == pytest.approx(989.4 / 3.35, rel=1e-9)
+    assert r["ridge"]["A100"] == pytest.approx(312 / 2.039, rel=1e-9)
+    assert r["ridge"]["H200"] == pytest.approx(989.4 / 4.8, rel=1e-9)
+    assert r["ridge"]["Corsair"] == pytest.approx(16)
+    assert r["ridge"]["Corsair LPDDR"] == pytest.approx(6000)
+    assert r["gen_flops"] == pytest.approx(989.4 / 312) and r["gen_bw"] == pytest.approx(3.35 / 2.039)
+    assert (r["lowest_gpu"], r["highest_gpu"]) == ("A100 80GB SXM", "H100 PCIe")
+    assert r["h100_fp8_ridge"] == pytest.approx(2 * r["ridge"]["H100"], rel=1e-3)
+    assert round(r["corsair_bw_ratio"]) == 45
+    assert "295" in capsys.readouterr().out
+
+
+def test_01_time_vs_intensity(s01, capsys):
+    r = s01.demo2_time_vs_intensity()
+    assert r["t_h100_i1"] == pytest.approx(1e9 / 3.35e12)
+    assert r["flat_below_ridge"]
+    assert r["util_h100_i1"] == pytest.approx(3.35 / 989.4)
+    assert r["h200_speedup_low"] == pytest.approx(4.8 / 3.35) and r["h200_speedup_high"] == pytest.approx(1.0)
+    assert r["b200_speedup_low"] == pytest.approx(8 / 3.35) and r["b200_speedup_high"] == pytest.approx(2250 / 989.4)
+    assert r["times"][(4096, "H100")] == pytest.approx(4096e9 / 989.4e12)
+
+
+def test_01_matmul_crossover_closed_form(s01, capsys):
+    r = s01.demo3_llm_ops()
+    k, n = 4096, 14336
+    for chip, key in ((H100, "H100"), (A100, "A100"), (H200, "H200")):
+        ridge = chip.ridge_point("bf16")
+        # 2Bkn / (2(Bk + kn + Bn)) ≥ ridge  ⟺  B ≥ ridge·kn / (kn − ridge(k + n))
+        assert r["crossover"][key] == math.ceil(ridge * k * n / (k * n - ridge * (k + n)))
+    assert r["attn_intensity"] == pytest.approx(4.0) and r["group"] == 4
+
+
+# ---------------------------------------------------------------------------
+# 02_model_arithmetic
+# ---------------------------------------------------------------------------
+def test_02_parameters_match_published(s02, capsys):
+    r = s02.demo1_parameters()
+    assert all(r["match"].values()) and len(r["match"]) == 5
+    assert r["params"][LLAMA31_405B.name] == 405_853_388_800
+    assert round(r["active"][GPT_OSS_120B.name] / 1e9, 2) == 5.13
+    assert round(r["active"][GPT_OSS_20B.name] / 1e9, 2) == 3.61
+    assert r["emb_share_8b"] == pytest.approx(2 * 128256 * 4096 / 8_030_261_248)
+    out = capsys.readouterr().out
+    assert "116,829,156,672" in out and "8,030,261,248" in out
+
+
+def test_02_bytes(s02, capsys):
+    r = s02.demo2_bytes_per_format()
+    assert round(r["ckpt_120b_gib"], 1) == 60.8
+    assert r["naive_120b_gib"] == pytest.approx(116_829_156_672 * 4.25 / 8 / GIB)
+    m = LLAMA31_8B
+    lin = sum(c * o * i for _, o, i, c in linear_shapes(m))
+    closed = lin * 4.125 / 8 + (m.params() - lin) * 2       # 4096 和 14336 都是 128 的整数倍
+    assert r["ratio_int4_8b"] == pytest.approx(2 * m.params() / closed)
+    assert r["ratio_int4_405b"] < 16 / 4.125 and r["ratio_int4_8b"] < r["ratio_int4_405b"]
+    assert r["bytes"][(LLAMA31_405B.name, "bf16")] == pytest.approx(811.7e9, rel=1e-3)
+
+
+def test_02_flops_and_kv(s02, capsys):
+    r = s02.demo3_flops_and_kv()
+    assert r[LLAMA31_70B.name]["kv_tok"] == 327_680
+    assert r[LLAMA31_405B.name]["kv_long"] == 2 * 126 * 8 * 128 * 2 * 131072
+    assert r[GPT_OSS_120B.name]["flops0"] < r[LLAMA31_8B.name]["flops0"]
+    assert r[LLAMA31_70B.name]["ratio"] == pytest.approx(1.0, abs=1e-4)
+    # 滑动窗口：18 层存 128 个、18 层存全部
+    assert r[GPT_OSS_120B.name]["kv_long"] == 2 * (18 * 128 + 18 * 131072) * 8 * 64 * 2
+
+
+def test_02_gpu_counts(s02, capsys):
+    r = s02.demo4_gpus_needed()
+    assert r[(LLAMA31_405B.name, "bf16")][0] == math.ceil(2 * 405_853_388_800 / 80e9) == 11
+    assert r[(LLAMA31_405B.name, "fp8")] == (6, 8)
+    assert r[(LLAMA31_70B.name, "bf16")] == (2, 4)
+    assert r[(GPT_OSS_120B.name, "native")] == (1, 1)
+    assert r[(GPT_OSS_120B.name, "bf16")][0] == 3
+
+
+# ---------------------------------------------------------------------------
+# 03_prefill_vs_decode
+# ---------------------------------------------------------------------------
+def test_03_decode_vs_batch(s03, capsys):
+    r = s03.demo1_decode_vs_batch()
+    m = LLAMA31_8B
+    kv = 2 * 32 * 8 * 128 * 2 * 4096
+    assert r["t_b1"] == pytest.approx((2 * m.active_params() + kv) / 3.35e12)
+    assert r["t_b64"] == pytest.approx((2 * m.active_params() + 64 * kv) / 3.35e12)
+    assert set(r["bounds"].values()) == {"memory"}
+    assert r["max_batch"] == (80e9 - 2 * m.params()) // kv == 119
+    assert r["kv_eq_batch"] == pytest.approx(2 * m.params() / kv)
+
+
+def test_03_compute_bound_batch(s03, capsys):
+    r = s03.demo2_compute_bound_batch()
+    P, BW = 989.4e12, 3.35e12
+    for m in (LLAMA31_8B, LLAMA31_70B):
+        f0, w = m.flops_per_token(0), 2 * m.active_params()
+        assert r["crossover"][(m.name, 0)] == math.ceil(w * P / (BW * f0))
+        # 上下文 c 时，每个序列的 FLOPs / 算力要大于它的 KV 字节 / 带宽，否则批多大都不行
+        a = 4 * m.n_heads * m.head_dim * m.n_layers
+        k = 2 * m.n_layers * m.n_kv_heads * m.head_dim * 2
+        c_star = f0 / (P * k / BW - a)
+        assert abs(r["never_from"][m.name] - c_star) <= 1
+    assert r["crossover"][(LLAMA31_8B.name, 4096)] is None
+
+
+def test_03_prefill(s03, capsys):
+    r = s03.demo3_prefill_vs_length()
+    m = LLAMA31_8B
+    assert prefill_step(m, H100, r["n_cross"])["bound"] == "compute"
+    assert prefill_step(m, H100, r["n_cross"] - 1)["bound"] == "memory"
+    assert 250 < r["n_cross"] < 330
+    assert r["t_4096"] == prefill_time(m, H100, 4096)
+    assert r["bounds"][16] == "memory" and r["bounds"][4096] == "compute"
+    assert r["ratio_decode_prefill_per_token"] > 100
+
+
+def test_03_ttft_tpot(s03, capsys):
+    r = s03.demo4_ttft_tpot()
+    m = LLAMA31_8B
+    assert r["ttft"] == prefill_time(m, H100, 2048)
+    # 受带宽限制时一步的时间随上下文线性增长：平均 = 平均上下文处的一步
+    mean_ctx = 2048 + 128
+    assert r["tpot_b1"] == pytest.approx(decode_step(m, H100, 1, mean_ctx)["time"], rel=1e-9)
+    assert r["thr_b64"] == pytest.approx(64 / r["tpot_b64"])
+    assert r["prefill_share_b1"] < 0.05
+
+
+# ---------------------------------------------------------------------------
+# 04_disaggregation
+# ---------------------------------------------------------------------------
+def test_04_intensity_vs_ridge(s04, capsys):
+    r = s04.demo1_intensity_vs_ridge()
+    ridges = [c.ridge_point("bf16") for c in (A100, H100_PCIE, H100, H200, B200)]
+    assert r["i_prefill"] > 10 * max(ridges) and r["min_ratio_prefill"] > 10
+    assert r["i_decode256"] < min(ridges)
+    assert r["group"] == 8
+    m = LLAMA31_70B
+    kv = 4096 * 327_680
+    f = m.flops_per_token(4096)
+    assert r["i_decode64"] == pytest.approx(64 * f / (2 * m.active_params() + 64 * kv))
+
+
+def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
+    r = s04.demo2_comparative_advantage()
+    for key, chip in (("A100", A100), ("H100 PCIe", H100_PCIE), ("H200", H200), ("B200", B200)):
+        assert r[key]["adv"] == pytest.approx(H100.ridge_point("bf16") / chip.ridge_point("bf16"), rel=1e-9)
+    assert r["H200"]["sp_pre"] == pytest.approx(1.0) and r["H200"]["sp_dec"] == pytest.approx(4.8 / 3.35)
+    assert r["best_adv"] == "A100"
+    assert r["best_prefill_per_w"] == "B200" and r["best_decode_per_w"] == "B200"
+
+
+def test_04_kv_transfer(s04, capsys):
+    r = s04.demo3_kv_transfer()
+    kv = 2 * 32 * 8 * 128 * 2 * 4096
+    assert r["t_ib_8b"] == pytest.approx(kv / 50e9)
+    assert r["ratio"][(LLAMA31_8B.name, "InfiniBand NDR")] == pytest.approx(
+        (kv / 50e9 + 1e-3) / prefill_time(LLAMA31_8B, H100, 4096))
+    assert r["kv_ratio_120b_8b"] == pytest.approx(2 * (18 * 128 + 18 * 4096) * 8 * 64 * 2 / kv)
+
+
+def test_04_ledger(s04, capsys):
+    r = s04.demo4_ledger()
+    co, hh, h2, a1 = r["colocated"], r["H100→H100"], r["H100→H200"], r["H100→A100"]
+    assert co["thr_per_gpu"] == pytest.approx(hh["thr_per_gpu"], rel=1e-12)
+    assert co["tpot"] > 2 * hh["tpot"]
+    assert h2["thr_per_gpu"] > co["thr_per_gpu"] and h2["tpot"] < hh["tpot"]
+    assert a1["thr_per_kw"] > co["thr_per_kw"] and a1["thr_per_gpu"] < co["thr_per_gpu"]
+    t_pre = prefill_time(LLAMA31_8B, H100, 4096)
+    assert hh["ttft"] == pytest.approx(t_pre + 4096 * 131072 / IB_NDR.bw + 1e-3)
+    assert hh["n_prefill"] == pytest.approx(64 / (256 * hh["tpot"]) * t_pre)
