@@ -1,0 +1,159 @@
+"""
+第 5 讲 01–04：每个演示返回它的观察引用的数；这里用独立的闭式 / 公开数字核对，并核对观察里说的大小关系。
+"""
+import math
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT, load_script
+
+sys.path.insert(0, os.path.join(ROOT, "lecture05"))
+
+from hw_specs import CORSAIR, H100  # noqa: E402
+from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def s01():
+    return load_script("lecture05/01_batching_tradeoff.py")
+
+
+@pytest.fixture(scope="module")
+def s02():
+    return load_script("lecture05/02_prefill_decode_disagg.py")
+
+
+@pytest.fixture(scope="module")
+def s03():
+    return load_script("lecture05/03_kv_transfer.py")
+
+
+@pytest.fixture(scope="module")
+def s04():
+    return load_script("lecture05/04_sram_accelerators.py")
+
+
+# ---- 01 ----
+def test_01_batch_sweep(s01, capsys):
+    r = s01.demo1_batch_sweep()
+    capsys.readouterr()
+    # B = 1、上下文 2048：读 BF16 权重（不含输入词嵌入）+ 一个序列的 KV，带宽受限
+    w = 2 * LLAMA31_8B.active_params()
+    assert r["tpot_8b_b1"] == pytest.approx((w + 131072 * 2048) / 3.35e12, rel=1e-12)
+    assert r["bmax_8b"] == 238
+    assert r["bmax_70b"] == int((640e9 - 2 * 70_553_706_496) // (327680 * 2048))
+    assert r["thr_ratio_64"] > 20 and r["tpot_ratio_64"] < 3          # "吞吐涨了几十倍，TPOT 只涨一两倍"
+    assert r["thr_8b_bmax"] / r["thr_8b_b1"] > 5 * (r["tpot_8b_bmax"] / r["tpot_8b_b1"])   # "远小于"
+    assert r["kv_over_w_8b_bmax"] > 1 and r["all_memory_bound"]
+
+
+def test_01_compute_bound_batch(s01, capsys):
+    r = s01.demo2_compute_bound()
+    capsys.readouterr()
+    assert r["b0_8b"] == pytest.approx(989.4 / 3.35, rel=2e-3) and r["ridge"] == pytest.approx(989.4 / 3.35)
+    # 临界上下文的独立闭式：2·matmul/P = L·(kv/BW − attn/P)
+    P, BW = 989.4e12, 3.35e12
+    lc = (2 * 7_504_658_432 / P) / (131072 / BW - 4 * 32 * 128 * 32 / P)
+    assert r["lc_8b"] == pytest.approx(lc, rel=1e-9) and 256 < lc < 512       # 表里 256 能、512 永远到不了
+    assert 1024 < r["lc_70b"] < 2048
+    assert r["b128_8b"] > r["b0_8b"] and r["b1024_70b"] <= r["bm1024_70b"]
+
+
+def test_01_continuous_batching(s01, capsys):
+    r = s01.demo3_continuous_batching()
+    capsys.readouterr()
+    assert r["gain_128"] > 1.1 and r["gain_32"] > r["gain_128"]
+    assert r["active_cont_128"] > r["active_static_128"]
+    assert r["tpot_cont_128"] > r["tpot_static_128"]
+    assert r["tokens"] == int(s01.uniform_ints(s01.OUT_LO, s01.OUT_HI, s01.N_REQ, s01.OUT_SEED).sum())
+
+
+# ---- 02 ----
+def test_02_interference(s02, capsys):
+    r = s02.demo1_interference()
+    capsys.readouterr()
+    assert r[4096]["t_pre"] == pytest.approx(prefill_time(LLAMA31_8B, H100, 4096), rel=1e-12)
+    assert r[4096]["stall_steps"] > 5
+    for n in (512, 1024, 2048, 4096):
+        assert r[n]["worst_mixed"] < r[n]["t_pre"] + r["t_dec"]
+        assert 0 < r[n]["extra_chunked"] < r[n]["t_pre"]
+
+
+def test_02_simulation_claims(s02, capsys):
+    r = s02.demo2_simulation()
+    capsys.readouterr()
+    hi, lo = s02.RATES[-1], s02.RATES[0]
+    c, k, d = r[(hi, "colo")], r[(hi, "chunk")], r[(hi, "disagg")]
+    assert c["ttft_mean"] < k["ttft_mean"] and c["ttft_mean"] < d["ttft_mean"]          # 同机 prefill 优先：TTFT 最短
+    assert c["gap_p99"] > r["t_long"] and c["gap_p99"] > 3 * d["gap_p99"]             # 长 prefill 让 decode 卡住
+    assert r[(hi, "colo")]["tpot_mean"] > r[(lo, "colo")]["tpot_mean"]
+    assert d["tpot_mean"] < c["tpot_mean"]                                            # "比 prefill 优先的同机更低"
+    assert d["ttft_mean"] > r[(lo, "disagg")]["ttft_mean"]                            # 负载越高排得越长
+    assert k["gap_p99"] < d["gap_p99"]
+    assert r["kv_mean"] == pytest.approx(LLAMA31_8B.kv_bytes(int(r["kv_mean"] * 50e9 / 131072)) / 50e9, rel=1e-3)
+    assert d["first_gap_is_max"] > 0.9 and d["first_gap_mean"] > r["kv_mean"]
+
+
+# ---- 03 ----
+def test_03_kv_bytes(s03, capsys):
+    r = s03.demo1_kv_bytes()
+    capsys.readouterr()
+    assert r["kv_70b_32k"] == 2 * 80 * 8 * 128 * 2 * 32768
+    # gpt-oss：18 层全长 + 18 层只存 128 个位置
+    assert r["kv_oss_32k"] == 2 * 8 * 64 * 2 * (18 * 32768 + 18 * 128)
+    assert r["window_ratio_32k"] == pytest.approx((32768 + 128) / (2 * 32768))
+    assert r["window_ratio_2k"] > r["window_ratio_32k"]
+
+
+def test_03_transfer_vs_prefill(s03, capsys):
+    r = s03.demo2_transfer_vs_prefill()
+    capsys.readouterr()
+    kv = LLAMA31_70B.kv_bytes(2048)
+    assert r["ib_70_2k"] == pytest.approx(kv / 50e9)
+    assert r["ib_ratio_70_2k"] == pytest.approx(kv / 50e9 / r["pre70_2k"])
+    assert r["ib8_ratio_70_2k"] == pytest.approx(r["ib_ratio_70_2k"] / 8)
+    assert r["eth_ratio_70_2k"] == pytest.approx(4 * r["ib_ratio_70_2k"]) and r["eth_ratio_70_2k"] > 1
+    assert r["slower_than_prefill"] == ["100 GbE 以太网"]
+    assert r["ib_ratio_70_32k"] < r["ib_ratio_70_2k"]
+    assert r["ib_ratio_oss_2k"] < 0.1 and r["eth_ratio_oss_2k"] < 1
+    assert r["exposed_layerwise_70_2k"] == pytest.approx(r["ib_70_2k"] / 80)
+
+
+# ---- 04 ----
+def test_04_cards(s04, capsys):
+    r = s04.demo1_how_many_cards()
+    capsys.readouterr()
+    assert r["draft_cards"] == 1 and r["draft_bytes"] == 1.6e9
+    assert r["l70_8bit_cards"] == math.ceil(70_553_706_496 / 2e9) == 36 and r["l70_8bit_h100"] == 1
+    assert r["l8_8bit_cards"] == math.ceil(8_030_261_248 / 2e9)
+    assert r["oss_cards"] == math.ceil(116_829_156_672 * 4.25 / 8 / 2e9) and r["oss_h100"] == 1
+    assert r["oss_native_gib"] == pytest.approx(60.8, rel=0.005)
+    assert r["cap_ratio"] == 40
+
+
+def test_04_per_token(s04, capsys):
+    r = s04.demo2_per_token_time()
+    capsys.readouterr()
+    assert r["draft_h100"] == pytest.approx(1.6e9 / (3.35e12 * 0.8))
+    assert r["draft_sram"] == pytest.approx(1.6e9 / (150e12 * 0.8))
+    assert r["draft_speedup"] == pytest.approx(150 / 3.35) == pytest.approx(r["bw_ratio_1card"])
+    assert r["l70_speedup"] > r["draft_speedup"]
+    assert r["l8_lpddr"] > r["l8_h100"]
+
+
+def test_04_cost_coefficient_matches_seed05(s04, capsys):
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
+    assert r["t_gpu"] == pytest.approx(seed.t_draft("gpu"), rel=1e-12)
+    assert r["t_sram"] == pytest.approx(seed.t_draft("sram"), rel=1e-12)
+    assert r["t_tgt"] == pytest.approx(seed.t_target(1), rel=0.01)        # 精确的 gpt-oss 参数 vs 种子的近似
+    assert r["c_gpu"] == pytest.approx(seed.t_draft("gpu") / seed.t_target(1), rel=0.01)
+    assert 10 <= r["ratio"] < 20                                          # "十几倍"（第 6 讲 04）
+    assert r["ratio"] == pytest.approx(seed.t_draft("gpu") / seed.t_draft("sram"), rel=1e-12)
+    assert r["ratio_no_ovh"] == pytest.approx(2 * CORSAIR.mem_bw / H100.mem_bw)
+    assert r["sram_ovh_share"] == pytest.approx(0.05e-3 / seed.t_draft("sram"))
+    assert r["g_sram"] > r["g_gpu"] and r["s_sram"] > r["s_gpu"] > 1
+    assert GPT_OSS_120B.n_layers == 36
