@@ -26,6 +26,9 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
   批里各序列的上下文均匀分布在 4096..4352 之间，decode 一步按平均上下文算（受带宽限制时这是精确的平均）；
   prefill 卡的台数可以是小数（一个 prefill 池被很多 decode 卡共用，假设）；功耗按板卡功耗满载算（假设）。
 
+【出处】芯片和互联：hw_specs（数据手册）；模型结构：llm_math（CURRICULUM §5）；"H100 做 prefill、A100 做 decode"：
+Splitwise（Patel et al., ISCA 2024, arXiv 2311.18677）的 Splitwise-HA 设计。
+
 【运行】python3 04_disaggregation.py （< 1 秒）
 
 【依赖】本目录的 console、hw_specs（芯片和互联表）、llm_math。
