@@ -12,7 +12,7 @@ gpt-oss-120b 的 checkpoint（专家 MXFP4、其余 BF16）多大。
 演示 4：要几块 H100 80GB 才放得下：只算权重，和"权重 + 一些 KV cache + 余量"两种算法。
 
 【怎么读输出】参数量是精确整数（逗号分隔），"公开的数"是 Hugging Face checkpoint / 模型卡上的。
-字节用十进制单位（1 GB = 10⁹ 字节），gpt-oss 的 checkpoint 另给 GiB（2³⁰ 字节），因为 §5 的 60.8 是 GiB。
+字节用十进制单位（1 GB = 10⁹ 字节），gpt-oss 的 checkpoint 在观察里另给 GiB（2³⁰ 字节），因为 §5 的 60.8 是 GiB。
 
 【模型的假设（务必看）】
 - 结构和参数总数：Llama 3.1 的 config.json、gpt-oss 模型卡与 config.json（CURRICULUM §5）。
