@@ -182,20 +182,24 @@ def expected_touched_experts(n_experts, top_k, n_tokens):
     return n_experts * (1 - (1 - top_k / n_experts) ** n_tokens)
 
 
-def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="bf16"):
+def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="bf16", n_tokens=1):
     """
-    一个 decode 步（batch 个序列各生成 1 个 token，每个序列已有 context 个位置）在 chip 上的 roofline 估计。
+    一个 decode 步（batch 个序列各算 n_tokens 个新位置，每个序列已有 context 个位置）在 chip 上的 roofline 估计。
+    n_tokens = 1 是普通 decode；投机解码验证 γ 个草稿时 n_tokens = γ + 1。
 
     返回 dict：flops、w_bytes（读权重）、kv_bytes（读 KV cache）、t_compute、t_memory、time = 两者较大者、bound。
-    【推导】FLOPs = batch × flops_per_token(context)；权重每步读一遍（MoE 只读被碰到的专家，期望见
-    expected_touched_experts）；KV cache 每个序列读一遍。
+    【推导】FLOPs = batch × n_tokens × flops_per_token(context)（新位置彼此之间的注意力忽略不计）；
+    权重每步读一遍（MoE 只读被 batch × n_tokens 个 token 碰到的专家，期望见 expected_touched_experts）；
+    KV cache 每个序列读一遍。
     【参数】w_bits / kv_bits：每个权重 / 每个 KV 数的位数（含量化的 scale）。
     """
     if batch < 1:
         raise ValueError(f"批大小至少为 1（收到 {batch}）")
-    flops = batch * model.flops_per_token(context)
+    if n_tokens < 1:
+        raise ValueError(f"每个序列至少算 1 个新位置（收到 n_tokens = {n_tokens}）")
+    flops = batch * n_tokens * model.flops_per_token(context)
     if model.is_moe:
-        touched = expected_touched_experts(model.n_experts, model.top_k, batch)
+        touched = expected_touched_experts(model.n_experts, model.top_k, batch * n_tokens)
         dense = model.active_params() - model.n_layers * model.top_k * model.expert_params()
         w_params = dense + model.n_layers * touched * model.expert_params()
     else:
