@@ -81,4 +81,4 @@ def test_printed_output_carries_the_same_numbers():
     assert "GPU 上 0.897 ms" in out and "SRAM 芯片上 56.7 µs" in out
     assert "普通 decode 一步：2.51 ms" in out
     lines = [l for l in out.splitlines() if l.strip().startswith("1024 ")]
-    assert lines and "8.0" in lines[-1] and "144 ms" in lines[-1] and lines[-1].split()[3] == "1024"
+    assert lines and "8.0" in lines[-1] and "144 ms" in lines[-1] and lines[-1].split()[4] == "1024"

@@ -1,0 +1,331 @@
+"""
+decode_lab：投机采样的精确性（精确枚举 + 有种子的统计检验 + T = 0 逐 token 相同）、回滚后的缓存、
+目标模型的账本 == 公式、Leviathan 的公式（表 1 逐格、最优 γ、推论 3.9、α = 1 的极限）、边界上的 ValueError。
+"""
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from decode_lab import (NGramLM, TransformerLM, acceptance_rate, adjust, autoregressive_generate, best_gamma,
+                        chi2_gof, chi2_sf, expected_tokens, ops_factor, residual_distribution,
+                        speculative_generate, speculative_step_probs, truncated_geometric, walltime_speedup)
+from transformer_lab import MATMUL_OPS, Counter, LMConfig, analytic_ops, config_like, init_params, sum_rows
+
+TINY = LMConfig(name="tiny6", vocab=6, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
+                max_seq=64, head_gain=3.0)
+
+
+def _dist(v):
+    v = np.asarray(v, dtype=float)
+    return v / v.sum()
+
+
+# ---------------------------------------------------------------------------
+# 一步接受 / 拒绝：精确枚举
+# ---------------------------------------------------------------------------
+HAND = {
+    "p == q": (_dist([1, 2, 3, 4]), _dist([1, 2, 3, 4])),
+    "不相交的支撑": (_dist([1, 1, 0, 0]), _dist([0, 0, 1, 1])),
+    "q 在 p 有的地方为 0": (_dist([1, 2, 3, 4]), _dist([0, 0, 1, 1])),
+    "p 在 q 有的地方为 0": (_dist([0, 0, 1, 1]), _dist([1, 2, 3, 4])),
+    "p 是 one-hot（T = 0）": (np.array([0.0, 0, 1, 0]), _dist([4, 3, 2, 1])),
+    "q 是 one-hot": (_dist([4, 3, 2, 1]), np.array([0.0, 1, 0, 0])),
+    "两个都是 one-hot，不同": (np.array([1.0, 0, 0, 0]), np.array([0.0, 0, 0, 1])),
+    "舍入后几乎相等": (_dist([1, 2, 3, 4]), _dist([1, 2, 3, 4 + 1e-15])),
+}
+
+
+@pytest.mark.parametrize("name", list(HAND))
+def test_one_step_output_distribution_is_exactly_the_target(name):
+    p, q = HAND[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = speculative_step_probs(p, q)
+    assert not np.isnan(out).any()
+    assert np.abs(out - p).max() < 1e-15
+
+
+def test_one_step_exact_on_random_pairs():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        V = 2 + int(rng.random() * 10)
+        p = rng.random(V) ** 3 * (rng.random(V) > 0.3)
+        q = rng.random(V) ** 3 * (rng.random(V) > 0.3)
+        if p.sum() == 0 or q.sum() == 0:
+            continue
+        p, q = p / p.sum(), q / q.sum()
+        assert np.abs(speculative_step_probs(p, q) - p).max() < 1e-14
+
+
+def test_residual_guard_when_p_equals_q():
+    p = _dist([1, 2, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = residual_distribution(p, p.copy())
+    assert np.array_equal(r, p)
+    assert np.allclose(residual_distribution(_dist([3, 1, 0]), _dist([1, 1, 1])), [1.0, 0, 0])
+
+
+def test_acceptance_rate_is_one_minus_total_variation():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        p, q = _dist(rng.random(7)), _dist(rng.random(7))
+        assert acceptance_rate(p, q) == pytest.approx(1 - 0.5 * np.abs(p - q).sum(), abs=1e-15)
+
+
+# ---------------------------------------------------------------------------
+# 整个生成器：有种子的统计检验、T = 0、回滚、账本
+# ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_models():
+    P = init_params(TINY, seed=0)
+    target = TransformerLM(P, TINY, "目标")
+    other = TransformerLM(init_params(TINY, seed=5), TINY, "另一个")
+    pk = dict(P)
+    pk["layers"] = P["layers"][:1]
+    shallow = TransformerLM(pk, config_like(TINY, n_layers=1), "前1层")
+    rng = np.random.default_rng(3)
+    bigram = NGramLM.fit((rng.random((4, 30)) * 6).astype(int), 6)
+    return target, {"另一个模型": other, "前 1 层": shallow, "二元语法表": bigram}
+
+
+def _exact_joint(target, prompt, T):
+    """目标模型前两个新 token 的精确联合分布 [V, V]（用 full_logits 算）。"""
+    V = target.cfg.vocab
+    p1 = adjust(target.full_logits(np.array([prompt]))[0, -1], T)
+    seqs = np.array([list(prompt) + [a] for a in range(V)])
+    p2 = adjust(target.full_logits(seqs)[:, -1], T)
+    return p1[:, None] * p2
+
+
+@pytest.mark.parametrize("draft_name,gamma,T", [("另一个模型", 2, 1.0), ("前 1 层", 1, 1.0), ("二元语法表", 3, 1.0),
+                                                ("另一个模型", 3, 0.7)])
+def test_speculative_joint_distribution_matches_target(tiny_models, draft_name, gamma, T):
+    target, drafts = tiny_models
+    prompt = [1, 4, 2]
+    exact = _exact_joint(target, prompt, T)
+    rng = np.random.default_rng(42)
+    counts = np.zeros((6, 6))
+    for _ in range(3000):
+        out, _ = speculative_generate(target, drafts[draft_name], prompt, 2, gamma, T, rng)
+        counts[out[0], out[1]] += 1
+    stat, dof, pval = chi2_gof(counts, exact)
+    assert pval > 1e-3, (stat, dof, pval)
+
+
+def test_a_biased_sampler_is_caught_by_the_same_statistic(tiny_models):
+    """回归保护：检验要有检出力——直接用草稿的分布抽样（不做拒绝）必须被判为不一致。"""
+    target, drafts = tiny_models
+    prompt = [1, 4, 2]
+    exact = _exact_joint(target, prompt, 1.0)
+    rng = np.random.default_rng(42)
+    counts = np.zeros((6, 6))
+    for _ in range(3000):
+        out = autoregressive_generate(drafts["另一个模型"], prompt, 2, 1.0, rng)
+        counts[out[0], out[1]] += 1
+    assert chi2_gof(counts, exact)[2] < 1e-6
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
+def test_greedy_speculative_equals_greedy_target(tiny_models, gamma):
+    target, drafts = tiny_models
+    want = autoregressive_generate(target, [0, 3], 40, 0, np.random.default_rng(0))
+    for d in drafts.values():
+        got, st = speculative_generate(target, d, [0, 3], 40, gamma, 0, np.random.default_rng(1))
+        assert np.array_equal(got, want)
+        assert all(0 <= a <= gamma for a in st["accepted"])
+
+
+def test_greedy_speculative_on_qcfg_equals_greedy_target():
+    from quant_lab import QCFG, quantize_params
+    P = init_params(QCFG, seed=0)
+    target = TransformerLM(P, QCFG)
+    draft = TransformerLM(quantize_params(P, "int4-g32", include_lm_head=True)[0], QCFG)
+    prompt = [5, 17, 99]
+    want = autoregressive_generate(target, prompt, 60, 0, np.random.default_rng(0))
+    for g in (1, 4, 8):
+        got, _ = speculative_generate(target, draft, prompt, 60, g, 0.0, np.random.default_rng(0))
+        assert np.array_equal(got, want)
+
+
+class _SpyLM(TransformerLM):
+    """记下目标模型每次前向喂进去的 token（连同上下文）和得到的 logits。"""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.log = []
+
+    def forward(self, toks, cache=None, counter=None):
+        past = 0 if cache is None else cache.pos
+        out = super().forward(toks, cache, counter)
+        if cache is not None:
+            self.log.append((past, np.asarray(toks)[0].copy(), out[0].copy()))
+        return out
+
+
+def test_cached_rolled_back_decoding_equals_full_logits(tiny_models):
+    target, drafts = tiny_models
+    spy = _SpyLM(target.params, target.cfg, "spy")
+    prompt = [2, 2, 5]
+    out, st = speculative_generate(spy, drafts["另一个模型"], prompt, 30, 4, 1.0, np.random.default_rng(7))
+    final = prompt + [int(t) for t in out]
+    full = target.full_logits(np.array([final]))[0]
+    context = []
+    checked = 0
+    for past, toks, rows in spy.log:
+        context = context[:past] + list(toks)     # 回滚后缓存里只有前 past 个位置
+        for j in range(len(toks)):
+            pos = past + j
+            if pos < len(final) and context[:pos + 1] == final[:pos + 1]:
+                assert np.abs(rows[j] - full[pos]).max() < 1e-12
+                checked += 1
+    assert checked >= len(final) - 1
+    assert sum(st["accepted"]) < 4 * len(st["accepted"])   # 确实发生过拒绝和回滚
+
+
+def test_target_ledger_equals_analytic_sum_over_rounds(tiny_models):
+    target, drafts = tiny_models
+    prompt = [1, 2, 3, 4]
+    c = Counter()
+    gamma = 3
+    out, st = speculative_generate(target, drafts["前 1 层"], prompt, 25, gamma, 1.0, np.random.default_rng(3),
+                                   counter_t=c)
+    rows, seq_len = [], len(prompt)
+    for r, a in enumerate(st["accepted"]):
+        past = 0 if r == 0 else seq_len - 1
+        n = seq_len + gamma - past
+        rows += analytic_ops(TINY, 1, n, past)
+        seq_len += a + 1
+    assert st["target_calls"] == len(st["accepted"])
+    for field in ("flops", "useful", "w", "kv"):
+        assert c.total(field) == sum_rows(rows, field)
+    assert c.total("w", MATMUL_OPS) == st["target_calls"] * 2 * TINY.to_model_config().matmul_params()
+
+
+def test_autoregressive_first_pass_covers_prompt(tiny_models):
+    target, _ = tiny_models
+    c = Counter()
+    out = autoregressive_generate(target, [1, 2, 3], 5, 1.0, np.random.default_rng(0), counter=c)
+    assert len(out) == 5
+    per_tok = 2 * TINY.to_model_config().matmul_params()
+    assert c.total("flops", MATMUL_OPS) == (3 + 4) * per_tok
+
+
+def test_output_is_cut_at_n_new_and_draws_are_reproducible(tiny_models):
+    target, drafts = tiny_models
+    a, sa = speculative_generate(target, drafts["二元语法表"], [1], 13, 8, 1.0, np.random.default_rng(9))
+    b, sb = speculative_generate(target, drafts["二元语法表"], [1], 13, 8, 1.0, np.random.default_rng(9))
+    assert len(a) == 13 and np.array_equal(a, b) and sa == sb
+
+
+def test_adjust_temperature_zero_is_one_hot_and_negative_is_error():
+    lg = np.array([[1.0, 3.0, 3.0], [0.0, -1.0, 5.0]])
+    assert np.array_equal(adjust(lg, 0), [[0, 1, 0], [0, 0, 1]])
+    assert np.allclose(adjust(lg, 1).sum(-1), 1)
+    with pytest.raises(ValueError, match="T = 0"):
+        adjust(lg, -0.5)
+
+
+def test_ngram_fit_is_add_k_smoothed_log_probs():
+    toks = np.array([[0, 1, 0, 1, 2]])
+    m = NGramLM.fit(toks, 3, k=0.1)
+    assert np.allclose(np.exp(m.table).sum(1), 1)
+    assert np.exp(m.table[0, 1]) == pytest.approx((2 + 0.1) / (2 + 0.3))
+    assert m.table[np.array([[0, 1]])].shape == (1, 2, 3)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(gamma=0), "γ 必须是 ≥ 1"), (dict(gamma=-2), "γ"), (dict(gamma=1.5), "γ"),
+    (dict(T=-1.0), "T"), (dict(n_new=0), "n_new"), (dict(prompt=list(range(6)) * 11), "上下文"),
+])
+def test_generation_bad_arguments(tiny_models, kwargs, msg):
+    target, drafts = tiny_models
+    args = dict(prompt=[1, 2], n_new=4, gamma=2, T=1.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=msg):
+        speculative_generate(target, drafts["二元语法表"], args["prompt"], args["n_new"], args["gamma"], args["T"],
+                             np.random.default_rng(0))
+
+
+def test_autoregressive_bad_arguments(tiny_models):
+    target, _ = tiny_models
+    with pytest.raises(ValueError, match="T"):
+        autoregressive_generate(target, [1], 3, -0.1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="上下文"):
+        autoregressive_generate(target, [1] * 60, 10, 1.0, np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------------------
+# 公式
+# ---------------------------------------------------------------------------
+TABLE1 = [(0.6, 2, 1.53, 1.96), (0.7, 3, 1.58, 2.53), (0.8, 2, 1.23, 2.44),
+          (0.8, 5, 1.63, 3.69), (0.9, 2, 1.11, 2.71), (0.9, 10, 1.60, 6.86)]
+
+
+@pytest.mark.parametrize("a,g,ops,speed", TABLE1)
+def test_leviathan_table1_cell_for_cell(a, g, ops, speed):
+    assert round(ops_factor(a, g, 0), 2) == ops
+    assert round(walltime_speedup(a, g, 0), 2) == speed
+    assert round(expected_tokens(a, g), 2) == speed
+
+
+def test_optimal_gamma_grid_of_seed04():
+    g, s = best_gamma(0.9, 0.01)
+    assert (g, round(s, 1)) == (24, 7.5)
+    assert best_gamma(0.9, 0.05)[0] == 13
+    g, s = best_gamma(0.9, 0.5)
+    assert (g, round(s, 1)) == (3, 1.4)
+    assert best_gamma(0.5, 0.5) == (0, 1.0)          # α = c：不划算
+    assert best_gamma(0.4, 0.5) == (0, 1.0)
+
+
+@pytest.mark.parametrize("a,c", [(0.6, 0.5), (0.3, 0.2), (0.8, 0.05), (0.5, 0.5)])
+def test_corollary_3_9_bound_equals_gamma_1_speedup(a, c):
+    assert walltime_speedup(a, 1, c) == pytest.approx((1 + a) / (1 + c), rel=1e-14)
+    if a > c:
+        assert best_gamma(a, c)[1] >= (1 + a) / (1 + c) - 1e-12
+
+
+def test_alpha_one_and_gamma_zero_limits():
+    assert expected_tokens(1.0, 7) == 8.0
+    assert walltime_speedup(1.0, 3, 0.1) == pytest.approx(4 / 1.3)
+    assert ops_factor(1.0, 4, 0.5) == pytest.approx((2 + 4 + 1) / 5)
+    assert expected_tokens(0.7, 0) == 1.0 and walltime_speedup(0.7, 0, 0.3) == 1.0 and ops_factor(0.7, 0, 0.2) == 1.0
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1 - 1e-9, 5) == pytest.approx(6.0, rel=1e-6)
+
+
+def test_truncated_geometric_sums_to_one_and_matches_eq1():
+    for a, g in ((0.8, 8), (0.3, 2), (1.0, 4)):
+        p = truncated_geometric(a, g)
+        assert p.sum() == pytest.approx(1.0)
+        assert (p * (np.arange(g + 1) + 1)).sum() == pytest.approx(expected_tokens(a, g))
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda: expected_tokens(1.2, 3), "α"), (lambda: expected_tokens(-0.1, 3), "α"),
+    (lambda: expected_tokens(0.5, -1), "γ"), (lambda: walltime_speedup(0.5, 2, -0.1), "c"),
+    (lambda: ops_factor(0.5, 2, -1), "ĉ"), (lambda: best_gamma(0.5, 0), "没有有限的最优"),
+    (lambda: best_gamma(1.0, 0.1), "没有有限的最优"), (lambda: best_gamma(1.5, 0.1), "α"),
+])
+def test_formula_bad_arguments(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()
+
+
+# ---------------------------------------------------------------------------
+# 拟合优度
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("x,dof,p", [(3.841458820694124, 1, 0.05), (18.307038053275146, 10, 0.05),
+                                     (2.0, 2, math.exp(-1)), (0.5, 3, 0.9188914117), (100.0, 50, 3.4549314e-05),
+                                     (1000.0, 900, 0.0109946089)])
+def test_chi2_sf_known_values(x, dof, p):
+    assert chi2_sf(x, dof) == pytest.approx(p, rel=1e-7)  # 参考值：scipy.stats.chi2.sf
+
+
+def test_chi2_gof_pools_small_cells_and_flags_impossible_outcomes():
+    stat, dof, pval = chi2_gof([50, 50, 0, 0], [0.5, 0.5, 0.0, 0.0])
+    assert stat == 0 and pval == 1.0
+    assert chi2_gof([50, 49, 1], [0.5, 0.5, 0.0])[2] == 0.0
