@@ -1,0 +1,265 @@
+"""
+=============================================================================
+CS349E · 第 6 讲 · 02_rejection_sampling.py —— 接受 / 拒绝规则：为什么输出正好是目标分布 p
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：在手工构造的小分布上精确枚举一步"草稿抽 x → 以 min(1, p(x)/q(x)) 接受 → 拒绝就从残差重抽"：不管草稿 q 是什么，
+输出都正好是 p（p == q、支撑不相交、q 在 p 不为 0 的地方是 0、p 是 one-hot（T = 0）都算）；接受率 α = Σ min(p, q) = 1 − TV(p, q)。
+演示 2：拆开看一个例子：每个 token 的输出概率 = "接受并输出它" min(p, q) + "拒绝后从残差抽到它" max(0, p − q) = p。
+演示 3：别的规则会怎样：朴素规则"草稿 token 等于目标新抽的 token 就接受"分布也对，但接受率只有 Σ p·q；
+"拒绝后从 p 重抽"或"草稿一律接受"分布就错了。
+演示 4：用随机数真的抽（固定种子）：每个情形抽 N 次，计数和 p 做 χ² 拟合优度检验（decode_lab.chi2_gof）；错误的规则被检验抓出来。
+
+【怎么读输出】p = 目标模型（target）的分布，q = 草稿模型（draft）的分布（Leviathan 的记号；Chen 等人的论文正好相反）。
+分布按 token 0, 1, 2, 3 的顺序列出。"max |输出 − p|" 是精确枚举得到的输出分布和 p 的最大差：只有浮点舍入，打印成上界
+（"< 1e-15"），所以打印的字节不依赖机器。TV(p, q) = ½ Σ |p − q| 是总变差距离。
+
+【模型的假设（务必看）】这里的分布都是手工写的（4 个 token 的词表），不是模型的输出；T = 0 的情形用 decode_lab.adjust
+从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）§2.3 和附录 A.1（定理 3.5 的证明、
+定义 3.2 / 推论 3.6 的 α），Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
+
+【运行】python3 02_rejection_sampling.py （约 0.2 秒）
+
+【依赖】numpy；本目录的 decode_lab（residual_distribution、speculative_step_probs、acceptance_rate、adjust、
+expected_tokens、chi2_gof）；../lecture02 的 transformer_lab（sample_inverse_cdf）；../lecture01 的 console。
+"""
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for sub in ("lecture06", "lecture02", "lecture01"):
+    sys.path.insert(0, os.path.join(HERE, "..", sub))
+
+from console import print_header, print_observations, print_table  # noqa: E402
+from decode_lab import (acceptance_rate, adjust, chi2_gof, expected_tokens, residual_distribution,  # noqa: E402
+                        speculative_step_probs)
+from transformer_lab import sample_inverse_cdf  # noqa: E402
+
+# ---- 手工构造的 (p, q)：p = 目标，q = 草稿（都是假设的例子，不来自任何模型）----
+LOGITS_P = np.array([2.0, 1.0, 0.5, -1.0])     # T = 0 时 p 是 argmax 处的 one-hot
+LOGITS_Q = np.array([1.0, 1.5, 0.0, -0.5])     # 草稿按 T = 1 抽
+CASES = [
+    ("一般情形", [0.5, 0.2, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]),
+    ("草稿过于自信", [0.3, 0.3, 0.2, 0.2], [0.7, 0.1, 0.1, 0.1]),
+    ("p == q", [0.4, 0.3, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]),
+    ("支撑不相交", [0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]),
+    ("q 在 p > 0 处为 0", [0.4, 0.3, 0.2, 0.1], [0.7, 0.3, 0.0, 0.0]),
+    ("p one-hot（T = 0）", list(adjust(LOGITS_P, 0)), list(adjust(LOGITS_Q, 1.0))),
+]
+ENUM_BOUND = 1e-15        # 精确枚举只差浮点舍入：打印成这个上界
+N_SAMPLES = 20000         # 演示 4 每个情形抽几次
+SEED = 0
+GAMMA = 4                 # 演示 3 用来换算"每轮产出几个 token"的草稿长度
+
+
+def fmt_dist(x):
+    """分布 -> "0.50 0.20 0.20 0.10"。"""
+    return " ".join(f"{v:.2f}" for v in x)
+
+
+def fmt_bound(x, bound=ENUM_BOUND):
+    """舍入误差打印成上界（不依赖机器）；超过上界才打印数值（那就说明错了）。"""
+    return f"< {bound:.0e}" if x < bound else f"{x:.1e}"
+
+
+def case_arrays():
+    return [(name, np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)) for name, p, q in CASES]
+
+
+# -----------------------------------------------------------------------------
+def demo1_enumeration():
+    print_header("演示 1：精确枚举一步接受 / 拒绝——输出分布 = p，不管 q 是什么")
+    rows, res = [], {}
+    for name, p, q in case_arrays():
+        out = speculative_step_probs(p, q)
+        alpha = acceptance_rate(p, q)
+        tv = 0.5 * float(np.abs(p - q).sum())
+        resid = residual_distribution(p, q)
+        guarded = float(np.maximum(p - q, 0.0).sum()) == 0.0
+        err = float(np.abs(out - p).max())
+        res[name] = {"alpha": alpha, "tv": tv, "err": err, "residual": resid, "out": out, "guarded": guarded}
+        rows.append([name, fmt_dist(p), fmt_dist(q), f"{alpha:.3f}", f"{1 - tv:.3f}",
+                     ("0/0 → 用 p：" if guarded else "") + fmt_dist(resid), fmt_dist(out), fmt_bound(err)])
+    print_table(["情形", "p（目标）", "q（草稿）", "α = Σmin(p,q)", "1 − TV(p,q)", "残差 norm(max(0, p − q))",
+                 "输出（枚举）", "max |输出 − p|"], rows)
+    worst = max(r["err"] for r in res.values())
+    max_gap = max(abs(r["alpha"] - (1 - r["tv"])) for r in res.values())
+    n_guard = sum(r["guarded"] for r in res.values())
+    oh = res["p one-hot（T = 0）"]
+    print_observations([
+        f"{len(res)} 个情形，输出分布和 p 的最大差都 {fmt_bound(worst)}（只有浮点舍入）：接受 / 拒绝规则不改变分布，"
+        "草稿只影响快慢（α），不影响结果。这就是\"投机解码是精确的\"的全部秘密（Leviathan 定理 3.5）。",
+        f"α = Σ min(p, q) 和 1 − TV(p, q) 逐行相等（最大差 {fmt_bound(max_gap)}）：草稿和目标越接近，接受得越多；"
+        f"p == q 时 α = {res['p == q']['alpha']:.3f}（全部接受），支撑不相交时 α = {res['支撑不相交']['alpha']:.3f}（一个都不接受，"
+        "输出全靠残差，而残差这时就是 p）。",
+        f"残差 max(0, p − q) 只在 p > q 的 token 上有质量：草稿少给了多少，拒绝之后就补多少。p == q 时它全是 0，"
+        f"归一化是 0/0（这里 {n_guard} 个情形被 residual_distribution 兜底成 p）；那时拒绝的概率是 0，兜底成什么都不影响分布，"
+        "但不能除出 NaN。",
+        f"q 在 p > 0 的地方是 0 也没关系：草稿抽不到的 token 由残差补上。p 是 one-hot（T = 0）时 α = q(argmax p) = "
+        f"{oh['alpha']:.3f}，残差也是同一个 one-hot：输出必定是 argmax p，和贪心解码一样。",
+    ])
+    return res
+
+
+# -----------------------------------------------------------------------------
+def demo2_decomposition():
+    name, p, q = case_arrays()[4]
+    print_header(f"演示 2：拆开一个例子（{name}）——min(p, q) + max(0, p − q) = p")
+    alpha = acceptance_rate(p, q)
+    resid = residual_distribution(p, q)
+    rows = []
+    acc_part = np.zeros_like(p)
+    rej_part = np.zeros_like(p)
+    for x in range(len(p)):
+        acc_prob = min(1.0, p[x] / q[x]) if q[x] > 0 else None
+        acc_part[x] = q[x] * acc_prob if acc_prob is not None else 0.0
+        rej_part[x] = (1 - alpha) * resid[x]
+        rows.append([x, f"{p[x]:.2f}", f"{q[x]:.2f}", "—（抽不到）" if acc_prob is None else f"{acc_prob:.3f}",
+                     f"{acc_part[x]:.3f}", f"{rej_part[x]:.3f}", f"{acc_part[x] + rej_part[x]:.3f}"])
+    rows.append(["合计", f"{p.sum():.2f}", f"{q.sum():.2f}", "", f"{acc_part.sum():.3f}", f"{rej_part.sum():.3f}",
+                 f"{(acc_part + rej_part).sum():.3f}"])
+    print_table(["token x", "p(x)", "q(x)", "接受概率 min(1, p/q)", "q·接受概率 = min(p,q)", "(1 − α)·残差(x)",
+                 "输出 x 的概率"], rows)
+    err = float(np.abs(acc_part + rej_part - p).max())
+    excess = float(np.maximum(p - q, 0).sum())
+    print_observations([
+        f"\"接受并输出 x\"的概率是 q(x)·min(1, p(x)/q(x)) = min(p(x), q(x))，加起来就是接受率 α = {acc_part.sum():.3f}。",
+        f"拒绝的总概率 1 − α = {1 - alpha:.3f}，正好等于残差的总质量 Σ max(0, p − q) = {excess:.3f}（= TV(p, q)），"
+        "所以 (1 − α)·norm(max(0, p − q)) = max(0, p − q)：归一化的分母和拒绝概率相消。",
+        f"两部分相加 min(p, q) + max(0, p − q) = p，逐 token 成立（最大差 {fmt_bound(err)}）。"
+        "这就是定理 3.5 的证明：草稿多给的（q > p）按比例拒掉，少给的（p > q）拒绝之后补上。",
+    ])
+    return {"alpha": alpha, "reject": 1 - alpha, "residual_mass": excess, "accept_part": acc_part,
+            "reject_part": rej_part, "err": err}
+
+
+# -----------------------------------------------------------------------------
+def rule_outputs(p, q):
+    """三种别的规则一步的输出分布（精确）和接受率 -> dict。"""
+    alpha = float(np.minimum(p, q).sum())
+    return {
+        # 朴素：目标自己抽 y ~ p，草稿 x ~ q 和 y 相同就"接受"；输出总是 y
+        "naive": (p.copy(), float((p * q).sum())),
+        # 错误：按 min(1, p/q) 接受，但拒绝后从 p（而不是残差）重抽
+        "resample_p": (np.minimum(p, q) + (1 - alpha) * p, alpha),
+        # 错误：草稿一律接受
+        "always": (q.copy(), 1.0),
+    }
+
+
+def demo3_other_rules():
+    print_header(f"演示 3：别的规则——朴素的\"相等才接受\"分布对但接受得少；拒绝后从 p 重抽分布就错了（γ = {GAMMA}）")
+    rows, res = [], {}
+    for name, p, q in case_arrays():
+        alpha = acceptance_rate(p, q)
+        r = rule_outputs(p, q)
+        naive_alpha = r["naive"][1]
+        err_p = float(np.abs(r["resample_p"][0] - p).max())
+        err_q = float(np.abs(r["always"][0] - p).max())
+        res[name] = {"alpha": alpha, "naive_alpha": naive_alpha, "err_resample_p": err_p, "err_always": err_q,
+                     "E_correct": expected_tokens(min(alpha, 1.0), GAMMA),
+                     "E_naive": expected_tokens(min(naive_alpha, 1.0), GAMMA),
+                     "resid_is_p": bool(np.abs(residual_distribution(p, q) - p).max() <= ENUM_BOUND)}
+        rows.append([name, f"{alpha:.3f}", f"{naive_alpha:.3f}", f"{res[name]['E_correct']:.2f}",
+                     f"{res[name]['E_naive']:.2f}", fmt_bound(float(np.abs(r["naive"][0] - p).max())),
+                     f"{err_p:.3f}", f"{err_q:.3f}"])
+    print_table(["情形", "α：修正拒绝采样", "朴素 Σ p·q", f"每轮 token（γ={GAMMA}）", "朴素", "朴素 max|输出−p|",
+                 "拒绝后从 p 抽 max|输出−p|", "一律接受 max|输出−p|"], rows)
+    general = res["一般情形"]
+    oh = res["p one-hot（T = 0）"]
+    bad = [n for n, r in res.items() if r["err_resample_p"] > ENUM_BOUND]
+    ok = [n for n, r in res.items() if r["err_resample_p"] <= ENUM_BOUND]
+    # 碰巧对的原因：从不拒绝（α = 1），或者残差正好就是 p（支撑不相交、p one-hot）
+    never_reject = [n for n in ok if res[n]["alpha"] > 1 - ENUM_BOUND]
+    resid_is_p = [n for n in ok if n not in never_reject and res[n]["resid_is_p"]]
+    gaps = {n: r["alpha"] - r["naive_alpha"] for n, r in res.items()}
+    widest = max(gaps, key=gaps.get)
+    always_ok = [n for n, r in res.items() if r["err_always"] <= ENUM_BOUND]
+    print_observations([
+        "朴素规则：目标在这个位置自己抽一个 y ~ p，和草稿的 x 相同才算\"接受\"，输出总是 y——分布当然是 p，但两个独立的抽样"
+        f"碰巧相同的概率只有 Σ p·q ≤ Σ min(p, q)。一般情形 {general['naive_alpha']:.3f} vs {general['alpha']:.3f}，"
+        f"γ = {GAMMA} 时每轮只产出 {general['E_naive']:.2f} 个 token 而不是 {general['E_correct']:.2f} 个；"
+        f"差得最多的是 {widest}：{res[widest]['naive_alpha']:.3f} vs {res[widest]['alpha']:.3f}"
+        "（草稿完全对，朴素规则却只在两次独立抽样撞上时接受）。",
+        f"p 是 one-hot（T = 0）时两者相同（{oh['naive_alpha']:.3f} = {oh['alpha']:.3f}）：贪心解码时\"草稿和目标的 argmax "
+        "一样就接受\"已经是最好的规则。",
+        f"拒绝后从 p 重抽（而不是从残差）：输出 = min(p, q) + (1 − α)·p，偏向草稿也喜欢的 token。{len(bad)} 个情形分布错了，"
+        f"最大差 {max(r['err_resample_p'] for r in res.values()):.3f}。碰巧对的 {len(ok)} 个情形各有原因：从不拒绝"
+        f"（{'、'.join(never_reject)}），或残差正好等于 p、从 p 抽和从残差抽是一回事（{'、'.join(resid_is_p)}）。",
+        f"草稿一律接受，输出就是 q，差多少取决于草稿多差（只有 {'、'.join(always_ok)} 是对的）。",
+    ])
+    return res
+
+
+# -----------------------------------------------------------------------------
+def sample_rule(p, q, n, rng, rule="correct"):
+    """
+    按规则抽 n 次一步的结果 -> (输出 token [n], 是否接受草稿 [n])。每次用 3 个均匀数：抽草稿、判接受、抽重抽的 token。
+
+    rule="correct"：修正拒绝采样（r·q(x) < p(x) 就接受，否则从残差抽）；"resample_p"：拒绝后从 p 抽（错误）；
+    "naive"：y ~ p，x == y 就算接受，输出 y。
+    """
+    V = len(p)
+    u_draft, u_accept, u_fix = rng.random(n), rng.random(n), rng.random(n)
+    x = sample_inverse_cdf(np.broadcast_to(q, (n, V)), u_draft)
+    if rule == "naive":
+        y = sample_inverse_cdf(np.broadcast_to(p, (n, V)), u_fix)
+        return y, x == y
+    fix_dist = residual_distribution(p, q) if rule == "correct" else p
+    accept = u_accept * q[x] < p[x]
+    y = sample_inverse_cdf(np.broadcast_to(fix_dist, (n, V)), u_fix)
+    return np.where(accept, x, y), accept
+
+
+def fmt_pvalue(pv):
+    return f"{pv:.3f}" if pv >= 1e-3 else f"< 1e{int(np.floor(np.log10(max(pv, 1e-300)))) + 1}"
+
+
+def demo4_sampling():
+    print_header(f"演示 4：真的抽样（种子 {SEED}，每个情形 {N_SAMPLES} 次）——计数 vs p，χ² 拟合优度检验")
+    rng = np.random.default_rng(SEED)
+    runs = [(name, p, q, "correct") for name, p, q in case_arrays()]
+    gen = case_arrays()[0]
+    runs += [(gen[0], gen[1], gen[2], "naive"), (gen[0], gen[1], gen[2], "resample_p")]
+    label = {"correct": "修正拒绝采样", "naive": "朴素（相等才接受）", "resample_p": "错误：拒绝后从 p 抽"}
+    rows, res = [], {}
+    for name, p, q, rule in runs:
+        toks, acc = sample_rule(p, q, N_SAMPLES, rng, rule)
+        counts = np.bincount(toks, minlength=len(p))
+        stat, dof, pv = chi2_gof(counts, p)
+        alpha_exact = float((p * q).sum()) if rule == "naive" else acceptance_rate(p, q)
+        acc_rate = float(acc.mean())
+        se = float(np.sqrt(alpha_exact * (1 - alpha_exact) / N_SAMPLES))
+        res[(name, rule)] = {"counts": counts, "chi2": stat, "dof": dof, "pvalue": pv, "accept": acc_rate,
+                             "alpha": alpha_exact, "se": se}
+        rows.append([name, label[rule], " ".join(str(c) for c in counts), " ".join(f"{v * N_SAMPLES:.0f}" for v in p),
+                     f"{stat:.2f}", dof if dof >= 1 else "—", fmt_pvalue(pv) if dof >= 1 else "—（只有一个结果）",
+                     f"{acc_rate:.3f}", f"{alpha_exact:.3f}"])
+    print_table(["情形", "规则", "计数", "期望 N·p", "χ²", "自由度", "p 值", "接受比例（实测）", "接受率（精确）"], rows)
+    correct = {k: v for k, v in res.items() if k[1] == "correct" and v["dof"] >= 1}
+    min_pv = min(v["pvalue"] for v in correct.values())
+    max_z = max(abs(v["accept"] - v["alpha"]) / v["se"] for k, v in res.items() if v["se"] > 0)
+    bad = res[(gen[0], "resample_p")]
+    naive = res[(gen[0], "naive")]
+    oh = res[("p one-hot（T = 0）", "correct")]
+    print_observations([
+        f"修正拒绝采样的 {len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_pvalue(min_pv)}：计数和 N·p 在抽样误差以内一致"
+        "（p 值在分布正确时是 [0, 1] 上的均匀数，大小本身不说明\"更对\"，只有很小——比如 < 0.001——才是证据）。",
+        f"p 是 one-hot 时，{N_SAMPLES} 次全部输出 token {int(np.argmax(oh['counts']))}（计数 {int(oh['counts'].max())}），"
+        "没有可以检验的自由度。",
+        f"实测的接受比例和精确的接受率相差最多 {max_z:.1f} 个标准误（标准误 √(α(1 − α)/N)）。朴素规则实测接受 "
+        f"{naive['accept']:.3f}（精确 Σ p·q = {naive['alpha']:.3f}），分布检验 p 值 {fmt_pvalue(naive['pvalue'])}：分布对，只是接受得少。",
+        f"错误的\"拒绝后从 p 抽\"被同样大小的检验抓住：χ² = {bad['chi2']:.0f}，p 值 {fmt_pvalue(bad['pvalue'])}——"
+        "这也是测试要做的事：统计检验要有能力发现错的实现，不然\"通过\"没有意义。",
+    ])
+    return res
+
+
+if __name__ == "__main__":
+    demo1_enumeration()
+    demo2_decomposition()
+    demo3_other_rules()
+    demo4_sampling()
