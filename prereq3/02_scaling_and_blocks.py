@@ -1,0 +1,267 @@
+"""
+=============================================================================
+CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块格式：scale 放在哪、管多少个数
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：对称整数量化一步步怎么做：scale = max|w| / qmax，q = round(w / scale)，w' = q · scale；误差不超过 scale / 2。
+演示 2：截断（clipping）：把 scale 取小一点，大的数被截到 ±qmax，换来其余数更细的间隔；INT4 每张量量化的误差随截断比例怎么变。
+演示 3：粒度和离群值：每张量 / 每通道 / 每组 32 个一个 scale 的误差；放进一个 50σ 的离群值后，三种粒度各坏了多少。
+演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差。
+演示 5：每个数到底占几位——把 scale 算进去：INT4 每 32 个一个 FP16 scale = 4.5 位，MXFP4 = 4.25 位（第 5 讲脚本 05 的 T_BITS）。
+
+【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的结果）。权重矩阵按 [输入维, 输出维] 存（y = x · W），
+"每通道" = 每个输出通道（W 的一列）一个 scale；"每组 g" = 每列里沿输入维每 g 个数一个 scale。"位/数" 含 scale。
+
+【模型的假设（务必看）】权重用独立同分布的 N(0, 1) 随机数代替（真实权重接近正态，但有更重的尾巴和离群值）——**这是假设**，
+误差的数值只对这种分布成立；scale 的位置和位数的账和分布无关。离群值 50σ 是为了让效果一眼可见而**选的假设值**。
+INT 量化是对称的（没有零点），scale 存成 FP16（numfmt 的约定）；MX 格式按 OCP Microscaling Formats Specification v1.0：
+共享 scale X = 2^(⌊log₂ max|v|⌋ − 2)（E2M1 最大正规数的指数是 2），元素舍入到 E2M1、超出的饱和到 ±6。
+
+【运行】python3 02_scaling_and_blocks.py （约 1 秒）
+
+【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、round_to、bits_per_value）；../lecture01 的 console。
+"""
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import print_header, print_observations, print_table  # noqa: E402
+from numfmt import FP4_E2M1, FP16, INT_QMAX, bits_per_value, quantize_int, quantize_mx, round_to  # noqa: E402
+
+SEED = 0
+N_IN, N_OUT = 512, 256        # 演示 2、3 的矩阵（[输入维, 输出维]）
+N_IN_MX, N_OUT_MX = 4096, 256  # 演示 4 的矩阵：输入维和 Llama-3.1-8B 的 d_model 一样
+OUTLIER_SIGMA = 50.0          # 演示 3：离群值的大小（假设值）
+OUTLIER_AT = (100, 7)         # 演示 3：离群值的位置（第 100 个输入、第 7 个输出通道）
+GROUP = 32
+
+
+def rel_err(wq, w):
+    """‖w − wq‖_F / ‖w‖_F。"""
+    return float(np.linalg.norm(wq - w) / np.linalg.norm(w))
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：对称整数量化一步步
+# ---------------------------------------------------------------------------
+def demo1_symmetric_int():
+    print_header("演示 1：对称 INT4 量化 8 个数（每张量一个 scale）")
+    rng = np.random.default_rng(SEED)
+    w = np.round(rng.standard_normal(8) * 0.05, 4)
+    qmax = INT_QMAX[4]
+    wq, scale = quantize_int(w.reshape(8, 1), 4, "tensor")
+    wq, s = wq.ravel(), float(scale[0])
+    q = np.round(wq / s).astype(int)
+    rows = [[f"{a:.4f}", f"{a / s:.3f}", int(b), f"{c:.6f}", f"{c - a:+.6f}"] for a, b, c in zip(w, q, wq)]
+    print(f"max|w| = {np.abs(w).max():.4f}，qmax = {qmax}，scale = max|w| / qmax 舍入到 FP16 = {s:.8g}")
+    print_table(["w", "w / scale", "q = round(w / scale)", "w' = q · scale", "误差 w' − w"], rows)
+    max_err = float(np.abs(wq - w).max())
+    int8, s8 = quantize_int(w.reshape(8, 1), 8, "tensor")
+    print_observations([
+        f"INT4 对称量化只有 {2 * qmax + 1} 个等间距的值（−{qmax}…{qmax}，−8 不用，保证对称），间隔就是 scale = {s:.4g}；"
+        f"最大的数 {w[np.argmax(np.abs(w))]:.4f} 对到 q = {q[np.argmax(np.abs(w))]}。",
+        f"每个数的误差不超过 scale / 2 = {s / 2:.4g}：实测最大 {max_err:.4g}。np.round 是平局取偶的就近舍入。",
+        f"同样 8 个数用 INT8（qmax = 127）：scale = {float(s8[0]):.4g}，最大误差 {float(np.abs(int8.ravel() - w).max()):.3g}——"
+        f"多 4 位，间隔小 {s / float(s8[0]):.1f} 倍（≈ 127 / 7 = {127 / 7:.1f}）。",
+        "反量化只要一次乘法；存的是 q（4 位）和 scale（这里 FP16，16 位）。scale 摊到多少个数上，决定了它占几位（演示 5）。",
+    ])
+    return {"scale": s, "max_err": max_err, "q": q.tolist(), "w": w.tolist(), "scale_int8": float(s8[0]),
+            "max_err_int8": float(np.abs(int8.ravel() - w).max())}
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：截断
+# ---------------------------------------------------------------------------
+def clipped_int(w, bits, ratio):
+    """每张量对称量化，但 scale = ratio × max|w| / qmax（ratio < 1 就是截断：超出 ±qmax 的被截掉）。"""
+    qmax = INT_QMAX[bits]
+    s = float(round_to(ratio * np.abs(w).max() / qmax, FP16))
+    return np.clip(np.round(w / s), -qmax, qmax) * s
+
+
+def demo2_clipping():
+    print_header(f"演示 2：截断——INT4 每张量量化一个 {N_IN}×{N_OUT} 的 N(0, 1) 矩阵，scale 取 max|w| 的几成")
+    rng = np.random.default_rng(SEED)
+    w = rng.standard_normal((N_IN, N_OUT))
+    amax = float(np.abs(w).max())
+    ratios = [1.0, 0.9, 0.8, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3]
+    rows, errs = [], {}
+    for r in ratios:
+        wq = clipped_int(w, 4, r)
+        clipped = float(np.mean(np.abs(w) > r * amax * (1 + 1 / 14)))   # 超过 (qmax + 0.5) 个间隔的被截断
+        errs[r] = rel_err(wq, w)
+        rows.append([f"{r:.2f}", f"{r * amax:.2f}σ", f"{clipped:.3%}", f"{errs[r]:.4f}"])
+    print_table(["截断比例", "截断阈值（σ = 1）", "被截断的比例", "相对误差"], rows)
+    best = min(errs, key=errs.get)
+    lab, _ = quantize_int(w, 4, "tensor")
+    print_observations([
+        f"不截断（比例 1）时 scale 由最大的那个数决定：{N_IN * N_OUT:,} 个正态数的最大值是 {amax:.2f}σ，"
+        f"绝大多数数挤在 ±2σ 里，只用到 15 个值里中间的几个，相对误差 {errs[1.0]:.3f}"
+        f"（和 numfmt.quantize_int 的每张量 INT4 一致：{rel_err(lab, w):.3f}）。",
+        f"把阈值降到 {best * amax:.2f}σ（比例 {best:.2f}）误差最小：{errs[best]:.3f}，是不截断的 "
+        f"{errs[best] / errs[1.0]:.0%}。截掉的数虽然误差大，但只有很少几个；其余数的间隔变小了。",
+        f"截得太狠（比例 0.3，阈值 {0.3 * amax:.2f}σ）误差又升到 {errs[0.3]:.3f}：截掉的太多。最优的阈值取决于分布的形状，"
+        "有的量化方法（例如 AWQ）会为权重搜索截断阈值；numfmt 和第 3 讲只用最简单的 max|w|。",
+    ])
+    return {"amax": amax, "errs": errs, "best_ratio": best, "lab_tensor_err": rel_err(lab, w)}
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：粒度与离群值
+# ---------------------------------------------------------------------------
+GRANULARITIES = [("每张量", "tensor", None), ("每通道", "channel", None), (f"每组 {GROUP}", "group", GROUP)]
+
+
+def demo3_granularity_outlier():
+    i0, j0 = OUTLIER_AT
+    print_header(f"演示 3：粒度与离群值——{N_IN}×{N_OUT} 的 N(0, 1) 矩阵，W[{i0}, {j0}] 换成 {OUTLIER_SIGMA:g}σ 前后")
+    rng = np.random.default_rng(SEED)
+    w = rng.standard_normal((N_IN, N_OUT))
+    wo = w.copy()
+    wo[i0, j0] = OUTLIER_SIGMA
+    rest = np.ones(w.shape, dtype=bool)
+    rest[i0, j0] = False                       # "其余的数"：离群值本身以外
+    col = np.zeros(w.shape, dtype=bool)
+    col[:, j0] = True
+    col[i0, j0] = False                        # 离群值所在的那一列（输出通道）的其他数
+    grp = np.zeros(w.shape, dtype=bool)
+    g0 = (i0 // GROUP) * GROUP
+    grp[g0:g0 + GROUP, j0] = True
+    grp[i0, j0] = False                        # 离群值所在的那一组的其他 31 个数
+    rows, res = [], {}
+    for bits in (8, 4):
+        for label, gran, g in GRANULARITIES:
+            a, _ = quantize_int(w, bits, gran, g)
+            b, _ = quantize_int(wo, bits, gran, g)
+            r = {"bits_per_value": (bits + 16 / (N_IN * N_OUT) if gran == "tensor"
+                                    else bits_per_value(f"int{bits}", n_in=N_IN, group=g)),
+                 "clean": rel_err(a, w), "rest": rel_err(b[rest], wo[rest]), "col": rel_err(b[col], wo[col]),
+                 "grp": rel_err(b[grp], wo[grp]), "zero_frac": float(np.mean(b[rest] == 0)),
+                 "outlier_err": float(abs(b[i0, j0] - OUTLIER_SIGMA))}
+            res[(bits, gran)] = r
+            rows.append([f"INT{bits} {label}", f"{r['bits_per_value']:.4f}", f"{r['clean']:.4f}", f"{r['rest']:.4f}",
+                         f"{r['col']:.4f}", f"{r['grp']:.4f}", f"{r['zero_frac']:.1%}"])
+    print_table(["方案", "位/数（含 scale）", "没有离群值", "有离群值：其余的数", "离群值那一列的其他数",
+                 "离群值那一组的其他数", "其余的数被量化成 0 的比例"], rows)
+    t4, c4, g4 = res[(4, "tensor")], res[(4, "channel")], res[(4, "group")]
+    t8 = res[(8, "tensor")]
+    print_observations([
+        f"没有离群值时，scale 管的数越少，误差越小：INT4 每张量 {t4['clean']:.3f} → 每通道 {c4['clean']:.3f} → 每组 {GROUP} "
+        f"{g4['clean']:.3f}。每个 scale 对着的是它那一块的最大值，块越小最大值越接近典型值。",
+        f"一个 {OUTLIER_SIGMA:g}σ 的离群值让每张量的 scale 涨了 {OUTLIER_SIGMA / float(np.abs(w).max()):.0f} 倍左右：INT8 每张量的误差从 "
+        f"{t8['clean']:.4f} 涨到 {t8['rest']:.4f}（{t8['zero_frac']:.0%} 的数变成 0）；INT4 每张量几乎全军覆没——"
+        f"{t4['zero_frac']:.1%} 的数被量化成 0，其余的数相对误差 {t4['rest']:.3f}。",
+        f"每通道：只有离群值那一列坏了（那一列其他数的误差 {c4['col']:.3f}，其余的数整体 {c4['rest']:.3f}）；"
+        f"每组 {GROUP}：只坏了那一组的 {GROUP - 1} 个数（误差 {g4['grp']:.3f}），整体 {g4['rest']:.3f}，几乎看不出来。"
+        "粒度越细，一个离群值殃及的数越少——代价是更多的 scale（演示 5）。",
+        f"离群值本身在各方案里都被表示得很好（它就是自己那一块的最大值，正好对到 ±qmax；INT4 每组时误差 {g4['outlier_err']:.3g}）："
+        "受害的是和它共用 scale 的数。",
+    ])
+    return res
+
+
+# ---------------------------------------------------------------------------
+# 演示 4：MXFP4
+# ---------------------------------------------------------------------------
+def demo4_mxfp4():
+    print_header("演示 4：MXFP4——每 32 个数共享一个 E8M0 scale（2 的幂），元素是 E2M1")
+    rng = np.random.default_rng(SEED)
+    w = rng.standard_normal((N_IN_MX, N_OUT_MX))
+    block = w[:GROUP, 0]                                   # 第 0 列的前 32 个数：一个 MX 块
+    mq, mscale = quantize_mx(block.reshape(GROUP, 1))
+    X = float(mscale.ravel()[0])
+    amax = float(np.abs(block).max())
+    e_shared = int(np.log2(X))
+    iq, iscale = quantize_int(block.reshape(GROUP, 1), 4, "group", GROUP)
+    show = list(np.argsort(-np.abs(block))[:4]) + list(range(4))
+    rows = []
+    for k in show:
+        v = block[k]
+        rows.append([int(k), f"{v:+.4f}", f"{v / X:+.3f}", f"{float(round_to(v / X, FP4_E2M1)):+g}", f"{mq[k, 0]:+.4f}",
+                     f"{iq[k, 0]:+.4f}"])
+    print(f"一个块（32 个数）：max|v| = {amax:.4f}，⌊log₂ max|v|⌋ = {int(np.floor(np.log2(amax)))}，共享 scale X = 2^"
+          f"({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（存成 8 位指数码 {e_shared + 127}）；"
+          f"INT4-g32 的 scale = {float(iscale.ravel()[0]):.6g}（FP16）")
+    print_table(["块内下标", "v", "v / X", "E2M1 元素", "MXFP4 反量化", "INT4-g32 反量化"], rows)
+    blk_err = np.abs(mq[:, 0] - block)
+    worst_k = int(np.argmax(blk_err))
+    worst_err = float(blk_err[worst_k])
+    worst_is_max = worst_k == int(np.argmax(np.abs(block)))
+
+    # 整个矩阵：MXFP4 vs INT4 各种分组
+    schemes = [("INT4 每通道", lambda a: quantize_int(a, 4, "channel")[0], bits_per_value("int4", n_in=N_IN_MX)),
+               ("INT4-g128", lambda a: quantize_int(a, 4, "group", 128)[0], bits_per_value("int4", group=128)),
+               ("INT4-g64", lambda a: quantize_int(a, 4, "group", 64)[0], bits_per_value("int4", group=64)),
+               ("INT4-g32", lambda a: quantize_int(a, 4, "group", 32)[0], bits_per_value("int4", group=32)),
+               ("MXFP4", lambda a: quantize_mx(a)[0], bits_per_value("mxfp4"))]
+    rows2, res = [], {}
+    for name, fn, bits in schemes:
+        res[name] = {"bits": bits, "rel_err": rel_err(fn(w), w)}
+        rows2.append([name, f"{bits:.4f}", f"{res[name]['rel_err']:.4f}"])
+    # E8M0 的 scale 是向下取的 2 的幂：max|v| / X 落在 [4, 8)，超过 6 的部分被饱和
+    blocks = w.T.reshape(-1, GROUP)
+    bmax = np.abs(blocks).max(axis=1)
+    ratio = bmax / np.exp2(np.floor(np.log2(bmax)) - FP4_E2M1.emax)
+    sat = float(np.mean(ratio > FP4_E2M1.max_value * (1 + 1 / 6)))   # 超过 6 和下一个 "虚拟" 值 8 的中点 7 → 被截
+    print(f"\n整个 {N_IN_MX}×{N_OUT_MX} 的 N(0, 1) 矩阵：")
+    print_table(["方案", "位/数（含 scale）", "相对误差"], rows2)
+    mx, g32, g64 = res["MXFP4"], res["INT4-g32"], res["INT4-g64"]
+    print_observations([
+        f"MX 的 scale 只能是 2 的幂：X = 2^(⌊log₂ max|v|⌋ − 2)，所以 max|v| / X 落在 [4, 8)。E2M1 最大只到 6，"
+        f"max|v| / X ≥ 7 的块最大的数被饱和截断——这个矩阵里 {sat:.0%} 的块如此（这个块 max|v| / X = {amax / X:.2f}）。",
+        "E2M1 的 8 个非负值（0, 0.5, 1, 1.5, 2, 3, 4, 6）在 0 附近密、在大处稀，和正态分布\"中间多、尾巴少\"的形状相配；"
+        f"INT4 的 15 个值（−7…7）等间距。这个块里 MXFP4 误差最大的是{'块最大的数' if worst_is_max else '第 ' + str(worst_k) + ' 个数'}"
+        f"（误差 {worst_err:.3f}）：它的 v / X = {block[worst_k] / X:+.3f} 落在 E2M1 的大空档里。",
+        f"同样 4.25 位，INT4-g64（FP16 scale，{g64['rel_err']:.4f}）比 MXFP4（{mx['rel_err']:.4f}）"
+        + ("准" if g64["rel_err"] < mx["rel_err"] else "差") + f"；INT4-g32 多花 0.25 位，误差 {g32['rel_err']:.4f}。"
+        "MX 的好处不在精度而在硬件：2 的幂的 scale 只是指数相加，块格式的点积可以直接在硬件里做"
+        "（Blackwell 的 FP4 张量核、d-Matrix Corsair 的 MX 整数格式都是这样的块格式）。",
+    ])
+    return {"X": X, "amax": amax, "e_shared": e_shared, "saturated_block_frac": sat, "schemes": res,
+            "block_worst_is_max": worst_is_max, "block_worst_err": worst_err}
+
+
+# ---------------------------------------------------------------------------
+# 演示 5：每个数占几位
+# ---------------------------------------------------------------------------
+def demo5_bits_per_value():
+    n_in = 4096
+    print_header(f"演示 5：每个数占几位（含 scale；每通道的 scale 按输入维 {n_in} 摊）")
+    items = [("BF16", "—", 16, 0, None, bits_per_value("bf16")),
+             ("FP8-E4M3 每通道", "FP32", 8, 32, n_in, bits_per_value("fp8", n_in=n_in)),
+             ("INT8 每通道", "FP16", 8, 16, n_in, bits_per_value("int8", n_in=n_in)),
+             ("MXFP8（E4M3 元素）", "E8M0", 8, 8, 32, bits_per_value("mxfp8")),
+             ("INT4 每通道", "FP16", 4, 16, n_in, bits_per_value("int4", n_in=n_in)),
+             ("INT4-g128", "FP16", 4, 16, 128, bits_per_value("int4", group=128)),
+             ("INT4-g64", "FP16", 4, 16, 64, bits_per_value("int4", group=64)),
+             ("INT4-g32", "FP16", 4, 16, 32, bits_per_value("int4", group=32)),
+             ("MXFP4（E2M1 元素）", "E8M0", 4, 8, 32, bits_per_value("mxfp4"))]
+    rows, res = [], {}
+    for name, sfmt, eb, sb, per, total in items:
+        res[name] = total
+        rows.append([name, eb, sfmt, sb, per if per else "—", f"{(sb / per) if per else 0:.4g}", f"{total:.4g}",
+                     f"{16 / total:.2f}×"])
+    print_table(["格式", "元素位数", "scale 格式", "scale 位数", "一个 scale 管几个数", "scale 摊到每个数", "位/数",
+                 "比 BF16 小"], rows)
+    print_observations([
+        f"INT4-g32 带一个 FP16 scale：4 + 16/32 = {res['INT4-g32']:g} 位；MXFP4 的 scale 只有 8 位（E8M0，只有指数）："
+        f"4 + 8/32 = {res['MXFP4（E2M1 元素）']:g} 位。第 5 讲脚本 05 里 gpt-oss-120b 的 MoE 权重按 T_BITS = 4.25 位算，就是 MXFP4。",
+        f"每通道的 scale 摊到 {n_in} 个数上几乎不占位（INT4 每通道 {res['INT4 每通道']:.4f} 位），但演示 3 说明它挡不住离群值；"
+        f"分组越细越准，scale 占的位也越多：g128 {res['INT4-g128']:g}、g64 {res['INT4-g64']:g}、g32 {res['INT4-g32']:g}。",
+        "算内存和带宽时要用这里的\"位/数\"而不是元素的位数：decode 读权重的字节 = 参数个数 × 位/数 / 8（第 3 讲脚本 03）。",
+    ])
+    return res
+
+
+if __name__ == "__main__":
+    demo1_symmetric_int()
+    demo2_clipping()
+    demo3_granularity_outlier()
+    demo4_mxfp4()
+    demo5_bits_per_value()
