@@ -1,0 +1,247 @@
+"""
+=============================================================================
+CS349E · 第 3 讲 · 03_quantized_decode_speed.py —— 量化让 decode 快多少，什么时候不再快
+=============================================================================
+
+【这个脚本要回答的问题】
+decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权重从 16 位压到 4 位，读的字节少了，一步就快了。
+演示 1：Llama-3.1-8B / 70B 在各种格式下每个 decode 步读多少字节（含量化的 scale）、H100 上一步多快、一块卡放不放得下。
+演示 2：批大小变大以后，decode 变成受算力限制，"只量化权重"（计算仍是 BF16）的好处消失；
+        "权重 + 激活都量化"（FP8 / INT8 张量核，峰值算力翻倍）的好处留下来。好处在哪个批大小消失。
+演示 3：上下文变长以后，读 KV cache 的字节压过读权重的字节，只量化权重的好处也变小；KV cache 也量化（FP8）能找回一部分。
+
+【怎么读输出】所有时间都是 roofline 下界：max(FLOPs / 峰值算力, 字节 / 带宽)（llm_math.decode_step，一块 H100 SXM5）。
+"相对 BF16" = BF16 一步的时间 / 这种格式一步的时间。"受限于"说两项里哪一项大。
+
+【模型的假设（务必看）】
+- 量化的只是 transformer 块里的权重矩阵（q/k/v/o、gate/up/down）；词嵌入、lm_head、norm 留在 BF16
+  （常见的 INT4 checkpoint 如此；llm_math.weight_bytes）。所以"每个读到的参数平均几位"比格式本身的位数高一点。
+- 每种格式的 scale（llm_math.WEIGHT_FORMATS，均为假设的常见做法）：INT8 每输出通道一个 FP16；INT4 每 128 个一组一个 FP16
+  （4.125 位）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每张量一个 scale（忽略）。
+- "只量化权重"（W4A16、W8A16）：读权重时反量化成 BF16 再用 BF16 张量核算——假设反量化的开销完全藏在访存里。
+  H100 没有 FP4 张量核，MXFP4 在 H100 上也只能这样用。
+  "权重 + 激活"（W8A8）：用 FP8 或 INT8 张量核，稠密峰值 1978.9 TFLOP/s，是 BF16 的两倍（H100 数据手册）。
+  假设激活的量化（算 scale、转换）不花时间。
+- KV cache 默认 BF16；演示 3 另算 FP8 的 KV cache（每个数 8 位，scale 忽略）。
+- 下界假设算力和带宽跑到峰值、计算和访存完全重叠、没有 kernel 启动开销；真实的加速比小一些。
+- 70B 的 BF16 权重（141 GB）一块 H100（80 GB）放不下：表里的时间按一块卡的带宽和算力算；用 N 块卡张量并行时，
+  理想情况下时间除以 N，加速比不变。
+- 演示 1、2 的上下文（512）和演示 3 的批大小（16）是选的，不是事实。
+
+【运行】python3 03_quantized_decode_speed.py （< 1 秒）
+
+【依赖】../lecture01 的 console、hw_specs（H100 的带宽和各数据类型的峰值）、llm_math（模型配置、decode_step、weight_bytes）。
+"""
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from hw_specs import H100  # noqa: E402
+from llm_math import LLAMA31_70B, LLAMA31_8B, WEIGHT_FORMATS, decode_step, weight_bytes  # noqa: E402
+
+CHIP = H100
+CONTEXT = 512            # 演示 1、2 的上下文长度（假设：一段不长的对话）
+BATCH3 = 16              # 演示 3 的批大小（假设）
+BOUND_ZH = {"compute": "算力", "memory": "带宽"}
+
+# 部署方案：名字 -> (权重格式（llm_math.WEIGHT_FORMATS 的名字）, 张量核的数据类型（hw_specs 的名字）)
+SETUPS = {
+    "BF16": ("bf16", "bf16"),
+    "W8A16 INT8 仅权重": ("int8", "bf16"),
+    "W4A16 INT4-g128 仅权重": ("int4-g128", "bf16"),
+    "W4A16 MXFP4 仅权重": ("mxfp4", "bf16"),
+    "W8A8 FP8": ("fp8", "fp8"),
+    "W8A8 INT8": ("int8", "int8"),
+}
+W4 = "W4A16 INT4-g128 仅权重"
+FP8 = "W8A8 FP8"
+
+
+def read_bits(model, fmt):
+    """
+    decode 一步读到的参数平均几位（含 scale）：(整个模型的权重字节 − 输入词嵌入的字节) × 8 / 激活参数数。
+
+    【推导】decode 每步读所有"激活参数"（llm_math 的口径：含 lm_head，不含输入词嵌入——词嵌入只查一行）。
+    块里的矩阵按 fmt 存，lm_head 等其余参数 BF16（weight_bytes 的约定）；把它们平均成一个 w_bits 交给 decode_step。
+    """
+    return (weight_bytes(model, fmt) - model.embed_params() * 2) * 8 / model.active_params()
+
+
+def step(model, setup, batch, context, kv_bits=16.0):
+    """一种部署方案下的 decode 一步（llm_math.decode_step 的结果）。"""
+    fmt, dtype = SETUPS[setup]
+    return decode_step(model, CHIP, batch, context, w_bits=read_bits(model, fmt), kv_bits=kv_bits, dtype=dtype)
+
+
+def compute_bound_batch(model, setup, context, kv_bits=16.0):
+    """
+    这种方案下 decode 变成受算力限制的最小批大小；永远不会时返回 None。
+
+    【推导】B 个序列一步：计算 B·F / 峰值，访存 (W + B·KV) / 带宽（F = 每 token 的 FLOPs，W = 权重字节，
+    KV = 一个序列的 KV 字节）。B·(F / 峰值 − KV / 带宽) ≥ W / 带宽 ⇒ B* = ⌈(W / 带宽) / (F / 峰值 − KV / 带宽)⌉；
+    括号 ≤ 0 时（KV 每字节带来的计算太少）批再大也受带宽限制。上下文 0 时 B* ≈ 拐点 × 位数 / 16：
+    一个权重（w_bits / 8 字节）被 B 个 token 各用一次乘加（2 FLOPs），算术强度 = 16·B / w_bits。
+    """
+    fmt, dtype = SETUPS[setup]
+    w = model.active_params() * read_bits(model, fmt) / 8
+    per_seq = model.flops_per_token(context) / CHIP.peak_flops(dtype) - model.kv_bytes(context, kv_bits / 8) / CHIP.mem_bw
+    if per_seq <= 0:
+        return None
+    return max(1, math.ceil(w / CHIP.mem_bw / per_seq))
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：每步读的字节 → 速度
+# ---------------------------------------------------------------------------
+def demo1_bytes_per_step():
+    print_header(f"演示 1：批大小 1、上下文 {CONTEXT}：每个 decode 步读的字节和 {CHIP.name} 上的速度下界")
+    rows = []
+    res = {}
+    for m in (LLAMA31_8B, LLAMA31_70B):
+        base = step(m, "BF16", 1, CONTEXT)
+        for name, (fmt, dtype) in SETUPS.items():
+            r = step(m, name, 1, CONTEXT)
+            total = weight_bytes(m, fmt)
+            fits = total + m.kv_bytes(CONTEXT) <= CHIP.mem_bytes
+            res[(m.name, name)] = {"read_bits": read_bits(m, fmt), "w_bytes": r["w_bytes"], "time": r["time"],
+                                   "speedup": base["time"] / r["time"], "total_bytes": total, "fits": fits,
+                                   "bound": r["bound"]}
+            rows.append([m.name, name, f"{read_bits(m, fmt):.3f}", fmt_bytes(total), "是" if fits else "否",
+                         fmt_bytes(r["w_bytes"] + r["kv_bytes"]), fmt_time(r["time"]), f"{1 / r['time']:.0f}",
+                         f"{base['time'] / r['time']:.2f}×"])
+    print_table(["模型", "方案", "读到的参数平均位数", "权重总字节", "一块 H100 放得下？", "每步读的字节", "一步（下界）",
+                 "token/s", "相对 BF16"], rows)
+
+    k8 = (LLAMA31_8B.name, W4)
+    k70 = (LLAMA31_70B.name, W4)
+    lm_share = LLAMA31_8B.embed_params() / LLAMA31_8B.active_params()     # lm_head 和词嵌入一样大
+    lm_share70 = LLAMA31_70B.embed_params() / LLAMA31_70B.active_params()
+    ideal = 16 / WEIGHT_FORMATS["int4-g128"][0]
+    res.update({"lm_head_share_8b": lm_share, "lm_head_share_70b": lm_share70, "ideal_int4": ideal,
+                "block_bits_int4": 4 + 16 / 128})
+    r70b = res[(LLAMA31_70B.name, "BF16")]
+    print_observations([
+        f"批大小 1 时 decode 受带宽限制，一步的时间就是读的字节 ÷ 带宽：Llama-3.1-8B 从 BF16 的 {fmt_time(res[(LLAMA31_8B.name, 'BF16')]['time'])}"
+        f" 降到 INT4 的 {fmt_time(res[k8]['time'])}（{res[k8]['speedup']:.2f}×），70B 从 {fmt_time(r70b['time'])} 降到 "
+        f"{fmt_time(res[k70]['time'])}（{res[k70]['speedup']:.2f}×）。",
+        f"为什么不是 16 / 4 = {ideal:.0f}×：INT4-g128 块里的矩阵每个参数 {4 + 16 / 128:.3f} 位（scale 摊下来 0.125 位），"
+        f"但 lm_head 留在 BF16——它占 8B 每步读的参数的 {100 * lm_share:.1f}%，把平均位数拉到 {res[k8]['read_bits']:.2f}；"
+        f"70B 里 lm_head 只占 {100 * lm_share70:.1f}%，平均 {res[k70]['read_bits']:.2f} 位，更接近 4 倍。",
+        f"W8A8（FP8 或 INT8）和 W8A16 在批大小 1 时几乎一样快（{res[(LLAMA31_8B.name, FP8)]['speedup']:.2f}×）：这时算力闲着，"
+        "用不用 FP8 张量核无所谓，只看读了多少字节。它们的区别在批大的时候（演示 2）。",
+        f"容量也跟着变：70B 的 BF16 权重 {fmt_bytes(r70b['total_bytes'])}，一块 H100（{fmt_bytes(CHIP.mem_bytes)}）放不下；"
+        f"INT4 只要 {fmt_bytes(res[k70]['total_bytes'])}，一块卡放得下，剩下的显存给 KV cache。",
+    ])
+    return res
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：批大小变大，好处在哪里消失
+# ---------------------------------------------------------------------------
+def demo2_batch():
+    m = LLAMA31_70B
+    print_header(f"演示 2：{m.name}、上下文 {CONTEXT}：批大小变大以后，只量化权重的好处消失，W8A8 的留下")
+    batches = (1, 16, 64, 128, 256, 512, 1024, 2048)
+    rows = []
+    res = {"speedup_w4": {}, "speedup_fp8": {}}
+    for b in batches:
+        r16, r4, r8 = step(m, "BF16", b, CONTEXT), step(m, W4, b, CONTEXT), step(m, FP8, b, CONTEXT)
+        res["speedup_w4"][b] = r16["time"] / r4["time"]
+        res["speedup_fp8"][b] = r16["time"] / r8["time"]
+        rows.append([b, fmt_time(r16["time"]), BOUND_ZH[r16["bound"]], fmt_time(r4["time"]), BOUND_ZH[r4["bound"]],
+                     f"{r16['time'] / r4['time']:.2f}×", fmt_time(r8["time"]), BOUND_ZH[r8["bound"]],
+                     f"{r16['time'] / r8['time']:.2f}×"])
+    print_table(["批大小 B", "BF16 一步", "受限于", "W4A16 一步", "受限于", "W4A16 相对 BF16", "W8A8 FP8 一步", "受限于",
+                 "W8A8 相对 BF16"], rows)
+
+    print(f"\n各方案 decode 变成受算力限制的最小批大小（{CHIP.name}；拐点 BF16 {CHIP.ridge_point('bf16'):.0f}、"
+          f"FP8/INT8 {CHIP.ridge_point('fp8'):.0f} FLOP/字节）：")
+    cross = {}
+    rows = []
+    for mm in (LLAMA31_8B, LLAMA31_70B):
+        for ctx in (0, CONTEXT):
+            cells = [mm.name, ctx]
+            for name in SETUPS:
+                b = compute_bound_batch(mm, name, ctx)
+                cross[(mm.name, ctx, name)] = b
+                cells.append("永远不会" if b is None else b)
+            rows.append(cells)
+    print_table(["模型", "上下文"] + list(SETUPS), rows)
+    res["cross"] = cross
+    b16, b4, b8 = cross[(m.name, CONTEXT, "BF16")], cross[(m.name, CONTEXT, W4)], cross[(m.name, CONTEXT, FP8)]
+    big = batches[-1]
+    # W8A8 在 BF16 变成受算力限制以后、自己受算力限制以前，加速比最小（BF16 一步 = 计算，W8A8 一步 = 访存）
+    fp8_min = min(res["speedup_fp8"].values())
+    fp8_min_b = min(res["speedup_fp8"], key=res["speedup_fp8"].get)
+    ridge_ratio = CHIP.peak_flops("fp8") / CHIP.peak_flops("bf16")
+    res.update({"b_bf16": b16, "b_w4": b4, "b_fp8": b8, "fp8_min": fp8_min, "fp8_min_batch": fp8_min_b, "ridge_ratio": ridge_ratio})
+    r0 = {name: cross[(m.name, 0, name)] for name in SETUPS}
+    w4_bits = read_bits(m, SETUPS[W4][0])
+    print_observations([
+        f"W4A16 在批小的时候快 {res['speedup_w4'][1]:.2f}×；批大小 {b4} 起 INT4 模型先变成受算力限制（它读的字节少，更早喂饱算力），"
+        f"好处开始缩小；批大小 {b16} 起 BF16 也受算力限制，两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失"
+        f"（B = {big}：{res['speedup_w4'][big]:.2f}×）。只量化权重省的是字节，不省 FLOPs。",
+        f"W8A8 FP8 用 FP8 张量核，峰值是 BF16 的 {ridge_ratio:.0f} 倍：批小时和 W8A16 一样靠少读字节快 "
+        f"{res['speedup_fp8'][1]:.2f}×，批大（B = {big}）时靠算得快，仍然快 {res['speedup_fp8'][big]:.2f}×。中间最低（表里 B = {fp8_min_b} 时 "
+        f"{fp8_min:.2f}×）：BF16 已经受算力限制，W8A8 还受带宽限制——它的 KV cache 仍是 BF16，读的字节没有减半。",
+        f"只看权重（上下文 0）时，变成受算力限制的批大小 ≈ 拐点 × 平均位数 / 16：BF16 {r0['BF16']}，"
+        f"W4A16（{w4_bits:.2f} 位）{r0[W4]}，W8A8 {r0[FP8]}（峰值翻倍、字节减半，和 BF16 差不多）。"
+        f"上下文 {CONTEXT} 时每个序列还要读自己的 KV cache，拐点往后推（{b16} / {b4} / {b8}）。",
+        f"Llama-3.1-8B 在上下文 {CONTEXT} 时，任何方案都永远不会受算力限制：每个序列读 "
+        f"{fmt_bytes(LLAMA31_8B.kv_bytes(CONTEXT))} 的 KV，只带来 {LLAMA31_8B.flops_per_token(CONTEXT) / 1e9:.1f} GFLOP 的计算，"
+        f"强度 {LLAMA31_8B.flops_per_token(CONTEXT) / LLAMA31_8B.kv_bytes(CONTEXT):.0f} FLOP/字节，低于拐点（第 1 讲 03）。",
+    ])
+    return res
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：上下文变长，KV cache 压过权重
+# ---------------------------------------------------------------------------
+def demo3_context():
+    m = LLAMA31_8B
+    print_header(f"演示 3：{m.name}、批大小 {BATCH3}：上下文变长以后，读 KV cache 压过读权重")
+    rows = []
+    res = {"w4": {}, "w4_kv8": {}, "kv_share": {}, "fits": {}}
+    for ctx in (0, 1024, 4096, 16384, 32768, 131072):
+        r16 = step(m, "BF16", BATCH3, ctx)
+        r4 = step(m, W4, BATCH3, ctx)
+        r4k = step(m, W4, BATCH3, ctx, kv_bits=8.0)
+        share = r16["kv_bytes"] / (r16["w_bytes"] + r16["kv_bytes"])
+        need = weight_bytes(m, SETUPS[W4][0]) + BATCH3 * m.kv_bytes(ctx, 1.0)
+        res["w4"][ctx] = r16["time"] / r4["time"]
+        res["w4_kv8"][ctx] = r16["time"] / r4k["time"]
+        res["kv_share"][ctx] = share
+        res["fits"][ctx] = need <= CHIP.mem_bytes
+        rows.append([ctx, fmt_bytes(r16["w_bytes"]), fmt_bytes(r16["kv_bytes"]), f"{100 * share:.0f}%", fmt_time(r16["time"]),
+                     f"{r16['time'] / r4['time']:.2f}×", f"{r16['time'] / r4k['time']:.2f}×",
+                     "是" if res["fits"][ctx] else "否"])
+    print_table(["上下文", "BF16：读权重", "读 KV（BF16）", "KV 占的字节", "BF16 一步", "W4A16（KV BF16）相对 BF16",
+                 "W4A16 + FP8 KV 相对 BF16", "W4A16 + FP8 KV 放得下？"], rows)
+    ctxs = sorted(res["w4"])
+    cross = next(c for c in ctxs if res["kv_share"][c] > 0.5)
+    eq_ctx = step(m, "BF16", 1, 0)["w_bytes"] / m.kv_bytes(1) / BATCH3     # 读 KV = 读 BF16 权重 的上下文
+    res.update({"first_kv_majority_ctx": cross, "kv_equals_weights_ctx": eq_ctx})
+    last = ctxs[-1]
+    print_observations([
+        f"上下文 0 时 W4A16 快 {res['w4'][0]:.2f}×；上下文越长，批里 {BATCH3} 个序列各读各的 KV cache，读 KV 的字节越来越多，"
+        f"上下文约 {eq_ctx:.0f} 时就和读 BF16 权重一样多（表里从 {cross} 起 KV 占多数）。只量化权重的好处跟着缩小："
+        f"上下文 {last} 时只剩 {res['w4'][last]:.2f}×。",
+        f"KV cache 也存成 FP8（字节减半）能找回一部分：上下文 {last} 时 {res['w4_kv8'][last]:.2f}×；上下文再长，几乎只剩读 KV，"
+        "加速比趋于 2×（KV 的字节只减了一半）。"
+        "长上下文的 decode 要快，得压 KV cache（FP8 / INT4 的 KV、更少的 KV 头、滑动窗口），而不只是压权重。",
+        f"显存也是问题：批大小 {BATCH3}、上下文 {last} 时即使权重 INT4、KV FP8 也放不进一块 {fmt_bytes(CHIP.mem_bytes)} 的 H100"
+        f"（表里最后一列）——这时只能减小批、多卡，或者把 KV 压得更狠。"
+        if not res["fits"][last] else
+        f"批大小 {BATCH3}、上下文 {last} 时权重 INT4、KV FP8 放得进一块 H100。",
+    ])
+    return res
+
+
+if __name__ == "__main__":
+    demo1_bytes_per_step()
+    demo2_batch()
+    demo3_context()
