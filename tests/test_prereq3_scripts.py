@@ -1,0 +1,246 @@
+"""
+第 3 讲预备的两个编号脚本：每个演示返回它的观察引用的数；这里用规范里的数（IEEE 754、OCP OFP8 v1.0、OCP MX v1.0）、
+numpy 自己的 float16 / float32 转换、和不经过 numfmt 的独立实现核对它们。
+"""
+import contextlib
+import io
+import math
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+from numfmt import FP16, FP32, FP4_E2M1, quantize_int, quantize_mx, round_to
+
+S1, S2 = "prereq3/01_float_formats.py", "prereq3/02_scaling_and_blocks.py"
+
+
+def _run(rel, *demos):
+    mod = load_script(rel)
+    out = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for d in demos:
+            out[d] = getattr(mod, d)()
+    return mod, out
+
+
+@pytest.fixture(scope="module")
+def s1():
+    return _run(S1, "demo1_layouts", "demo2_small_formats_enumerated", "demo3_rounding_edges", "demo4_encode_bits",
+                "demo5_relative_error")
+
+
+@pytest.fixture(scope="module")
+def s2():
+    return _run(S2, "demo1_symmetric_int", "demo2_clipping", "demo3_granularity_outlier", "demo4_mxfp4",
+                "demo5_bits_per_value")
+
+
+# ---------------------------------------------------------------------------
+# 01：格式的参数 = 规范
+# ---------------------------------------------------------------------------
+SPEC = {  # 名字: (位数, 指数位, 尾数位, 偏置, 最大值, 最小正规数, 最小次正规数)
+    "FP32": (32, 8, 23, 127, float(np.finfo(np.float32).max), 2.0 ** -126, 2.0 ** -149),
+    "FP16": (16, 5, 10, 15, 65504.0, 2.0 ** -14, 2.0 ** -24),
+    "BF16": (16, 8, 7, 127, (2 - 2 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -133),
+    "FP8-E4M3": (8, 4, 3, 7, 448.0, 2.0 ** -6, 2.0 ** -9),
+    "FP8-E5M2": (8, 5, 2, 15, 57344.0, 2.0 ** -14, 2.0 ** -16),
+    "FP4-E2M1": (4, 2, 1, 1, 6.0, 1.0, 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(SPEC))
+def test_01_layout_matches_the_spec(s1, name):
+    r = s1[1]["demo1_layouts"][name]
+    bits, e, m, bias, mx, mn, ms = SPEC[name]
+    assert (r["bits"], r["exp_bits"], r["man_bits"], r["bias"]) == (bits, e, m, bias)
+    assert r["max"] == mx and r["min_normal"] == mn and r["min_subnormal"] == ms
+    assert r["epsilon"] == 2.0 ** -m
+
+
+def test_01_fp32_fp16_constants_equal_numpy_finfo(s1):
+    r = s1[1]["demo1_layouts"]
+    for name, dt in (("FP32", np.float32), ("FP16", np.float16)):
+        fi = np.finfo(dt)
+        assert r[name]["max"] == float(fi.max)
+        assert r[name]["min_normal"] == float(fi.tiny)
+        assert r[name]["epsilon"] == float(fi.eps)
+        assert r[name]["min_subnormal"] == float(np.nextafter(dt(0), dt(1)))
+
+
+def test_01_binades_e4m3_vs_e5m2(s1):
+    r = s1[1]["demo1_layouts"]
+    assert r["FP8-E4M3"]["binades"] == 8 - (-9) + 1 == 18
+    assert r["FP8-E5M2"]["binades"] == 15 - (-16) + 1 == 32
+
+
+def test_01_e2m1_values_and_fp8_code_counts(s1):
+    r = s1[1]["demo2_small_formats_enumerated"]
+    assert r["e2m1_positive"] == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]   # OCP MX v1.0 表 5
+    assert r["encode_matches"]
+    c = r["counts"]
+    # E4M3：256 个码，S.1111.111 两个 NaN，没有 inf；E5M2：指数全 1 的 8 个码 = 2 个 inf + 6 个 NaN
+    assert (c["FP8-E4M3"]["nan"], c["FP8-E4M3"]["inf"], c["FP8-E4M3"]["finite_codes"], c["FP8-E4M3"]["distinct"]) \
+        == (2, 0, 254, 253)
+    assert (c["FP8-E5M2"]["nan"], c["FP8-E5M2"]["inf"], c["FP8-E5M2"]["finite_codes"], c["FP8-E5M2"]["distinct"]) \
+        == (6, 2, 248, 247)
+    assert c["FP8-E4M3"]["max"] == 448 and c["FP8-E4M3"]["min_pos"] == 2.0 ** -9
+    assert c["FP8-E5M2"]["max"] == 57344 and c["FP8-E5M2"]["min_pos"] == 2.0 ** -16
+    assert all(v["all_fixed_points"] for v in c.values())
+
+
+def test_01_rounding_edge_cases(s1):
+    y = s1[1]["demo3_rounding_edges"]["by_case"]
+    want = {
+        ("FP16", 1 + 2.0 ** -11): 1.0, ("FP16", 1 + 3 * 2.0 ** -11): 1 + 2.0 ** -9, ("FP16", 65519.0): 65504.0,
+        ("FP16", 65520.0): math.inf, ("FP16", 1e6): math.inf, ("FP16", 3 * 2.0 ** -25): 2.0 ** -23,
+        ("FP16", 1e-7): 2.0 ** -23, ("BF16", 1 + 2.0 ** -8): 1.0, ("BF16", math.pi): 3.140625,
+        ("FP8-E4M3", 464.0): 448.0, ("FP8-E4M3", 500.0): 448.0, ("FP8-E4M3", math.inf): 448.0,
+        ("FP8-E4M3", 2.0 ** -10): 0.0, ("FP8-E4M3", 3 * 2.0 ** -10): 2.0 ** -8,
+        ("FP8-E5M2", 60000.0): 57344.0, ("FP8-E5M2", 61440.0): math.inf,
+        ("FP4-E2M1", 5.0): 4.0, ("FP4-E2M1", 0.75): 1.0, ("FP4-E2M1", 0.25): 0.0, ("FP4-E2M1", 100.0): 6.0,
+    }
+    for k, v in want.items():
+        assert y[k] == v, k
+    cases = {(c["fmt"], c["x"]): c for c in s1[1]["demo3_rounding_edges"]["cases"]}
+    assert cases[("FP16", -1e-9)]["neg_zero"] and cases[("FP4-E2M1", -0.1)]["neg_zero"]
+    assert not cases[("FP8-E4M3", 2.0 ** -10)]["neg_zero"]
+
+
+def test_01_fp16_edge_cases_agree_with_numpy(s1):
+    for c in s1[1]["demo3_rounding_edges"]["cases"]:
+        if c["fmt"] == "FP16":
+            with np.errstate(over="ignore"):
+                ref = float(np.float16(c["x"]))
+            assert c["y"] == ref and np.signbit(c["y"]) == np.signbit(ref), c
+
+
+def test_01_round_to_equals_numpy_casts_on_random_and_tie_values():
+    """numfmt.round_to 和 numpy 的 float64 → float16 / float32 转换（硬件 / IEEE 的 RNE）逐个相同，包括次正规数、平局和溢出。"""
+    rng = np.random.default_rng(7)
+    for fmt, dt, lo, hi in ((FP16, np.float16, -28, 17), (FP32, np.float32, -152, 129)):
+        u = rng.random(20000)
+        x = np.exp2(lo + u * (hi - lo)) * np.where(rng.random(20000) < 0.5, -1.0, 1.0)
+        # 平局：两个相邻可表示数的正中间
+        with np.errstate(over="ignore"):
+            a = np.abs(x[:2000]).astype(dt).astype(np.float64)
+            b = np.nextafter(a.astype(dt), dt(np.inf)).astype(np.float64)
+        ties = ((a + b) / 2)[np.isfinite(b)]
+        xs = np.concatenate([x, ties, -ties, [0.0, -0.0, np.inf, -np.inf]])
+        with np.errstate(over="ignore"):
+            ref = xs.astype(dt).astype(np.float64)
+        got = round_to(xs, fmt)
+        assert np.array_equal(got, ref)
+        assert np.array_equal(np.signbit(got), np.signbit(ref))
+
+
+def test_01_encode_bits_agree_with_numpy_bit_patterns(s1):
+    bits = s1[1]["demo4_encode_bits"]["bits"]
+    for v in (1.0, -2.5, 0.1, 448.0, 6.0, -0.0):
+        f16 = format(int(np.array(v, dtype=np.float16).view(np.uint16)), "016b")
+        f32 = format(int(np.array(v, dtype=np.float32).view(np.uint32)), "032b")
+        assert bits[("FP16", v)]["bits"].replace(".", "") == f16
+        assert bits[("FP32", v)]["bits"].replace(".", "") == f32
+    sp = s1[1]["demo4_encode_bits"]["specials"]
+    assert sp["E4M3 最大值"] == "0.1111.110" and sp["E4M3 NaN"] == "0.1111.111"
+    assert sp["E5M2 最大值"] == "0.11110.11" and sp["E2M1 最小次正规数"] == "0.00.1"
+    assert sp["FP16 +inf"] == "0.11111.0000000000"
+    assert s1[1]["demo4_encode_bits"]["bf16_same_sign_exp_as_fp32"]
+    # 0.1 的 FP32 尾数 10011001100110011001101：第 8 位起 "11…"，超过一半，BF16 进位
+    assert s1[1]["demo4_encode_bits"]["bf16_01_rounded_up"]
+    assert bits[("BF16", 0.1)]["bits"] == "0.01111011.1001101"
+
+
+def test_01_relative_error_bound(s1):
+    r = s1[1]["demo5_relative_error"]
+    for name, x in r.items():
+        m = SPEC[name][2]
+        assert x["max_rel"] <= x["sup"] == 2.0 ** -(m + 1) / (1 + 2.0 ** -(m + 1))
+        assert x["max_rel"] > 0.99 * x["sup"]
+        assert abs(x["mean_ratio"] - 1 / (4 * math.log(2))) < 0.02
+
+
+# ---------------------------------------------------------------------------
+# 02：整数 / 块格式
+# ---------------------------------------------------------------------------
+def test_02_symmetric_int4_example(s2):
+    r = s2[1]["demo1_symmetric_int"]
+    w = np.array(r["w"])
+    assert r["scale"] == float(round_to(np.abs(w).max() / 7, FP16))
+    assert r["max_err"] <= r["scale"] / 2 * (1 + 1e-9)
+    assert max(abs(q) for q in r["q"]) == 7
+    assert r["max_err_int8"] <= r["scale_int8"] / 2 * (1 + 1e-9)
+
+
+def test_02_clipping_sweep_independent(s2):
+    mod, out = s2
+    r = out["demo2_clipping"]
+    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN, mod.N_OUT))
+    for ratio, e in r["errs"].items():
+        s = ratio * np.abs(w).max() / 7
+        mine = np.linalg.norm(np.clip(np.round(w / s), -7, 7) * s - w) / np.linalg.norm(w)
+        assert abs(mine - e) / e < 2e-3          # 只差 scale 舍入到 FP16
+    assert r["errs"][1.0] == pytest.approx(r["lab_tensor_err"], rel=1e-12)
+    # MSE 最优的 16 级均匀量化器对 N(0,1) 的截断点约 2.5σ（Max 1960 的表）；这里 15 级，最优在 2.2–2.8σ
+    assert 2.2 < r["best_ratio"] * r["amax"] < 2.8
+    assert r["errs"][r["best_ratio"]] < 0.65 * r["errs"][1.0]
+    assert r["errs"][0.3] > r["errs"][r["best_ratio"]]
+
+
+def test_02_granularity_and_outlier(s2):
+    mod, out = s2
+    r = out["demo3_granularity_outlier"]
+    for bits in (8, 4):
+        t, c, g = r[(bits, "tensor")], r[(bits, "channel")], r[(bits, "group")]
+        assert t["clean"] > c["clean"] > g["clean"]
+        assert t["rest"] > c["rest"] > g["rest"]
+        assert c["bits_per_value"] == bits + 16 / mod.N_IN and g["bits_per_value"] == bits + 16 / 32
+    t4 = r[(4, "tensor")]
+    # 50σ 的离群值：每张量 INT4 的间隔 50/7 ≈ 7σ，|w| < 3.57σ 的都变成 0
+    assert t4["zero_frac"] > 0.999 and t4["rest"] > 0.99
+    assert r[(4, "group")]["grp"] == 1.0                # 那一组的其他 31 个数全成 0（间隔 50/7σ）
+    assert r[(4, "group")]["rest"] < 1.02 * r[(4, "group")]["clean"]
+    # 每通道：离群值那一列的其他数都坏了，其他列不变
+    assert r[(4, "channel")]["col"] > 0.99
+    assert r[(8, "tensor")]["rest"] > 10 * r[(8, "tensor")]["clean"]
+
+
+def _mxfp4_independent(w):
+    """不经过 numfmt 的 MXFP4：E2M1 的 8 个非负值上就近取（平局取尾数为偶的那个），饱和到 6。"""
+    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    even = np.array([True, False, True, False, True, False, True, False])   # 尾数位为 0 的码
+    n_in, n_out = w.shape
+    b = w.T.reshape(-1, 32)
+    X = np.exp2(np.floor(np.log2(np.abs(b).max(axis=1, keepdims=True))) - 2)
+    v = np.minimum(np.abs(b / X), 6.0)
+    d = np.abs(v[..., None] - grid)
+    best = d.min(axis=-1, keepdims=True)
+    cand = (d == best)
+    pick = np.where(cand.sum(-1) > 1, np.argmax(cand & even, axis=-1), np.argmax(cand, axis=-1))
+    q = np.sign(b) * grid[pick] * X
+    return q.reshape(n_out, n_in).T
+
+
+def test_02_mxfp4_block_and_matrix(s2):
+    mod, out = s2
+    r = out["demo4_mxfp4"]
+    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    assert r["X"] == 2.0 ** (math.floor(math.log2(r["amax"])) - 2) == 2.0 ** r["e_shared"]
+    mx = _mxfp4_independent(w)
+    assert np.array_equal(mx, quantize_mx(w, FP4_E2M1, 32)[0])
+    e = np.linalg.norm(mx - w) / np.linalg.norm(w)
+    assert r["schemes"]["MXFP4"]["rel_err"] == pytest.approx(e, rel=1e-12)
+    assert r["schemes"]["MXFP4"]["bits"] == 4.25 and r["schemes"]["INT4-g32"]["bits"] == 4.5
+    for g in (128, 64, 32):
+        e = np.linalg.norm(quantize_int(w, 4, "group", g)[0] - w) / np.linalg.norm(w)
+        assert r["schemes"][f"INT4-g{g}"]["rel_err"] == pytest.approx(e, rel=1e-12)
+    # max|v| / X 在 [4, 8) 里近似对数均匀：≥ 7 的比例约 log2(8/7) ≈ 0.19
+    assert 0.12 < r["saturated_block_frac"] < 0.26
+    assert r["block_worst_is_max"]
+
+
+def test_02_bits_per_value(s2):
+    r = s2[1]["demo5_bits_per_value"]
+    assert r["INT4-g32"] == 4.5 and r["MXFP4（E2M1 元素）"] == 4.25   # 第 5 讲 05 的 T_BITS
+    assert r["INT4-g128"] == 4.125 and r["INT4-g64"] == 4.25 and r["MXFP8（E4M3 元素）"] == 8.25
+    assert r["INT8 每通道"] == 8 + 16 / 4096 and r["FP8-E4M3 每通道"] == 8 + 32 / 4096 and r["BF16"] == 16
