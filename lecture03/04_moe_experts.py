@@ -1,0 +1,247 @@
+"""
+=============================================================================
+CS349E · 第 3 讲 · 04_moe_experts.py —— MoE：每个 token 只用一小部分参数，一批 token 却会碰到几乎所有专家
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：n 个 token、每个从 E 个专家里选 k 个，一层里一共碰到几个不同的专家：公式 E·(1 − (1 − k/E)^n)（讲义 §7.6）
+        和一个带种子的模拟对比。
+演示 2：gpt-oss-120b（和 gpt-oss-20b）的参数：总数和每个 token 的激活参数，分到各部分；按 checkpoint 的格式
+        （专家 MXFP4，其余 BF16）一共多少字节。
+演示 3：gpt-oss-120b decode 一步要读多少权重：批大小 1 时像一个 5B 的稠密模型，批一大就要读几乎全部 117B——
+        在哪个批大小追上"读全部权重"的代价，又要多大的批才能受算力限制。
+
+【怎么读输出】演示 1 的"公式"是期望；"模拟"是 TRIALS 次重复的平均，± 后面是平均值的标准误。
+演示 3 的时间是 roofline 下界（llm_math.decode_step，一块 H100 SXM5），只算读权重和矩阵乘法，不算 KV cache。
+
+【模型的假设（务必看）】
+- 公式和模拟都假设路由**均匀、独立**：每个 token 从 E 个专家里等可能地选 k 个不同的（无放回），token 之间互不相关。
+  真实的路由器不均匀（有热门专家），相邻、相似的 token 常常选相同的专家，所以实际碰到的专家一般**比公式少**；
+  公式是上限附近的估计。
+- 模拟：每个 token 给 E 个专家各抽一个 rng.random() 的均匀数，取最小的 k 个——这正是"等可能地选 k 个不同的"
+  （每个 k 元子集概率相同）。只用 np.random.default_rng(种子).random()，不依赖 numpy 的 choice 实现。
+- gpt-oss 的结构和参数总数来自模型卡与 config.json（llm_math.GPT_OSS_120B / GPT_OSS_20B；116.83B 总、5.13B 激活；
+  checkpoint 60.8 GiB）。"激活参数"按模型卡的口径：含 lm_head、不含输入词嵌入。
+- 演示 3 的字节：专家的权重矩阵 MXFP4（4.25 位，含 E8M0 scale），专家的偏置和其余一切 BF16（checkpoint 的格式）；
+  上下文取 0（只看权重；KV cache 的读取见第 1 讲 03），H100 的 BF16 峰值（假设 MXFP4 反量化成 BF16 再算）。
+  被碰到的专家数用期望值，不是某一批的实际值。gpt-oss-120b 的 checkpoint（65 GB）一块 80 GB 的 H100 放得下。
+
+【运行】python3 04_moe_experts.py （< 1 秒）
+
+【依赖】numpy；../lecture01 的 console、hw_specs、llm_math（expected_touched_experts、decode_step、GPT_OSS_120B）。
+"""
+import math
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from hw_specs import H100  # noqa: E402
+from llm_math import (GPT_OSS_120B, GPT_OSS_20B, bits_per_param, decode_step,  # noqa: E402
+                      expected_touched_experts, weight_bytes)
+
+TRIALS, SIM_SEED = 400, 0            # 模拟的重复次数和种子（选的）
+N_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CHIP = H100
+GIB = 2 ** 30
+BOUND_ZH = {"compute": "算力", "memory": "带宽"}
+
+
+def simulate_touched(n_experts, top_k, n_list, trials, rng):
+    """
+    模拟：trials 次，每次让 max(n_list) 个 token 依次各选 top_k 个专家，记下前 n 个 token 碰到的不同专家数
+    -> {n: 长 trials 的数组}。
+
+    【做法】每个 token 给每个专家抽一个均匀数 rng.random()，取最小的 top_k 个（argpartition）：各个 k 元子集等可能，
+    即均匀的无放回抽样。前 n 个 token 的结果是同一次模拟的前缀（不同 n 之间相关，但每个 n 的分布都对）。
+    """
+    seen = np.zeros((trials, n_experts), dtype=bool)
+    rows = np.arange(trials)[:, None]
+    out = {}
+    for t in range(1, max(n_list) + 1):
+        keys = rng.random((trials, n_experts))
+        chosen = np.argpartition(keys, top_k - 1, axis=1)[:, :top_k]       # [trials, k]：最小的 k 个
+        seen[rows, chosen] = True
+        if t in n_list:
+            out[t] = seen.sum(axis=1)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：碰到的专家数：公式 vs 模拟
+# ---------------------------------------------------------------------------
+def demo1_touched_experts():
+    print_header(f"演示 1：n 个 token 在一层里碰到几个不同的专家——E·(1 − (1 − k/E)^n) vs 模拟（{TRIALS} 次）")
+    rng = np.random.default_rng(SIM_SEED)
+    rows = []
+    res = {}
+    sims = {}
+    for m in (GPT_OSS_120B, GPT_OSS_20B):
+        sims[m.name] = simulate_touched(m.n_experts, m.top_k, N_TOKENS, TRIALS, rng)
+    for n in N_TOKENS:
+        cells = [n]
+        for m in (GPT_OSS_120B, GPT_OSS_20B):
+            E, k = m.n_experts, m.top_k
+            f = expected_touched_experts(E, k, n)
+            s = sims[m.name][n]
+            mean, se = float(s.mean()), float(s.std(ddof=1) / math.sqrt(TRIALS))
+            res[(m.name, n)] = {"formula": f, "sim": mean, "se": se, "naive": min(n * k, E)}
+            cells += [min(n * k, E), f"{f:.2f}", f"{mean:.2f} ± {se:.2f}", f"{100 * f / E:.0f}%"]
+        rows.append(cells)
+    e1, e2 = GPT_OSS_120B, GPT_OSS_20B
+    print_table(["token 数 n",
+                 f"{e1.name}：n·k", "公式", "模拟", "占全部专家",
+                 f"{e2.name}：n·k", "公式", "模拟", "占全部专家"], rows)
+    z = max(abs(v["sim"] - v["formula"]) / v["se"] for v in res.values() if v["se"] > 0)
+    # 标准误为 0 的格子：400 次模拟的结果全都一样（n = 1 正好 k 个；或者 n 大时每次都全部碰到）
+    flat = max(abs(v["sim"] - v["formula"]) for v in res.values() if v["se"] == 0)
+    E, k = e1.n_experts, e1.top_k
+    half = math.ceil(math.log(0.5) / math.log(1 - k / E))
+    n90 = math.ceil(math.log(0.1) / math.log(1 - k / E))
+    n99 = math.ceil(math.log(0.01) / math.log(1 - k / E))
+    res.update({"max_z": z, "max_flat_diff": flat, "n_half": half, "n90": n90, "n99": n99})
+    r8 = res[(e1.name, 8)]
+    print_observations([
+        f"公式和模拟吻合：模拟平均和公式之差最多 {z:.1f} 个标准误。标准误为 0 的格子是 {TRIALS} 次模拟结果全都一样"
+        f"（n = 1 时正好 k 个；n 大时每次都碰到全部专家），和公式最多差 {flat:.3f} 个专家。",
+        f"n 小的时候几乎不重复：{e1.name}（E = {E}、k = {k}）8 个 token 碰到 {r8['formula']:.1f} 个，接近 n·k = {r8['naive']}。"
+        f"n 大了以后重复越来越多：{half} 个 token 就碰到一半的专家，{n90} 个碰到 90%，{n99} 个碰到 99%。",
+        f"推导：某个专家不被一个 token 选中的概率是 1 − k/E，n 个 token 都不选它的概率是 (1 − k/E)^n，"
+        f"对 E 个专家求和（期望的线性性）。碰到一半的 n 满足 (1 − k/E)^n = 1/2，即 n ≈ E·ln2 / k = {E * math.log(2) / k:.1f}。",
+        f"专家越少（{e2.name}：E = {e2.n_experts}），越快全部碰到：{res[(e2.name, 32)]['formula']:.1f} / {e2.n_experts} 个只要 32 个 token。",
+    ])
+    return res
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：总参数 vs 激活参数
+# ---------------------------------------------------------------------------
+def param_breakdown(m):
+    """gpt-oss 的参数按部分分开 -> [(部分, 总数, 每个 token 激活的)]；两列之和分别等于 params() 和 active_params()。"""
+    L = m.n_layers
+    return [
+        ("输入词嵌入", m.embed_params(), 0),
+        ("注意力（q/k/v/o、偏置、sink）", L * m.attn_params(), L * m.attn_params()),
+        ("路由器", L * m.router_params(), L * m.router_params()),
+        (f"专家（每层 {m.n_experts} 个，激活 {m.top_k} 个）", L * m.n_experts * m.expert_params(),
+         L * m.top_k * m.expert_params()),
+        ("RMSNorm", L * 2 * m.d_model + m.d_model, L * 2 * m.d_model + m.d_model),
+        ("lm_head", m.vocab * m.d_model, m.vocab * m.d_model),
+    ]
+
+
+def demo2_params():
+    print_header("演示 2：gpt-oss 的参数——总数和每个 token 真正用到的（激活参数）")
+    rows = []
+    res = {}
+    for m in (GPT_OSS_120B, GPT_OSS_20B):
+        parts = param_breakdown(m)
+        tot, act = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        for name, t, a in parts:
+            rows.append([m.name, name, f"{t:,}", f"{100 * t / tot:.1f}%", f"{a:,}", f"{100 * a / act:.1f}%"])
+        rows.append([m.name, "合计", f"{tot:,}", "100%", f"{act:,}", "100%"])
+        ckpt = weight_bytes(m, "bf16", expert_fmt="mxfp4")
+        res[m.name] = {"total": tot, "active": act, "ratio": tot / act, "ckpt_bytes": ckpt,
+                       "expert_share": parts[3][1] / tot, "parts": parts,
+                       "attn_head_active_share": (parts[1][2] + parts[5][2]) / act}
+    print_table(["模型", "部分", "总参数", "占总数", "每 token 激活", "占激活"], rows)
+    print()
+    rows = []
+    for m in (GPT_OSS_120B, GPT_OSS_20B):
+        r = res[m.name]
+        rows.append([m.name, fmt_num(r["total"]), fmt_num(r["active"]), f"{r['ratio']:.1f}",
+                     fmt_bytes(2 * r["total"]), fmt_bytes(r["ckpt_bytes"]), f"{r['ckpt_bytes'] / GIB:.1f} GiB"])
+    print_table(["模型", "总参数", "激活参数", "总 / 激活", "全 BF16", "checkpoint（专家 MXFP4）", "同左（GiB）"], rows)
+    big = res[GPT_OSS_120B.name]
+    print_observations([
+        f"{GPT_OSS_120B.name}：总共 {big['total'] / 1e9:.2f}B 参数，每个 token 只用 {big['active'] / 1e9:.2f}B"
+        f"（{big['ratio']:.0f} 分之一）——和模型卡的 116.83B / 5.13B 一致。"
+        f"{100 * big['expert_share']:.1f}% 的参数在专家里，每个 token 只用其中 {GPT_OSS_120B.top_k}/{GPT_OSS_120B.n_experts}。",
+        f"每 token 的计算量只和激活参数有关（≈ 2 × {big['active'] / 1e9:.2f}B FLOPs），但所有专家都得放在显存里："
+        f"专家用 MXFP4（4.25 位）存，整个 checkpoint {fmt_bytes(big['ckpt_bytes'])} = {big['ckpt_bytes'] / GIB:.1f} GiB（模型卡：60.8 GiB），"
+        f"一块 80 GB 的 H100 放得下；全 BF16 要 {fmt_bytes(2 * big['total'])}。",
+        f"激活参数里，注意力和 lm_head 占了不小的一块（{100 * big['attn_head_active_share']:.1f}%，上表）："
+        "它们每个 token 都要用，专家部分却被稀疏地摊薄了。",
+    ])
+    return res
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：decode 一步读多少权重
+# ---------------------------------------------------------------------------
+def expert_bytes(m):
+    """一个专家的字节：gate/up/down 的矩阵 MXFP4（含 scale），偏置 BF16。"""
+    mats = 3 * m.d_model * m.d_ff
+    return mats * bits_per_param("mxfp4") / 8 + (m.expert_params() - mats) * 2
+
+
+def moe_step(m, batch):
+    """
+    batch 个 token 一起 decode 一步（上下文 0，只看权重）-> decode_step 的结果，加上 "touched"（每层碰到的专家数的期望）。
+
+    【推导】读的参数 = 非专家的激活参数 + 层数 × 碰到的专家数 × 每个专家的参数（decode_step 的 MoE 算法）；
+    非专家部分 BF16、专家 expert_bytes：把两者平均成一个 w_bits 交给 decode_step，它读的字节就正好是这个和。
+    """
+    touched = expected_touched_experts(m.n_experts, m.top_k, batch)
+    dense = m.active_params() - m.n_layers * m.top_k * m.expert_params()
+    w_params = dense + m.n_layers * touched * m.expert_params()
+    w_bytes = dense * 2 + m.n_layers * touched * expert_bytes(m)
+    r = decode_step(m, CHIP, batch, 0, w_bits=8 * w_bytes / w_params)
+    r["touched"] = touched
+    return r
+
+
+def demo3_decode_bytes():
+    m = GPT_OSS_120B
+    print_header(f"演示 3：{m.name} decode 一步读多少权重（{CHIP.name}，上下文 0，专家 MXFP4、其余 BF16）")
+    all_bytes = weight_bytes(m, "bf16", expert_fmt="mxfp4") - m.embed_params() * 2   # 读全部专家时每步的字节
+    rows = []
+    res = {"all_bytes": all_bytes, "steps": {}}
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
+        r = moe_step(m, b)
+        res["steps"][b] = r
+        rows.append([b, f"{r['touched']:.1f}", fmt_bytes(r["w_bytes"]), f"{100 * r['w_bytes'] / all_bytes:.0f}%",
+                     fmt_bytes(r["w_bytes"] / b), fmt_time(r["time"]), BOUND_ZH[r["bound"]], fmt_time(r["time"] / b)])
+    print_table(["批大小 B", "每层碰到的专家", "每步读的权重", "占全部权重", "摊到每个 token", "一步（下界）", "受限于",
+                 "每 token"], rows)
+
+    # 追上"读全部权重"：碰到 99% 的专家；受算力限制：二分查找 decode_step 的 bound（读的字节随 B 单调增加）
+    n99 = math.ceil(math.log(0.01) / math.log(1 - m.top_k / m.n_experts))
+    lo, hi = 1, 1 << 20
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if moe_step(m, mid)["bound"] == "compute":
+            hi = mid
+        else:
+            lo = mid
+    b_moe = hi
+    # 对照：激活参数一样多的稠密模型（同样每个参数的平均位数 = 批大小 1 时的）的拐点
+    s1 = res["steps"][1]
+    t_tok = m.flops_per_token(0) / CHIP.peak_flops("bf16")       # 受算力限制时每 token 的时间
+    b_dense = math.ceil(s1["w_bytes"] / CHIP.mem_bw / (m.flops_per_token(0) / CHIP.peak_flops("bf16")))
+    res.update({"n99": n99, "b_compute_moe": b_moe, "b_compute_dense": b_dense, "t_token_compute": t_tok})
+    b64 = res["steps"][64]
+    print_observations([
+        f"批大小 1：每层只读 {m.top_k} 个专家，一步读 {fmt_bytes(s1['w_bytes'])}，只占全部权重（{fmt_bytes(all_bytes)}）的 "
+        f"{100 * s1['w_bytes'] / all_bytes:.0f}%，{fmt_time(s1['time'])} 一步——像一个 {m.active_params() / 1e9:.1f}B 的稠密模型。"
+        "这是 MoE 在单用户、低延迟场景的优势。",
+        f"批一变大，每个 token 选的专家不同，读的字节迅速增加：B = 64 时每层碰到 {b64['touched']:.0f} 个专家，"
+        f"一步读 {fmt_bytes(b64['w_bytes'])}（{100 * b64['w_bytes'] / all_bytes:.0f}%）；B ≥ {n99} 时碰到 99% 以上，"
+        f"一步的字节和'读全部 {m.params() / 1e9:.0f}B 参数'的稠密读法几乎一样——这就是 MoE 追上稠密代价的地方。",
+        f"但计算量始终只按激活参数算（每 token ≈ {m.flops_per_token(0) / 1e9:.1f} GFLOP），所以要把读全部权重的代价摊平，"
+        f"批要大得多：B ≥ {b_moe} 才受算力限制；激活参数一样多、每步只读 {fmt_bytes(s1['w_bytes'])} 的稠密模型，B ≥ {b_dense} 就够了。"
+        f"过了这个批大小，两者每 token 的时间才一样（都是 FLOPs ÷ 峰值 = {fmt_time(t_tok)}）。"
+        "MoE 用显存和带宽（所有专家都在、都要读）换每个 token 的计算量；大批量服务时要靠专家并行、很大的批来喂饱它。",
+        "第 5 讲 05 的陷阱也在这里：投机解码验证 γ + 1 个 token，就像批大小变成 γ + 1——碰到的专家跟着变多，验证并不免费。",
+    ])
+    return res
+
+
+if __name__ == "__main__":
+    demo1_touched_experts()
+    demo2_params()
+    demo3_decode_bytes()
