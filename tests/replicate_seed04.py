@@ -102,11 +102,19 @@ def _z(meas, pred, alpha, g, rounds):
     return (meas - pred) / math.sqrt(var / rounds)
 
 
+def sign_test_p(n_hi, n_lo):
+    """双侧符号检验的 p 值。"""
+    n, k = n_hi + n_lo, min(n_hi, n_lo)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
 def claims(r):
     """种子脚本演示 3、4 的每一句话，在这次抽样里是否成立 -> {说法: bool}。"""
     al, meas, pred = r["alpha"], r["meas"], r["pred"]
     cells = [(n, g) for n in NAMES for g in GAMMAS]
     rel = [meas[c] / pred[c] - 1 for c in cells]
+    shown = [round(meas[c], 2) - round(pred[c], 2) for c in cells]          # 按打印的两位小数比高低
+    n_up, n_down = sum(x > 1e-9 for x in shown), sum(x < -1e-9 for x in shown)
     z = [_z(meas[c], pred[c], al[c[0]], c[1], r["rounds"][c]) for c in cells]
     n_hi = sum(x > 0 for x in rel)
     hist_acc = r["acc"][(NAMES[1], 8)]
@@ -121,7 +129,8 @@ def claims(r):
         "越准的草稿产出越多（γ = 8，三个 transformer 草稿）": meas[(NAMES[0], 8)] > meas[(NAMES[1], 8)] > meas[(NAMES[2], 8)],
         "每格 100–499 轮（一两百到四百多）": all(100 <= r["rounds"][c] <= 499 for c in cells),
         "抽样误差以内（每格 |z| < 3）": max(abs(x) for x in z) < 3,
-        "有高有低（16 格里高、低各至少 4 格）": 4 <= n_hi <= 12,
+        "有高有低、没有系统偏差（按打印值，高低各 ≥ 2 格，符号检验 p > 0.05）": (
+            min(n_up, n_down) >= 2 and sign_test_p(n_up, n_down) > 0.05),
         "平均偏差 |mean(实测/预测 − 1)| < 2%": abs(float(np.mean(rel))) < 0.02,
         "被接受比例随 γ 下降": all(r["frac"][(n, a)] > r["frac"][(n, b)] for n in NAMES for a, b in zip(GAMMAS, GAMMAS[1:])),
         "直方图接近截断几何（χ² 拟合优度的 p > 0.01）": pval > 0.01,
@@ -130,7 +139,7 @@ def claims(r):
         "γ=8 读权重约五分之一（0.15–0.25×）": 0.15 <= r["w_ratio"][8] <= 0.25,
         "运算量随 γ 增加、读权重随 γ 减少": (r["flop_ratio"][2] < r["flop_ratio"][4] < r["flop_ratio"][8]
                                    and r["w_ratio"][2] > r["w_ratio"][4] > r["w_ratio"][8]),
-    }, {"mean_rel": float(np.mean(rel)), "max_z": max(abs(x) for x in z), "n_hi": n_hi}
+    }, {"mean_rel": float(np.mean(rel)), "max_z": max(abs(x) for x in z), "n_hi": n_hi, "n_up_shown": n_up}
 
 
 def replicate(n=20, vary="sampler", jobs=2, cfg=QCFG, first=1):
@@ -161,7 +170,8 @@ def main():
     print(f"  {allok:3d}/{a.n}  全部成立")
     al = {n: [o[0]['alpha'][n] for o in out] for n in NAMES}
     print("α 的范围：" + "；".join(f"{n} {min(v):.3f}–{max(v):.3f}" for n, v in al.items()))
-    for key, label in (("mean_rel", "平均相对偏差"), ("max_z", "最大 |z|"), ("n_hi", "偏高的格数")):
+    for key, label in (("mean_rel", "平均相对偏差"), ("max_z", "最大 |z|"), ("n_hi", "偏高的格数"),
+                       ("n_up_shown", "按打印值偏高的格数")):
         v = [o[2][key] for o in out]
         print(f"{label}：平均 {np.mean(v):.3f}，范围 {min(v):.3f}–{max(v):.3f}")
     v8 = [o[0]["meas"][(NAMES[0], 8)] for o in out]
