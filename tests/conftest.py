@@ -48,30 +48,20 @@ def run_script(relpath, cwd=None):
 _OUTPUTS = {}
 
 
-def script_runs():
+def script_run_pair(relpath):
     """
-    每个编号脚本跑两次：一次在仓库根目录，一次在脚本自己的目录里（两核机器上两个一起跑）。
-    结果缓存在这次 pytest 会话里，供各个测试共用：{相对路径: (第一次, 第二次)}。
+    一个编号脚本跑两次：一次在仓库根目录，一次在脚本自己的目录里（两核机器上两次同时跑）。
+    结果缓存在这次 pytest 会话里，供各个测试共用：((退出码, stdout, stderr), (…))。只跑被要到的脚本。
     """
-    if not _OUTPUTS:
-        jobs = []
-        for rel in numbered_scripts():
-            jobs.append((rel, None))
-            jobs.append((rel, os.path.join(ROOT, os.path.dirname(rel))))
+    if relpath not in _OUTPUTS:
+        jobs = [(relpath, None), (relpath, os.path.join(ROOT, os.path.dirname(relpath)))]
         with ThreadPoolExecutor(max_workers=2) as ex:
-            results = list(ex.map(lambda j: run_script(*j), jobs))
-        for i, (rel, _) in enumerate(jobs[::2]):
-            _OUTPUTS[rel] = (results[2 * i], results[2 * i + 1])
-    return _OUTPUTS
-
-
-@pytest.fixture(scope="session")
-def script_outputs():
-    return script_runs()
+            _OUTPUTS[relpath] = tuple(ex.map(lambda j: run_script(*j), jobs))
+    return _OUTPUTS[relpath]
 
 
 def script_stdout(relpath):
     """一个编号脚本（在仓库根目录运行时）打印的文字。"""
-    code, out, err = script_runs()[relpath][0]
+    code, out, err = script_run_pair(relpath)[0]
     assert code == 0, err.decode("utf-8", "replace")
     return out.decode("utf-8")

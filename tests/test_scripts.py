@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, numbered_scripts, script_runs
+from conftest import ROOT, numbered_scripts, script_run_pair
 
 SCRIPTS = numbered_scripts()
 
@@ -19,7 +19,7 @@ def test_there_are_scripts():
 
 @pytest.mark.parametrize("rel", SCRIPTS)
 def test_script_runs_cleanly_and_prints_the_same_bytes_from_any_directory(rel):
-    (c1, out1, err1), (c2, out2, err2) = script_runs()[rel]
+    (c1, out1, err1), (c2, out2, err2) = script_run_pair(rel)
     assert c1 == 0, err1.decode("utf-8", "replace")
     assert c2 == 0, err2.decode("utf-8", "replace")
     assert err1 == b"" and err2 == b"", (err1 + err2).decode("utf-8", "replace")
