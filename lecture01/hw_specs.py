@@ -30,7 +30,7 @@ class Chip:
     mem_bytes: float                   # 字节：这一层能放多少（Corsair 是 SRAM 的 2 GB）
     flops: dict = field(default_factory=dict)   # 数据类型 -> 稠密峰值 FLOP/s
     power_w: float = 0.0               # 板卡功耗（W）；0 表示没有公开数字
-    link_bw: float = 0.0               # 卡间互联（单向聚合，字节/秒）；0 表示不适用
+    link_bw: float = 0.0               # 卡间互联，数据手册的写法 = 双向合计（字节/秒）；单向是一半，见文件末尾的 Link 表；0 表示不适用
     source: str = ""
     capacity_bytes: float = 0.0        # 第二层（容量层）存储的字节数（只有 Corsair 有）
     capacity_bw: float = 0.0           # 第二层存储的带宽（字节/秒）

@@ -216,24 +216,9 @@ def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="b
 def prefill_time(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
     """
     一次 prefill（一个长 n_tokens 的提示）的 roofline 下界（秒）：max(FLOPs / 算力, 权重字节 / 带宽)。
-
-    【推导】FLOPs = 2 × matmul_params × n + 因果注意力 4 × 头数 × head_dim × Σ_{i=1..n} attended(i)
-    （第 i 个位置看 i 个位置，滑动窗口层最多看窗口那么多）。MoE 读被 n 个 token 碰到的专家（期望）。
+    各项分开的版本是 prefill_step（推导也写在那里）。
     """
-    if n_tokens < 1:
-        raise ValueError(f"提示至少 1 个 token（收到 {n_tokens}）")
-    n = n_tokens
-    full = n * (n + 1) // 2
-    if model.sliding_window:
-        w = model.sliding_window
-        n_win = (model.n_layers + 1) // 2
-        m = min(n, w)
-        win = m * (m + 1) // 2 + (n - m) * w
-        pairs = n_win * win + (model.n_layers - n_win) * full
-    else:
-        pairs = model.n_layers * full
-    flops = 2 * model.matmul_params() * n + 4 * model.n_heads * model.head_dim * pairs
-    return max(flops / chip.peak_flops(dtype), decode_step(model, chip, n, 0, w_bits)["w_bytes"] / chip.mem_bw)
+    return prefill_step(model, chip, n_tokens, w_bits, dtype)["time"]
 
 
 # ---- 第 1 讲脚本用到的补充 ----
@@ -328,7 +313,8 @@ def prefill_step(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
     一次 prefill（一个长 n_tokens 的提示）在 chip 上的 roofline 估计，各项分开给出（prefill_time 只给总时间）。
 
     返回 dict：flops、w_bytes（读权重）、t_compute、t_memory、time = 两者较大者（= prefill_time）、bound。
-    【推导】同 prefill_time：FLOPs = 2 × matmul_params × n + 4 × 头数 × head_dim × Σ_{i=1..n} attended(i)；
+    【推导】FLOPs = 2 × matmul_params × n + 因果注意力 4 × 头数 × head_dim × Σ_{i=1..n} attended(i)
+    （第 i 个位置看 i 个位置，滑动窗口层最多看窗口那么多）；
     读的字节只算权重（MoE 是被 n 个 token 碰到的专家的期望），不算激活和写 KV——所以是下界。
     """
     if n_tokens < 1:
