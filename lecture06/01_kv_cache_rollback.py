@@ -23,7 +23,7 @@ CS349E · 第 6 讲 · 01_kv_cache_rollback.py —— KV cache 的回滚：投�
 （同 04 脚本），T = 0（贪心验证：草稿 token 等于目标的 argmax 才接受），所以三种做法的输出必须逐 token 相同。
 只记目标模型的账，草稿自己的运算（ĉ，见 04 脚本演示 4）不在这里。
 
-【运行】python3 01_kv_cache_rollback.py （约 0.7 秒）
+【运行】python3 01_kv_cache_rollback.py （约 1 秒）
 
 【依赖】numpy；本目录的 decode_lab（TransformerLM、speculative_generate、autoregressive_generate）；
 ../lecture02 的 transformer_lab（Counter、analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；

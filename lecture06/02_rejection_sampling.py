@@ -97,7 +97,7 @@ def demo1_enumeration():
         "输出全靠残差，而残差这时就是 p）。",
         f"残差 max(0, p − q) 只在 p > q 的 token 上有质量：草稿少给了多少，拒绝之后就补多少。p == q 时它全是 0，"
         f"归一化是 0/0（这里 {n_guard} 个情形被 residual_distribution 兜底成 p）；那时拒绝的概率是 0，兜底成什么都不影响分布，"
-        "但不能除出 NaN。",
+        "但不能真的去算 0/0（那会得到非数）。",
         f"q 在 p > 0 的地方是 0 也没关系：草稿抽不到的 token 由残差补上。p 是 one-hot（T = 0）时 α = q(argmax p) = "
         f"{oh['alpha']:.3f}，残差也是同一个 one-hot：输出必定是 argmax p，和贪心解码一样。",
     ])

@@ -1,0 +1,284 @@
+"""
+第 6 讲 01（KV cache 回滚）和 02（接受 / 拒绝规则）两个脚本：演示函数返回的数和独立的闭式公式 / 手算的值核对。
+"""
+import contextlib
+import io
+import math
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+
+S01 = load_script("lecture06/01_kv_cache_rollback.py")
+S02 = load_script("lecture06/02_rejection_sampling.py")
+
+
+def quiet(fn, *args):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
+
+
+# ---------------------------------------------------------------------------
+# 01：KV cache 回滚
+# ---------------------------------------------------------------------------
+CFG = S01.QCFG
+L, H, HKV, HD, D, FF, V = CFG.n_layers, CFG.n_heads, CFG.n_kv_heads, CFG.head_dim, CFG.d_model, CFG.d_ff, CFG.vocab
+# 矩阵乘的权重个数，直接从形状数（不用 llm_math）：每层 q、k、v、o、gate、up、down，再加 lm_head
+M_INDEP = L * (D * H * HD + 2 * D * HKV * HD + H * HD * D + 3 * D * FF) + D * V
+KV_POS = 2 * L * HKV * HD * 2   # K 和 V，BF16
+
+
+@pytest.fixture(scope="module")
+def target():
+    return S01.build_target()
+
+
+@pytest.fixture(scope="module")
+def r1(target):
+    return quiet(S01.demo1_rollback, target)
+
+
+@pytest.fixture(scope="module")
+def r2(target):
+    return quiet(S01.demo2_one_round, target)
+
+
+@pytest.fixture(scope="module")
+def r3(target):
+    return quiet(S01.demo3_generation, target)
+
+
+def test_constants_match_independent_counts():
+    assert S01.M == M_INDEP
+    assert S01.KV_PER_POS == KV_POS == 512
+
+
+def test_rollback_then_refeed_matches_fresh_pass(r1):
+    assert r1["max_delta"] < 1e-12 and r1["max_delta_refeed"] < 1e-12
+    assert r1["max_delta"] < S01.DELTA_BOUND          # 打印出来的上界是真的
+    assert r1["argmax_same"] == r1["n_rows"] == S01.N_PROMPT + S01.N_GOOD + 1 + S01.GAMMA1
+
+
+def test_rollback_only_moves_the_position(r1):
+    assert r1["n_accepted"] == S01.N_GOOD
+    assert r1["n_rolled_back"] == S01.GAMMA1 - S01.N_GOOD
+    assert r1["pos_before"] == S01.N_PROMPT - 1 + S01.GAMMA1 + 1
+    assert r1["pos_before"] - r1["pos_after"] == r1["n_rolled_back"]
+    assert r1["stale_kept"] and r1["overwritten"]
+    assert r1["over_rollback"] == "ValueError"
+    assert r1["cache_shape"] == (L, 1, HKV, CFG.max_seq, HD)
+    assert r1["cache_bytes"] == 2 * L * HKV * CFG.max_seq * HD * 8
+
+
+def test_forgetting_the_rollback_changes_the_output(r1):
+    assert r1["max_delta_no_rollback"] > 0.1
+    assert r1["argmax_same_no_rollback"] < r1["n_refeed"]
+
+
+def test_session_truncate_then_refeed_matches_fresh_pass(target):
+    """decode_lab 的会话接口（生成器用的那个）同样精确：喂 → truncate → 换别的 token 再喂。"""
+    seq = [int(t) for t in (np.arange(20) * 37) % V]
+    sess = target.session()
+    sess.logits(seq)
+    sess.truncate(12)
+    new = seq[:12] + [5, 6, 7]
+    got = sess.logits(new)
+    fresh = target.full_logits([new])[0, 12:]
+    assert np.abs(got - fresh).max() < 1e-12
+
+
+def test_one_pass_ledger_matches_closed_forms(r2):
+    assert len(r2) == 2 + len(S01.GAMMAS)
+    for label, r in r2.items():
+        n, past = r["n_new"], r["n_past"]
+        S = n + past
+        assert r["ledger_eq_analytic"] and r["closed_form_ok"], label
+        assert r["matmul_flops"] == 2 * M_INDEP * n
+        assert r["w"] == 2 * M_INDEP
+        assert r["kv"] == KV_POS * S
+        # 注意力核心：打分 + 加权和按整个矩形 2·H·n·S·hd 各一次，softmax 每个元素 5 次
+        assert r["attn_flops"] == L * (2 * 2 * H * n * S * HD + 5 * H * n * S)
+
+
+def test_verification_pass_reads_weights_once(r2):
+    plain = r2["普通 decode 一步（带缓存）"]
+    for g in S01.GAMMAS:
+        v = r2[f"投机一轮验证 γ = {g}（喂 γ + 1 = {g + 1} 个）"]
+        assert v["matmul_flops"] == (g + 1) * plain["matmul_flops"]
+        assert v["w"] == plain["w"]
+        assert v["kv"] / plain["kv"] == pytest.approx((S01.CTX2 + g + 1) / (S01.CTX2 + 1))
+
+
+def test_generation_ledger_matches_closed_forms(r3):
+    p, n = S01.N_PROMPT, S01.N_NEW
+    c = r3["cached"]
+    assert c["ledger"] == (2 * M_INDEP * (p + n - 1), n * 2 * M_INDEP, KV_POS * sum(p + i for i in range(n)))
+    rc = r3["recompute"]
+    assert rc["ledger"] == (2 * M_INDEP * sum(p + i for i in range(n)), n * 2 * M_INDEP,
+                            KV_POS * sum(p + i for i in range(n)))
+    for g in S01.GAMMAS3:
+        r = r3[g]
+        acc, R = r["accepted"], r["passes"]
+        assert len(acc) == R and all(0 <= a <= g for a in acc)
+        produced = [a + 1 for a in acc]
+        assert sum(produced) >= n > sum(produced[:-1])      # 最后一轮才凑够 n 个，没有多跑一轮
+        positions = p + g + (R - 1) * (g + 1)               # 第一轮：提示 + γ；之后每轮 1 + γ
+        kv = sum(p + sum(produced[:r_]) + g for r_ in range(R))
+        assert r["ledger"] == (2 * M_INDEP * positions, R * 2 * M_INDEP, KV_POS * kv)
+        assert r["positions"] == positions
+        assert r["rolled_back"] == sum(g - a for a in acc)
+        assert r["ledger_eq_closed"]
+
+
+def test_all_generators_give_the_greedy_tokens(r3):
+    for key in ["cached", "recompute"] + list(S01.GAMMAS3):
+        assert r3[key]["same_tokens"], key
+
+
+def test_generation_observations_hold(r3):
+    n = S01.N_NEW
+    g2, g4, g8 = (r3[g] for g in S01.GAMMAS3)
+    base = r3["cached"]["ledger"]
+    assert g2["rolled_back"] < g4["rolled_back"] < g8["rolled_back"]
+    assert g8["passes"] < n and g8["ledger"][1] / base[1] == pytest.approx(g8["passes"] / n)
+    assert g8["ledger"][0] > base[0] and g8["ledger"][2] < base[2]
+    assert r3["recompute"]["ledger"][2] == base[2]
+    assert 0.5 < r3["alpha_T0"] < r3["alpha_T1"]
+    assert abs(r3["alpha_T1"] - 0.905) < 0.03            # CURRICULUM §6：INT4 草稿的 α ≈ 0.905–0.909
+    assert r3["gap_median_flipped"] < r3["gap_median"]
+
+
+# ---------------------------------------------------------------------------
+# 02：接受 / 拒绝规则
+# ---------------------------------------------------------------------------
+def softmax_list(logits):
+    e = [math.exp(x) for x in logits]
+    return [x / sum(e) for x in e]
+
+
+# 每个情形手算的 α = Σ min(p, q)
+ALPHA_BY_HAND = {
+    "一般情形": 0.25 + 0.2 + 0.2 + 0.1,
+    "草稿过于自信": 0.3 + 0.1 + 0.1 + 0.1,
+    "p == q": 1.0,
+    "支撑不相交": 0.0,
+    "q 在 p > 0 处为 0": 0.4 + 0.3,
+    "p one-hot（T = 0）": softmax_list([1.0, 1.5, 0.0, -0.5])[0],   # argmax LOGITS_P = 0
+}
+
+
+@pytest.fixture(scope="module")
+def e1():
+    return quiet(S02.demo1_enumeration)
+
+
+@pytest.fixture(scope="module")
+def e3():
+    return quiet(S02.demo3_other_rules)
+
+
+@pytest.fixture(scope="module")
+def e4():
+    return quiet(S02.demo4_sampling)
+
+
+def test_cases_are_distributions():
+    for name, p, q in S02.case_arrays():
+        assert p.sum() == pytest.approx(1.0, abs=1e-15) and q.sum() == pytest.approx(1.0, abs=1e-15), name
+        assert (p >= 0).all() and (q >= 0).all()
+
+
+def test_enumerated_output_is_p_for_every_q(e1):
+    assert set(e1) == set(ALPHA_BY_HAND)
+    for name, r in e1.items():
+        assert r["err"] < S02.ENUM_BOUND, name
+        assert r["alpha"] == pytest.approx(ALPHA_BY_HAND[name], abs=1e-15), name
+        assert r["alpha"] == pytest.approx(1 - r["tv"], abs=1e-15), name
+
+
+def test_residual_by_hand(e1):
+    np.testing.assert_allclose(e1["一般情形"]["residual"], [1, 0, 0, 0], atol=1e-15)
+    np.testing.assert_allclose(e1["草稿过于自信"]["residual"], [0, 0.5, 0.25, 0.25], atol=1e-15)
+    np.testing.assert_allclose(e1["q 在 p > 0 处为 0"]["residual"], [0, 0, 2 / 3, 1 / 3], atol=1e-15)
+    np.testing.assert_allclose(e1["支撑不相交"]["residual"], [0.6, 0.4, 0, 0], atol=1e-15)
+    np.testing.assert_allclose(e1["p one-hot（T = 0）"]["residual"], [1, 0, 0, 0], atol=1e-15)
+
+
+def test_equal_distributions_guard_the_zero_residual(e1):
+    """p == q：残差 max(0, p − q) 全为 0，归一化是 0/0；兜底成 p，不能出 NaN。"""
+    r = e1["p == q"]
+    assert r["guarded"]
+    assert np.isfinite(r["residual"]).all()
+    np.testing.assert_array_equal(r["residual"], [0.4, 0.3, 0.2, 0.1])
+    assert sum(x["guarded"] for x in e1.values()) == 1
+
+
+def test_decomposition_min_plus_excess_is_p():
+    r = quiet(S02.demo2_decomposition)
+    p, q = np.array([0.4, 0.3, 0.2, 0.1]), np.array([0.7, 0.3, 0.0, 0.0])
+    np.testing.assert_allclose(r["accept_part"], np.minimum(p, q), atol=1e-15)
+    np.testing.assert_allclose(r["reject_part"], np.maximum(p - q, 0), atol=1e-15)
+    assert r["alpha"] == pytest.approx(0.7) and r["reject"] == pytest.approx(0.3)
+    assert r["residual_mass"] == pytest.approx(0.3) and r["err"] < S02.ENUM_BOUND
+
+
+def buggy_resample_from_p(p, q):
+    """'拒绝后从 p 抽'的输出分布，逐个草稿 token 枚举（和脚本里的闭式写法独立）。"""
+    out = np.zeros_like(p)
+    for x in range(len(p)):
+        if q[x] == 0:
+            continue
+        a = min(1.0, p[x] / q[x])
+        out[x] += q[x] * a
+        out += q[x] * (1 - a) * p
+    return out
+
+
+def test_other_rules(e3):
+    for name, p, q in S02.case_arrays():
+        r = e3[name]
+        assert r["naive_alpha"] == pytest.approx(float(np.dot(p, q)), abs=1e-15)
+        assert r["naive_alpha"] <= r["alpha"] + 1e-15
+        assert r["err_resample_p"] == pytest.approx(np.abs(buggy_resample_from_p(p, q) - p).max(), abs=1e-15)
+        assert r["err_always"] == pytest.approx(np.abs(q - p).max(), abs=1e-15)
+        g = S02.GAMMA
+        assert r["E_correct"] == pytest.approx(sum(min(r["alpha"], 1.0) ** i for i in range(g + 1)), rel=1e-9)
+        assert r["E_naive"] == pytest.approx(sum(r["naive_alpha"] ** i for i in range(g + 1)), rel=1e-9)
+    # 观察里说的：T = 0 时朴素规则和修正拒绝采样一样；p == q 时差得最多；拒绝后从 p 抽在 3 个情形里错
+    oh = e3["p one-hot（T = 0）"]
+    assert oh["naive_alpha"] == pytest.approx(oh["alpha"], abs=1e-15)
+    assert max(e3, key=lambda k: e3[k]["alpha"] - e3[k]["naive_alpha"]) == "p == q"
+    wrong = {k for k, r in e3.items() if r["err_resample_p"] > S02.ENUM_BOUND}
+    assert wrong == {"一般情形", "草稿过于自信", "q 在 p > 0 处为 0"}
+
+
+def test_sampling_matches_p_and_catches_the_bug(e4):
+    N = S02.N_SAMPLES
+    for (name, rule), r in e4.items():
+        assert r["counts"].sum() == N
+        # 实测接受比例在精确接受率的 4 个标准误以内（se = 0 时必须完全相等）
+        if r["se"] > 0:
+            assert abs(r["accept"] - r["alpha"]) < 4 * r["se"], (name, rule)
+        else:
+            assert r["accept"] == r["alpha"], (name, rule)
+        if rule in ("correct", "naive") and r["dof"] >= 1:
+            assert r["pvalue"] > 0.01, (name, rule)
+    assert e4[("一般情形", "resample_p")]["pvalue"] < 1e-10
+    oh = e4[("p one-hot（T = 0）", "correct")]
+    assert oh["counts"][0] == N and oh["dof"] == 0
+
+
+def test_sampler_uses_the_draft_q():
+    """p == q 时每次都接受，所以输出就是草稿抽的 token；支撑不相交时一次都不接受。"""
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    toks, acc = S02.sample_rule(p, p, 1000, np.random.default_rng(3))
+    assert acc.all()
+    _, acc = S02.sample_rule(np.array([0.6, 0.4, 0, 0]), np.array([0, 0, 0.5, 0.5]), 1000, np.random.default_rng(3))
+    assert not acc.any()
+
+
+def test_fmt_bounds():
+    assert S02.fmt_bound(0.0) == "< 1e-15" and S02.fmt_bound(0.125) == "1.2e-01"
+    assert S01.fmt_delta(3e-15) == "< 1e-13" and S01.fmt_delta(0.9) == "0.9"
+    assert S02.fmt_pvalue(0.5) == "0.500" and S02.fmt_pvalue(3e-12) == "< 1e-11"
