@@ -1,0 +1,173 @@
+"""
+第 3 讲 01_weight_quantization.py：每个演示返回的数，用不经过 quant_lab 的独立实现（整数量化、E4M3 的码表、MXFP4）
+和闭式公式（位数 = 元素位 + scale 位 / 一个 scale 管的数；均匀舍入误差 间隔² / 12）核对。
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+from quant_lab import LAYER_MATRICES, QCFG
+from transformer_lab import init_params
+
+S = "lecture03/01_weight_quantization.py"
+
+
+@pytest.fixture(scope="module")
+def run():
+    mod = load_script(S)
+    out = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for d in ("demo1_qcfg", "demo2_llama_sized", "demo3_outliers"):
+            out[d] = getattr(mod, d)()
+    return mod, out
+
+
+# ---- 独立实现（只用 numpy）----
+def int_sym(w, bits, group=None):
+    """对称整数量化，每列（或每列每 group 个）一个 scale，scale 舍入到 FP16（numpy 的 float16）。"""
+    qmax = {8: 127, 4: 7}[bits]
+    n_in, n_out = w.shape
+    g = group or n_in
+    b = w.T.reshape(n_out, n_in // g, g)
+    s = (np.abs(b).max(axis=-1, keepdims=True) / qmax).astype(np.float16).astype(np.float64)
+    q = np.clip(np.round(b / s), -qmax, qmax) * s
+    return q.reshape(n_out, n_in).T
+
+
+def e4m3_grid():
+    """E4M3 的全部非负有限值（从位的定义枚举）和每个值的尾数最低位。"""
+    vals, lsb = [], []
+    for E in range(16):
+        for M in range(8):
+            if E == 15 and M == 7:
+                continue                                     # NaN
+            vals.append(M / 8 * 2.0 ** -6 if E == 0 else (1 + M / 8) * 2.0 ** (E - 7))
+            lsb.append(M & 1)
+    return np.array(vals), np.array(lsb)
+
+
+def nearest_even(v, grid, lsb):
+    """|v| 在 grid 上就近取，平局取尾数最低位为 0 的那个，超过最大值饱和；保留符号。"""
+    a = np.minimum(np.abs(v), grid[-1])
+    i = np.clip(np.searchsorted(grid, a), 1, len(grid) - 1)
+    lo, hi = grid[i - 1], grid[i]
+    dlo, dhi = a - lo, hi - a
+    pick = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lsb[i - 1] == 0, lo, hi)))
+    return np.sign(v) * pick
+
+
+def fp8_channel(w):
+    grid, lsb = e4m3_grid()
+    s = np.abs(w).max(axis=0, keepdims=True) / 448.0
+    return nearest_even(w / s, grid, lsb) * s
+
+
+def mxfp4(w):
+    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6.0])
+    lsb = np.array([0, 1, 0, 1, 0, 1, 0, 1])
+    n_in, n_out = w.shape
+    b = w.T.reshape(-1, 32)
+    X = np.exp2(np.floor(np.log2(np.abs(b).max(axis=1, keepdims=True))) - 2)
+    return (nearest_even(b / X, grid, lsb) * X).reshape(n_out, n_in).T
+
+
+def independent(w, scheme):
+    if scheme == "int8":
+        return int_sym(w, 8)
+    if scheme == "int4":
+        return int_sym(w, 4)
+    if scheme.startswith("int4-g"):
+        return int_sym(w, 4, int(scheme[6:]))
+    if scheme == "fp8-e4m3":
+        return fp8_channel(w)
+    if scheme == "mxfp4":
+        return mxfp4(w)
+    raise KeyError(scheme)
+
+
+def bits_closed_form(scheme, n_in):
+    return {"int8": 8 + 16 / n_in, "int4": 4 + 16 / n_in, "int4-g128": 4 + 16 / 128, "int4-g64": 4 + 16 / 64,
+            "int4-g32": 4 + 16 / 32, "fp8-e4m3": 8 + 32 / n_in, "mxfp4": 4 + 8 / 32}[scheme]
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+# ---------------------------------------------------------------------------
+def test_demo1_errors_match_independent_quantizers(run):
+    mod, out = run
+    r = out["demo1_qcfg"]
+    P = init_params(QCFG, seed=0)
+    mats = {m: [L[m] for L in P["layers"]] for m in LAYER_MATRICES}
+    mats["lm_head"] = [P["lm_head"]]
+    assert set(r) == set(mod.QCFG_SCHEMES)
+    for scheme, x in r.items():
+        num_all = den_all = 0.0
+        nbits = nparams = 0.0
+        for m, ws in mats.items():
+            num = sum(float(np.sum((independent(w, scheme) - w) ** 2)) for w in ws)
+            den = sum(float(np.sum(w ** 2)) for w in ws)
+            assert x["per_type"][m] == pytest.approx((num / den) ** 0.5, rel=1e-9), (scheme, m)
+            num_all, den_all = num_all + num, den_all + den
+            for w in ws:
+                nbits += w.size * bits_closed_form(scheme, w.shape[0])
+                nparams += w.size
+        assert x["overall"] == pytest.approx((num_all / den_all) ** 0.5, rel=1e-9)
+        assert x["bits"] == pytest.approx(nbits / nparams, rel=1e-12)
+        assert x["n_params"] == nparams
+
+
+def test_demo1_observations_hold(run):
+    r = run[1]["demo1_qcfg"]
+    # 输入维 64 的矩阵上 int4 每通道 == int4-g64；w_down（输入 192）上每通道更差
+    for m in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "lm_head"):
+        assert r["int4"]["per_type"][m] == r["int4-g64"]["per_type"][m]
+    assert r["int4"]["per_type"]["w_down"] > r["int4-g64"]["per_type"]["w_down"]
+    assert r["int4"]["per_type"]["w_down"] > r["int4"]["per_type"]["wq"]
+    assert r["int8"]["overall"] < r["fp8-e4m3"]["overall"] < r["int4-g32"]["overall"] < r["int4"]["overall"]
+    assert 15 < r["int4"]["overall"] / r["int8"]["overall"] < 21          # ≈ 127/7
+    fp8 = r["fp8-e4m3"]["per_type"].values()
+    assert max(fp8) - min(fp8) < 0.1 * min(fp8)
+
+
+def test_demo2_llama_sized_matrix(run):
+    mod, out = run
+    r = out["demo2_llama_sized"]
+    w = mod.big_matrix()
+    assert w.shape == (4096, 1024)                         # Llama-3.1-8B 的 k_proj：4096 → 8 × 128
+    for scheme in mod.BIG_SCHEMES:
+        assert r[scheme]["bits"] == bits_closed_form(scheme, 4096)
+        assert r[scheme]["rel_err"] == pytest.approx(rel(independent(w, scheme), w), rel=1e-9), scheme
+        if r[scheme]["estimate"] is not None:
+            assert r[scheme]["estimate"] == pytest.approx(r[scheme]["rel_err"], rel=0.02)
+    q = {s: r[s]["rel_err"] for s in mod.BIG_SCHEMES}
+    assert q["int4"] > q["int4-g128"] > q["int4-g64"] > q["int4-g32"]
+    assert q["int4-g64"] < q["mxfp4"]                     # 观察 3 的"int4-g64 更准"
+    assert q["int8"] < q["fp8-e4m3"]
+    assert r["int4_first64_rows"] < q["int4"]
+    # 浮点舍入的相对误差 ≈ 2^-m × 常数：E4M3（m = 3）在 0.02–0.03
+    assert 0.02 < q["fp8-e4m3"] < 0.03
+
+
+def test_demo3_outlier_channels(run):
+    mod, out = run
+    r = out["demo3_outliers"]
+    w = mod.big_matrix()[:, :mod.OUT_COLS]
+    wr = w.copy()
+    wr[mod.OUTLIER_ROW] *= mod.OUTLIER_GAIN
+    keep = np.ones(w.shape, dtype=bool)
+    keep[mod.OUTLIER_ROW] = False
+    for scheme, x in r.items():
+        assert x["clean"] == pytest.approx(rel(independent(w, scheme), w), rel=1e-9)
+        assert x["row_rest"] == pytest.approx(rel(independent(wr, scheme)[keep], wr[keep]), rel=1e-9)
+        assert x["col_ratio"] == 1.0                              # 一列有自己的 scale，其余列的量化逐位不变
+        a = independent(w, scheme)
+        assert x["row_ratio"] == pytest.approx(x["row_rest"] / rel(a[keep], w[keep]), rel=1e-9)
+    assert r["int4"]["row_ratio"] > 2 and r["int8"]["row_ratio"] > 2
+    assert r["int4-g32"]["row_ratio"] < r["int4-g128"]["row_ratio"] < 1.3
+    assert r["mxfp4"]["row_ratio"] < 1.1
+    assert abs(r["fp8-e4m3"]["row_ratio"] - 1) < 0.01
