@@ -16,8 +16,8 @@ CS349E · 第 6 讲 · 02_rejection_sampling.py —— 接受 / 拒绝规则：�
 （"< 1e-15"），所以打印的字节不依赖机器。TV(p, q) = ½ Σ |p − q| 是总变差距离。
 
 【模型的假设（务必看）】这里的分布都是手工写的（4 个 token 的词表），不是模型的输出；T = 0 的情形用 decode_lab.adjust
-从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）§2.3 和附录 A.1（定理 3.5 的证明、
-定义 3.2 / 推论 3.6 的 α），Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
+从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）：输出分布 = p 是它的定理 3.5（证明在附录），
+α = E[Σ min(p, q)] 是推论 3.6；Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
 
 【运行】python3 02_rejection_sampling.py （约 0.2 秒）
 
