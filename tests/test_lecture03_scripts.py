@@ -1,0 +1,268 @@
+"""
+第 3 讲的脚本 02_quantized_model_quality、03_quantized_decode_speed、04_moe_experts：每个观察里引用的数，
+用独立的闭式、另一条计算路径或公开的数字重新算一遍再比。
+"""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+from decode_lab import TransformerLM
+from hw_specs import H100
+from llm_math import (GPT_OSS_120B, GPT_OSS_20B, LLAMA31_70B, LLAMA31_8B, decode_step, expected_touched_experts,
+                      weight_bytes)
+from quant_lab import QCFG, quantize_params, sample_tokens
+from transformer_lab import init_params, softmax
+
+GIB = 2 ** 30
+
+
+@pytest.fixture(scope="module")
+def s02():
+    return load_script("lecture03/02_quantized_model_quality.py")
+
+
+@pytest.fixture(scope="module")
+def s03():
+    return load_script("lecture03/03_quantized_decode_speed.py")
+
+
+@pytest.fixture(scope="module")
+def s04():
+    return load_script("lecture03/04_moe_experts.py")
+
+
+@pytest.fixture(scope="module")
+def ev(s02):
+    return s02.evaluate_all()
+
+
+@pytest.fixture(scope="module")
+def q02(s02, ev):
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        return s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
+
+
+# ---------------------------------------------------------------------------
+# 02：量化模型的质量
+# ---------------------------------------------------------------------------
+def test_final_hidden_times_lm_head_equals_full_forward(s02):
+    """lm_head 换成单位矩阵得到的隐藏状态，再乘 lm_head，必须等于正常的前向（演示共用一次前向的前提）。"""
+    P = init_params(QCFG, seed=0)
+    Pq = quantize_params(P, "int4-g32", include_lm_head=True)[0]
+    toks = sample_tokens(P, QCFG, n_seq=3, length=40, seed=5)
+    for params in (P, Pq):
+        full = TransformerLM(params, QCFG).full_logits(toks)
+        np.testing.assert_allclose(s02.final_hidden(params, toks) @ params["lm_head"], full, rtol=0, atol=1e-10)
+
+
+def test_kl_matches_independent_recomputation(ev, q02):
+    """用 decode_lab 的整段前向和 softmax 独立地重算前 8 条序列的逐位置 KL、top-1、负对数似然；平均值和逐位置的一致。"""
+    P = init_params(QCFG, seed=0)
+    toks = ev["toks"][:8]
+    p = softmax(TransformerLM(P, QCFG).full_logits(toks))[:, :-1]
+    for scheme, head in (("int8", False), ("int4", False), ("mxfp4", True)):
+        q = softmax(TransformerLM(quantize_params(P, scheme, include_lm_head=head)[0], QCFG).full_logits(toks))[:, :-1]
+        m = ev["runs"][(scheme, head)][0]
+        np.testing.assert_allclose(m["kl"][:8], (p * (np.log(p) - np.log(q))).sum(-1), rtol=1e-7, atol=1e-12)
+        np.testing.assert_array_equal(m["agree"][:8], (p.argmax(-1) == q.argmax(-1)).astype(float))
+        nll = -np.log(np.take_along_axis(q, toks[:, 1:, None], -1)[..., 0])
+        np.testing.assert_allclose(m["nll"][:8], nll, rtol=1e-9)
+        d = q02[1][scheme]
+        assert d["kl_with" if head else "kl_without"] == pytest.approx(float(m["kl"].mean()), rel=1e-12)
+
+
+def test_metric_sanity(ev):
+    assert np.all(ev["orig"]["kl"] == 0) and np.all(ev["orig"]["agree"] == 1)
+    for m, _ in ev["runs"].values():
+        assert m["kl"].min() > -1e-12
+        assert np.all(m["overlap"] <= 1 + 1e-12)
+    assert ev["toks"].shape == (32, 128)
+
+
+def test_bits_per_param_closed_form(q02):
+    """QCFG：每层 36864 个参数的矩阵输入维 64，12288 个（w_down）输入维 192。"""
+    d1 = q02[0]
+    share = 36864 / (36864 + 12288)
+    assert d1["int4"]["bits"] == pytest.approx(share * (4 + 16 / 64) + (1 - share) * (4 + 16 / 192))
+    assert d1["int4-g64"]["bits"] == pytest.approx(4.25)
+    assert d1["int4-g32"]["bits"] == pytest.approx(4.5)
+    assert d1["mxfp4"]["bits"] == pytest.approx(4.25)
+    assert d1["int8"]["bits"] == pytest.approx(share * (8 + 16 / 64) + (1 - share) * (8 + 16 / 192))
+    assert d1["g64_equals_channel_share"] == pytest.approx(share)
+
+
+def test_demo1_claims(q02):
+    d1 = q02[0]
+    assert d1["int8"]["kl"] < 1e-4 and abs(d1["int8"]["ppl"] / d1["ppl_orig"] - 1) < 1e-3
+    assert d1["int8"]["agree"] > 0.98
+    assert d1["kl_order_int4"]                                 # 观察 4 说的顺序
+    assert d1["int4-g32"]["kl"] < d1["int4-g64"]["kl"] < d1["int4"]["kl"]
+    assert d1["fp8-e4m3"]["kl"] > d1["int8"]["kl"]             # 观察 2
+    assert d1["int4_over_int8_kl"] > 100                      # "两个数量级以上"
+    assert d1["mxfp4"]["kl"] > d1["int4-g32"]["kl"]            # 观察 6 打印的是"大"
+    assert d1["int8_disagree_margin"] < 0.1 * d1["all_margin"]
+    for s in ("int8", "fp8-e4m3", "int4", "int4-g64", "int4-g32", "mxfp4"):
+        assert d1[s]["log_ppl_ratio"] > 0
+
+
+def test_log_perplexity_gap_estimates_kl(s02, ev):
+    """样本上的 log 困惑度之差是平均 KL 的无偏估计：差在 4 个标准误以内（docstring 和演示 3 的说法）。"""
+    for (scheme, head), (m, _) in ev["runs"].items():
+        mean, se = s02.paired_diff(m["nll"], ev["orig"]["nll"])
+        assert abs(mean - m["kl"].mean()) < 4 * se + 1e-9, (scheme, head)
+
+
+def test_demo2_lm_head_claims(q02):
+    d2 = q02[1]
+    assert d2["all_worse"] and 1.5 < d2["ratio_min"] <= d2["ratio_max"] < 3
+    assert d2["int4"]["head_share_params"] == pytest.approx(64 * 192 / (4 * 49152 + 64 * 192))
+    # 第 6 讲的 INT4 草稿：CURRICULUM §6 测得 α ≈ 0.905–0.909（另一批样本）
+    assert 0.89 < d2["int4-g32"]["alpha_with"] < 0.93
+    assert 0 < d2["head_part_min"] <= d2["head_part_max"] < 1
+
+
+def test_demo3_significance(q02):
+    d3 = q02[2]
+    pairs = (("int4", "int4-g64"), ("int4-g64", "int4-g32"), ("int4", "int4-g32"))
+    assert all(d3["kl_z"][p] >= 2 for p in pairs)
+    assert d3["nll_se_over_kl_se"] > 5
+    # 配对差值的符号和演示 1 的平均值一致
+    assert all(d3[p]["kl"][0] > 0 for p in pairs)
+
+
+# ---------------------------------------------------------------------------
+# 03：量化的 decode 速度
+# ---------------------------------------------------------------------------
+def _lin_params(m):
+    d, q, kv = m.d_model, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    return m.n_layers * (d * q + 2 * d * kv + q * d + 3 * d * m.d_ff)
+
+
+@pytest.mark.parametrize("m", (LLAMA31_8B, LLAMA31_70B), ids=lambda m: m.name)
+def test_read_bits_closed_form(s03, m):
+    lin = _lin_params(m)
+    other = m.active_params() - lin
+    assert s03.read_bits(m, "bf16") == pytest.approx(16.0)
+    assert s03.read_bits(m, "int4-g128") == pytest.approx((lin * 4.125 + other * 16) / m.active_params())
+    assert s03.read_bits(m, "mxfp4") == pytest.approx((lin * 4.25 + other * 16) / m.active_params())
+
+
+def test_demo1_bytes_and_speed(s03, capsys):
+    d = s03.demo1_bytes_per_step()
+    ctx = s03.CONTEXT
+    for m in (LLAMA31_8B, LLAMA31_70B):
+        kv = m.kv_bytes(ctx)
+        w16 = m.active_params() * 2
+        w4 = _lin_params(m) * 4.125 / 8 + (m.active_params() - _lin_params(m)) * 2
+        # 批大小 1 受带宽限制：加速比 = 字节之比
+        assert d[(m.name, s03.W4)]["speedup"] == pytest.approx((w16 + kv) / (w4 + kv), rel=1e-9)
+        assert d[(m.name, "BF16")]["time"] == pytest.approx((w16 + kv) / H100.mem_bw, rel=1e-9)
+        assert all(d[(m.name, s)]["bound"] == "memory" for s in s03.SETUPS)
+    assert d[(LLAMA31_70B.name, "BF16")]["time"] == pytest.approx(41.5e-3, abs=0.1e-3)
+    assert not d[(LLAMA31_70B.name, "BF16")]["fits"] and d[(LLAMA31_70B.name, s03.W4)]["fits"]
+    assert d["lm_head_share_8b"] == pytest.approx(128256 * 4096 / LLAMA31_8B.active_params())
+    assert 3 < d[(LLAMA31_8B.name, s03.W4)]["speedup"] < d[(LLAMA31_70B.name, s03.W4)]["speedup"] < 4
+
+
+def test_demo2_crossovers(s03, capsys):
+    d = s03.demo2_batch()
+    m, ctx = LLAMA31_70B, s03.CONTEXT
+    for (name, c, setup), b in d["cross"].items():
+        mm = LLAMA31_8B if name == LLAMA31_8B.name else LLAMA31_70B
+        if b is None:
+            dtype = s03.SETUPS[setup][1]
+            assert mm.flops_per_token(c) / H100.peak_flops(dtype) <= mm.kv_bytes(c) / H100.mem_bw
+            assert s03.step(mm, setup, 1 << 20, c)["bound"] == "memory"
+        else:   # 最小：B* 受算力限制，B* − 1 受带宽限制
+            assert s03.step(mm, setup, b, c)["bound"] == "compute"
+            assert b == 1 or s03.step(mm, setup, b - 1, c)["bound"] == "memory"
+    # 上下文 0：B* ≈ 拐点 × 位数 / 16
+    for setup, (fmt, dtype) in s03.SETUPS.items():
+        for mm in (LLAMA31_8B, LLAMA31_70B):
+            approx = H100.ridge_point(dtype) * s03.read_bits(mm, fmt) / 16
+            assert abs(d["cross"][(mm.name, 0, setup)] - approx) <= 1
+    assert d["b_w4"] < d["b_bf16"] < d["b_fp8"]
+    assert d["speedup_w4"][2048] == pytest.approx(1.0)
+    assert d["speedup_fp8"][2048] == pytest.approx(H100.peak_flops("fp8") / H100.peak_flops("bf16"))
+    assert d["fp8_min"] > 1.4 and d["b_bf16"] <= d["fp8_min_batch"] < d["b_fp8"]
+    assert all(d["cross"][(LLAMA31_8B.name, ctx, s)] is None for s in s03.SETUPS)
+    assert H100.peak_flops("fp8") == 1978.9e12 and H100.peak_flops("int8") == 1978.9e12
+
+
+def test_demo3_context(s03, capsys):
+    d = s03.demo3_context()
+    m, B = LLAMA31_8B, s03.BATCH3
+    assert d["kv_equals_weights_ctx"] == pytest.approx(m.active_params() * 2 / (B * 2 * 32 * 8 * 128 * 2))
+    assert d["first_kv_majority_ctx"] == 16384
+    ws = sorted(d["w4"])
+    assert all(d["w4"][a] > d["w4"][b] for a, b in zip(ws, ws[1:]))      # 上下文越长，好处越小
+    assert 2.0 < d["w4_kv8"][131072] < 2.1 and d["w4"][131072] < 1.1
+    assert not d["fits"][131072] and d["fits"][32768]
+
+
+# ---------------------------------------------------------------------------
+# 04：MoE
+# ---------------------------------------------------------------------------
+def test_simulation_picks_k_distinct_uniformly(s04):
+    E, k, trials = 16, 3, 20000
+    out = s04.simulate_touched(E, k, (1,), trials, np.random.default_rng(7))
+    assert np.all(out[1] == k)                                 # 一个 token 正好 k 个不同的专家
+    # 每个专家被选中的频率 = k / E（再跑一次，数每个专家）
+    rng = np.random.default_rng(8)
+    keys = rng.random((trials, E))
+    chosen = np.argpartition(keys, k - 1, axis=1)[:, :k]
+    freq = np.bincount(chosen.ravel(), minlength=E) / trials
+    se = math.sqrt(k / E * (1 - k / E) / trials)
+    assert np.all(np.abs(freq - k / E) < 5 * se)
+
+
+def test_demo1_formula_vs_simulation(s04, capsys):
+    d = s04.demo1_touched_experts()
+    assert d["max_z"] < 4 and d["max_flat_diff"] < 0.01
+    for m in (GPT_OSS_120B, GPT_OSS_20B):
+        for n in s04.N_TOKENS:
+            r = d[(m.name, n)]
+            assert r["formula"] == pytest.approx(m.n_experts * (1 - (1 - m.top_k / m.n_experts) ** n))
+            assert r["formula"] <= min(n * m.top_k, m.n_experts) + 1e-12
+    E, k = 128, 4
+    for key, frac in (("n_half", 0.5), ("n90", 0.9), ("n99", 0.99)):
+        n = d[key]
+        assert expected_touched_experts(E, k, n) >= frac * E > expected_touched_experts(E, k, n - 1)
+    assert d["n_half"] == 22
+
+
+def test_demo2_published_counts(s04, capsys):
+    d = s04.demo2_params()
+    big, small = d[GPT_OSS_120B.name], d[GPT_OSS_20B.name]
+    assert big["total"] == 116_829_156_672 == GPT_OSS_120B.params()
+    assert big["active"] == GPT_OSS_120B.active_params() and round(big["active"] / 1e9, 2) == 5.13
+    assert round(small["total"] / 1e9, 2) == 20.91 and round(small["active"] / 1e9, 2) == 3.61
+    assert big["ckpt_bytes"] / GIB == pytest.approx(60.8, abs=0.05)
+    assert big["ckpt_bytes"] == weight_bytes(GPT_OSS_120B, "bf16", expert_fmt="mxfp4")
+    assert big["ckpt_bytes"] < H100.mem_bytes
+    assert 0.29 < big["attn_head_active_share"] < 0.31
+
+
+def test_demo3_moe_decode_bytes(s04, capsys):
+    d = s04.demo3_decode_bytes()
+    m = GPT_OSS_120B
+    L, e = m.n_layers, m.expert_params()
+    e_bytes = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
+    dense = m.active_params() - L * m.top_k * e
+    for b, r in d["steps"].items():
+        touched = expected_touched_experts(128, 4, b)
+        assert r["w_bytes"] == pytest.approx(dense * 2 + L * touched * e_bytes, rel=1e-12)
+        # decode_step 自己的 MoE 参数数（w_bits = 16 时字节 = 2 × 参数）
+        assert decode_step(m, H100, b, 0)["w_bytes"] == pytest.approx(2 * (dense + L * touched * e), rel=1e-12)
+        assert r["flops"] == pytest.approx(b * 2 * m.matmul_params())
+    assert d["steps"][4096]["w_bytes"] == pytest.approx(d["all_bytes"], rel=1e-9)
+    b = d["b_compute_moe"]
+    assert s04.moe_step(m, b)["bound"] == "compute" and s04.moe_step(m, b - 1)["bound"] == "memory"
+    t1 = d["steps"][1]["w_bytes"] / H100.mem_bw
+    assert d["b_compute_dense"] == math.ceil(t1 / (2 * m.matmul_params() / H100.peak_flops("bf16")))
+    assert d["b_compute_dense"] < d["n99"] < b
+    assert d["t_token_compute"] == pytest.approx(2 * m.matmul_params() / 989.4e12)
