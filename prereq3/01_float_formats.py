@@ -8,18 +8,18 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 最小次正规数、相对精度各是多少——全部由位数算出来，和规范对得上。
 演示 2：把 FP4-E2M1 的 16 个码全部列出来（按位解码），再数一数两种 FP8 各有多少个有限值：小格式的"数轴"长什么样。
 演示 3：就近舍入、一样近时取偶数（RNE）在边界上怎么走：平局、溢出（IEEE 格式变 inf，E4M3 / E2M1 饱和）、下溢到 ±0、次正规数。
-演示 4：几个数在各格式里的位串（encode_bits），以及 BF16 和 FP32 的关系。
-演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^−(尾数位数+1)；0.1 在各格式里变成多少。
+演示 4：几个数在各格式里的位串（encode_bits），BF16 和 FP32 的关系，0.1 在各格式里变成多少。
+演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^−(尾数位数+1)，平均约是它的 36%。
 
 【怎么读输出】一个浮点数 = (−1)^符号 × 1.尾数 × 2^(指数码 − 偏置)；指数码全 0 是次正规数：(−1)^符号 × 0.尾数 × 2^(1 − 偏置)。
-"相对精度 ε" = 1 和比 1 大的下一个数之差 = 2^−(尾数位数)。位串写成 符号.指数.尾数。
+"相对精度 ε" = 1 和比 1 大的下一个数之差 = 2^−(尾数位数)。位串写成 符号.指数.尾数。输出里的"非数"就是 NaN（Not a Number）。
 
 【模型的假设（务必看）】没有假设值：格式的定义来自规范——IEEE 754-2008（FP32 = binary32、FP16 = binary16）；BF16 是 FP32 的高 16 位
 （Google Brain 的 bfloat16，8 位指数、7 位尾数）；OCP 8-bit Floating Point Specification (OFP8) v1.0（E4M3：没有 inf，只有
 S.1111.111 是 NaN，最大 448，最小次正规数 2^−9；E5M2：IEEE 风格，最大 57344）；OCP Microscaling (MX) Formats Specification v1.0
 （E2M1：没有 inf 和 NaN，最大 6，最小次正规数 0.5）。OCP 的 FP8 规范允许溢出时饱和或不饱和，这里 E4M3 按饱和（numfmt 的选择）。
 
-【运行】python3 01_float_formats.py （约 0.1 秒）
+【运行】python3 01_float_formats.py （约 0.2 秒）
 
 【依赖】numpy；本目录的 numfmt（格式、round_to、encode_bits）；../lecture01 的 console。
 """
@@ -108,8 +108,8 @@ def demo1_layouts():
         f"{r['BF16']['max']:.3g} 和 FP32 的 {r['FP32']['max']:.3g} 同一个量级，代价是 ε = {r['BF16']['epsilon']:.3g}"
         f"（只有约 {np.log10(1 / r['BF16']['epsilon']):.1f} 位十进制有效数字）。训练和推理用 BF16 不用担心溢出，这是它流行的原因。",
         f"E4M3 的最大值是 {r['FP8-E4M3']['max']:.0f} 而不是 1.875 × 2^8 = {1.875 * 2 ** 8:.0f}：它没有 inf，把最大的指数码也拿来"
-        f"表示数，只留 S.1111.111 当 NaN，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
-        f"最大指数码给 inf/NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
+        f"表示数，只留 S.1111.111 当非数，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
+        f"最大指数码给 inf 和非数：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
         f"同是 8 位，E4M3 精度高一倍（ε = {r['FP8-E4M3']['epsilon']:g} vs {r['FP8-E5M2']['epsilon']:g}），E5M2 范围大得多"
         f"（从最小次正规数到最大值跨 {r['FP8-E5M2']['binades']} 个 2 的幂 vs {r['FP8-E4M3']['binades']} 个）。"
         "所以常见的用法是 E4M3 存权重和激活、E5M2 存训练时的梯度。",
@@ -141,7 +141,7 @@ def demo2_small_formats_enumerated():
     rows2 = [[n, c["codes"], c["finite_codes"], c["distinct"], c["inf"], c["nan"], f"{c['min_pos']:g}", f"{c['max']:g}",
               c["all_fixed_points"]] for n, c in counts.items()]
     print()
-    print_table(["格式", "码的个数", "有限值的码", "不同的有限值（+0 = −0）", "inf 码", "NaN 码", "最小正数", "最大值",
+    print_table(["格式", "码的个数", "有限值的码", "不同的有限值（+0 = −0）", "inf 码", "非数码", "最小正数", "最大值",
                  "round_to 把每个值映到自己"], rows2)
     gaps = np.diff([0.0] + pos)
     c4, c5 = counts["FP8-E4M3"], counts["FP8-E5M2"]
@@ -150,8 +150,8 @@ def demo2_small_formats_enumerated():
         f"{gaps.max():g}：浮点数的间隔随数的大小变大（每过一个 2 的幂翻一倍），整数格式的间隔则处处相同。",
         f"按位解码的结果和 numfmt.encode_bits 完全一致（上表最后一列），最大值 {counts['FP4-E2M1']['max']:g}（0.11.1）、"
         f"最小次正规数 {counts['FP4-E2M1']['min_pos']:g}（0.00.1）正是 OCP MX 规范给的数。",
-        f"E4M3 的 {c4['codes']} 个码里 {c4['nan']} 个是 NaN、{c4['inf']} 个 inf，{c4['finite_codes']} 个有限值的码"
-        f"（去掉 ±0 的重复是 {c4['distinct']} 个不同的数）；E5M2 有 {c5['inf']} 个 inf 码、{c5['nan']} 个 NaN 码，只剩 "
+        f"E4M3 的 {c4['codes']} 个码里 {c4['nan']} 个是非数、{c4['inf']} 个 inf，{c4['finite_codes']} 个有限值的码"
+        f"（去掉 ±0 的重复是 {c4['distinct']} 个不同的数）；E5M2 有 {c5['inf']} 个 inf 码、{c5['nan']} 个非数码，只剩 "
         f"{c5['finite_codes']} 个有限值的码。E4M3 几乎不浪费码，这是它放弃 inf 的原因。",
     ])
     return {"e2m1_positive": pos, "e2m1_gaps": gaps.tolist(), "counts": counts,
@@ -234,7 +234,7 @@ def demo4_encode_bits():
     print_table(["值"] + [f.name for f in fmts], rows)
     specials = {"FP16 最小次正规数": bits_str(FP16.min_subnormal, FP16), "FP16 最大值": bits_str(FP16.max_value, FP16),
                 "FP16 +inf": bits_str(np.inf, FP16), "E4M3 最小次正规数": bits_str(FP8_E4M3.min_subnormal, FP8_E4M3),
-                "E4M3 最大值": bits_str(FP8_E4M3.max_value, FP8_E4M3), "E4M3 NaN": bits_str(np.nan, FP8_E4M3),
+                "E4M3 最大值": bits_str(FP8_E4M3.max_value, FP8_E4M3), "E4M3 非数": bits_str(np.nan, FP8_E4M3),
                 "E5M2 最大值": bits_str(FP8_E5M2.max_value, FP8_E5M2), "E2M1 最小次正规数": bits_str(0.5, FP4_E2M1)}
     print()
     print_table(["特殊值", "位串"], [[k, v] for k, v in specials.items()])
@@ -248,7 +248,7 @@ def demo4_encode_bits():
         f"0.1 在 FP32 里尾数是 {fp32_01}，BF16 是 {bf16_01}（前 7 位 {fp32_01[:7]}，后面是 {fp32_01[7:]}，"
         + ("超过一半，所以进位" if rounded_up else "不到一半，所以舍去") + "）。"
         "所以 FP32 → BF16 只需要对高 16 位做舍入，硬件上很便宜。",
-        f"E4M3 的 448 是 {res[('FP8-E4M3', 448.0)]['bits']}：指数码全 1 仍是普通的数；而 FP16 的全 1 指数码是 inf/NaN"
+        f"E4M3 的 448 是 {res[('FP8-E4M3', 448.0)]['bits']}：指数码全 1 仍是普通的数；而 FP16 的全 1 指数码是 inf 和非数"
         f"（+inf = {specials['FP16 +inf']}），FP16 的最大值用的是 11110 这个指数码（{specials['FP16 最大值']}）。",
         f"0.1 在任何二进制格式里都不能精确表示：FP16 存的是 {res[('FP16', 0.1)]['rounded']:.8g}，E4M3 是 "
         f"{res[('FP8-E4M3', 0.1)]['rounded']:.6g}，E2M1 里它直接变成 {res[('FP4-E2M1', 0.1)]['rounded']:g}（比 0.5 的一半还小）。",

@@ -142,7 +142,7 @@ def test_01_encode_bits_agree_with_numpy_bit_patterns(s1):
         assert bits[("FP16", v)]["bits"].replace(".", "") == f16
         assert bits[("FP32", v)]["bits"].replace(".", "") == f32
     sp = s1[1]["demo4_encode_bits"]["specials"]
-    assert sp["E4M3 最大值"] == "0.1111.110" and sp["E4M3 NaN"] == "0.1111.111"
+    assert sp["E4M3 最大值"] == "0.1111.110" and sp["E4M3 非数"] == "0.1111.111"
     assert sp["E5M2 最大值"] == "0.11110.11" and sp["E2M1 最小次正规数"] == "0.00.1"
     assert sp["FP16 +inf"] == "0.11111.0000000000"
     assert s1[1]["demo4_encode_bits"]["bf16_same_sign_exp_as_fp32"]
