@@ -121,3 +121,109 @@ def test_03_greedy_is_token_for_token_identical(s03, models03, capsys):
     assert r["n_tokens"] == r["n_cfg"] * s03.GREEDY_PROMPTS * s03.GREEDY_NEW
     for (name, g), v in r["per_cfg"].items():
         assert 1.0 <= v["tokens_per_call"] <= g + 1
+
+
+# ---------------------------------------------------------------------------
+# 05_spec_decode_batching.py
+# ---------------------------------------------------------------------------
+H100_BW, H100_BF16 = 3.35e12, 989.4e12
+
+
+@pytest.fixture(scope="module")
+def s05():
+    return load_script("lecture06/05_spec_decode_batching.py")
+
+
+def _step(model, b, ctx, n=1):
+    """独立写的 roofline：8 块 H100（理想张量并行），BF16 权重和 KV。"""
+    flops = b * n * (2 * model.matmul_params() + 4 * model.n_heads * model.head_dim * model.n_layers * ctx)
+    byt = 2 * model.active_params() + b * ctx * 2 * 2 * model.n_kv_heads * model.head_dim * model.n_layers
+    return max(flops / (8 * H100_BF16), byt / (8 * H100_BW))
+
+
+def _speedup(alpha, g, b, ctx, T, D):
+    return expected_tokens(alpha, g) * _step(T, b, ctx) / (_step(T, b, ctx, g + 1) + g * _step(D, b, ctx))
+
+
+def test_05_round_cost_matches_closed_form(s05):
+    for b in (1, 64, 512):
+        for g in (1, 4, 8):
+            r = s05.round_cost(b, g, 512)
+            assert r["plain"] == pytest.approx(_step(s05.TARGET, b, 512), rel=1e-12)
+            assert r["verify"] == pytest.approx(_step(s05.TARGET, b, 512, g + 1), rel=1e-12)
+            assert r["draft"] == pytest.approx(_step(s05.DRAFT, b, 512), rel=1e-12)
+    # B = 1：70B 读 BF16 权重 ≈ 141 GB / 26.8 TB/s ≈ 5.2 ms
+    assert s05.round_cost(1, 1, 512)["plain"] == pytest.approx(5.19e-3, rel=0.01)
+
+
+def test_05_verify_cost(s05, capsys):
+    r = s05.demo1_verify_cost()
+    capsys.readouterr()
+    assert r["ratio"][(1, 8)] == pytest.approx(1.0, abs=1e-9)           # 批 1：验证 9 个位置免费
+    assert r["ratio"][(2048, 8)] == pytest.approx(9.0, rel=1e-9)         # 都受算力限制：正好 γ + 1 倍
+    assert r["b_star"] == pytest.approx(452, abs=1)
+    cross = r["cross"]
+    assert [cross[g] for g in (1, 2, 4, 8)] == sorted([cross[g] for g in (1, 2, 4, 8)], reverse=True)
+    for g, b in cross.items():                                           # 交点：前一个整数还受带宽限制
+        assert _step(s05.TARGET, b, 512, g + 1) == pytest.approx(b * (g + 1) * s05.TARGET.flops_per_token(512)
+                                                                 / (8 * H100_BF16), rel=1e-12)
+        assert _step(s05.TARGET, b - 1, 512, g + 1) > (b - 1) * (g + 1) * s05.TARGET.flops_per_token(512) / (8 * H100_BF16)
+        # 闭式：B·n·f/P = (W + B·k)/BW  =>  B = (W/BW) / (n·f/P − k/BW)，取整向上；比 B*/(γ+1) 还早（KV 只读一遍）
+        T = s05.TARGET
+        wt, kt = 2 * T.active_params() / (8 * H100_BW), 327680 * 512 / (8 * H100_BW)
+        assert b == math.ceil(wt / ((g + 1) * T.flops_per_token(512) / (8 * H100_BF16) - kt))
+        assert b < r["b_star"] / (g + 1)
+    assert r["free_b"] == 16
+
+
+def test_05_speedup_and_break_even(s05, capsys):
+    r = s05.demo2_speedup()
+    capsys.readouterr()
+    T, D = s05.TARGET, s05.DRAFT
+    for (b, g), s in r["speedup"].items():
+        assert s == pytest.approx(_speedup(0.8, g, b, 512, T, D), rel=1e-12)
+    # B = 1：验证免费，加速比 = 定理 3.8
+    from decode_lab import walltime_speedup
+    assert r["speedup"][(1, 4)] == pytest.approx(walltime_speedup(0.8, 4, r["c"][1]), rel=1e-9)
+    assert r["c"][1] == pytest.approx(r["w_ratio"], rel=0.02)
+    assert r["kv_ratio"] == pytest.approx(32 / 80)
+    assert r["c_peak"] == 512 and r["c"][2048] < r["c"][512]
+    assert r["draft_bound"] == "memory"
+    be = r["break_even"]
+    assert be[8] < be[4] < be[2] < be[1] < r["bmax"]
+    for g, b in be.items():
+        assert _speedup(0.8, g, b, 512, T, D) < 1 <= _speedup(0.8, g, b - 1, 512, T, D)
+    # 显存：640 GB − 两者的 BF16 权重（含输入词嵌入）/ 两者每个序列的 KV
+    w = 2 * (70_553_706_496 + 8_030_261_248)
+    assert r["bmax"] == int((640e9 - w) // ((327680 + 131072) * 512))
+
+
+def test_05_best_gamma(s05, capsys):
+    r = s05.demo3_best_gamma()
+    capsys.readouterr()
+    T, D = s05.TARGET, s05.DRAFT
+    for (a, b), (g, s) in r["best"].items():
+        sps = [_speedup(a, k, b, 512, T, D) for k in range(1, 17)]
+        assert s == pytest.approx(max(sps), rel=1e-12) and g == 1 + int(np.argmax(sps))
+    gs = [r["best"][(0.8, b)][0] for b in s05.BATCHES]
+    assert gs == sorted(gs, reverse=True)                                # 批越大，最优 γ 越小
+    assert r["best"][(0.8, 1)] [0] == 6 and r["best"][(0.8, 256)][0] == 1
+    be = r["break_even"]
+    assert be[0.6] < be[0.8] < r["b_star"]
+    # "从 B = … 起哪个 γ 都更慢"：之后的批也都 < 1
+    for b in range(be[0.8], 2056, 37):
+        assert max(_speedup(0.8, k, b, 512, T, D) for k in range(1, 17)) < 1
+
+
+def test_05_long_context_keeps_paying(s05, capsys):
+    r = s05.demo4_context()
+    capsys.readouterr()
+    short = [c for c in s05.CONTEXTS if r[(c, 0.8)]["break_even"] is not None]
+    long_ = [c for c in s05.CONTEXTS if r[(c, 0.8)]["break_even"] is None]
+    assert short == [128, 512, 1024] and long_ == [2048, 4096, 8192]
+    for c in short:
+        assert r[(c, 0.8)]["break_even"] < r[c]["b_star"] < r[c]["bmax"]
+        assert r[(c, 0.8)]["at_bmax"][1] < 1
+    for c in long_:
+        assert math.isinf(r[c]["b_star"]) and r[(c, 0.8)]["at_bmax"][1] > 1 and r[(c, 0.6)]["at_bmax"][1] > 1
+    assert r[(2048, 0.8)]["at_bmax"][1] == pytest.approx(1.33, abs=0.005)
