@@ -16,8 +16,8 @@ CS349E · 第 6 讲 · 02_rejection_sampling.py —— 接受 / 拒绝规则：�
 （"< 1e-15"），所以打印的字节不依赖机器。TV(p, q) = ½ Σ |p − q| 是总变差距离。
 
 【模型的假设（务必看）】这里的分布都是手工写的（4 个 token 的词表），不是模型的输出；T = 0 的情形用 decode_lab.adjust
-从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）：输出分布 = p 是它的定理 3.5（证明在附录），
-α = E[Σ min(p, q)] 是推论 3.6；Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
+从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）：输出分布 = p 的证明在它的附录 A.1（Chen 等 2023 的定理 1 是同一件事），
+一个 token 被接受的概率 β = Σ min(p, q) 是它的定理 3.5，α = E[β] 是推论 3.6；Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
 
 【运行】python3 02_rejection_sampling.py （约 0.2 秒）
 
@@ -91,7 +91,7 @@ def demo1_enumeration():
     oh = res["p one-hot（T = 0）"]
     print_observations([
         f"{len(res)} 个情形，输出分布和 p 的最大差都 {fmt_bound(worst)}（只有浮点舍入）：接受 / 拒绝规则不改变分布，"
-        "草稿只影响快慢（α），不影响结果。这就是\"投机解码是精确的\"的全部秘密（Leviathan 定理 3.5）。",
+        "草稿只影响快慢（α），不影响结果。这就是\"投机解码是精确的\"的全部秘密（Leviathan 附录 A.1）。",
         f"α = Σ min(p, q) 和 1 − TV(p, q) 逐行相等（最大差 {fmt_bound(max_gap)}）：草稿和目标越接近，接受得越多；"
         f"p == q 时 α = {res['p == q']['alpha']:.3f}（全部接受），支撑不相交时 α = {res['支撑不相交']['alpha']:.3f}（一个都不接受，"
         "输出全靠残差，而残差这时就是 p）。",
@@ -130,7 +130,7 @@ def demo2_decomposition():
         f"拒绝的总概率 1 − α = {1 - alpha:.3f}，正好等于残差的总质量 Σ max(0, p − q) = {excess:.3f}（= TV(p, q)），"
         "所以 (1 − α)·norm(max(0, p − q)) = max(0, p − q)：归一化的分母和拒绝概率相消。",
         f"两部分相加 min(p, q) + max(0, p − q) = p，逐 token 成立（最大差 {fmt_bound(err)}）。"
-        "这就是定理 3.5 的证明：草稿多给的（q > p）按比例拒掉，少给的（p > q）拒绝之后补上。",
+        "这就是 Leviathan 附录 A.1 的证明：草稿多给的（q > p）按比例拒掉，少给的（p > q）拒绝之后补上。",
     ])
     return {"alpha": alpha, "reject": 1 - alpha, "residual_mass": excess, "accept_part": acc_part,
             "reject_part": rej_part, "err": err}

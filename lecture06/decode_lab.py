@@ -6,7 +6,7 @@ decode_lab —— 解码：自回归生成、投机解码（Leviathan et al. 202
 这里按 Leviathan：**p = 目标（target），q = 草稿（draft）**；代码里的数组一律叫 target_probs / draft_probs。
 
 【一步接受 / 拒绝】草稿从 q 抽出 x；以概率 min(1, p(x) / q(x)) 接受（抽 r ~ U[0, 1)，r·q(x) < p(x) 就接受）；
-拒绝时从残差分布 norm(max(0, p − q)) 重新抽。输出的分布正好是 p（Leviathan 定理 3.5 的附录证明；
+拒绝时从残差分布 norm(max(0, p − q)) 重新抽。输出的分布正好是 p（Leviathan et al. 附录 A.1、Chen et al. 定理 1 的证明；
 speculative_step_probs 用精确枚举把它算出来，测试断言等于 p）。残差的和是 0（p == q，舍入后）时用 p 本身。
 
 【模型的接口】TransformerLM（带 KV cache 的 numpy transformer）和 NGramLM（二元语法表）都有 session()：
@@ -139,7 +139,7 @@ def residual_distribution(target_probs, draft_probs):  # [V], [V] -> [V]
 
 
 def acceptance_rate(target_probs, draft_probs):
-    """β = Σ_x min(p(x), q(x)) = 1 − TV(p, q)：一个草稿 token 被接受的概率（Leviathan 定义 3.2、推论 3.6）。"""
+    """β = Σ_x min(p(x), q(x)) = 1 − TV(p, q)：一个草稿 token 被接受的概率（Leviathan 定理 3.5；它对上下文的期望是 α，推论 3.6）。"""
     return float(np.minimum(target_probs, draft_probs).sum(-1).mean())
 
 
