@@ -27,7 +27,7 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
   词嵌入（查表）和 RMSNorm 的权重不量化。
 - 演示 3 的抽样误差把 32 条序列当成 32 个独立样本（同一条序列里的位置可能相关，所以不按位置数算）。
 
-【运行】python3 02_quantized_model_quality.py （约 1.5 秒）
+【运行】python3 02_quantized_model_quality.py （约 1.5 秒，机器空闲时）
 
 【依赖】numpy；本目录的 quant_lab（需要 ../prereq3 的 numfmt）；../lecture02 的 transformer_lab；
 ../lecture01 的 console。
@@ -180,7 +180,7 @@ def demo1_block_weights(ev):
         f"top-1 一致 {100 * i8['agree']:.1f}%：不一致的那些位置上，原模型前两名的对数概率只差 {m_dis:.4f}（中位数；"
         f"所有位置的中位数是 {m_all:.2f}）——前两名几乎一样大，一点扰动就换了名次。",
         f"FP8-E4M3 也很小（KL {f8['kl']:.1e}），但比 INT8 大 {f8['kl'] / i8['kl']:.0f} 倍，权重误差 {100 * f8['rel_err']:.2f}% "
-        f"对 {100 * i8['rel_err']:.2f}%：E4M3 只有 3 位尾数（每个数的相对误差最多 2⁻⁴），INT8 在每通道的范围里均匀地有 255 个刻度，"
+        f"对 {100 * i8['rel_err']:.2f}%：E4M3 只有 3 位尾数（正规数的相对舍入误差最多 2⁻⁴），INT8 在每通道的范围里均匀地有 255 个刻度，"
         f"对这种没有离群值的高斯权重更细。FP8 的好处在别处：H100 有 FP8 张量核，激活也能用 FP8 算（03）。",
         f"4 位是另一个量级：KL 约 {min(kls.values()):.3f}–{max(kls.values()):.3f}，是 INT8 的 {min(kls.values()) / i8['kl']:.0f} 倍以上，"
         f"top-1 只有 {100 * min(ag.values()):.0f}–{100 * max(ag.values()):.0f}% 一致，困惑度高 "
