@@ -5,14 +5,13 @@
 import ast
 import inspect
 import math
-import os
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import load_script
 
-from decode_lab import adjust, expected_tokens  # noqa: E402
+from decode_lab import expected_tokens  # noqa: E402
 from transformer_lab import softmax  # noqa: E402
 
 
@@ -207,7 +206,7 @@ def test_05_best_gamma(s05, capsys):
         assert s == pytest.approx(max(sps), rel=1e-12) and g == 1 + int(np.argmax(sps))
     gs = [r["best"][(0.8, b)][0] for b in s05.BATCHES]
     assert gs == sorted(gs, reverse=True)                                # 批越大，最优 γ 越小
-    assert r["best"][(0.8, 1)] [0] == 6 and r["best"][(0.8, 256)][0] == 1
+    assert r["best"][(0.8, 1)][0] == 6 and r["best"][(0.8, 256)][0] == 1
     be = r["break_even"]
     assert be[0.6] < be[0.8] < r["b_star"]
     # "从 B = … 起哪个 γ 都更慢"：之后的批也都 < 1
