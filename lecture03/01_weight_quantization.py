@@ -122,9 +122,8 @@ def int_step_estimate(w, scheme):
 
     【推导】间隔 = 那一块的 max|w| / qmax；不截断，所以没有别的误差。（scale 舍入到 FP16 的影响可以忽略。）
     """
-    kind, bits, g = SCHEMES[scheme]
+    _, bits, g = SCHEMES[scheme]
     qmax = {8: 127, 4: 7}[bits]
-    n_in, n_out = w.shape
     blocks = w.T.reshape(-1, g) if g else w.T
     amax = np.abs(blocks).max(axis=1)
     return float(np.sqrt(np.mean((amax / qmax) ** 2) / 12) / np.sqrt(np.mean(w ** 2)))
