@@ -263,7 +263,7 @@ def demo3_greedy(target, drafts):
         "T = 0 时 p 和 q 都是 one-hot，草稿 token 等于目标的 argmax 就接受，否则残差就是目标 argmax 的 one-hot——"
         "输出必然是目标的贪心序列，草稿只决定一次前向能确认几个。",
         f"快慢仍取决于草稿：{best[0]}、γ = {best[1]} 时每次目标前向确认 {out[best]['tokens_per_call']:.2f} 个 token。"
-        "同一个投机解码实现，T = 0 下逐 token 对比是最便宜的回归测试（生产系统常这样测），T > 0 时只能像演示 1 那样比分布。",
+        "同一个投机解码实现，T = 0 下逐 token 对比是最便宜的正确性检查；T > 0 时只能像演示 1 那样比分布。",
     ])
     return {"n_diff": n_diff, "n_tokens": total, "n_cfg": n_cfg, "per_cfg": out}
 
