@@ -40,7 +40,9 @@ def run_script(relpath, cwd=None):
     """在 cwd（默认仓库根目录）里用 python3 运行脚本，返回 (退出码, stdout 字节, stderr 字节)。"""
     cwd = ROOT if cwd is None else cwd
     path = os.path.relpath(os.path.join(ROOT, relpath), cwd)
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8")
+    # 两个脚本同时跑在两核机器上：每个进程的 BLAS 只用一个线程，免得线程互相抢核（小矩阵上多线程也不快）
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     r = subprocess.run([sys.executable, path], cwd=cwd, capture_output=True, env=env, timeout=120)
     return r.returncode, r.stdout, r.stderr
 
