@@ -4,7 +4,8 @@ hw_specs —— 课程里用到的芯片：一张表，每个数旁边写着出�
 【约定】
 - 所有算力都是 **稠密（dense）** 峰值，单位 FLOP/s。数据手册上带星号的"with sparsity"数字是 2:4 稀疏的，
   正好是稠密的两倍，这里不用。
-- 带宽是字节/秒、容量是字节，都按十进制（80 GB = 80 × 10⁹ 字节），和数据手册一致。
+- 带宽是字节/秒、容量是字节，都按十进制（80 GB = 80 × 10⁹ 字节），照抄数据手册的写法。显存容量因此是
+  **保守值**：80 GB 的卡实际的 HBM 接近 80 GiB（约多 7%），驱动报告的可用量也在两者之间。
 - roofline：一个算子的时间下界 = max(FLOPs / 峰值算力, 字节 / 带宽)；哪一项大，就说它受哪一项限制。
 
 【出处】
@@ -16,10 +17,10 @@ hw_specs —— 课程里用到的芯片：一张表，每个数旁边写着出�
   MXINT8 2.4 PFLOPS、MXINT4 9.6 PFLOPS（只有 MX 整数格式，没有 IEEE 浮点）；
   容量层 LPDDR5X 最多 256 GB，带宽约 0.4 TB/s 是**二手来源的近似值**。
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["Chip", "H100", "H100_PCIE", "H200", "A100", "B200", "CORSAIR", "ALL_CHIPS",
-           "roofline_time", "roofline_bound"]
+           "gang", "roofline_time", "roofline_bound"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,20 @@ CORSAIR = Chip(
     note="快层 = 2 GB SRAM @ 150 TB/s；容量层 LPDDR5X 256 GB @ 约 0.4 TB/s（二手来源）；只有 MX 整数格式")
 
 ALL_CHIPS = (H100, H100_PCIE, H200, A100, B200, CORSAIR)
+
+
+def gang(chip, n):
+    """
+    n 块同样的芯片当成一块用（理想张量并行）：带宽、容量、每种数据类型的算力、互联都乘 n。
+
+    【边界】n < 1 抛 ValueError；卡间通信、负载不均都不算——这是上界（时间的下界）。
+    """
+    if n < 1:
+        raise ValueError(f"卡数至少为 1（收到 {n}）")
+    return replace(chip, name=f"{n}×{chip.name}" if n > 1 else chip.name, mem_bw=chip.mem_bw * n,
+                   mem_bytes=chip.mem_bytes * n, flops={k: v * n for k, v in chip.flops.items()},
+                   link_bw=chip.link_bw * n, capacity_bytes=chip.capacity_bytes * n,
+                   capacity_bw=chip.capacity_bw * n)
 
 
 def roofline_time(flops, nbytes, chip, dtype="bf16"):

@@ -184,14 +184,18 @@ def expected_touched_experts(n_experts, top_k, n_tokens):
 
 def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="bf16", n_tokens=1):
     """
-    一个 decode 步（batch 个序列各算 n_tokens 个新位置，每个序列已有 context 个位置）在 chip 上的 roofline 估计。
+    一个 decode 步（batch 个序列各算 n_tokens 个新位置）在 chip 上的 roofline 估计。
     n_tokens = 1 是普通 decode；投机解码验证 γ 个草稿时 n_tokens = γ + 1。
+
+    【context 的口径】每个新位置看 context 个位置（**含它自己**），读这 context 个位置的 K、V。
+    所以它对应 transformer_lab.analytic_ops(model, batch, 1, n_past=context − 1)。
 
     返回 dict：flops、w_bytes（读权重）、kv_bytes（读 KV cache）、t_compute、t_memory、time = 两者较大者、bound。
     【推导】FLOPs = batch × n_tokens × flops_per_token(context)（新位置彼此之间的注意力忽略不计）；
     权重每步读一遍（MoE 只读被 batch × n_tokens 个 token 碰到的专家，期望见 expected_touched_experts）；
     KV cache 每个序列读一遍。
-    【参数】w_bits / kv_bits：每个权重 / 每个 KV 数的位数（含量化的 scale）。
+    【参数】w_bits：读到的权重平均每个参数几位（含量化的 scale；格式混合时用 active_weight_bytes 算出平均位数）；
+    kv_bits：每个 K/V 数的位数。
     """
     if batch < 1:
         raise ValueError(f"批大小至少为 1（收到 {batch}）")
@@ -216,12 +220,12 @@ def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="b
 def prefill_time(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
     """
     一次 prefill（一个长 n_tokens 的提示）的 roofline 下界（秒）：max(FLOPs / 算力, 权重字节 / 带宽)。
-    各项分开的版本是 prefill_step（推导也写在那里）。
+    各项分开的版本是 prefill_step（推导也写在那里；lm_head 只算最后一个位置）。
     """
     return prefill_step(model, chip, n_tokens, w_bits, dtype)["time"]
 
 
-# ---- 第 1 讲脚本用到的补充 ----
+# ---- 权重格式、prefill 的各项、服务的容量与拐点（第 1、5 讲用）----
 
 # 权重格式：名字 -> (每个值的位数, 每个 scale 的位数, 一个 scale 管几个值)。
 # "row" = 每个输出通道（权重矩阵的一行，长 = 输入维度）一个 scale；None = 没有（或可以忽略的）scale。
@@ -243,9 +247,14 @@ def bits_per_param(fmt, row_len=None):
     各格式假设的 scale：bf16 无；fp8 每张量一个 FP32（忽略，记 8 位）；int8 每个输出通道一个 FP16
     （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；
     mxfp4 每 32 个一个 E8M0（4 + 8/32 = 4.25 位，OCP MX 规范）。
-    【参数】fmt：WEIGHT_FORMATS 里的名字；row_len：每行的长度（"int8" 必须给）。
-    【边界】未知格式、int8 没给 row_len、row_len < 1 都抛 ValueError。
+    【参数】fmt：WEIGHT_FORMATS 里的名字，或者直接一个数（每个参数的位数，已含 scale，例如 4.25）；
+    row_len：每行的长度（"int8" 必须给）。
+    【边界】未知格式、int8 没给 row_len、row_len < 1、位数 ≤ 0 都抛 ValueError。
     """
+    if isinstance(fmt, (int, float)) and not isinstance(fmt, bool):
+        if fmt <= 0:
+            raise ValueError(f"每个参数的位数必须为正（收到 {fmt}）")
+        return float(fmt)
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"未知的权重格式 {fmt!r}；可选：{', '.join(WEIGHT_FORMATS)}")
     value_bits, scale_bits, group = WEIGHT_FORMATS[fmt]
@@ -286,14 +295,32 @@ def weight_bytes(model, fmt="bf16", expert_fmt=None):
     【推导】Σ 每种矩阵 个数 × 输出维度 × 输入维度 × bits_per_param(格式, 输入维度) / 8
     + (params() − 这些矩阵的参数) × 2 字节。
     gpt-oss 的 checkpoint 正是 weight_bytes(m, "bf16", expert_fmt="mxfp4")：专家的权重矩阵 MXFP4，
-    专家的偏置和其余一切 BF16。
+    专家的偏置和其余一切 BF16。fmt / expert_fmt 也可以直接给位数（例如 8.0）。
     """
+    return _matrix_bytes(model, fmt, expert_fmt, active=False)
+
+
+def active_weight_bytes(model, fmt="bf16", expert_fmt=None):
+    """
+    批大小 1 时 decode 一个 token 要读的权重字节：和 weight_bytes 同样的格式规则，但按"激活参数"的口径
+    （不含输入词嵌入——它是查表；MoE 的专家只算 top_k 个）。
+
+    【推导】全 BF16 时等于 2 × active_params()，也就是 decode_step(w_bits=16) 的 w_bytes。
+    """
+    return _matrix_bytes(model, fmt, expert_fmt, active=True)
+
+
+def _matrix_bytes(model, fmt, expert_fmt, active):
     total, n_lin = 0.0, 0
     for name, n_out, n_in, count in linear_shapes(model):
-        f = expert_fmt if (expert_fmt is not None and name.startswith("expert_")) else fmt
+        is_expert = name.startswith("expert_")
+        if active and is_expert:
+            count = model.n_layers * model.top_k
+        f = expert_fmt if (expert_fmt is not None and is_expert) else fmt
         total += count * n_out * n_in * bits_per_param(f, n_in) / 8
         n_lin += count * n_out * n_in
-    return total + (model.params() - n_lin) * 2
+    rest = (model.active_params() if active else model.params()) - n_lin
+    return total + rest * 2
 
 
 def matmul_intensity(m, k, n, bytes_per_el=2.0):
@@ -308,13 +335,14 @@ def matmul_intensity(m, k, n, bytes_per_el=2.0):
     return 2.0 * m * k * n / ((m * k + k * n + m * n) * bytes_per_el)
 
 
-def prefill_step(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
+def prefill_step(model, chip, n_tokens, w_bits=16.0, dtype="bf16", last_only=True):
     """
     一次 prefill（一个长 n_tokens 的提示）在 chip 上的 roofline 估计，各项分开给出（prefill_time 只给总时间）。
 
     返回 dict：flops、w_bytes（读权重）、t_compute、t_memory、time = 两者较大者（= prefill_time）、bound。
     【推导】FLOPs = 2 × matmul_params × n + 因果注意力 4 × 头数 × head_dim × Σ_{i=1..n} attended(i)
-    （第 i 个位置看 i 个位置，滑动窗口层最多看窗口那么多）；
+    （第 i 个位置看 i 个位置，滑动窗口层最多看窗口那么多）；last_only=True（默认）时 lm_head 只算最后一个
+    位置（生成第一个 token 只需要它），False 时每个位置都算（numpy 模型 TransformerLM 的做法）；
     读的字节只算权重（MoE 是被 n 个 token 碰到的专家的期望），不算激活和写 KV——所以是下界。
     """
     if n_tokens < 1:
@@ -328,7 +356,9 @@ def prefill_step(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
         pairs = n_win * (m * (m + 1) // 2 + (n - m) * w) + (model.n_layers - n_win) * full
     else:
         pairs = model.n_layers * full
-    flops = 2 * model.matmul_params() * n + 4 * model.n_heads * model.head_dim * pairs
+    head = model.vocab * model.d_model
+    flops = 2 * (model.matmul_params() - head) * n + 2 * head * (1 if last_only else n) \
+        + 4 * model.n_heads * model.head_dim * pairs
     w_bytes = decode_step(model, chip, n, 0, w_bits)["w_bytes"]
     t_compute = flops / chip.peak_flops(dtype)
     t_memory = w_bytes / chip.mem_bw
@@ -336,4 +366,59 @@ def prefill_step(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
             "time": max(t_compute, t_memory), "bound": "compute" if t_compute >= t_memory else "memory"}
 
 
-__all__ += ["WEIGHT_FORMATS", "bits_per_param", "linear_shapes", "weight_bytes", "matmul_intensity", "prefill_step"]
+def max_batch(model, chip, context, fmt="bf16", kv_bits=16.0, expert_fmt=None, others=()):
+    """
+    显存装得下的最大批：(容量 − 权重) / 每个序列的 KV cache，向下取整。
+
+    【推导】权重 = weight_bytes(model, fmt, expert_fmt)；每个序列在上下文 context 时占 kv_bytes(context) 字节。
+    others：同一块芯片上还要放的模型（例如投机解码的草稿），它们的权重（BF16）和每个序列的 KV 也算进去。
+    激活、碎片等其他占用不算（上界）。
+    【边界】权重本身装不下时返回 0；context ≤ 0 抛 ValueError（没有 KV cache 就没有容量上的限制）。
+    """
+    if context <= 0:
+        raise ValueError(f"上下文必须为正（收到 {context}）：没有 KV cache 就没有容量上的限制")
+    room = chip.mem_bytes - weight_bytes(model, fmt, expert_fmt) - sum(weight_bytes(o) for o in others)
+    per_seq = model.kv_bytes(context, kv_bits / 8) + sum(o.kv_bytes(context, kv_bits / 8) for o in others)
+    return max(0, int(room // per_seq))
+
+
+def compute_bound_batch(model, chip, context, w_bits=16.0, kv_bits=16.0, dtype="bf16"):
+    """
+    decode 从受带宽限制变成受算力限制的批大小 B*（实数；最小的 compute-bound 整数批是 ⌈B*⌉）；
+    永远到不了时返回 math.inf。
+
+    【推导】decode_step 的两项：t_compute = B·f / P，f = flops_per_token(context)；
+    t_memory = (W + B·k) / BW，W = 每步读的权重字节，k = 一个序列的 KV 字节。令两者相等：
+    B* = (W / BW) / (f / P − k / BW)。分母 ≤ 0（每个序列读 KV 的时间比它的计算还长）时，批再大也是 memory-bound
+    （见 critical_context）。context → 0 时 B* → 芯片的拐点（BF16：每个参数 2 FLOPs、2 字节）。
+    【边界】只对稠密模型：MoE 读的权重随批大小变（碰到的专家变多），没有这个闭式解，抛 ValueError。
+    """
+    if model.is_moe:
+        raise ValueError(f"{model.name} 是 MoE：读的权重随批大小变，compute_bound_batch 只对稠密模型")
+    f = model.flops_per_token(context)
+    k = model.kv_bytes(context, kv_bits / 8)
+    w = model.active_params() * w_bits / 8
+    denom = f / chip.peak_flops(dtype) - k / chip.mem_bw
+    return math.inf if denom <= 0 else (w / chip.mem_bw) / denom
+
+
+def critical_context(model, chip, kv_bits=16.0, dtype="bf16"):
+    """
+    临界上下文 L*（实数）：上下文超过它，decode 批再大也是 memory-bound——每个序列读自己 KV 的时间 ≥ 它的计算时间。
+
+    【推导】compute_bound_batch 的分母 f(L)/P − k(L)/BW = 2·matmul/P − L·(k₁/BW − a₁/P) = 0，
+    k₁ = 每个位置的 KV 字节（所有层），a₁ = 每个位置的注意力 FLOPs = 4·头数·head_dim·层数。
+    上下文 L 能变成 compute-bound 当且仅当 L < L*（所以"能"的最长整数上下文是 ⌈L*⌉ − 1）。
+    【边界】k₁/BW ≤ a₁/P（注意力本身的强度超过拐点）时返回 math.inf；只对没有滑动窗口的模型。
+    """
+    if model.sliding_window:
+        raise ValueError(f"{model.name} 有滑动窗口层：critical_context 的闭式只对每层都看全部位置的模型")
+    k1 = model.kv_bytes_per_token(kv_bits / 8)
+    a1 = 4 * model.n_heads * model.head_dim * model.n_layers
+    P, BW = chip.peak_flops(dtype), chip.mem_bw
+    slope = k1 / BW - a1 / P
+    return math.inf if slope <= 0 else (2 * model.matmul_params() / P) / slope
+
+
+__all__ += ["WEIGHT_FORMATS", "bits_per_param", "linear_shapes", "weight_bytes", "active_weight_bytes",
+            "matmul_intensity", "prefill_step", "max_batch", "compute_bound_batch", "critical_context"]

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lecture01"))
 from llm_math import ModelConfig  # noqa: E402
 
-__all__ = ["LMConfig", "init_params", "config_like", "NumpyTransformer", "KVCache", "Counter",
+__all__ = ["LMConfig", "LEC2_CFG", "random_tokens", "init_params", "config_like", "NumpyTransformer", "KVCache", "Counter",
            "analytic_ops", "sum_rows", "MATMUL_OPS", "ATTN_CORE_OPS", "ALL_OPS", "ELEMENTWISE_FLOPS",
            "FIELDS", "BYTES_PER_EL", "softmax", "sample_inverse_cdf"]
 
@@ -101,6 +101,17 @@ class LMConfig:
         return ModelConfig(self.name, vocab=self.vocab, d_model=self.d_model, n_layers=self.n_layers,
                            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
                            d_ff=self.d_ff, max_seq=self.max_seq)
+
+
+# 第 2 讲的演示模型：Llama 的形状（GQA 组大小 4），尺寸是随意选的小数字，初始化用默认的方差保持尺度（不像语言模型，
+# 只用来看形状、账本和缓存；像语言模型的是第 3 讲的 QCFG）。
+LEC2_CFG = LMConfig(name="lec2-tiny", vocab=256, d_model=64, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=8,
+                    d_ff=192, max_seq=128)
+
+
+def random_tokens(cfg, batch, n, seed):  # -> [batch, n] int
+    """均匀随机的 token：⌊u · vocab⌋，u 来自 np.random.default_rng(seed).random()（均匀分布的 CDF 反查）。"""
+    return (np.random.default_rng(seed).random((batch, n)) * cfg.vocab).astype(np.int64)
 
 
 def config_like(cfg, **overrides):

@@ -32,7 +32,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
-from serving_lab import compute_bound_batch, gang, max_batch, simulate_batching, uniform_ints  # noqa: E402
+from hw_specs import gang  # noqa: E402
+from llm_math import compute_bound_batch, critical_context, max_batch  # noqa: E402
+from serving_lab import simulate_batching, uniform_ints  # noqa: E402
 
 # ---- 部署和工作负载（假设，见文件开头）----
 CONTEXT = 2048                                   # 演示 1、2：批里每个序列的上下文长度

@@ -34,7 +34,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import ALL_LINKS, ETH_100G, H100, IB_NDR  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
-from serving_lab import gang, link_time  # noqa: E402
+from hw_specs import gang  # noqa: E402
+from serving_lab import link_time  # noqa: E402
 
 # ---- 部署（假设，见文件开头）：(模型, 芯片, 权重位数, prefill 机的 GPU 数) ----
 DEPLOY = ((LLAMA31_70B, gang(H100, 8), 16.0, 8), (GPT_OSS_120B, H100, 4.25, 1))

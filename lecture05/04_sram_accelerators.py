@@ -41,7 +41,8 @@ from console import fmt_bytes, fmt_time, print_header, print_observations, print
 from decode_lab import best_gamma  # noqa: E402
 from hw_specs import CORSAIR, H100  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B  # noqa: E402
-from serving_lab import active_weight_bytes, step_time, weight_bytes  # noqa: E402
+from llm_math import active_weight_bytes, weight_bytes  # noqa: E402
+from serving_lab import step_time  # noqa: E402
 
 # ---- 种子 05 的玩具模型的假设（见文件开头）----
 EFF = 0.8                                          # 能用到的带宽比例

@@ -1,6 +1,7 @@
 """
-serving_lab —— 服务端的账：多卡合成、显存装得下的批、什么时候变成 compute-bound、一次迭代的 roofline 时间、
-跨机器搬数据的时间，以及第 5 讲用的几个小模拟（静态批 vs 连续批、prefill / decode 同机 vs 解耦）。
+serving_lab —— 服务引擎的账：一次迭代（decode 一批 + 一段 prefill）的 roofline 时间、跨机器搬数据的时间，
+以及第 5 讲用的几个小模拟（静态批 vs 连续批、prefill / decode 同机 vs 解耦）。
+多卡合成（gang）在 ../lecture01/hw_specs；权重字节、显存装得下的批、compute-bound 的批和临界上下文在 ../lecture01/llm_math。
 
 【约定】
 - 时间都是 **roofline 下界**（llm_math.decode_step / prefill_time 的口径）：max(FLOPs / 峰值算力, 字节 / 带宽)，
@@ -16,102 +17,30 @@ import math
 import os
 import sys
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lecture01"))
 
-from llm_math import decode_step  # noqa: E402
+from llm_math import decode_step  # noqa: E402,F401  （iteration_time 的 decode 部分和它同一个口径）
 
-__all__ = ["gang", "weight_bytes", "active_weight_bytes", "max_batch", "compute_bound_batch",
-           "iteration_time", "link_time", "step_time", "poisson_arrivals", "uniform_ints",
+__all__ = ["iteration_time", "link_time", "step_time", "poisson_arrivals", "uniform_ints",
            "simulate_batching", "simulate_colocated", "simulate_disaggregated"]
 
 
 # ---------------------------------------------------------------------------
 # 算账
 # ---------------------------------------------------------------------------
-def gang(chip, n):
-    """
-    n 块同样的芯片当成一块用（理想张量并行）：带宽、容量、每种数据类型的算力都乘 n。
-
-    【参数】n：卡数，至少 1。n = 1 时返回一块同样数字的芯片。
-    【边界】卡间通信、负载不均都不算——这是上界（时间的下界）。
-    """
-    if n < 1:
-        raise ValueError(f"卡数至少为 1（收到 {n}）")
-    return replace(chip, name=f"{n}×{chip.name}" if n > 1 else chip.name, mem_bw=chip.mem_bw * n,
-                   mem_bytes=chip.mem_bytes * n, flops={k: v * n for k, v in chip.flops.items()},
-                   link_bw=chip.link_bw * n, capacity_bytes=chip.capacity_bytes * n,
-                   capacity_bw=chip.capacity_bw * n)
-
-
-def weight_bytes(model, bits=16.0, moe_bits=None):
-    """
-    模型全部权重的字节数：专家的权重按 moe_bits 位（默认同 bits），其余（注意力、词表、norm、路由器）按 bits 位。
-
-    【参数】bits / moe_bits 是每个参数的位数，含量化的 scale（MXFP4 = 4.25，见第 3 讲预备）。
-    gpt-oss-120b 的发布格式是 bits=16、moe_bits=4.25（专家 MXFP4，其余 BF16）。
-    """
-    moe_bits = bits if moe_bits is None else moe_bits
-    experts = model.expert_params_total()
-    return (model.params() - experts) * bits / 8 + experts * moe_bits / 8
-
-
-def active_weight_bytes(model, bits=16.0, moe_bits=None):
-    """
-    批大小 1 时 decode 一个 token 要读的权重字节（llm_math 的"激活参数"口径：含 lm_head、不含输入词嵌入，专家只读 top_k 个）。
-
-    【推导】稠密模型 = active_params × bits / 8；MoE 把 top_k 个专家按 moe_bits 算，其余按 bits 算。
-    """
-    moe_bits = bits if moe_bits is None else moe_bits
-    experts = model.n_layers * model.top_k * model.expert_params() if model.is_moe else 0
-    return (model.active_params() - experts) * bits / 8 + experts * moe_bits / 8
-
-
-def max_batch(model, chip, context, w_bits=16.0, kv_bits=16.0):
-    """
-    显存装得下的最大批：(容量 − 权重) / 每个序列的 KV cache，向下取整。
-
-    【推导】每个序列在上下文 context 时占 model.kv_bytes(context) 字节；激活、碎片等其他占用不算（上界）。
-    【边界】权重本身装不下时返回 0；context = 0 时 KV 不占地方，返回一个很大的数没有意义，抛 ValueError。
-    """
-    if context <= 0:
-        raise ValueError(f"上下文必须为正（收到 {context}）：没有 KV cache 就没有容量上的限制")
-    room = chip.mem_bytes - weight_bytes(model, w_bits)
-    if room <= 0:
-        return 0
-    return int(room // model.kv_bytes(context, kv_bits / 8))
-
-
-def compute_bound_batch(model, chip, context, w_bits=16.0, kv_bits=16.0, dtype="bf16"):
-    """
-    decode 从受带宽限制变成受算力限制的批大小 B*（实数；取整要向上）；永远到不了时返回 math.inf。
-
-    【推导】decode_step 的两项：t_compute = B·f / P，f = flops_per_token(context)；
-    t_memory = (W + B·k) / BW，W = 每步读的权重字节（active_weight_bytes），k = 一个序列的 KV 字节。令两者相等：
-    B* = (W / BW) / (f / P − k / BW)。分母 ≤ 0（每个序列读 KV 的时间比它的计算还长）时，批再大也是 memory-bound。
-    context = 0（不读 KV）时 B* = (W/BW)/(f/P)；BF16 权重下它就是芯片的拐点（每个参数 2 FLOPs、2 字节）。
-    【边界】只对稠密模型：MoE 读的权重随批大小变（碰到的专家变多），没有这个闭式解，抛 ValueError。
-    """
-    if model.is_moe:
-        raise ValueError(f"{model.name} 是 MoE：读的权重随批大小变，compute_bound_batch 只对稠密模型")
-    f = model.flops_per_token(context)
-    k = model.kv_bytes(context, kv_bits / 8)
-    w = active_weight_bytes(model, w_bits)
-    denom = f / chip.peak_flops(dtype) - k / chip.mem_bw
-    return math.inf if denom <= 0 else (w / chip.mem_bw) / denom
-
-
 def iteration_time(model, chip, n_decode=0, decode_context_sum=0, prefill_tokens=0, prefill_prefix=0,
                    w_bits=16.0, kv_bits=16.0, dtype="bf16"):
     """
     服务引擎一次迭代（一次前向）的 roofline 时间：n_decode 个序列各 decode 一个 token，外加（可选）一段 prefill。
 
-    【推导】权重读一遍：W = active_weight_bytes（和 decode_step 一样不含输入词嵌入）。decode 部分同 llm_math.decode_step：FLOPs = n·2·matmul + 4·h·d_h·层数·ΣL，
-    读 KV = ΣL 个位置的 K、V。prefill 部分：一个请求的第 prefix+1 .. prefix+c 个提示 token（c = prefill_tokens），
-    FLOPs = 2·matmul·c + 4·h·d_h·层数·Σ_{i=prefix+1..prefix+c} i（因果），读已经算好的 prefix 个位置的 KV。
+    【推导】权重读一遍：W = active_params × w_bits / 8（和 decode_step 一样不含输入词嵌入）。decode 部分同
+    llm_math.decode_step：FLOPs = n·2·matmul + 4·h·d_h·层数·ΣL，读 KV = ΣL 个位置的 K、V。
+    prefill 部分：一个请求的第 prefix+1 .. prefix+c 个提示 token（c = prefill_tokens），
+    FLOPs = 2·(matmul − lm_head)·c + 2·lm_head（lm_head 只算这一段的最后一个位置，同 llm_math.prefill_step）
+    + 4·h·d_h·层数·Σ_{i=prefix+1..prefix+c} i（因果），读已经算好的 prefix 个位置的 KV。
     时间 = max(总 FLOPs / 峰值, 总字节 / 带宽)。
     【参数】decode_context_sum：这批 decode 序列的上下文长度之和 ΣL（每个序列已有的位置数）。
     prefill_prefix = 0、n_decode = 0 时就是 llm_math.prefill_time；prefill_tokens = 0 时就是 decode_step。
@@ -127,8 +56,10 @@ def iteration_time(model, chip, n_decode=0, decode_context_sum=0, prefill_tokens
     kv_pos = model.kv_bytes_per_token(kv_bits / 8)                    # 每个位置的 K、V 字节（所有层）
     c, p = prefill_tokens, prefill_prefix
     pairs = c * p + c * (c + 1) // 2                                  # Σ_{i=p+1..p+c} i
-    flops = 2 * model.matmul_params() * (n_decode + c) + attn * (decode_context_sum + pairs)
-    nbytes = active_weight_bytes(model, w_bits) + kv_pos * (decode_context_sum + (p if c else 0))
+    head = model.vocab * model.d_model
+    flops = (2 * model.matmul_params() * n_decode + (2 * (model.matmul_params() - head) * c + 2 * head if c else 0)
+             + attn * (decode_context_sum + pairs))
+    nbytes = model.active_params() * w_bits / 8 + kv_pos * (decode_context_sum + (p if c else 0))
     return max(flops / chip.peak_flops(dtype), nbytes / chip.mem_bw)
 
 

@@ -41,7 +41,8 @@ from decode_lab import expected_tokens, walltime_speedup  # noqa: E402
 from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
-from serving_lab import compute_bound_batch, gang, weight_bytes  # noqa: E402
+from hw_specs import gang  # noqa: E402
+from llm_math import compute_bound_batch, weight_bytes  # noqa: E402
 
 # ---- 部署与假设（见文件开头）----
 TARGET, DRAFT = LLAMA31_70B, LLAMA31_8B

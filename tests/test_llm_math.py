@@ -69,3 +69,82 @@ def test_bad_configs_raise():
         LLAMA31_8B.kv_bytes(-1)
     with pytest.raises(ValueError, match="批大小"):
         decode_step(LLAMA31_8B, H100, 0, 10)
+
+
+# ---------------------------------------------------------------------------
+# 两套账互相核对：llm_math 的 roofline 公式（第 1、5 讲用）和 transformer_lab 的逐算子公式（第 2 讲用）
+# ---------------------------------------------------------------------------
+from llm_math import (GPT_OSS_120B as _OSS, active_weight_bytes, compute_bound_batch, critical_context,  # noqa: E402
+                      max_batch, prefill_step, weight_bytes)
+from hw_specs import gang  # noqa: E402
+from transformer_lab import MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
+
+
+@pytest.mark.parametrize("model", [LLAMA31_8B, LLAMA31_70B], ids=lambda m: m.name)
+@pytest.mark.parametrize("B,ctx,n_tok", [(1, 1, 1), (8, 4096, 1), (64, 777, 1), (4, 512, 5)])
+def test_decode_step_equals_the_op_by_op_ledger(model, B, ctx, n_tok):
+    """decode_step 的 FLOPs / 权重字节 / KV 字节 == analytic_ops 的 useful / w / kv（context 个位置含新位置自己）。"""
+    r = decode_step(model, H100, B, ctx, n_tokens=n_tok)
+    rows = analytic_ops(model, B, 1, ctx - 1, last_only=True)
+    if n_tok == 1:
+        assert r["flops"] == sum_rows(rows, "useful")
+    else:  # n_tokens > 1：decode_step 忽略新位置之间的注意力，每个新位置都按看 context 个位置算
+        assert r["flops"] == n_tok * sum_rows(rows, "useful")
+    w_ledger = sum(x["w"] for x in rows if x["op"] != "embed")     # 词嵌入是查表，不算进每步读的权重
+    assert r["w_bytes"] == w_ledger == 2 * model.active_params()
+    assert r["kv_bytes"] == sum_rows(rows, "kv")
+
+
+@pytest.mark.parametrize("n", [1, 100, 2048])
+def test_prefill_step_equals_the_op_by_op_ledger(n):
+    m = LLAMA31_8B
+    r = prefill_step(m, H100, n)
+    rows = analytic_ops(m, 1, n, 0, last_only=True)
+    assert r["flops"] == sum_rows(rows, "useful")
+    full = prefill_step(m, H100, n, last_only=False)
+    assert full["flops"] == sum_rows(analytic_ops(m, 1, n, 0, last_only=False), "useful")
+    assert r["w_bytes"] == sum_rows(rows, "w", MATMUL_OPS) + sum(x["w"] for x in rows if x["op"].endswith("norm"))
+
+
+def test_prefill_closed_form_with_sliding_window():
+    """gpt-oss：一半的层只看最近 128 个位置。闭式：Σ_i min(i, 128) 对滑动窗口层，Σ_i i 对其余层。"""
+    n, m = 1000, _OSS
+    pairs = 18 * (128 * 129 // 2 + (n - 128) * 128) + 18 * n * (n + 1) // 2
+    head = m.vocab * m.d_model
+    want = 2 * (m.matmul_params() - head) * n + 2 * head + 4 * 64 * 64 * pairs
+    assert prefill_step(m, H100, n)["flops"] == want
+
+
+def test_weight_bytes_formats_and_gpt_oss_checkpoint():
+    assert weight_bytes(LLAMA31_8B) == 2 * LLAMA31_8B.params() == weight_bytes(LLAMA31_8B, 16.0)
+    assert round(weight_bytes(_OSS, "bf16", expert_fmt="mxfp4") / 2 ** 30, 1) == 60.8   # 模型卡：60.8 GiB
+    assert active_weight_bytes(LLAMA31_70B) == 2 * LLAMA31_70B.active_params()
+    # INT4-g128：块里的矩阵 4.125 位，词嵌入和 lm_head 仍是 BF16
+    m = LLAMA31_8B
+    blocks = m.n_layers * (m.attn_params() + 3 * 4096 * 14336)
+    assert weight_bytes(m, "int4-g128") == pytest.approx(blocks * 4.125 / 8 + (m.params() - blocks) * 2)
+    with pytest.raises(ValueError, match="位数必须为正"):
+        weight_bytes(m, 0.0)
+
+
+def test_compute_bound_batch_and_critical_context_agree_with_decode_step():
+    import math
+    for model, chip, ctx in ((LLAMA31_8B, H100, 128), (LLAMA31_70B, gang(H100, 8), 512), (LLAMA31_8B, H100, 1)):
+        b = compute_bound_batch(model, chip, ctx)
+        assert decode_step(model, chip, math.ceil(b), ctx)["bound"] == "compute"
+        assert decode_step(model, chip, math.floor(b), ctx)["bound"] == "memory"
+    L = critical_context(LLAMA31_8B, H100)
+    assert compute_bound_batch(LLAMA31_8B, H100, math.ceil(L) - 1) < math.inf
+    assert compute_bound_batch(LLAMA31_8B, H100, math.ceil(L)) == math.inf
+    assert round(L) == 393 and round(critical_context(LLAMA31_70B, gang(H100, 8))) == 1476
+    with pytest.raises(ValueError, match="MoE"):
+        compute_bound_batch(_OSS, H100, 100)
+
+
+def test_max_batch_counts_weights_and_kv_of_every_model_on_the_chip():
+    room = H100.mem_bytes - 2 * LLAMA31_8B.params()
+    assert max_batch(LLAMA31_8B, H100, 8192) == int(room // LLAMA31_8B.kv_bytes(8192))
+    both = max_batch(LLAMA31_70B, gang(H100, 8), 2048, others=(LLAMA31_8B,))
+    room2 = 8 * 80e9 - 2 * LLAMA31_70B.params() - 2 * LLAMA31_8B.params()
+    assert both == int(room2 // (LLAMA31_70B.kv_bytes(2048) + LLAMA31_8B.kv_bytes(2048)))
+    assert max_batch(LLAMA31_405B, H100, 10) == 0

@@ -13,9 +13,10 @@ sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
 from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4, PCIE5_X16  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
-from serving_lab import (active_weight_bytes, compute_bound_batch, gang, iteration_time, link_time,  # noqa: E402
-                         max_batch, poisson_arrivals, simulate_batching, simulate_colocated,
-                         simulate_disaggregated, step_time, uniform_ints, weight_bytes)
+from hw_specs import gang  # noqa: E402
+from llm_math import active_weight_bytes, compute_bound_batch, max_batch, weight_bytes  # noqa: E402
+from serving_lab import (iteration_time, link_time, poisson_arrivals, simulate_batching,  # noqa: E402
+                         simulate_colocated, simulate_disaggregated, step_time, uniform_ints)
 
 
 # ---- 互联表（hw_specs 末尾）----
