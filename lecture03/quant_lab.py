@@ -112,13 +112,16 @@ def quantize_params(P, scheme, include_lm_head=False):
     return Pq, {"scheme": scheme, "bits_per_param": bits, "n_params": n, "matrices": mats}
 
 
-def sample_tokens(P, cfg, n_seq, length, seed):
+def sample_tokens(P, cfg, n_seq, length, seed, T=1.0):
     """
-    从模型里按温度 1 采样 n_seq 条长 length 的序列 -> int 数组 [n_seq, length]（第 3、6 讲测量用的"文本"）。
+    从模型里按温度 T（默认 1）采样 n_seq 条长 length 的序列 -> int 数组 [n_seq, length]（第 3、6 讲测量用的"文本"）。
 
-    【做法】第一个 token 在词表上均匀地抽；之后每一步用 KV cache 把上一个 token 喂进去，按 softmax(logits) 抽下一个。
+    【做法】第一个 token 在词表上均匀地抽；之后每一步用 KV cache 把上一个 token 喂进去，按 softmax(logits / T) 抽下一个。
     随机数：np.random.default_rng(seed)，每一步 rng.random(n_seq) 个均匀数，CDF 反查（不依赖 numpy 版本）。
+    【边界】T = 0 是贪心（取 argmax，随机数照样消耗，所以只有第一个 token 是随机的）；T < 0 抛 ValueError。
     """
+    if not T >= 0:
+        raise ValueError(f"温度 T 必须 ≥ 0（T = 0 表示贪心），收到 {T}")
     if n_seq < 1 or length < 1:
         raise ValueError(f"n_seq 和 length 都至少为 1（收到 {n_seq}, {length}）")
     if length > cfg.max_seq:
@@ -130,5 +133,6 @@ def sample_tokens(P, cfg, n_seq, length, seed):
     out[:, 0] = sample_inverse_cdf(np.full((n_seq, cfg.vocab), 1.0 / cfg.vocab), rng.random(n_seq))
     for t in range(1, length):
         logits = model.forward(out[:, t - 1:t], cache)[:, -1]
-        out[:, t] = sample_inverse_cdf(softmax(logits), rng.random(n_seq))
+        u = rng.random(n_seq)
+        out[:, t] = logits.argmax(-1) if T == 0 else sample_inverse_cdf(softmax(logits / T), u)
     return out

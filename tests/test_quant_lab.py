@@ -80,3 +80,15 @@ def test_target_entropy_is_language_like(P):
     p = adjust(TransformerLM(P, QCFG).full_logits(toks), 1.0)
     H = float(-(p * np.log(p)).sum(-1).mean())
     assert 3.5 < H < 4.1
+
+
+def test_sample_tokens_greedy_and_bad_temperature(P):
+    from decode_lab import TransformerLM, autoregressive_generate
+    g = sample_tokens(P, QCFG, n_seq=2, length=12, seed=3, T=0)
+    m = TransformerLM(P, QCFG)
+    for row in g:
+        want = autoregressive_generate(m, row[:1], 11, 0, np.random.default_rng(0))
+        assert np.array_equal(row[1:], want)
+    with pytest.raises(ValueError, match="T = 0"):
+        sample_tokens(P, QCFG, 1, 5, 0, T=-1)
+    assert np.array_equal(sample_tokens(P, QCFG, 2, 9, seed=4), sample_tokens(P, QCFG, 2, 9, seed=4, T=1.0))
