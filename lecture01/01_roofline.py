@@ -9,16 +9,17 @@ CS349E · 第 1 讲 · 01_roofline.py —— roofline：一块芯片能算多快
 演示 2：一个搬 1 GB 数据、算术强度为 I 的算子在每块芯片上要多久，受算力还是带宽限制，用上了峰值算力的百分之几。
 演示 3：大模型里的典型算子落在哪里：矩阵乘的强度随"一次处理的 token 数"增长，decode 时注意力的强度停在 GQA 组大小。
 
-【怎么读输出】roofline：时间下界 = max(FLOPs / 峰值算力, 字节 / 带宽)。强度 I = FLOPs / 字节 低于拐点时
+【怎么读输出】roofline：时间下界 = max(FLOPs / 峰值算力, 字节 / 带宽)；演示 2 的时间表统一用 µs，方便逐格比较。强度 I = FLOPs / 字节 低于拐点时
 受带宽限制（表里记"带宽"），时间只取决于搬了多少字节；高于拐点时受算力限制（记"算力"）。
 "用上的算力" = min(1, I / 拐点)：受带宽限制的算子只能用上峰值算力的这么一点。
 
 【模型的假设（务必看）】roofline 是**下界**：假设算力和带宽都能跑到数据手册的峰值、计算和搬数据完全重叠、
-没有启动开销。真实的 kernel 通常只能达到峰值的 60–80%。所有算力都是稠密（非 2:4 稀疏）峰值。
+没有启动开销。真实的 kernel 达不到峰值（常听到的"大矩阵乘能跑到峰值的六到八成"只是经验值，不是出处里的数，
+本脚本不用它）。所有算力都是稠密（非 2:4 稀疏）峰值。
 B200 的数字是近似值；Corsair 的容量层（LPDDR5X，约 0.4 TB/s）是二手来源的近似值。芯片数字见 hw_specs 的出处。
 Corsair 没有 BF16，它那一行用 MXINT8 的算力（数据类型不同，只能看量级）。
 
-【运行】python3 01_roofline.py （< 1 秒）
+【运行】python3 01_roofline.py （约 0.1 秒，机器空闲时）
 
 【依赖】本目录的 console、hw_specs、llm_math（只用标准库）。
 """
@@ -28,7 +29,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bytes, fmt_num, fmt_sig, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import A100, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
 from llm_math import LLAMA31_8B, matmul_intensity  # noqa: E402
 
@@ -109,11 +110,11 @@ def demo2_time_vs_intensity():
             dt = MAIN_DTYPE[c.name]
             t = roofline_time(flops, OP_BYTES, c, dt)
             times[(i, short(c))] = t
-            cells.append(f"{fmt_time(t)} {BOUND_ZH[roofline_bound(flops, OP_BYTES, c, dt)]}")
+            cells.append(f"{fmt_sig(t * 1e6)} {BOUND_ZH[roofline_bound(flops, OP_BYTES, c, dt)]}")
             ucells.append(f"{100 * min(1.0, i / ridge(c)):.3g}%")
         rows.append(cells)
         util_rows.append(ucells)
-    print_table(["强度 I（FLOP/B）"] + [short(c) for c in CHIPS], rows)
+    print_table(["强度 I（FLOP/B）"] + [f"{short(c)}（µs）" for c in CHIPS], rows)
     print("\n用上的峰值算力 = min(1, I / 拐点)：")
     print_table(["强度 I（FLOP/B）"] + [short(c) for c in CHIPS], util_rows)
 
@@ -124,6 +125,7 @@ def demo2_time_vs_intensity():
     hi_ratio = times[(4096, "H100")] / times[(4096, "H200")]
     b_lo = times[(1, "H100")] / times[(1, "B200")]
     b_hi = times[(4096, "H100")] / times[(4096, "B200")]
+    full_cs = min(i for i in INTENSITIES if i >= ridge(CORSAIR))      # 表里 Corsair 第一次用满算力的强度
     print_observations([
         f"拐点以下，时间只取决于字节：H100 上强度 0.25 和 64 的算子都是 {fmt_time(times[(0.25, 'H100')])}"
         f"（{'完全相同' if flat else '不同'}）——多做的运算是白送的。强度 1（BF16 的矩阵-向量乘，decode 批大小 1 的情形）"
@@ -132,12 +134,12 @@ def demo2_time_vs_intensity():
         f"B200 相对 H100：低强度快 {b_lo:.2f} 倍，高强度快 {b_hi:.2f} 倍。",
         f"拐点以上，时间和强度成正比，受算力限制：H100 上强度 4096 要 {fmt_time(times[(4096, 'H100')])}，"
         f"A100 要 {fmt_time(times[(4096, 'A100')])}。",
-        f"Corsair 的 SRAM 上强度 16 就用满了算力；同一个 1 GB 的算子在强度 1 时只要 {fmt_time(times[(1, 'Corsair')])}"
+        f"Corsair 的 SRAM 上强度 {full_cs:g} 就用满了算力（它的拐点是 {ridge(CORSAIR):.0f}）；同一个 1 GB 的算子在强度 1 时只要 {fmt_time(times[(1, 'Corsair')])}"
         f"（前提是数据放得进 {fmt_bytes(CORSAIR.mem_bytes)} 的 SRAM）。",
     ])
     return {"t_h100_i1": t1, "util_h100_i1": util1, "flat_below_ridge": flat, "h200_speedup_low": lo_ratio,
             "h200_speedup_high": hi_ratio, "b200_speedup_low": b_lo, "b200_speedup_high": b_hi,
-            "times": times}
+            "corsair_full_intensity": full_cs, "times": times}
 
 
 # ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ gpt-oss-120b 的 checkpoint（专家 MXFP4、其余 BF16）多大。
 - 演示 4 的"部署"算法是**假设**：KV cache 按 16 个序列 × 8192 个 token（BF16）留；每块 GPU 只用 90% 的显存
   （其余给激活、CUDA 上下文等）；卡数向上取到 2 的幂（张量并行通常切成 1/2/4/8 份）。
 
-【运行】python3 02_model_arithmetic.py （< 1 秒）
+【运行】python3 02_model_arithmetic.py （约 0.1 秒，机器空闲时）
 
 【依赖】本目录的 console、hw_specs、llm_math。
 """
@@ -46,6 +46,7 @@ CHECKPOINT_GIB_120B = 60.8          # gpt-oss-120b checkpoint 的大小（CURRIC
 GIB = 2 ** 30
 # 演示 4 的部署假设（见文件开头）
 KV_SEQS, KV_CTX, USABLE = 16, 8192, 0.90
+NODE_GPUS = 8                       # 一台机器的 GPU 数（DGX/HGX H100 是 8 块）
 FORMATS_SHOWN = ("bf16", "fp8", "int8", "int4-g128", "mxfp4")
 FMT_ZH = {"bf16": "BF16", "fp8": "FP8", "int8": "INT8 每通道", "int4-g128": "INT4 g128", "mxfp4": "MXFP4",
           "native": "原生（专家 MXFP4，其余 BF16）"}
@@ -99,10 +100,12 @@ def demo1_parameters():
     act_pub = PUBLISHED_ROUNDED[g.name][1]
     emb8 = 100 * (parts[LLAMA31_8B.name]["词嵌入"] + parts[LLAMA31_8B.name]["lm_head"]) / LLAMA31_8B.params()
     exp120 = 100 * parts[g.name]["FFN / 专家"] / g.params()
+    exact_ok = all(match[n] for n in PUBLISHED_TOTAL)
     print_observations([
-        f"五个模型的参数量都从结构数出来：Llama 3.1 三个和 gpt-oss-120b 与公开的整数逐个参数相等"
-        f"（{'全部一致' if all(match.values()) else '有不一致！'}），gpt-oss-20b 的 {GPT_OSS_20B.params() / 1e9:.2f}B 和模型卡的 "
-        f"{PUBLISHED_ROUNDED[GPT_OSS_20B.name][0]:.2f}B 一致。gpt-oss 要数上 q/k/v/o 的偏置、每个头一个 attention sink、"
+        f"五个模型的参数量都从结构数出来：Llama 3.1 三个和 gpt-oss-120b 与公开的整数"
+        f"{'逐个参数相等' if exact_ok else '并不全都相等（看表里的对比列）'}，gpt-oss-20b 的 "
+        f"{GPT_OSS_20B.params() / 1e9:.2f}B 和模型卡的 {PUBLISHED_ROUNDED[GPT_OSS_20B.name][0]:.2f}B "
+        f"{'在 0.01B 内一致' if match[GPT_OSS_20B.name] else '不一致'}。gpt-oss 要数上 q/k/v/o 的偏置、每个头一个 attention sink、"
         f"路由器的权重和偏置、专家的偏置，才能精确到个位。",
         f"gpt-oss-120b 总共 {g.params() / 1e9:.2f}B 参数，每个 token 只用 {g.active_params() / 1e9:.2f}B"
         f"（模型卡：{act_pub:.2f}B；算 lm_head、不算输入词嵌入、128 个专家只用 4 个），只占 "
@@ -187,14 +190,15 @@ def demo3_flops_and_kv():
                  "KV/token", f"KV/序列（{ctx}）", f"KV/序列（{long_ctx}）"], rows)
 
     g, l8, l405 = GPT_OSS_120B, LLAMA31_8B, LLAMA31_405B
-    per_tok_120 = 2 * g.n_layers * g.n_kv_heads * g.head_dim * 2
+    per_tok_120 = g.kv_bytes_per_token()              # 所有层都存时每个位置的 KV（短上下文时就是这么多）
     print_observations([
         f"每个 token 的矩阵乘 FLOPs = 2 × 乘到的权重：Llama-3.1-70B 是 {fmt_num(out[LLAMA31_70B.name]['flops0'])}FLOP，"
         f"是 2 × 激活参数的 {out[LLAMA31_70B.name]['ratio']:.5f} 倍：差的只是 norm 这些不做矩阵乘的参数（激活参数本来就不含查表的输入词嵌入）。",
         f"MoE 的好处在这里：gpt-oss-120b 每个 token 只要 {fmt_num(out[g.name]['flops0'])}FLOP，"
         f"比 Llama-3.1-8B 的 {fmt_num(out[l8.name]['flops0'])}FLOP 还少，虽然总参数是它的 {g.params() / l8.params():.1f} 倍。"
         f"但权重一个也不能少存（演示 2）。",
-        f"KV cache 每个 token：Llama-3.1-70B {fmt_bytes(LLAMA31_70B.kv_bytes_per_token())}（GQA 只有 8 个 KV 头），"
+        f"KV cache 每个 token：Llama-3.1-70B {fmt_bytes(LLAMA31_70B.kv_bytes_per_token())}"
+        f"（GQA 只有 {LLAMA31_70B.n_kv_heads} 个 KV 头，{LLAMA31_70B.n_heads} 个 query 头），"
         f"405B {fmt_bytes(l405.kv_bytes_per_token())}；一个 {long_ctx} token 的序列在 405B 上要 "
         f"{fmt_bytes(out[l405.name]['kv_long'])}，接近一整块 H100 的 {fmt_bytes(H100.mem_bytes)}。",
         f"gpt-oss 一半的层只看最近 {g.sliding_window} 个 token（滑动窗口），KV 只存窗口：短上下文时每 token "
@@ -224,14 +228,16 @@ def demo4_gpus_needed():
             res[(m.name, f)] = (n_w, n_dep)
             rows.append([m.name, FMT_ZH[f], fmt_bytes(w), n_w, fmt_bytes(kv), n_min, n_dep])
     print_table(["模型", "权重格式", "权重", "只放权重：卡数", "KV cache", "权重 + KV：卡数", "取 2 的幂"], rows)
+    n405, n405f = res[(LLAMA31_405B.name, "bf16")], res[(LLAMA31_405B.name, "fp8")]
+    oss = res[(GPT_OSS_120B.name, "native")]
     print_observations([
-        f"只放权重：⌈权重 / {fmt_bytes(cap)}⌉。Llama-3.1-405B 的 BF16 权重要 {res[(LLAMA31_405B.name, 'bf16')][0]} 块，"
-        f"超出一台 8 卡机器；FP8 只要 {res[(LLAMA31_405B.name, 'fp8')][0]} 块，加上 KV、余量并取 2 的幂是 "
-        f"{res[(LLAMA31_405B.name, 'fp8')][1]} 块——一台 8 卡机器放得下。",
+        f"只放权重：⌈权重 / {fmt_bytes(cap)}⌉。Llama-3.1-405B 的 BF16 权重要 {n405[0]} 块，"
+        f"{'超出' if n405[0] > NODE_GPUS else '不超过'}一台 {NODE_GPUS} 卡机器；FP8 只要 {n405f[0]} 块，加上 KV、余量并取 2 的幂是 "
+        f"{n405f[1]} 块——一台 {NODE_GPUS} 卡机器{'放得下' if n405f[1] <= NODE_GPUS else '放不下'}。",
         f"Llama-3.1-70B 的 BF16 权重本身 {res[(LLAMA31_70B.name, 'bf16')][0]} 块就够，但留出 KV 和余量、取 2 的幂后要 "
         f"{res[(LLAMA31_70B.name, 'bf16')][1]} 块：只看权重会低估。能放下的 KV 决定能同时服务几个序列（第 2、5 讲）。",
-        f"gpt-oss-120b 的原生 checkpoint 只要 {res[(GPT_OSS_120B.name, 'native')][0]} 块（只算权重），按我们的部署假设是 "
-        f"{res[(GPT_OSS_120B.name, 'native')][1]} 块——和模型卡说的'一块 80 GB GPU 就能跑'一致；BF16 存要 "
+        f"gpt-oss-120b 的原生 checkpoint 只要 {oss[0]} 块（只算权重），按我们的部署假设是 "
+        f"{oss[1]} 块——和模型卡说的'一块 80 GB GPU 就能跑'{'一致' if oss[1] == 1 else '不一致'}；BF16 存要 "
         f"{res[(GPT_OSS_120B.name, 'bf16')][0]} 块。",
         "这只是\"放得下\"。放得下不等于跑得快：每生成一个 token 要把（被用到的）权重读一遍，速度由带宽决定（03 脚本）。",
     ])

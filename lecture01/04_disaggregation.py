@@ -6,7 +6,8 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
 【这个脚本要回答的问题】
 演示 1：prefill 和 decode 的算术强度，和每块芯片的 roofline 拐点比：一个远在拐点之上，一个远在拐点之下。
 演示 2：同样换一块芯片，prefill 和 decode 各快多少——"比较优势"：拐点低的芯片相对更适合 decode。
-演示 3：分开的代价之一：prefill 做完要把 KV cache 搬到 decode 的机器，经不同的互联要多久（加上协调开销）。
+演示 3：分开的代价之一：prefill 做完要把 KV cache 搬到 decode 的机器，经不同的互联要多久（加上协调开销）；
+只看 Llama-3.1-8B 一个例子，更多模型、更长的提示和"逐层边算边发"见第 5 讲 03_kv_transfer.py。
 演示 4：一笔总账：同一块卡上混着跑 vs 分开跑（同种卡 / decode 换成带宽更高的卡）的 TTFT、TPOT 和每块卡的吞吐。
 这就是第 1 讲 §6 的一句话：**按算术强度把计算分给最合适的硬件，代价是搬数据和协调**。
 
@@ -19,8 +20,8 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
 - 协调开销（调度、建立传输、通知 decode 端）每个请求 1 ms：**假设值**，真实系统从几百微秒到几毫秒不等。
 - 互联带宽取单向带宽（hw_specs 末尾的互联表：NVLink 4 每块 GPU 450 GB/s、InfiniBand NDR 50 GB/s、
   PCIe Gen5 x16 64 GB/s、100 GbE 12.5 GB/s），假设能跑满、没有协议开销；演示 4 默认走 InfiniBand NDR（假设）。
-- 演示 3 里 gpt-oss-120b 的权重按 4.25 位读（MXFP4；它的非专家部分其实是 BF16，这里近似——它的 prefill 受算力限制，
-  读权重的字节不影响时间）。
+- 交接时间 = KV 字节 / 单向带宽 + 协调开销（handoff_time；整份 KV 等 prefill 算完再一次发出，不和 prefill 重叠——
+  最朴素的做法，是上界）。prefill 的 lm_head 只算最后一个位置（llm_math.prefill_step）。
 - 演示 4 的"同机"是最朴素的做法：prefill 单独占一步、不和 decode 拼在一起（不做 chunked prefill，第 5 讲再看），
   一个新请求平均要等半个 decode 步才轮到它的 prefill（假设）；
   批里各序列的上下文均匀分布在 4096..4352 之间，decode 一步按平均上下文算（受带宽限制时这是精确的平均）；
@@ -29,7 +30,7 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
 【出处】芯片和互联：hw_specs（数据手册）；模型结构：llm_math（CURRICULUM §5）；"H100 做 prefill、A100 做 decode"：
 Splitwise（Patel et al., ISCA 2024, arXiv 2311.18677）的 Splitwise-HA 设计。
 
-【运行】python3 04_disaggregation.py （< 1 秒）
+【运行】python3 04_disaggregation.py （约 0.1 秒，机器空闲时）
 
 【依赖】本目录的 console、hw_specs（芯片和互联表）、llm_math。
 """
@@ -42,7 +43,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import (A100, B200, CORSAIR, ETH_100G, H100, H100_PCIE, H200, IB_NDR, NVLINK4,  # noqa: E402
                       PCIE5_X16)
-from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_step  # noqa: E402
+from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step, prefill_step  # noqa: E402
 
 GPUS = (A100, H100_PCIE, H100, H200, B200)
 LINKS = (NVLINK4, PCIE5_X16, IB_NDR, ETH_100G)
@@ -61,6 +62,11 @@ def short(chip):
 def link_short(link):
     """表头里的互联短名。"""
     return link.name.split("（")[0]
+
+
+def handoff_time(kv_bytes, link):
+    """把一个请求的 KV cache 从 prefill 机交给 decode 机要多久（秒）= 字节 / 单向带宽 + 协调开销 COORD（假设）。"""
+    return kv_bytes / link.bw + COORD
 
 
 def mean_decode_step(model, chip, batch=BATCH):
@@ -147,36 +153,27 @@ def demo2_comparative_advantage():
 # 演示 3：搬 KV cache 的代价
 # ---------------------------------------------------------------------------
 def demo3_kv_transfer():
-    print_header(f"演示 3：分开的代价——把提示的 KV cache（{PROMPT} token，BF16）从 prefill 机器搬到 decode 机器"
-                 f"（+ 协调 {fmt_time(COORD)}，假设）")
+    m = MODEL
+    kv = m.kv_bytes(PROMPT)
+    tp = prefill_step(m, H100, PROMPT)["time"]
+    print_header(f"演示 3：分开的代价——把 {m.name} 提示的 KV cache（{PROMPT} token，BF16，{fmt_bytes(kv)}）"
+                 f"从 prefill 机器搬到 decode 机器（+ 协调 {fmt_time(COORD)}，假设）")
     rows = []
     res = {}
-    for m in (LLAMA31_8B, LLAMA31_70B, GPT_OSS_120B):
-        kv = m.kv_bytes(PROMPT)
-        tp = prefill_step(m, H100, PROMPT, w_bits=4.25 if m.is_moe else 16.0)["time"]
-        cells = [m.name, fmt_bytes(kv), fmt_time(tp)]
-        for lk in LINKS:
-            t = kv / lk.bw + COORD
-            res[(m.name, link_short(lk))] = t / tp
-            cells.append(f"{fmt_time(t)}（{100 * t / tp:.0f}%）")
-        rows.append(cells)
-    print_table(["模型", "KV cache", "prefill（1 块 H100）"] + [f"{link_short(lk)} {fmt_bytes(lk.bw)}/s" for lk in LINKS],
-                rows)
-    print("（括号里是占 prefill 时间的百分比。70B 一块 H100 放不下：多卡时 prefill 和网卡都按卡数放大，比值不变——假设。）")
-    g8, g120 = LLAMA31_8B.name, GPT_OSS_120B.name
-    t8 = LLAMA31_8B.kv_bytes(PROMPT) / IB_NDR.bw
-    kv_ratio = GPT_OSS_120B.kv_bytes(PROMPT) / LLAMA31_8B.kv_bytes(PROMPT)
+    for lk in LINKS:
+        t = handoff_time(kv, lk)
+        res[link_short(lk)] = t / tp
+        rows.append([link_short(lk), f"{fmt_bytes(lk.bw)}/s", fmt_time(kv / lk.bw), fmt_time(t), f"{100 * t / tp:.0f}%"])
+    print_table(["互联", "单向带宽", "搬 KV", "搬 KV + 协调", f"占 prefill（{fmt_time(tp)}，1 块 H100）的比例"], rows)
+    t_ib = kv / IB_NDR.bw
     print_observations([
-        f"{g8} 的 {fmt_bytes(LLAMA31_8B.kv_bytes(PROMPT))} KV cache 经 InfiniBand NDR 要 {fmt_time(t8)}，加上协调是 prefill 时间的 "
-        f"{100 * res[(g8, 'InfiniBand NDR')]:.0f}%；经 100 GbE 要 {100 * res[(g8, '100 GbE 以太网')]:.0f}%，"
-        f"在同一台机器里经 NVLink 只要 {100 * res[(g8, 'NVLink 4')]:.0f}%。",
-        f"{g120} 的总参数是 8B 的 {GPT_OSS_120B.params() / LLAMA31_8B.params():.1f} 倍，KV cache 却只有它的 "
-        f"{kv_ratio:.2f}（{GPT_OSS_120B.n_kv_heads} 个 KV 头、head_dim {GPT_OSS_120B.head_dim}、一半的层只存 "
-        f"{GPT_OSS_120B.sliding_window} 个位置）：经 100 GbE 占 prefill 的 {100 * res[(g120, '100 GbE 以太网')]:.0f}%，"
-        f"8B 是 {100 * res[(g8, '100 GbE 以太网')]:.0f}%。GQA、滑动窗口、KV 量化都在减这笔账。",
-        "这段时间直接加在 TTFT 上；真实系统按层边算边传，把它大部分藏在 prefill 后面。",
+        f"{m.name} 的 {fmt_bytes(kv)} KV cache 经 InfiniBand NDR 要 {fmt_time(t_ib)}，加上协调是 prefill 时间的 "
+        f"{100 * res['InfiniBand NDR']:.0f}%；经 100 GbE 要 {100 * res['100 GbE 以太网']:.0f}%，"
+        f"在同一台机器里经 NVLink 只要 {100 * res['NVLink 4']:.0f}%。",
+        "这段时间直接加在 TTFT 上（演示 4 就这么算）；真实系统按层边算边传，把它大部分藏在 prefill 后面。"
+        "其他模型（70B、gpt-oss-120b 的滑动窗口让 KV 小得多）和更长的提示见第 5 讲 03_kv_transfer.py。",
     ])
-    return {"ratio": res, "t_ib_8b": t8, "kv_ratio_120b_8b": kv_ratio}
+    return {"ratio": res, "t_ib": t_ib, "kv_bytes": kv, "t_prefill": tp}
 
 
 # ---------------------------------------------------------------------------
@@ -187,7 +184,7 @@ def demo4_ledger():
     print_header(f"演示 4：总账（{m.name}；提示 {PROMPT}、输出 {OUTPUT}；decode 批 {BATCH}；"
                  f"KV 经 InfiniBand NDR + 协调 {fmt_time(COORD)}）")
     t_pre = prefill_step(m, H100, PROMPT)["time"]
-    t_kv = m.kv_bytes(PROMPT) / IB_NDR.bw + COORD
+    t_kv = handoff_time(m.kv_bytes(PROMPT), IB_NDR)
     rows = []
     res = {}
     # 同机：每个请求在它的 OUTPUT 步里要插进一次 prefill；一个批 BATCH 个请求 → 平均每步多 BATCH/OUTPUT 次 prefill
@@ -215,7 +212,8 @@ def demo4_ledger():
     print_observations([
         f"同机时，每个请求的 prefill（{fmt_time(t_pre)}）都插在别人的 decode 之间：平均 TPOT 从纯 decode 的 {fmt_time(hh['tpot'])} "
         f"涨到 {fmt_time(co['tpot'])}，碰上 prefill 的那一步要等 {fmt_time(co['worst'])}。分开后 TPOT 稳定在 {fmt_time(hh['tpot'])}。",
-        f"代价：TTFT 多了搬 KV 和协调的 {fmt_time(t_kv)}；还要配 {hh['n_prefill']:.2f} 块 prefill 卡给每块 decode 卡。"
+        f"代价：prefill 之后多了搬 KV 和协调的 {fmt_time(t_kv)}（同机的新请求也要先等半个 decode 步，"
+        f"所以表里的 TTFT 只差 {fmt_time(hh['ttft'] - co['ttft'])}）；还要配 {hh['n_prefill']:.2f} 块 prefill 卡给每块 decode 卡。"
         f"同一种卡分开跑，每块卡的吞吐 {hh['thr_per_gpu']:.0f} 和同机的 {co['thr_per_gpu']:.0f} token/s 一样——"
         f"在 roofline 的账上两者恒等（每个 token 摊到的 decode 时间和 prefill 时间都没变），分开本身不产生吞吐，"
         f"它换来的是 TPOT 不被打断。",

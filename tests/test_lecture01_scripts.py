@@ -7,12 +7,33 @@ import math
 import pytest
 
 from conftest import load_script
-from hw_specs import A100, B200, H100, H100_PCIE, H200, IB_NDR
+from hw_specs import A100, B200, H100, H100_PCIE, H200
 from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B,
-                      bits_per_param, decode_step, linear_shapes, matmul_intensity, prefill_step, prefill_time,
-                      weight_bytes)
+                      bits_per_param, decode_step, linear_shapes, matmul_intensity, prefill_step, weight_bytes)
 
 GIB = 2 ** 30
+
+# ---- Llama-3.1-8B 和 H100 SXM5 的闭式，只用公开的数（CURRICULUM §5），不调 llm_math ----
+P_H100, BW_H100 = 989.4e12, 3.35e12
+V8, D8, L8, H8, KVH8, DH8, FF8 = 128256, 4096, 32, 32, 8, 128, 14336
+TOTAL_8B = 8_030_261_248
+MATMUL_8B = L8 * (2 * D8 * H8 * DH8 + 2 * D8 * KVH8 * DH8 + 3 * D8 * FF8) + V8 * D8
+W_STEP_8B = 2 * (TOTAL_8B - V8 * D8)              # decode / prefill 每步读的权重：不含输入词嵌入（查表）
+KV_TOK_8B = 2 * L8 * KVH8 * DH8 * 2               # 每个位置的 K 和 V，所有层，BF16
+
+
+def prefill_flops_8b(n):
+    """2·(matmul − V·d)·n + 2·V·d（lm_head 只算最后一个位置）+ 4·头数·head_dim·层数·n(n+1)/2。"""
+    return 2 * (MATMUL_8B - V8 * D8) * n + 2 * V8 * D8 + 4 * H8 * DH8 * L8 * n * (n + 1) // 2
+
+
+def prefill_time_8b(n):
+    return max(prefill_flops_8b(n) / P_H100, W_STEP_8B / BW_H100)
+
+
+def decode_time_8b_memory_bound(batch, context):
+    """受带宽限制时 decode 一步 = (权重 + batch 个序列的 KV) / 带宽。"""
+    return (W_STEP_8B + batch * KV_TOK_8B * context) / BW_H100
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +110,15 @@ def test_matmul_intensity_is_batch_for_thin_matrices():
         matmul_intensity(0, 1, 1)
 
 
-@pytest.mark.parametrize("m", ALL_MODELS, ids=[m.name for m in ALL_MODELS])
 @pytest.mark.parametrize("n", [1, 100, 128, 4096])
-def test_prefill_step_time_equals_prefill_time(m, n):
-    assert prefill_step(m, H100, n)["time"] == prefill_time(m, H100, n)
+def test_prefill_step_8b_matches_closed_form(n):
+    """lm_head 只算最后一个位置；注意力第 i 个位置看 i 个位置；时间 = max(F / 算力, 读权重 / 带宽)。"""
+    r = prefill_step(LLAMA31_8B, H100, n)
+    assert r["flops"] == pytest.approx(prefill_flops_8b(n), rel=1e-12)
+    assert r["time"] == pytest.approx(prefill_time_8b(n), rel=1e-12)
+    # lm_head 每个位置都算时多 2·V·d·(n − 1)
+    full = prefill_step(LLAMA31_8B, H100, n, last_only=False)["flops"]
+    assert full - r["flops"] == 2 * V8 * D8 * (n - 1)
 
 
 # ---------------------------------------------------------------------------
@@ -109,7 +135,7 @@ def test_01_ridge_points(s01, capsys):
     assert (r["lowest_gpu"], r["highest_gpu"]) == ("A100 80GB SXM", "H100 PCIe")
     assert r["h100_fp8_ridge"] == pytest.approx(2 * r["ridge"]["H100"], rel=1e-3)
     assert round(r["corsair_bw_ratio"]) == 45
-    assert "295" in capsys.readouterr().out
+    assert f"H100 SXM5 的拐点是 {round(989.4 / 3.35)} FLOP/字节" in capsys.readouterr().out
 
 
 def test_01_time_vs_intensity(s01, capsys):
@@ -120,6 +146,7 @@ def test_01_time_vs_intensity(s01, capsys):
     assert r["h200_speedup_low"] == pytest.approx(4.8 / 3.35) and r["h200_speedup_high"] == pytest.approx(1.0)
     assert r["b200_speedup_low"] == pytest.approx(8 / 3.35) and r["b200_speedup_high"] == pytest.approx(2250 / 989.4)
     assert r["times"][(4096, "H100")] == pytest.approx(4096e9 / 989.4e12)
+    assert r["corsair_full_intensity"] == 2400 / 150        # Corsair 的拐点 16 正好在强度表里
 
 
 def test_01_matmul_crossover_closed_form(s01, capsys):
@@ -182,48 +209,67 @@ def test_02_gpu_counts(s02, capsys):
 # ---------------------------------------------------------------------------
 def test_03_decode_vs_batch(s03, capsys):
     r = s03.demo1_decode_vs_batch()
-    m = LLAMA31_8B
-    kv = 2 * 32 * 8 * 128 * 2 * 4096
-    assert r["t_b1"] == pytest.approx((2 * m.active_params() + kv) / 3.35e12)
-    assert r["t_b64"] == pytest.approx((2 * m.active_params() + 64 * kv) / 3.35e12)
+    kv = KV_TOK_8B * 4096
+    assert r["t_b1"] == pytest.approx(decode_time_8b_memory_bound(1, 4096))
+    assert r["t_b64"] == pytest.approx(decode_time_8b_memory_bound(64, 4096))
     assert set(r["bounds"].values()) == {"memory"}
-    assert r["max_batch"] == (80e9 - 2 * m.params()) // kv == 119
-    assert r["kv_eq_batch"] == pytest.approx(2 * m.params() / kv)
+    assert r["max_batch"] == (80e9 - 2 * TOTAL_8B) // kv == 119
+    # 读 KV 比读权重多的最小批：在 B 时成立，B − 1 时不成立
+    b = r["kv_over_w_batch"]
+    at, below = decode_step(LLAMA31_8B, H100, b, 4096), decode_step(LLAMA31_8B, H100, b - 1, 4096)
+    assert at["kv_bytes"] > at["w_bytes"] and not below["kv_bytes"] > below["w_bytes"]
+    assert b == math.floor(W_STEP_8B / kv) + 1 == 28
 
 
 def test_03_compute_bound_batch(s03, capsys):
     r = s03.demo2_compute_bound_batch()
-    P, BW = 989.4e12, 3.35e12
+    P, BW = P_H100, BW_H100
     for m in (LLAMA31_8B, LLAMA31_70B):
         f0, w = m.flops_per_token(0), 2 * m.active_params()
         assert r["crossover"][(m.name, 0)] == math.ceil(w * P / (BW * f0))
+        # 每个印出的最小批：那个批受算力限制，少一个就受带宽限制
+        for (name, ctx), b in r["crossover"].items():
+            if name == m.name and b is not None:
+                assert decode_step(m, H100, b, ctx)["bound"] == "compute"
+                assert decode_step(m, H100, b - 1, ctx)["bound"] == "memory"
         # 上下文 c 时，每个序列的 FLOPs / 算力要大于它的 KV 字节 / 带宽，否则批多大都不行
         a = 4 * m.n_heads * m.head_dim * m.n_layers
         k = 2 * m.n_layers * m.n_kv_heads * m.head_dim * 2
         c_star = f0 / (P * k / BW - a)
-        assert abs(r["never_from"][m.name] - c_star) <= 1
+        L = r["longest_compute_ctx"][m.name]
+        assert L == math.ceil(c_star) - 1
+        huge = 1 << 40
+        assert decode_step(m, H100, huge, L)["bound"] == "compute"
+        assert decode_step(m, H100, huge, L + 1)["bound"] == "memory"
+        b = r["batch_at_longest"][m.name]
+        assert decode_step(m, H100, b, L)["bound"] == "compute"
+        assert decode_step(m, H100, b - 1, L)["bound"] == "memory"
+    assert (r["longest_compute_ctx"][LLAMA31_8B.name], r["longest_compute_ctx"][LLAMA31_70B.name]) == (393, 1476)
     assert r["crossover"][(LLAMA31_8B.name, 4096)] is None
+    assert r["max_batch_at_longest_8b"] < r["batch_at_longest"][LLAMA31_8B.name]
 
 
 def test_03_prefill(s03, capsys):
     r = s03.demo3_prefill_vs_length()
-    m = LLAMA31_8B
-    assert prefill_step(m, H100, r["n_cross"])["bound"] == "compute"
-    assert prefill_step(m, H100, r["n_cross"] - 1)["bound"] == "memory"
-    assert 250 < r["n_cross"] < 330
-    assert r["t_4096"] == prefill_time(m, H100, 4096)
+    n = r["n_cross"]
+    # 受算力限制的最短提示：F(n)/P ≥ W/BW，n − 1 时不成立
+    assert prefill_flops_8b(n) / P_H100 >= W_STEP_8B / BW_H100 > prefill_flops_8b(n - 1) / P_H100
+    assert r["t_4096"] == pytest.approx(prefill_time_8b(4096), rel=1e-12)
     assert r["bounds"][16] == "memory" and r["bounds"][4096] == "compute"
-    assert r["ratio_decode_prefill_per_token"] > 100
+    assert r["ratio_decode_prefill_per_token"] == pytest.approx(
+        decode_time_8b_memory_bound(1, 4096) / (prefill_time_8b(4096) / 4096))
+    n = 65536
+    assert r["attn_share_64k"] == pytest.approx(4 * H8 * DH8 * L8 * n * (n + 1) / 2 / prefill_flops_8b(n))
 
 
 def test_03_ttft_tpot(s03, capsys):
     r = s03.demo4_ttft_tpot()
-    m = LLAMA31_8B
-    assert r["ttft"] == prefill_time(m, H100, 2048)
-    # 受带宽限制时一步的时间随上下文线性增长：平均 = 平均上下文处的一步
+    assert r["ttft"] == pytest.approx(prefill_flops_8b(2048) / P_H100, rel=1e-12) and r["ttft_bound"] == "compute"
+    # 受带宽限制时一步的时间随上下文线性增长：平均 = 平均上下文（2048 + 1..255 的平均 = 2048 + 128）处的一步
     mean_ctx = 2048 + 128
-    assert r["tpot_b1"] == pytest.approx(decode_step(m, H100, 1, mean_ctx)["time"], rel=1e-9)
-    assert r["thr_b64"] == pytest.approx(64 / r["tpot_b64"])
+    assert r["tpot_b1"] == pytest.approx(decode_time_8b_memory_bound(1, mean_ctx), rel=1e-9)
+    assert r["tpot_b64"] == pytest.approx(decode_time_8b_memory_bound(64, mean_ctx), rel=1e-9)
+    assert r["thr_b64"] == pytest.approx(64 / decode_time_8b_memory_bound(64, mean_ctx), rel=1e-9)
     assert r["prefill_share_b1"] < 0.05
 
 
@@ -253,11 +299,11 @@ def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
 
 def test_04_kv_transfer(s04, capsys):
     r = s04.demo3_kv_transfer()
-    kv = 2 * 32 * 8 * 128 * 2 * 4096
-    assert r["t_ib_8b"] == pytest.approx(kv / 50e9)
-    assert r["ratio"][(LLAMA31_8B.name, "InfiniBand NDR")] == pytest.approx(
-        (kv / 50e9 + 1e-3) / prefill_time(LLAMA31_8B, H100, 4096))
-    assert r["kv_ratio_120b_8b"] == pytest.approx(2 * (18 * 128 + 18 * 4096) * 8 * 64 * 2 / kv)
+    kv = KV_TOK_8B * 4096
+    assert r["kv_bytes"] == kv and r["t_ib"] == pytest.approx(kv / 50e9)
+    for key, bw in (("NVLink 4", 450e9), ("PCIe Gen5 x16", 64e9), ("InfiniBand NDR", 50e9), ("100 GbE 以太网", 12.5e9)):
+        assert r["ratio"][key] == pytest.approx((kv / bw + 1e-3) / prefill_time_8b(4096))
+    assert r["ratio"]["100 GbE 以太网"] > r["ratio"]["InfiniBand NDR"] > r["ratio"]["NVLink 4"]
 
 
 def test_04_ledger(s04, capsys):
@@ -267,6 +313,10 @@ def test_04_ledger(s04, capsys):
     assert co["tpot"] > 2 * hh["tpot"]
     assert h2["thr_per_gpu"] > co["thr_per_gpu"] and h2["tpot"] < hh["tpot"]
     assert a1["thr_per_kw"] > co["thr_per_kw"] and a1["thr_per_gpu"] < co["thr_per_gpu"]
-    t_pre = prefill_time(LLAMA31_8B, H100, 4096)
-    assert hh["ttft"] == pytest.approx(t_pre + 4096 * 131072 / IB_NDR.bw + 1e-3)
-    assert hh["n_prefill"] == pytest.approx(64 / (256 * hh["tpot"]) * t_pre)
+    t_pre = prefill_time_8b(4096)
+    t_dec = decode_time_8b_memory_bound(64, 4096 + 128)        # 批里平均上下文 4096 + 256/2
+    assert hh["tpot"] == pytest.approx(t_dec)
+    assert hh["ttft"] == pytest.approx(t_pre + 4096 * 131072 / 50e9 + 1e-3)
+    assert co["ttft"] == pytest.approx(t_pre + t_dec / 2)
+    # 一块 decode 卡每秒完成 64 / (256 · t_dec) 个请求，每个请求要 t_pre 的 prefill 卡时间
+    assert hh["n_prefill"] == pytest.approx(64 * t_pre / (256 * t_dec))
