@@ -10,15 +10,16 @@ CS349E · 第 2 讲 · 01_numpy_transformer.py —— 一个 Llama 形状的 num
 以及两种做法贪心选出的 token 是否处处相同。
 
 【怎么读输出】形状写成 [批 B, 位置数 n, …]；"账本里的名字"是 transformer_lab 的 Counter / analytic_ops 里这个算子的行名
-（02 脚本逐行核对它们的 FLOPs 和字节）。演示 2 的 max |Δ| 是 float64 的舍入误差量级（机器精度 ε ≈ 2.2e-16）。
+（02 脚本逐行核对它们的 FLOPs 和字节）。两种算法的差 max |Δ| 只是 float64 的舍入（机器精度 ε ≈ 2.2e-16），它的具体数字
+随 numpy 链接的 BLAS 和 CPU 而变（加法顺序不同），所以只打印它是否小于一个留足余量的界 DELTA_BOUND = 1e-13。
 
-【模型的假设（务必看）】一个随机初始化的小模型（配置见 CFG：8 个 query 头、2 个 KV 头，GQA 组大小 4），不是训练过的模型；
+【模型的假设（务必看）】一个随机初始化的小模型（配置是 transformer_lab.LEC2_CFG：8 个 query 头、2 个 KV 头，GQA 组大小 4），不是训练过的模型；
 它只用来看形状和核对"缓存 == 重算"，输出的 token 没有语言上的意义。全部用 **float64** 计算（dtype 会打印出来）。
 提示的 token 用 rng.random() 的均匀数乘词表大小取整得到（固定种子）。
 
 【运行】python3 01_numpy_transformer.py （约 0.3 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、init_params、LMConfig）；../lecture01 的 console。
+【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、init_params、LEC2_CFG、random_tokens）；../lecture01 的 console。
 """
 import math
 import os
@@ -31,20 +32,17 @@ for sub in ("lecture01", "lecture02"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from transformer_lab import MATMUL_OPS, LMConfig, NumpyTransformer, init_params, softmax  # noqa: E402
+from transformer_lab import (LEC2_CFG, MATMUL_OPS, NumpyTransformer, init_params, random_tokens,  # noqa: E402
+                             softmax)
 
-# ---- 这一讲的小模型（结构是 Llama 的形状，尺寸是随意选的小数字；初始化用 transformer_lab 的默认尺度）----
-CFG = LMConfig(name="lec2-tiny", vocab=256, d_model=64, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=8,
-               d_ff=192, max_seq=128)
+# ---- 这一讲的小模型：transformer_lab.LEC2_CFG（Llama 的形状，尺寸是随意选的小数字；02、04 脚本用同一个）----
+CFG = LEC2_CFG
 SEED = 0             # 参数的随机种子
 PROMPT_SEED = 1      # 提示 token 的随机种子
 B, N_PROMPT = 2, 16  # 演示用的批大小、提示长度
 N_DECODE = 32        # 演示 2 贪心生成的 token 数
-
-
-def random_tokens(cfg, batch, n, seed):
-    """均匀随机的 token：rng.random() 乘词表大小取整（均匀分布的 CDF 反查）。"""
-    return (np.random.default_rng(seed).random((batch, n)) * cfg.vocab).astype(np.int64)
+# 两种算法之差的界（约定）：float64 的舍入差实测在 1e-15 量级，具体数字随 BLAS / CPU 变；界留了一个多数量级的余量
+DELTA_BOUND = 1e-13
 
 
 def shp(a):
@@ -153,7 +151,8 @@ def demo1_one_forward_pass():
         f"{CFG.n_kv_heads}/{CFG.n_heads} 的头（04 脚本）。",
         f"打分矩阵是 [B, 头, n, n]：它随位置数平方增长，而投影只随 n 线性增长——长上下文时注意力的份量越来越大（03 脚本）。",
         f"逐个算子手写的前向和 transformer_lab.NumpyTransformer（q/k/v 拼成一个矩阵、按组摞起来算注意力）输出的 logits "
-        f"最大差 {delta:.2g}：同一个模型，只是运算顺序不同带来的舍入差（dtype = {lab.dtype}）。",
+        + (f"最大差 < {DELTA_BOUND:.0e}" if delta < DELTA_BOUND else f"最大差超过了 {DELTA_BOUND:.0e}！")
+        + f"：同一个模型，只是运算顺序不同带来的舍入差（dtype = {lab.dtype}；具体数字随 BLAS 变，所以只给界）。",
         f"参数个数 {n_param_arrays:,} 和 llm_math 按结构数出来的 {mc.params():,} 一致：" + ("是" if n_param_arrays == mc.params() else "否") + "。",
     ])
     return {"n_layer_steps": len(log) - 3, "n_layer_matmuls": n_layer_matmuls, "delta_by_hand": delta, "dtype": str(lab.dtype),
@@ -189,28 +188,37 @@ def demo2_cache_equals_recompute():
 
     la, lb = np.stack(logits_a, 1), np.stack(logits_b, 1)        # [B, N_DECODE, V]
     step_delta = np.abs(la - lb).max(axis=(0, 2))                # 每一步的 max |Δ|
+    top2 = np.sort(lb, axis=-1)[..., -2:]                        # 重算那边每步最大的两个 logit
+    gap = float((top2[..., 1] - top2[..., 0]).min())             # 贪心选择离"打平"最近的一次
     rows = []
     for i in (0, 1, 3, 7, 15, 31):
         rows.append([i + 1, N_PROMPT + i, " ".join(str(t) for t in seq_a[:, N_PROMPT + i]),
-                     " ".join(str(t) for t in seq_b[:, N_PROMPT + i]), f"{step_delta[i]:.2g}",
+                     " ".join(str(t) for t in seq_b[:, N_PROMPT + i]), "是" if step_delta[i] < DELTA_BOUND else "否",
                      f"{np.abs(lb[:, i]).max():.3g}"])
-    print_table(["第几个新 token", "位置", "带缓存选出的（2 个序列）", "重算选出的", "logits max |Δ|", "max |logit|"], rows)
+    print_table(["第几个新 token", "位置", "带缓存选出的（2 个序列）", "重算选出的", f"logits max |Δ| < {DELTA_BOUND:.0e}",
+                 "max |logit|"], rows)
     max_delta = float(step_delta.max())
-    rel = max_delta / float(np.abs(lb).max())
+    max_logit = float(np.abs(lb).max())
     eps = float(np.finfo(la.dtype).eps)
+    rel_bound = DELTA_BOUND / max_logit / eps                    # 界换算成"相对 logits 的量级是 ε 的几倍"
     same = bool((seq_a == seq_b).all())
+    within = max_delta < DELTA_BOUND
     print_observations([
-        f"{N_DECODE} 步、{B} 个序列、每步 {CFG.vocab} 个 logits：带缓存和重算的最大差 max |Δ| = {max_delta:.2g}，"
-        f"相对 logits 的量级约 {rel:.2g}，也就是 float64 机器精度 ε = {eps:.2g} 的 {rel / eps:.0f} 倍左右——只是加法顺序不同的舍入。"
-        f"dtype = {la.dtype}。",
+        f"{N_DECODE} 步、{B} 个序列、每步 {CFG.vocab} 个 logits：带缓存和重算的差 max |Δ| "
+        + (f"每一步都 < {DELTA_BOUND:.0e}" if within else f"有的步超过了 {DELTA_BOUND:.0e}！")
+        + f"。logits 本身（所有 {N_DECODE} 步）最大 {max_logit:.3g}，所以相对差 < {DELTA_BOUND:.0e} / {max_logit:.3g} ≈ "
+        f"{rel_bound:.0f} ε（float64 机器精度 ε = {eps:.2g}）"
+        "——只是加法顺序不同的舍入；具体是几个 ε 随 BLAS 和 CPU 变，这里只给界。",
         f"两种做法贪心选出的 {B} × {N_DECODE} 个 token 完全相同：" + ("是" if same else "否") + "。"
-        "缓存没有改变模型算的东西，只是不再重复算已经算过的 K 和 V。",
+        f"每一步最大和第二大的 logit 至少差 {gap:.2g}，"
+        + ("比舍入差的界大得多，舍入改变不了 argmax。" if gap > 1e3 * DELTA_BOUND else "和舍入差的界相比并不大！")
+        + "缓存没有改变模型算的东西，只是不再重复算已经算过的 K 和 V。",
         "这是后面所有\"精确\"结论的前提：回滚（第 6 讲 01）、投机解码不改变分布（第 6 讲 03）都假设增量 decode 和一次算完给出同样的分布。"
         "用 bfloat16 这类低精度时，舍入误差大好几个数量级，两种做法的差也跟着变大，可能在 logits 很接近的位置选出不同的 token；"
         "这里用 float64 把这件事排除掉。",
     ])
-    return {"max_delta": max_delta, "rel_delta": rel, "eps": eps, "tokens_agree": same, "dtype": str(la.dtype),
-            "n_compared": int(la.size)}
+    return {"max_delta": max_delta, "bound": DELTA_BOUND, "max_logit": max_logit, "rel_bound_eps": rel_bound,
+            "eps": eps, "top2_gap": gap, "tokens_agree": same, "dtype": str(la.dtype), "n_compared": int(la.size)}
 
 
 if __name__ == "__main__":

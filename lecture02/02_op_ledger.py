@@ -17,18 +17,16 @@ CS349E · 第 2 讲 · 02_op_ledger.py —— 逐运算的账本：跑出来的�
 每层的同名算子合成一行。"实测"列来自 NumpyTransformer.forward(..., counter=c)，"公式"列来自 analytic_ops。
 
 【模型的假设（务必看）】账本只记权重和 KV 的读取，不记激活的读写（真实 GPU 上激活也要进出显存，融合的算子可以省掉大部分）；
-字节按 BF16 记是约定。小模型的配置同 01 脚本（随机初始化）。Llama-3.1-70B 的结构来自它的 config.json（llm_math）；
+字节按 BF16 记是约定。小模型是 transformer_lab.LEC2_CFG（同 01 脚本，随机初始化）。Llama-3.1-70B 的结构来自它的 config.json（llm_math）；
 它的 prefill 只在最后一个位置算 lm_head（last_only=True，生成时真正需要的），小模型的运行在每个位置都算 lm_head。
 
 【运行】python3 02_op_ledger.py （约 0.2 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、Counter、analytic_ops、sum_rows）；
+【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、Counter、analytic_ops、sum_rows、LEC2_CFG、random_tokens）；
 ../lecture01 的 console、hw_specs、llm_math。
 """
 import os
 import sys
-
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture01", "lecture02"):
@@ -37,21 +35,15 @@ for sub in ("lecture01", "lecture02"):
 from console import fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B  # noqa: E402
-from transformer_lab import (ALL_OPS, ATTN_CORE_OPS, FIELDS, MATMUL_OPS, Counter, LMConfig,  # noqa: E402
-                             NumpyTransformer, analytic_ops, init_params, sum_rows)
+from transformer_lab import (ALL_OPS, ATTN_CORE_OPS, FIELDS, LEC2_CFG, MATMUL_OPS, Counter,  # noqa: E402
+                             NumpyTransformer, analytic_ops, init_params, random_tokens, sum_rows)
 
-# ---- 小模型（同 01 脚本）和演示用的形状 ----
-CFG = LMConfig(name="lec2-tiny", vocab=256, d_model=64, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=8,
-               d_ff=192, max_seq=128)
+# ---- 小模型（transformer_lab.LEC2_CFG，同 01 脚本）和演示用的形状 ----
+CFG = LEC2_CFG
 SEED, PROMPT_SEED = 0, 1
 B, N_PROMPT = 2, 32
 OTHER_OPS = tuple(op for op in ALL_OPS if op not in MATMUL_OPS and op not in ATTN_CORE_OPS)
 GROUPS = (("权重矩阵乘", MATMUL_OPS), ("注意力核心", ATTN_CORE_OPS), ("其余（norm、RoPE、激活、残差、查表）", OTHER_OPS))
-
-
-def random_tokens(cfg, batch, n, seed):
-    """均匀随机的 token：rng.random() 乘词表大小取整。"""
-    return (np.random.default_rng(seed).random((batch, n)) * cfg.vocab).astype(np.int64)
 
 
 def run_prefill_and_decode():
@@ -95,6 +87,7 @@ def demo1_prefill_ledger():
     rows, same, cells = side_by_side(c_pre, ana)
     print_table(HEADERS, rows)
     tot = {f: c_pre.total(f) for f in FIELDS}
+    w_mm = c_pre.total("w", MATMUL_OPS)   # 权重矩阵的字节（词嵌入查表读的行数随 token 数变，不算在内）
     sc = c_pre.ops["attn_scores"]
     print(f"\n核对：{len(rows)} 个算子 × {len(FIELDS)} 个字段 = {cells} 个数，实测 == 公式的有 {same} 个："
           + ("全部相等" if same == cells else "有不相等的！"))
@@ -103,10 +96,11 @@ def demo1_prefill_ledger():
         "本讲 03、04 脚本和第 5 讲的演示用 analytic_ops 给 Llama-3.1-70B 记账，靠的就是这一点。",
         f"注意力打分（attn_scores）执行了 {sc['flops']:,} 次 FLOP，有用的只有 {sc['useful']:,}："
         f"因果遮罩挡住了上三角，比例 {sc['useful'] / sc['flops']:.3f} = (n+1)/(2n)，n = {N_PROMPT}。",
-        f"整个 prefill：执行 {fmt_num(tot['flops'])} FLOPs、有用 {fmt_num(tot['useful'])}；读权重 {fmt_bytes(tot['w'])}、"
-        f"读 KV {fmt_bytes(tot['kv'])}（BF16 计）。权重每次前向读一遍，不管这次喂多少个 token。",
+        f"整个 prefill：执行 {fmt_num(tot['flops'])} FLOPs、有用 {fmt_num(tot['useful'])}；读权重矩阵 {fmt_bytes(w_mm)}、"
+        f"读 KV {fmt_bytes(tot['kv'])}（BF16 计）。权重矩阵每次前向读一遍，不管这次喂多少个 token"
+        f"（词嵌入查表另读 {fmt_bytes(c_pre.total('w', ('embed',)))}：每个 token 一行，随 token 数增长）。",
     ])
-    return {"cells": cells, "same": same, "n_ops": len(rows), "totals": tot,
+    return {"cells": cells, "same": same, "n_ops": len(rows), "totals": tot, "w_matmul": w_mm,
             "scores_useful_ratio": sc["useful"] / sc["flops"]}
 
 
@@ -124,17 +118,19 @@ def demo2_decode_ledger():
     f_pre, f_dec = c_pre.total("useful"), c_dec.total("useful")
     w_pre, w_dec = c_pre.total("w", MATMUL_OPS), c_dec.total("w", MATMUL_OPS)
     kv_row = c_dec.ops["attn_scores"]
+    k_bytes, v_bytes = c_dec.ops["attn_scores"]["kv"], c_dec.ops["attn_av"]["kv"]   # 打分读 K，加权和读 V
     print_observations([
         f"decode 一步的有用 FLOPs 是 prefill 的 {f_dec / f_pre:.3f}（{fmt_num(f_dec)} vs {fmt_num(f_pre)}），"
         f"而读的权重矩阵字节一样多（{fmt_bytes(w_dec)} vs {fmt_bytes(w_pre)}）：每次前向都要把所有权重读一遍，"
         f"decode 却只摊到 {B} 个 token 上。这就是 decode 受带宽限制的原因（03 脚本量化它）。",
         f"decode 时打分的\"执行\"和\"有用\"相等（{kv_row['flops']:,}）：新 token 看所有 {N_PROMPT + 1} 个位置，没有被遮罩挡住的。",
-        f"注意力读的 KV 字节 = B × KV 头 × 被看的位置 × head_dim × 2 字节 × 层数 = "
-        f"{B} × {CFG.n_kv_heads} × {N_PROMPT + 1} × {CFG.head_dim} × 2 × {CFG.n_layers} = {kv_row['kv']:,}（K 和 V 各一次）："
+        f"注意力读的 K 字节（打分那一行）= B × KV 头 × 被看的位置 × head_dim × 2 字节 × 层数 = "
+        f"{B} × {CFG.n_kv_heads} × {N_PROMPT + 1} × {CFG.head_dim} × 2 × {CFG.n_layers} = {k_bytes:,}；加权和那一行读同样多的 V，"
+        f"合起来 K {k_bytes:,} + V {v_bytes:,} = {k_bytes + v_bytes:,} 字节："
         "缓存多长，每一步就要把它整个读一遍（04 脚本）。",
     ])
     return {"cells": cells, "same": same, "useful_ratio": f_dec / f_pre, "w_pre": w_pre, "w_dec": w_dec,
-            "kv_scores": kv_row["kv"]}
+            "k_bytes": k_bytes, "v_bytes": v_bytes, "kv_total": c_dec.total("kv")}
 
 
 # ---------------------------------------------------------------------------

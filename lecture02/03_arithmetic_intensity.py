@@ -22,8 +22,9 @@ kernel 启动开销。70B 的权重（141 GB）一块 H100（80 GB）放不下�
 【运行】python3 03_arithmetic_intensity.py （约 0.2 秒）
 
 【依赖】numpy；../lecture02 的 transformer_lab（analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
-../lecture01 的 console、hw_specs、llm_math。
+../lecture01 的 console、hw_specs、llm_math（critical_context）。
 """
+import math
 import os
 import sys
 
@@ -33,7 +34,7 @@ for sub in ("lecture01", "lecture02"):
 
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import A100, B200, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, critical_context  # noqa: E402
 from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 M = LLAMA31_70B
@@ -148,8 +149,10 @@ def demo2_time_split():
         f"（每个位置 2 × {M.n_layers} 层 × {M.n_kv_heads} 个 KV 头 × {M.head_dim} × 2 字节），读权重矩阵的字节 = {fmt_bytes(w_proj)}；"
         f"所以 B × 上下文 ≈ {crossover:,.0f} 个 token 是分界线。B = 8、上下文 32768（{8 * 32768:,}）注意力占 {100 * s_8_32k:.0f}%，"
         f"B = 32、上下文 32768（{32 * 32768:,}）就占 {100 * s_32_32k:.0f}%。",
-        f"批变大时，投影 + FFN 的时间不变（表里都是 {fmt_time(t_proj_set[-1])}：B ≤ 128 "
-        + ("都还受带宽限制" if all_memory else "并不都受带宽限制") + "，权重读一遍、被更多 token 分摊），注意力的时间却和 B 成正比："
+        "批变大时，投影 + FFN 的时间"
+        + (f"不变（表里都是 {fmt_time(t_proj_set[0])}：" if len(t_proj_set) == 1 else f"并不都一样（表里有 {len(t_proj_set)} 个值：")
+        + "B ≤ 128 " + ("都还受带宽限制" if all_memory else "并不都受带宽限制")
+        + "，权重读一遍、被更多 token 分摊），注意力的时间却和 B 成正比："
         f"B = 128、上下文 131072 时一步要 {fmt_time(big['t_proj'] + big['t_attn'])}，其中 {100 * big['share']:.0f}% 在读 "
         f"{fmt_bytes(big['kv_total'])} 的 KV（远远放不下，这里只算时间）。长上下文的 decode，瓶颈是 KV cache（04 脚本、第 5 讲）。",
     ])
@@ -165,8 +168,10 @@ def demo3_step_intensity_limit():
     ridge = CHIP.ridge_point("bf16")
     L, Hkv, hd, G = M.n_layers, M.n_kv_heads, M.head_dim, M.group
     mm_flops = 2 * M.matmul_params()                              # 一个 token 的权重矩阵乘 FLOPs（含 lm_head）
-    # 上限 > 拐点 ⇔ 2·matmul_params / (4·L·Hkv·hd·S) + G > 拐点 ⇔ S < S*
-    s_star = mm_flops / (4 * L * Hkv * hd * (ridge - G))
+    # 上限 > 拐点 ⇔ 2·matmul_params / (4·L·Hkv·hd·S) + G > 拐点 ⇔ S < L*（llm_math.critical_context，实数）；
+    # 约定同第 1 讲 03、第 5 讲 01：能超过拐点的最长整数上下文是 ⌈L*⌉ − 1
+    s_star = critical_context(M, CHIP)
+    s_max = math.ceil(s_star) - 1
     batches = (1, 64, 256, 1024)
     rows, res = [], {}
     for ctx in (256, 1024, 2048, 4096, 32768, 131072):
@@ -183,13 +188,14 @@ def demo3_step_intensity_limit():
     print_observations([
         f"一步的有用 FLOPs ≈ B × (每 token 的矩阵乘 + 注意力)，读的字节 = 权重（一份）+ B × 每个序列的 KV。B → ∞ 时权重可以忽略，"
         f"强度趋于 (2 × matmul_params + 4 × 头数 × head_dim × 层数 × 上下文) ÷ (每个序列的 KV 字节)——和批大小无关的上限。",
-        f"上下文越长，上限越低，趋于 G = {G}（131072 时已经是 {res[131072]['limit']:.1f}）。上下文超过约 {s_star:,.0f} 个 token，"
-        f"上限就低于 H100 的拐点 {ridge:.0f}：整个 decode 步无论批多大，读的字节 ÷ 带宽都比有用 FLOPs ÷ 峰值算力长。",
+        f"上下文越长，上限越低，趋于 G = {G}（131072 时已经是 {res[131072]['limit']:.1f}）。临界上下文 L* = {s_star:,.1f}"
+        f"（llm_math.critical_context）：上下文 ≤ {s_max:,} 个位置时上限还高于 H100 的拐点 {ridge:.0f}，"
+        f"≥ {s_max + 1:,} 时就低于拐点——整个 decode 步无论批多大，读的字节 ÷ 带宽都比有用 FLOPs ÷ 峰值算力长。",
         f"这和演示 1 不矛盾：上下文 4096、B = 1024 时投影 + FFN 单独看已经受算力限制，但同一步里读 KV 的时间更长，"
         f"整步的强度只有 {res[4096]['by_batch'][1024]:.0f}。想让长上下文的 decode 也吃满算力，要减少每个序列的 KV 字节："
         "更大的 G（GQA/MQA，04 脚本）、KV 量化、滑动窗口或 MLA 这类压缩。",
     ])
-    return {"ridge": ridge, "s_star": s_star, "by_ctx": res}
+    return {"ridge": ridge, "s_star": s_star, "s_max": s_max, "by_ctx": res}
 
 
 if __name__ == "__main__":

@@ -15,14 +15,16 @@ KV cache、注意力的算术强度、H100 上读 KV 的时间各变成多少。
 
 【模型的假设（务必看）】模型结构来自 Llama 3.1 的 config.json（llm_math）；MHA / MQA 是把 Llama-3.1-70B 的 n_kv_heads 改掉得到的
 **假想变体**（dataclasses.replace），不是真实的模型，只比较结构带来的账，不涉及它们的质量。时间是 H100 SXM5 上的 roofline 下界
-（3.35 TB/s、BF16 989.4 TFLOP/s，数据手册），不算逐元素运算和开销，也**不管放不放得下**。演示 3 的小模型同 01 脚本（随机初始化，
-float64），提示用 rng.random() 生成；它在每个算过的位置上都算 lm_head，闭式公式也按这个口径。
+（3.35 TB/s、BF16 989.4 TFLOP/s，数据手册），不算逐元素运算和开销，也**不管放不放得下**。演示 3 的小模型是 transformer_lab.LEC2_CFG（同 01 脚本，
+随机初始化，float64），提示用 transformer_lab.random_tokens 生成。lm_head 的口径：小模型（NumpyTransformer）在每个算过的位置上
+都算 lm_head，和它的账本核对的闭式公式也按这个口径；Llama-3.1-70B 那张表按真实引擎的口径——每次前向（不管带不带缓存）
+只在最后一个位置算 lm_head（生成下一个 token 只需要它），和 llm_math 的 prefill_step / decode_step 一致。
 MQA 的出处：Shazeer 2019（arXiv 1911.02150）；GQA：Ainslie 等 2023（arXiv 2305.13245）。
 
-【运行】python3 04_kv_cache.py （约 0.8 秒）
+【运行】python3 04_kv_cache.py （约 0.4 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、Counter、analytic_ops、sum_rows）；
-../lecture01 的 console、hw_specs、llm_math。
+【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、Counter、analytic_ops、sum_rows、LEC2_CFG、random_tokens）；
+../lecture01 的 console、hw_specs、llm_math（decode_step、prefill_step）。
 """
 import math
 import os
@@ -37,13 +39,12 @@ for sub in ("lecture01", "lecture02"):
 
 from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100, roofline_time  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, decode_step, prefill_time  # noqa: E402
-from transformer_lab import (ATTN_CORE_OPS, MATMUL_OPS, Counter, LMConfig, NumpyTransformer,  # noqa: E402
-                             analytic_ops, init_params, sum_rows)
+from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, decode_step, prefill_step  # noqa: E402
+from transformer_lab import (ATTN_CORE_OPS, LEC2_CFG, MATMUL_OPS, Counter, NumpyTransformer,  # noqa: E402
+                             analytic_ops, init_params, random_tokens, sum_rows)
 
-# ---- 演示 3 的小模型（同 01 脚本）----
-CFG = LMConfig(name="lec2-tiny", vocab=256, d_model=64, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=8,
-               d_ff=192, max_seq=128)
+# ---- 演示 3 的小模型（transformer_lab.LEC2_CFG，同 01 脚本）----
+CFG = LEC2_CFG
 SEED, PROMPT_SEED = 0, 1
 N_PROMPT = 32                   # 演示 3 的提示长度
 SNAPSHOTS = (1, 8, 32, 64)      # 生成到第几个 token 时记一次账（32 + 64 − 1 = 95 ≤ max_seq）
@@ -152,20 +153,25 @@ def tet(k):
     return k * (k + 1) * (k + 2) // 6
 
 
-def closed_form_useful(mc, p, n):
+def closed_form_useful(mc, p, n, last_only):
     """
-    生成 n 个 token（提示 p 个）的有用 FLOPs -> (带缓存, 每步重算)。lm_head 在每个算过的位置上都算（numpy 模型的口径）。
+    生成 n 个 token（提示 p 个）的有用 FLOPs -> (带缓存, 每步重算)。
+    last_only=False：lm_head 在每个算过的位置上都算（numpy 模型的口径）；True：每次前向只在最后一个位置算（真实引擎的口径）。
 
-    【推导】M = matmul_params，A = 4 × 层数 × 头数 × head_dim（每个 (query, key) 对：打分 2·hd + 加权和 2·hd，每头）。
-    带缓存：第一次前向 p 个位置，之后每步 1 个，共算 p + n − 1 个位置；因果的 (query, key) 对合起来正好是一次 p + n − 1 长
-    的前向：2M(p + n − 1) + A·tri(p + n − 1)。
-    重算：第 i 步（i = 0..n−1）从头算 p + i 个位置：Σ [2M(p + i) + A·tri(p + i)] = 2M(np + n(n − 1)/2) + A·(tet(p + n − 1) − tet(p − 1))。
+    【推导】M = matmul_params，h = vocab × d_model（lm_head 的权重个数），A = 4 × 层数 × 头数 × head_dim
+    （每个 (query, key) 对：打分 2·hd + 加权和 2·hd，每头）。两种做法都是 n 次前向。
+    带缓存：第一次前向 p 个位置，之后每步 1 个，共算 P = p + n − 1 个位置；因果的 (query, key) 对合起来正好是一次 P 长
+    的前向：2(M − h)·P + 2h·R + A·tri(P)，R = lm_head 算的行数 = P（每个位置）或 n（每次前向一行）。
+    重算：第 i 步（i = 0..n−1）从头算 p + i 个位置，共 np + n(n − 1)/2 个位置：
+    2(M − h)(np + n(n − 1)/2) + 2h·R + A·(tet(P) − tet(p − 1))，R = np + n(n − 1)/2（每个位置）或 n。
     """
     M = mc.matmul_params()
+    h = mc.vocab * mc.d_model
     A = 4 * mc.n_layers * mc.n_heads * mc.head_dim
     L = p + n - 1
-    cached = 2 * M * L + A * tri(L)
-    recompute = 2 * M * (n * p + n * (n - 1) // 2) + A * (tet(L) - tet(p - 1))
+    pos_re = n * p + n * (n - 1) // 2
+    cached = 2 * (M - h) * L + 2 * h * (n if last_only else L) + A * tri(L)
+    recompute = 2 * (M - h) * pos_re + 2 * h * (n if last_only else pos_re) + A * (tet(L) - tet(p - 1))
     return cached, recompute
 
 
@@ -179,7 +185,7 @@ def demo3_cache_vs_recompute():
     print_header(f"演示 3：缓存 vs 重算——numpy 小模型，提示 {N_PROMPT} 个 token，贪心生成 n 个（B = 1）")
     mc = CFG.to_model_config()
     model = NumpyTransformer(init_params(CFG, SEED), CFG)
-    prompt = (np.random.default_rng(PROMPT_SEED).random((1, N_PROMPT)) * CFG.vocab).astype(np.int64)
+    prompt = random_tokens(CFG, 1, N_PROMPT, PROMPT_SEED)
     n_max = max(SNAPSHOTS)
 
     c_cache, snaps_cache, cache = Counter(), {}, model.new_cache(1)
@@ -206,7 +212,7 @@ def demo3_cache_vs_recompute():
     rows, res = [], {}
     for n in SNAPSHOTS:
         a, b = snaps_cache[n], snaps_re[n]
-        cf_a, cf_b = closed_form_useful(mc, N_PROMPT, n)
+        cf_a, cf_b = closed_form_useful(mc, N_PROMPT, n, last_only=False)
         ok = a["useful"] == cf_a and b["useful"] == cf_b
         res[n] = {"cached": a, "recompute": b, "closed_cached": cf_a, "closed_recompute": cf_b, "closed_ok": ok}
         rows.append([n, f"{a['useful']:,}", f"{b['useful']:,}", f"{b['useful'] / a['useful']:.1f}×",
@@ -216,22 +222,21 @@ def demo3_cache_vs_recompute():
                  "执行 FLOPs 之比", "读权重矩阵之比", "读 KV 之比"], rows)
     same_tokens = bool((tokens_cache == tokens_re).all())
 
-    # Llama-3.1-70B：只用公式（lm_head 同样按每个位置算）
+    # Llama-3.1-70B：只用公式，按真实引擎的口径（每次前向只在最后一个位置算 lm_head）
     m, p = LLAMA31_70B, 2048
     rows2, big = [], {}
     for n in (128, 1024, 8192):
-        cf_a, cf_b = closed_form_useful(m, p, n)
-        ctx = p + n - 1
-        step = decode_step(m, H100, 1, ctx)
-        t_cached = step["time"]
-        t_re = prefill_time(m, H100, ctx)
-        re_bound = "compute" if t_re > decode_step(m, H100, 1, 0)["w_bytes"] / H100.mem_bw else "memory"
-        big[n] = {"cached": cf_a, "recompute": cf_b, "t_cached_step": t_cached, "t_recompute_step": t_re,
-                  "cached_bound": step["bound"], "recompute_bound": re_bound,
-                  "kv": m.kv_bytes(ctx)}
+        cf_a, cf_b = closed_form_useful(m, p, n, last_only=True)
+        ctx = p + n - 1                                  # 生成第 n 个 token 的那次前向看 ctx 个位置
+        step = decode_step(m, H100, 1, ctx)              # 带缓存：喂 1 个位置，看 ctx 个（含它自己）
+        re = prefill_step(m, H100, ctx)                  # 重算：一次 ctx 个位置的 prefill，lm_head 只算最后一个
+        big[n] = {"cached": cf_a, "recompute": cf_b, "t_cached_step": step["time"], "t_recompute_step": re["time"],
+                  "cached_step_flops": step["flops"], "recompute_step_flops": re["flops"],
+                  "cached_bound": step["bound"], "recompute_bound": re["bound"], "kv": m.kv_bytes(ctx)}
+        t_cached, t_re = step["time"], re["time"]
         rows2.append([n, fmt_num(cf_a), fmt_num(cf_b), f"{cf_b / cf_a:.0f}×", fmt_time(t_cached), fmt_time(t_re),
                       fmt_bytes(m.kv_bytes(ctx))])
-    print(f"\n{m.name}（公式），提示 {p} 个 token：")
+    print(f"\n{m.name}（公式；每次前向只在最后一个位置算 lm_head），提示 {p} 个 token：")
     print_table(["生成 n 个", "有用 FLOPs：带缓存", "重算", "重算 ÷ 缓存", "最后一步：带缓存（H100）", "重算（H100）",
                  "缓存的代价：KV 字节"], rows2)
     r96 = res[n_max]

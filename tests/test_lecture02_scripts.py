@@ -5,12 +5,14 @@ H100 数据手册、CURRICULUM §5）核对它们，并检查观察里说的"相
 import contextlib
 import io
 import math
+import re
 
 import pytest
 
 from conftest import load_script
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B
-from transformer_lab import LMConfig, analytic_ops, sum_rows
+import transformer_lab
+from transformer_lab import LEC2_CFG, analytic_ops, sum_rows
 
 S1, S2, S3, S4 = ("lecture02/01_numpy_transformer.py", "lecture02/02_op_ledger.py",
                   "lecture02/03_arithmetic_intensity.py", "lecture02/04_kv_cache.py")
@@ -52,11 +54,13 @@ V, D, L, H, HKV, HD, FF = 256, 64, 4, 8, 2, 8, 192
 M_TINY = L * (D * H * HD + 2 * D * HKV * HD + H * HD * D + 3 * D * FF) + V * D   # 矩阵乘的权重个数（含 lm_head）
 
 
-def test_all_scripts_share_the_same_tiny_config(s1, s2, s4):
-    want = LMConfig(name="lec2-tiny", vocab=V, d_model=D, n_layers=L, n_heads=H, n_kv_heads=HKV, head_dim=HD,
-                    d_ff=FF, max_seq=128)
+def test_scripts_use_the_lab_config_and_tokens(s1, s2, s4):
+    # 01、02、04 用 transformer_lab 里的 LEC2_CFG 和 random_tokens（不各自再定义一份）；下面的闭式公式用的尺寸就是它的
+    assert (LEC2_CFG.vocab, LEC2_CFG.d_model, LEC2_CFG.n_layers, LEC2_CFG.n_heads, LEC2_CFG.n_kv_heads,
+            LEC2_CFG.head_dim, LEC2_CFG.d_ff) == (V, D, L, H, HKV, HD, FF)
     for mod, _, _ in (s1, s2, s4):
-        assert mod.CFG == want
+        assert mod.CFG is LEC2_CFG
+        assert mod.random_tokens is transformer_lab.random_tokens
 
 
 # ---------------------------------------------------------------------------
@@ -65,7 +69,7 @@ def test_all_scripts_share_the_same_tiny_config(s1, s2, s4):
 def test_01_by_hand_forward_equals_lab_model_and_counts_params(s1):
     r = s1[1]["demo1_one_forward_pass"]
     assert r["dtype"] == "float64"
-    assert r["delta_by_hand"] < 1e-12
+    assert r["delta_by_hand"] < 1e-13                 # 观察说"最大差 < 1e-13"
     n_params = V * D + L * (D * H * HD + 2 * D * HKV * HD + H * HD * D + 3 * D * FF + 2 * D) + D + D * V
     assert r["n_params"] == r["n_params_formula"] == n_params == 221760
     assert r["n_layer_steps"] == 16 and r["n_layer_matmuls"] == 7
@@ -85,9 +89,18 @@ def test_01_cached_decode_equals_full_recompute(s1):
     r = s1[1]["demo2_cache_equals_recompute"]
     assert r["dtype"] == "float64"
     assert r["tokens_agree"] is True
-    assert r["max_delta"] < 1e-12
-    assert r["rel_delta"] / r["eps"] < 100          # 观察说"ε 的几倍"：舍入量级
+    assert r["bound"] == 1e-13 and r["max_delta"] < r["bound"]      # 观察说"每一步都 < 1e-13"
+    assert r["rel_bound_eps"] == pytest.approx(1e-13 / r["max_logit"] / 2.220446049250313e-16, rel=1e-12)
+    assert r["top2_gap"] > 1e3 * r["bound"]                         # "比舍入差的界大得多"
     assert r["n_compared"] == 2 * 32 * V
+
+
+def test_01_prints_bounds_not_rounding_residuals(s1):
+    # 舍入差的具体数字随 BLAS 变：打印出来的只能是界（1e-13）和机器精度 ε 本身（2.2e-16），不能有 1e-15 量级的实测值
+    text = s1[2]
+    assert "< 1e-13" in text
+    small = set(re.findall(r"\d(?:\.\d+)?e-\d+", text))
+    assert small <= {"1e-13", "2.2e-16"}, small
 
 
 # ---------------------------------------------------------------------------
@@ -108,8 +121,13 @@ def test_02_prefill_and_decode_totals_match_closed_forms(s2):
     useful_dec = 2 * B * M_TINY + 4 * L * H * HD * B * (n + 1)
     assert pre["totals"]["useful"] == useful_pre
     assert dec["useful_ratio"] == pytest.approx(useful_dec / useful_pre, rel=1e-12)
-    assert dec["w_pre"] == dec["w_dec"] == 2 * M_TINY
-    assert dec["kv_scores"] == B * HKV * (n + 1) * HD * 2 * L
+    assert dec["w_pre"] == dec["w_dec"] == pre["w_matmul"] == 2 * M_TINY
+    assert pre["totals"]["w"] - pre["w_matmul"] == B * n * D * 2 + (2 * L + 1) * D * 2   # 查表的行 + norm 的权重
+    k = B * HKV * (n + 1) * HD * 2 * L
+    assert dec["k_bytes"] == dec["v_bytes"] == k == 8448
+    assert dec["kv_total"] == 2 * k == 16896
+    assert "K 8,448 + V 8,448 = 16,896" in s2[2]
+    assert "读权重矩阵 410 kB" in s2[2]
 
 
 def test_02_where_flops_and_bytes_go_for_llama70b(s2):
@@ -158,6 +176,7 @@ def test_03_time_split_grows_with_batch_and_context(s3):
     assert 4.2e5 < r["crossover_tokens"] < 4.3e5
     cases = r["by_case"]
     assert r["all_proj_memory_bound"] and r["n_distinct_t_proj"] == 1
+    assert "表里都是 41.5 ms" in s3[2]
     for (B, ctx), v in cases.items():
         assert v["t_attn"] == pytest.approx(B * ctx * 327680 / 3.35e12, rel=1e-12)
         assert v["t_proj"] == pytest.approx(2 * P / 3.35e12, rel=1e-12)
@@ -172,6 +191,17 @@ def test_03_step_intensity_limit(s3):
     ridge = 989.4e12 / 3.35e12
     assert r["s_star"] == pytest.approx(2 * P / (4 * 80 * 8 * 128 * (ridge - 8)), rel=1e-12)
     assert 1400 < r["s_star"] < 1550
+    # 约定（同第 1 讲 03、第 5 讲 01）：能超过拐点的最长整数上下文 = ⌈L*⌉ − 1
+    assert r["s_max"] == math.ceil(r["s_star"]) - 1 == 1476
+
+    def limit(S):  # B → ∞ 的强度上限，独立的闭式
+        return (2 * P + 4 * 64 * 128 * 80 * S) / (4 * 80 * 8 * 128 * S)
+    assert limit(r["s_max"]) > ridge > limit(r["s_max"] + 1)
+    mod = s3[0]
+    for S, above in ((r["s_max"], True), (r["s_max"] + 1, False)):   # 脚本自己的账（analytic_ops）也在同一处过拐点
+        p = mod.decode_parts(LLAMA31_70B, 1, S)
+        assert ((p["proj_flops"] + p["attn_flops"]) / p["attn_bytes"] > ridge) == above
+    assert "上下文 ≤ 1,476 个位置" in s3[2] and "≥ 1,477 时" in s3[2]
     lims = []
     for ctx, v in r["by_ctx"].items():
         assert v["limit"] == pytest.approx(v["closed"], rel=1e-12)
@@ -212,9 +242,9 @@ def test_04_mha_gqa_mqa(s4):
     assert mha["t_attn"] > mha["t_proj"]
 
 
-def _ledger_sum(cfg, steps):
-    """analytic_ops 按步骤 [(n_new, n_past), …] 加起来的 useful（lm_head 每个位置都算）。"""
-    return sum(sum_rows(analytic_ops(cfg, 1, n, past), "useful") for n, past in steps)
+def _ledger_sum(cfg, steps, last_only=False):
+    """analytic_ops 按步骤 [(n_new, n_past), …] 加起来的 useful（last_only=False：lm_head 每个位置都算）。"""
+    return sum(sum_rows(analytic_ops(cfg, 1, n, past, last_only=last_only), "useful") for n, past in steps)
 
 
 def test_04_cache_vs_recompute_closed_form(s4):
@@ -228,16 +258,29 @@ def test_04_cache_vs_recompute_closed_form(s4):
         assert v["recompute"]["useful"] == _ledger_sum(mod.CFG, [(p + i, 0) for i in range(n)])
         assert v["recompute"]["w"] == v["cached"]["w"] == n * 2 * M_TINY
         assert v["recompute"]["kv"] == v["cached"]["kv"]
-    # 大模型的闭式公式也和逐步加起来的 analytic_ops 一致（小例子）
+    # 大模型的闭式公式也和逐步加起来的 analytic_ops 一致（小例子），两种 lm_head 口径都对
     for m in (LLAMA31_8B, LLAMA31_70B):
-        cached, recompute = mod.closed_form_useful(m, 5, 3)
-        assert cached == _ledger_sum(m, [(5, 0), (1, 5), (1, 6)])
-        assert recompute == _ledger_sum(m, [(5, 0), (6, 0), (7, 0)])
+        for last_only in (False, True):
+            cached, recompute = mod.closed_form_useful(m, 5, 3, last_only)
+            assert cached == _ledger_sum(m, [(5, 0), (1, 5), (1, 6)], last_only)
+            assert recompute == _ledger_sum(m, [(5, 0), (6, 0), (7, 0)], last_only)
 
 
 def test_04_llama70b_recompute_is_compute_bound_and_far_costlier(s4):
-    big = s4[1]["demo3_cache_vs_recompute"]["llama70b"]
+    mod, out, _ = s4
+    big = out["demo3_cache_vs_recompute"]["llama70b"]
+    P, hd_v = LLAMA31_70B.matmul_params(), 128256 * 8192        # lm_head 的权重个数
+    a1 = 4 * 64 * 128 * 80                                      # 每个 (query, key) 对的注意力 FLOPs（所有头、所有层）
     for n, v in big.items():
+        ctx = 2048 + n - 1
+        # 一个口径：每次前向只在最后一个位置算 lm_head。最后一步重算 = ctx 个位置的 prefill，带缓存 = 1 个位置看 ctx 个
+        re_step = 2 * (P - hd_v) * ctx + 2 * hd_v + a1 * ctx * (ctx + 1) // 2
+        assert v["recompute_step_flops"] == re_step
+        assert v["cached_step_flops"] == 2 * P + a1 * ctx
+        # 闭式总量之差 = 最后一步（同一个口径）
+        assert v["recompute"] - mod.closed_form_useful(LLAMA31_70B, 2048, n - 1, True)[1] == re_step
+        assert v["cached"] - mod.closed_form_useful(LLAMA31_70B, 2048, n - 1, True)[0] == 2 * P + a1 * ctx
+        assert v["t_recompute_step"] == pytest.approx(re_step / 989.4e12, rel=1e-12)     # 受算力限制
         # 大约 n·(p + n/2) / (p + n) 倍
         approx = n * (2048 + n / 2) / (2048 + n - 1)
         assert v["recompute"] / v["cached"] == pytest.approx(approx, rel=0.1)
