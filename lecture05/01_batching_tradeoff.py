@@ -16,12 +16,15 @@ CS349E · 第 5 讲 · 01_batching_tradeoff.py —— 连续批处理：吞吐�
 权重和 KV cache 都是 BF16。Llama-3.1-8B 放在一块 H100 SXM5 上；Llama-3.1-70B 放在 8 块 H100 上，按**理想张量并行**
 （带宽、容量、算力都乘 8，卡间通信不要钱——**假设**）。演示 1 里一批序列的上下文都按 2048 个位置算，演示 2 换着看（**假设**）；
 "显存装得下的最大批"只算权重和 KV，不算激活和碎片（上界）。演示 3 的 512 个请求、提示 1024 个 token、
-输出长度在 [16, 1024) 里均匀分布（种子固定）都是**假设的工作负载**。硬件数字见 ../lecture01/hw_specs 的出处。
+输出长度在 [16, 1024) 里均匀分布（种子固定）都是**假设的工作负载**；模拟里 prefill 不占时间，
+观察 3 另算一次一个提示的 prefill 时间（llm_math.prefill_time）加到两边。硬件数字见 ../lecture01/hw_specs 的出处。
 
-【运行】python3 01_batching_tradeoff.py （不到 1 秒）
+【运行】python3 01_batching_tradeoff.py （约 0.5 秒）
 
-【依赖】numpy；本目录的 serving_lab；../lecture01 的 console、hw_specs、llm_math。
+【依赖】numpy；本目录的 serving_lab（simulate_batching、uniform_ints）；../lecture01 的 console、hw_specs（gang）、
+llm_math（decode_step、max_batch、compute_bound_batch、critical_context、prefill_time）。
 """
+import math
 import os
 import sys
 
@@ -29,9 +32,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
-from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
+from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
 from llm_math import compute_bound_batch, critical_context, max_batch  # noqa: E402
 from serving_lab import simulate_batching, uniform_ints  # noqa: E402
@@ -88,18 +91,6 @@ def demo1_batch_sweep():
 # ---------------------------------------------------------------------------
 # 演示 2：什么时候变成 compute-bound
 # ---------------------------------------------------------------------------
-def critical_context(model, chip):
-    """
-    超过这个上下文长度，decode 批再大也是 memory-bound：每个序列读自己 KV 的时间 ≥ 它的计算时间。
-
-    【推导】compute_bound_batch 的分母 f(L)/P − k(L)/BW = 2·matmul/P − L·(k₁/BW − a₁/P)，
-    k₁ = 每个位置的 KV 字节，a₁ = 每个位置的注意力 FLOPs；令它为 0 解出 L。
-    """
-    k1 = model.kv_bytes_per_token()
-    a1 = 4 * model.n_heads * model.head_dim * model.n_layers
-    return (2 * model.matmul_params() / chip.peak_flops("bf16")) / (k1 / chip.mem_bw - a1 / chip.peak_flops("bf16"))
-
-
 def demo2_compute_bound():
     print_header("演示 2：批大到多少才 compute-bound？B* = (W/BW) / (f/P − k/BW)（f、k：一个序列每步的 FLOPs 和 KV 字节）")
     rows, out = [], {}
@@ -109,23 +100,26 @@ def demo2_compute_bound():
             bs = compute_bound_batch(model, chip, L)
             bm = max_batch(model, chip, L)
             reach = bs <= bm
-            rows.append([model.name, chip.name, L, "永远到不了" if bs == float("inf") else f"{bs:.0f}", bm,
+            rows.append([model.name, chip.name, L, "永远到不了" if bs == math.inf else math.ceil(bs), bm,
                          "能" if reach else "不能"])
             out[(model.name, L)] = (bs, bm)
-    print_table(["模型", "硬件", "上下文 L", "compute-bound 的批 B*", "显存装得下的最大批", "装得下 B* 吗"], rows)
+    print_table(["模型", "硬件", "上下文 L", "最小的 compute-bound 批 ⌈B*⌉", "显存装得下的最大批", "装得下吗"], rows)
     ridge = H100.ridge_point("bf16")
     lc8, lc70 = critical_context(LLAMA31_8B, SETUPS[0][1]), critical_context(LLAMA31_70B, SETUPS[1][1])
     b0 = compute_bound_batch(LLAMA31_8B, H100, 0)
+    b128, b1024 = out[(LLAMA31_8B.name, 128)][0], out[(LLAMA31_70B.name, 1024)][0]
     r = {"ridge": ridge, "b0_8b": b0, "lc_8b": lc8, "lc_70b": lc70,
-         "b128_8b": out[(LLAMA31_8B.name, 128)][0], "b1024_70b": out[(LLAMA31_70B.name, 1024)][0],
-         "bm1024_70b": out[(LLAMA31_70B.name, 1024)][1]}
+         "lmax_8b": math.ceil(lc8) - 1, "lmax_70b": math.ceil(lc70) - 1,
+         "b128_8b": b128, "b1024_70b": b1024, "bm1024_70b": out[(LLAMA31_70B.name, 1024)][1],
+         "nb128_8b": math.ceil(b128), "nb1024_70b": math.ceil(b1024)}
     print_observations([
-        f"不读 KV 时（L → 0），B* = {b0:.0f}，正好是 H100 的拐点 {ridge:.0f} FLOP/字节：BF16 权重每个参数 2 字节、每个 token 2 FLOPs，"
-        f"投影和 FFN 的算术强度就等于批大小（第 2 讲）。",
+        f"不读 KV 时（L → 0），B* = {b0:.1f}，几乎正好是 H100 的拐点 {ridge:.1f} FLOP/字节：BF16 权重每个参数 2 字节、"
+        f"每个 token 2 FLOPs，投影和 FFN 的算术强度就等于批大小（第 2 讲）。表里给的是最小的 compute-bound 整数批 ⌈B*⌉。",
         f"KV 把 B* 往上推：注意力核心的强度只有 GQA 的组大小（8B 是 {LLAMA31_8B.group}、70B 是 {LLAMA31_70B.group}），远低于拐点，每加一个序列就多一份读 KV 的时间。"
-        f"8B 在 L = 128 时 B* 已经是 {r['b128_8b']:.0f}；70B 在 L = 1024 时 B* = {r['b1024_70b']:.0f}，"
-        f"显存装得下 {r['bm1024_70b']} 个序列，{'还够得着' if r['b1024_70b'] <= r['bm1024_70b'] else '已经够不着'}。",
-        f"上下文超过一个临界长度，分母变成负的，批再大也到不了 compute-bound：8B 约 {lc8:.0f} 个位置，70B（8 卡）约 {lc70:.0f} 个位置。"
+        f"8B 在 L = 128 时批要到 {r['nb128_8b']} 才 compute-bound；70B 在 L = 1024 时要到 {r['nb1024_70b']}，"
+        f"显存装得下 {r['bm1024_70b']} 个序列，{'还够得着' if r['nb1024_70b'] <= r['bm1024_70b'] else '已经够不着'}。",
+        f"上下文到了临界长度 L*，分母变成 ≤ 0，批再大也到不了 compute-bound：8B 的 L* = {lc8:.1f}，70B（8 卡）的 L* = {lc70:.1f}；"
+        f"能变成 compute-bound 的最长整数上下文是 ⌈L*⌉ − 1，分别是 {r['lmax_8b']} 和 {r['lmax_70b']}（llm_math.critical_context 的约定）。"
         f"实际服务的上下文通常更长，所以 decode 几乎总是 memory-bound——这正是投机解码（第 6 讲）有闲置算力可用、"
         f"以及把 decode 放到带宽更高的硬件上（04、05）有意义的原因。",
     ])
@@ -148,7 +142,10 @@ def demo3_continuous_batching():
                          f"{s['time']:.1f} s", f"{s['throughput']:,.0f}", fmt_time(s["tpot"])])
     print_table(["位置数", "做法", "迭代次数", "平均在算的序列", "总时间", "吞吐 tok/s", "平均每步 = TPOT"], rows)
     gain = {k: res[(k, True)]["throughput"] / res[(k, False)]["throughput"] for k in (32, 128)}
+    t_pre = N_REQ * prefill_time(LLAMA31_8B, H100, PROMPT)          # 两种做法要 prefill 的提示一样多
+    gain_pre = {k: (res[(k, False)]["time"] + t_pre) / (res[(k, True)]["time"] + t_pre) for k in (32, 128)}
     r = {"gain_32": gain[32], "gain_128": gain[128], "tokens": int(outs.sum()),
+         "t_prefill": t_pre, "gain_pre_32": gain_pre[32], "gain_pre_128": gain_pre[128],
          "active_static_128": res[(128, False)]["mean_active"], "active_cont_128": res[(128, True)]["mean_active"],
          "tpot_static_128": res[(128, False)]["tpot"], "tpot_cont_128": res[(128, True)]["tpot"]}
     print_observations([
@@ -157,8 +154,11 @@ def demo3_continuous_batching():
         f"吞吐因此高 {gain[128]:.2f} 倍（32 个位置时 {gain[32]:.2f} 倍），一共都是 {r['tokens']:,} 个 token。"
         f"代价是每步时间（TPOT）从 {fmt_time(r['tpot_static_128'])} 涨到 {fmt_time(r['tpot_cont_128'])}"
         f"（+{(r['tpot_cont_128'] / r['tpot_static_128'] - 1) * 100:.0f}%）：在算的序列多了，每步多读它们的 KV（演示 1）——吞吐和 TPOT 的交换。",
-        "这里还假设静态批不计算空位置、prefill 不占时间——都对静态批有利；真实差距更大。连续批的代价是每步都要调度、"
-        "KV cache 要按页管理（vLLM 的 PagedAttention），以及新请求的 prefill 会插进 decode 里（02 脚本）。",
+        "对静态批有利的假设只有一条：组里先完成的位置空着、不计算（真实的静态批常常照算填充的位置）。"
+        f"另一条假设——prefill 不占时间——反而让差距显得更大：两种做法要 prefill 的提示一样多（{N_REQ} 个 × {PROMPT} 个 token，一次一个提示共 "
+        f"{fmt_time(t_pre)}），把它加到两边的总时间上，128 个位置时的倍数从 {gain[128]:.2f} 降到 {gain_pre[128]:.2f}"
+        f"（32 个位置：{gain[32]:.2f} → {gain_pre[32]:.2f}）。连续批的代价是每步都要调度、KV cache 要按页管理"
+        "（vLLM 的 PagedAttention），以及新请求的 prefill 会插进 decode 里（02 脚本）。",
     ])
     return r
 

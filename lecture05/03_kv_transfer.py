@@ -19,9 +19,9 @@ KV cache 按 BF16（每个数 2 字节）；滑动窗口层只存最近 128 个�
 链路带宽是 ../lecture01/hw_specs 末尾互联表里的**单向**数字（NVLink 4 每块 GPU 450 GB/s、NDR 一个端口 50 GB/s、
 PCIe Gen5 x16 约 64 GB/s、400 GbE 50 GB/s、100 GbE 12.5 GB/s），出处写在表里。
 
-【运行】python3 03_kv_transfer.py （不到 1 秒）
+【运行】python3 03_kv_transfer.py （约 0.3 秒）
 
-【依赖】本目录的 serving_lab；../lecture01 的 console、hw_specs、llm_math。
+【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math。
 """
 import os
 import sys

@@ -6,27 +6,34 @@ CS349E · 第 5 讲 · 04_sram_accelerators.py —— SRAM 芯片 vs HBM GPU：�
 【这个脚本要回答的问题】
 演示 1：装下一个模型要几张 d-Matrix Corsair 卡（每张 2 GB 片上 SRAM）、几块 H100（80 GB HBM3）：
 Llama-3.1-8B / 70B、gpt-oss-120b、一个 1.6B 的草稿模型，按不同的权重格式。
-演示 2：批大小 1 时生成一个 token 要读一遍（激活的）权重：放在 H100 的 HBM、Corsair 的 SRAM、Corsair 的 LPDDR5X 上各要多久。
+演示 2：批大小 1 时生成一个 token 要读一遍（激活的）权重：放在 H100 的 HBM、Corsair 的 SRAM（按层切 / 理想张量并行）、
+Corsair 的 LPDDR5X 上各要多久。
 演示 3：同一个 1.6B 草稿模型，代价系数 c = 草稿一步 / 目标一步，在 GPU 上和在 SRAM 芯片上差多少倍（第 5 讲 §8.3、
 第 6 讲 04 的演示 2），以及这让最优草稿长度 γ* 和加速比怎样变。
 
 【怎么读输出】演示 1："装下"只看权重能不能放进 SRAM（Corsair）或 HBM（H100），KV cache、激活另算，所以卡数是下限。
+格式有两种口径："全部 X 位" = 每个参数都按 X 位，字节 = 参数 × X / 8（种子 05 的玩具模型就这样算）；
+"块内 X 位" = transformer 块里的矩阵 X 位、词嵌入 / lm_head / norm 留在 BF16（llm_math.weight_bytes，常见 checkpoint 的做法）；
+"发布格式" = gpt-oss 的 checkpoint：专家矩阵 MXFP4、其余 BF16。
+演示 2：按层切时一个 token 一张卡接一张卡地走，任一时刻只有一张卡在读；理想张量并行是每个矩阵切到所有卡上同时读（下界）。
 演示 3 的 c 越小，草稿越便宜，投机解码可以猜得越长。
 
 【模型的假设（务必看）】
-和种子 05 的玩具模型一致：每步时间 = 固定开销 + 读的字节 / (带宽 × 0.8)；固定开销 GPU 目标 1.5 ms、GPU 草稿 0.3 ms、
-SRAM 芯片 0.05 ms，带宽效率 0.8——都是**假设值**。草稿模型：16 亿参数的稠密模型，每个参数 8 位，放在两张 Corsair 卡上
-（Gimlet Labs 博客的部署；种子 05 同）。目标模型：gpt-oss-120b 在一块 H100 上，批大小 1，读激活的权重（约 51 亿参数），
-全按 4.25 位算（种子 05 的口径；实际非专家部分是 BF16）。
-多卡时按理想的并行算：带宽相加，卡间通信不要钱（**假设**；几十张卡串起来时这一项其实不小）。
+和种子 05 的玩具模型一致：每步时间 = 固定开销 + 读的字节 / (带宽 × 0.8)（serving_lab.step_time）；固定开销 GPU 目标 1.5 ms、
+GPU 草稿 0.3 ms、SRAM 芯片 0.05 ms，带宽效率 0.8——都是**假设值**。草稿模型：16 亿参数的稠密模型，全部 8 位，放在两张
+Corsair 卡上（Gimlet Labs 博客的部署；种子 05 按两张卡的带宽相加算，这里同）。目标模型：gpt-oss-120b 在一块 H100 上，
+批大小 1，读激活的权重，全部按 4.25 位算（种子 05 的口径：激活参数 × 4.25 / 8；种子用近似的参数数约 50.9 亿，
+这里用精确的 active_params() 51.3 亿，目标一步差不到 0.4%；发布格式的非专家部分其实是 BF16，见演示 1）。
+演示 2 的"理想张量并行"：带宽相加，卡间通信不要钱（**假设**；几十张卡时每层的 all-reduce 其实不小）。
 "8 位"在 H100 上是 FP8，在 Corsair 上是 MXINT8（Corsair 只有 MX 整数格式；MX 每 32 个数共享一个 8 位 scale，
 合 8.25 位，这里忽略这 3%）。4.25 位 = MXFP4 / MXINT4 的每个参数位数（含 scale）。
 硬件数字（Corsair：2 GB SRAM、150 TB/s；LPDDR5X 256 GB、约 0.4 TB/s 是二手来源的近似值；H100 SXM5：80 GB、3.35 TB/s）
-见 ../lecture01/hw_specs 的出处。
+见 ../lecture01/hw_specs 的出处；gpt-oss-120b 的 checkpoint 60.8 GiB 出自 OpenAI 的模型卡。
 
-【运行】python3 04_sram_accelerators.py （不到 1 秒）
+【运行】python3 04_sram_accelerators.py （约 0.3 秒）
 
-【依赖】本目录的 serving_lab；../lecture06 的 decode_lab（best_gamma，定理 3.8）；../lecture01 的 console、hw_specs、llm_math。
+【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（step_time）；../lecture06 的 decode_lab（best_gamma，定理 3.8）；
+../lecture01 的 console、hw_specs、llm_math。
 """
 import math
 import os
@@ -48,17 +55,21 @@ from serving_lab import step_time  # noqa: E402
 EFF = 0.8                                          # 能用到的带宽比例
 OVH_TARGET, OVH_DRAFT_GPU, OVH_SRAM = 1.5e-3, 0.3e-3, 0.05e-3
 D_PARAMS, D_BITS, D_CARDS = 1.6e9, 8.0, 2          # 草稿模型：参数、每个参数的位数、放在几张 Corsair 卡上
-T_BITS = 4.25                                      # 目标模型 gpt-oss-120b 的权重位数（种子 05 的口径）
+T_BITS = 4.25                                      # 目标模型 gpt-oss-120b：全部按 4.25 位（种子 05 的口径）
 ALPHA = 0.93                                       # 种子 05 演示 2 用的接受率
 
 # (名字, 全部权重字节, 批大小 1 时每个 token 读的权重字节)。Corsair 只有 MX 整数格式，所以只列 8 位和 4.25 位。
+# "全部"：参数 × 位数 / 8（种子 05 的口径）；"块内"、"发布格式"：llm_math.weight_bytes / active_weight_bytes。
+OSS_NATIVE = ("bf16", "mxfp4")                     # gpt-oss 的 checkpoint：专家矩阵 MXFP4，其余 BF16
 MODELS = [
-    ("草稿 1.6B（8 位）", D_PARAMS * D_BITS / 8, D_PARAMS * D_BITS / 8),
-    ("Llama-3.1-8B（8 位）", weight_bytes(LLAMA31_8B, 8), active_weight_bytes(LLAMA31_8B, 8)),
-    ("Llama-3.1-8B（4.25 位）", weight_bytes(LLAMA31_8B, 4.25), active_weight_bytes(LLAMA31_8B, 4.25)),
-    ("Llama-3.1-70B（8 位）", weight_bytes(LLAMA31_70B, 8), active_weight_bytes(LLAMA31_70B, 8)),
-    ("Llama-3.1-70B（4.25 位）", weight_bytes(LLAMA31_70B, 4.25), active_weight_bytes(LLAMA31_70B, 4.25)),
-    ("gpt-oss-120b（全部 4.25 位）", weight_bytes(GPT_OSS_120B, 4.25), active_weight_bytes(GPT_OSS_120B, 4.25)),
+    ("草稿 1.6B（全部 8 位）", D_PARAMS * D_BITS / 8, D_PARAMS * D_BITS / 8),
+    ("Llama-3.1-8B（块内 8 位）", weight_bytes(LLAMA31_8B, 8), active_weight_bytes(LLAMA31_8B, 8)),
+    ("Llama-3.1-8B（块内 4.25 位）", weight_bytes(LLAMA31_8B, 4.25), active_weight_bytes(LLAMA31_8B, 4.25)),
+    ("Llama-3.1-70B（块内 8 位）", weight_bytes(LLAMA31_70B, 8), active_weight_bytes(LLAMA31_70B, 8)),
+    ("Llama-3.1-70B（块内 4.25 位）", weight_bytes(LLAMA31_70B, 4.25), active_weight_bytes(LLAMA31_70B, 4.25)),
+    ("gpt-oss-120b（全部 4.25 位）", GPT_OSS_120B.params() * T_BITS / 8, GPT_OSS_120B.active_params() * T_BITS / 8),
+    ("gpt-oss-120b（发布格式）", weight_bytes(GPT_OSS_120B, OSS_NATIVE[0], expert_fmt=OSS_NATIVE[1]),
+     active_weight_bytes(GPT_OSS_120B, OSS_NATIVE[0], expert_fmt=OSS_NATIVE[1])),
 ]
 OSS_CHECKPOINT_GIB = 60.8   # gpt-oss-120b 发布的 checkpoint（专家 MXFP4、其余 BF16）：60.8 GiB（OpenAI 模型卡）
 
@@ -78,23 +89,29 @@ def demo1_how_many_cards():
         n_c, n_h = cards(total, CORSAIR.mem_bytes), cards(total, H100.mem_bytes)
         n_lp = cards(total, CORSAIR.capacity_bytes)
         out[name] = (total, n_c, n_h, n_lp)
-        rows.append([name, fmt_bytes(total), n_h, n_c, n_lp, fmt_bytes(n_c * CORSAIR.mem_bw * 1.0) + "/s"])
-    print_table(["模型（格式）", "权重", "H100（80 GB）", "Corsair（2 GB SRAM）", "Corsair（放 256 GB LPDDR5X）",
-                 "那么多张 Corsair 的 SRAM 带宽合计"], rows)
+        rows.append([name, fmt_bytes(total), n_h, n_c, n_lp])
+    print_table(["模型（格式）", "权重", "H100（80 GB）", "Corsair（2 GB SRAM）", "Corsair（放 256 GB LPDDR5X）"], rows)
+    print("（全部 X 位：参数 × X / 8，种子 05 的口径；块内 X 位：块里的矩阵 X 位、词嵌入 / lm_head / norm 留 BF16；"
+          "发布格式：专家 MXFP4、其余 BF16）")
     d = out[MODELS[0][0]]
-    l70 = out["Llama-3.1-70B（8 位）"]
-    oss = out[MODELS[-1][0]]
-    native = weight_bytes(GPT_OSS_120B, 16, 4.25)
+    l70 = out["Llama-3.1-70B（块内 8 位）"]
+    oss = out["gpt-oss-120b（全部 4.25 位）"]
+    nat = out["gpt-oss-120b（发布格式）"]
+    native_gib = nat[0] / 2 ** 30
     r = {"draft_bytes": d[0], "draft_cards": d[1], "l70_8bit_cards": l70[1], "l70_8bit_h100": l70[2],
-         "oss_bytes": oss[0], "oss_cards": oss[1], "oss_h100": oss[2], "oss_native_gib": native / 2 ** 30,
-         "l8_8bit_cards": out["Llama-3.1-8B（8 位）"][1], "cap_ratio": H100.mem_bytes / CORSAIR.mem_bytes}
+         "oss_bytes": oss[0], "oss_cards": oss[1], "oss_h100": oss[2], "oss_native_gib": native_gib,
+         "oss_native_cards": nat[1], "oss_native_h100": nat[2],
+         "oss_native_matches_card": round(native_gib, 1) == OSS_CHECKPOINT_GIB,
+         "l8_8bit_cards": out["Llama-3.1-8B（块内 8 位）"][1], "cap_ratio": H100.mem_bytes / CORSAIR.mem_bytes}
+    match = (f"四舍五入到 0.1 GiB 正是模型卡上 checkpoint 的 {OSS_CHECKPOINT_GIB} GiB" if r["oss_native_matches_card"]
+             else f"和模型卡上 checkpoint 的 {OSS_CHECKPOINT_GIB} GiB 对不上")
     print_observations([
-        f"1.6B 的草稿按 8 位是 {fmt_bytes(d[0])}，{d[1]} 张 Corsair 的 SRAM 就装得下；Gimlet 的部署（种子 05）用了 {D_CARDS} 张——"
-        f"多出来的地方放 KV cache，两张卡的 SRAM 带宽也加倍。",
-        f"大模型就不一样了：Llama-3.1-70B 按 8 位要 {l70[1]} 张 Corsair，一块 H100 就放得下（{l70[2]} 块）；"
-        f"gpt-oss-120b 全按 4.25 位是 {fmt_bytes(oss[0])}，要 {oss[1]} 张 Corsair 或 {oss[2]} 块 H100"
-        f"（发布格式的非专家部分是 BF16：{r['oss_native_gib']:.1f} GiB，和 checkpoint 的 {OSS_CHECKPOINT_GIB} GiB 对得上）。"
-        f"SRAM 快但小：每张卡 {fmt_bytes(CORSAIR.mem_bytes)}，是一块 H100 的 1/{r['cap_ratio']:.0f}。",
+        f"1.6B 的草稿全部 8 位是 {fmt_bytes(d[0])}，{d[1]} 张 Corsair 的 SRAM 就装得下；Gimlet 的部署用了 {D_CARDS} 张"
+        f"（种子 05 按两张卡的 SRAM 带宽相加算）。多出来的 SRAM 也许放 KV cache——这只是我们的猜测，不是博客的说法。",
+        f"大模型就不一样了：Llama-3.1-70B 块内 8 位是 {fmt_bytes(l70[0])}，要 {l70[1]} 张 Corsair，一块 H100 就放得下"
+        f"（{l70[2]} 块）；gpt-oss-120b 全部 4.25 位（种子 05 的口径）是 {fmt_bytes(oss[0])}，要 {oss[1]} 张 Corsair 或 "
+        f"{oss[2]} 块 H100。发布格式（非专家部分 BF16）是 {fmt_bytes(nat[0])} = {native_gib:.2f} GiB，{match}，"
+        f"要 {nat[1]} 张 Corsair。SRAM 快但小：每张卡 {fmt_bytes(CORSAIR.mem_bytes)}，是一块 H100 的 1/{r['cap_ratio']:.0f}。",
         f"把权重放进 Corsair 的 LPDDR5X（每张 {fmt_bytes(CORSAIR.capacity_bytes)}）就不缺地方了，但那一层的带宽只有约 "
         f"{CORSAIR.capacity_bw / 1e12:.1f} TB/s，比 H100 的 HBM（{H100.mem_bw / 1e12:.2f} TB/s）还慢（演示 2）。"
         "所以 SRAM 芯片最适合的是**小而要快**的模型——比如投机解码的草稿。",
@@ -110,26 +127,41 @@ def demo2_per_token_time():
     rows, out = [], {}
     for name, total, per_tok in MODELS:
         n_c, n_h, n_lp = cards(total, CORSAIR.mem_bytes), cards(total, H100.mem_bytes), cards(total, CORSAIR.capacity_bytes)
-        t_h = per_tok / (n_h * H100.mem_bw * EFF)
-        t_s = per_tok / (n_c * CORSAIR.mem_bw * EFF)
-        t_lp = per_tok / (n_lp * CORSAIR.capacity_bw * EFF)
-        out[name] = (t_h, t_s, t_lp)
-        rows.append([name, fmt_bytes(per_tok), f"{n_h} 块：{fmt_time(t_h)}", f"{n_c} 张：{fmt_time(t_s)}",
-                     f"{n_lp} 张：{fmt_time(t_lp)}", f"{t_h / t_s:.0f}×"])
-    print_table(["模型（格式）", "每个 token 读的权重", "H100 HBM", "Corsair SRAM", "Corsair LPDDR5X", "SRAM 比 H100 快"], rows)
-    dn = MODELS[0][0]
-    t_h, t_s, t_lp = out[dn]
-    ln, l70 = "Llama-3.1-8B（8 位）", "Llama-3.1-70B（8 位）"
-    r = {"draft_h100": t_h, "draft_sram": t_s, "draft_lpddr": t_lp, "l8_h100": out[ln][0], "l8_lpddr": out[ln][2],
-         "bw_ratio_1card": CORSAIR.mem_bw / H100.mem_bw, "draft_speedup": t_h / t_s,
-         "l70_speedup": out[l70][0] / out[l70][1]}
+        t_h = step_time(per_tok, n_h * H100.mem_bw, 0.0, EFF)
+        t_layer = step_time(per_tok, CORSAIR.mem_bw, 0.0, EFF)          # 按层切：一次只有一张卡在读
+        t_tp = step_time(per_tok, n_c * CORSAIR.mem_bw, 0.0, EFF)       # 理想张量并行：n_c 张卡的带宽相加
+        t_lp = step_time(per_tok, n_lp * CORSAIR.capacity_bw, 0.0, EFF)
+        out[name] = {"t_h": t_h, "t_layer": t_layer, "t_tp": t_tp, "t_lp": t_lp, "n_c": n_c, "n_h": n_h}
+        rows.append([name, fmt_bytes(per_tok), f"{n_h} 块：{fmt_time(t_h)}", f"{n_c} 张：{fmt_time(t_layer)}",
+                     "（同左）" if n_c == 1 else f"{n_c} 张：{fmt_time(t_tp)}", f"{n_lp} 张：{fmt_time(t_lp)}"])
+    print_table(["模型（格式）", "每个 token 读的权重", "H100 HBM", "Corsair SRAM：按层切",
+                 "Corsair SRAM：理想张量并行（下界）", "Corsair LPDDR5X"], rows)
+    dn, ln, l70, on = MODELS[0][0], "Llama-3.1-8B（块内 8 位）", "Llama-3.1-70B（块内 8 位）", "gpt-oss-120b（全部 4.25 位）"
+    dr, o70, oo = out[dn], out[l70], out[on]
+    r = {"draft_h100": dr["t_h"], "draft_sram": dr["t_layer"], "draft_lpddr": dr["t_lp"], "draft_cards": dr["n_c"],
+         "l8_h100": out[ln]["t_h"], "l8_lpddr": out[ln]["t_lp"],
+         "bw_ratio_1card": CORSAIR.mem_bw / H100.mem_bw, "draft_speedup": dr["t_h"] / dr["t_layer"],
+         "l70_cards": o70["n_c"], "l70_layer_speedup": o70["t_h"] / o70["t_layer"], "l70_tp_speedup": o70["t_h"] / o70["t_tp"],
+         "l70_tp": o70["t_tp"], "oss_cards": oo["n_c"], "oss_tp": oo["t_tp"], "oss_layer": oo["t_layer"],
+         "oss_experts_frac": GPT_OSS_120B.top_k / GPT_OSS_120B.n_experts,
+         "layer_speedups": [v["t_h"] / v["t_layer"] for v in out.values()],
+         "all_one_h100": all(v["n_h"] == 1 for v in out.values())}
+    same = all(abs(s - r["bw_ratio_1card"]) < 1e-9 * s for s in r["layer_speedups"])
     print_observations([
-        f"草稿模型在一块 H100 上读一遍权重要 {fmt_time(t_h)}，在 Corsair 的 SRAM 上只要 {fmt_time(t_s)}："
-        f"快 {r['draft_speedup']:.0f} 倍——正好是一张卡的 SRAM 带宽和一块 H100 的 HBM 带宽之比（{r['bw_ratio_1card']:.0f}），因为两边都只用一张卡。",
-        f"模型越大，要的 Corsair 越多、带宽跟着加，H100 却还是一块：Llama-3.1-70B（8 位）\"快 {r['l70_speedup']:.0f} 倍\"。"
-        "但这一栏没算几十张卡之间传激活的时间和每张卡的固定开销，对大模型是过于乐观的下界——张数多了，卡间通信才是瓶颈。",
-        f"权重放在 LPDDR5X 上就慢了：Llama-3.1-8B（8 位）要 {fmt_time(out[ln][2])}，比一块 H100 的 {fmt_time(out[ln][0])} 还慢。"
-        "片上 SRAM 的快只属于装得进 SRAM 的东西。",
+        f"草稿模型（{dr['n_c']} 张卡装得下）在一块 H100 上读一遍权重要 {fmt_time(dr['t_h'])}，在 Corsair 的 SRAM 上只要 "
+        f"{fmt_time(dr['t_layer'])}：快 {r['draft_speedup']:.1f} 倍——正好是一张卡的 SRAM 带宽和一块 H100 的 HBM 带宽之比"
+        f"（{r['bw_ratio_1card']:.1f}），因为两边都只用一张卡。",
+        "装不进一张卡的模型要切开放。按层切时，批大小 1 的一个 token 一层一层走，一张卡读完它那几层才轮到下一张，"
+        "任一时刻只有一张卡在读：时间 = 全部要读的字节 / 一张卡的带宽，"
+        + (f"所以每一行都只比一块 H100 快 {r['bw_ratio_1card']:.1f} 倍——卡多了只是装得下，不是更快。" if same and r["all_one_h100"]
+           else "快多少要看每一行。"),
+        f"理想张量并行把每个矩阵切到所有卡上同时读，带宽才加起来：Llama-3.1-70B（块内 8 位）{r['l70_cards']} 张卡 {fmt_time(r['l70_tp'])}，"
+        f"比 H100 快 {r['l70_tp_speedup']:.0f} 倍——但这是没算每层卡间 all-reduce 的下界，张数多了通信才是瓶颈。"
+        f"MoE 更要小心：gpt-oss-120b 一个 token 每层只用 {GPT_OSS_120B.n_experts} 个专家里的 {GPT_OSS_120B.top_k} 个，"
+        f"专家整个放在某张卡上时，只有放着被选中专家的几张卡在读，{r['oss_cards']} 张卡的带宽加不起来"
+        f"（{fmt_time(r['oss_tp'])} 是达不到的下界，真实的在它和按层切的 {fmt_time(r['oss_layer'])} 之间）。",
+        f"权重放在 LPDDR5X 上就慢了：Llama-3.1-8B（块内 8 位）要 {fmt_time(out[ln]['t_lp'])}，比一块 H100 的 "
+        f"{fmt_time(out[ln]['t_h'])} 还慢。片上 SRAM 的快只属于装得进 SRAM 的东西。",
     ])
     return r
 
@@ -139,8 +171,8 @@ def demo2_per_token_time():
 # ---------------------------------------------------------------------------
 def demo3_cost_coefficient():
     print_header(f"演示 3：同一个 1.6B 草稿的代价系数 c = 草稿一步 / 目标一步（目标 gpt-oss-120b 在一块 H100 上，α = {ALPHA}）")
-    d_bytes = D_PARAMS * D_BITS / 8
-    t_bytes = active_weight_bytes(GPT_OSS_120B, T_BITS)
+    d_bytes = D_PARAMS * D_BITS / 8                          # 种子 05 的口径：参数 × 位数 / 8
+    t_bytes = GPT_OSS_120B.active_params() * T_BITS / 8      # 同上：激活参数全部按 4.25 位
     sram_bw = D_CARDS * CORSAIR.mem_bw
     rows, out = [], {}
     for label, ovh in (("只看带宽（固定开销 = 0）", (0.0, 0.0, 0.0)),
@@ -157,15 +189,18 @@ def demo3_cost_coefficient():
                      f"{c_gpu / c_sram:.1f}×", f"γ*={g_gpu}, {s_gpu:.2f}×", f"γ*={g_sram}, {s_sram:.2f}×"])
     print_table(["情形", "目标一步", "草稿一步：GPU", f"草稿一步：{D_CARDS} 张 Corsair", "c（GPU）", "c（SRAM）",
                  "c 差几倍", "GPU 草稿：最优", "SRAM 草稿：最优"], rows)
+    print(f"（字节按种子 05 的口径：草稿 {D_PARAMS / 1e9:.1f}B 参数 × {D_BITS:.0f} 位 = {fmt_bytes(d_bytes)}，"
+          f"目标 {GPT_OSS_120B.active_params() / 1e9:.2f}B 激活参数 × {T_BITS} 位 = {fmt_bytes(t_bytes)}）")
     a, b = out["只看带宽（固定开销 = 0）"], out["加上种子 05 的固定开销"]
     r = {"c_gpu": b["c_gpu"], "c_sram": b["c_sram"], "ratio": b["ratio"], "ratio_no_ovh": a["ratio"],
          "t_gpu": b["t_gpu"], "t_sram": b["t_sram"], "t_tgt": b["t_tgt"], "sram_ovh_share": OVH_SRAM / b["t_sram"],
-         "g_gpu": b["g_gpu"], "g_sram": b["g_sram"], "s_gpu": b["s_gpu"], "s_sram": b["s_sram"]}
+         "g_gpu": b["g_gpu"], "g_sram": b["g_sram"], "s_gpu": b["s_gpu"], "s_sram": b["s_sram"],
+         "d_bytes": d_bytes, "t_bytes": t_bytes}
     print_observations([
         f"按种子 05 的假设：草稿在 GPU 上一步 {fmt_time(b['t_gpu'])}、在两张 Corsair 上 {fmt_time(b['t_sram'])}，目标一步 "
-        f"{fmt_time(b['t_tgt'])}；c 从 {b['c_gpu']:.2f} 降到 {b['c_sram']:.3f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
+        f"{fmt_time(b['t_tgt'])}；c 从 {b['c_gpu']:.3f} 降到 {b['c_sram']:.4f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
         "c 随硬件变了十几倍（第 6 讲 04 说的\"第 5 讲 §8.3\"）。c 不是模型的属性，是模型 × 硬件 × 实现的属性。",
-        f"只看带宽的话差 {a['ratio']:.0f} 倍（两张卡的 SRAM 带宽 / 一块 H100 的 HBM 带宽）。加上固定开销后，SRAM 草稿一步里 "
+        f"只看带宽的话差 {a['ratio']:.1f} 倍（两张卡的 SRAM 带宽 / 一块 H100 的 HBM 带宽）。加上固定开销后，SRAM 草稿一步里 "
         f"{r['sram_ovh_share'] * 100:.0f}% 是 {fmt_time(OVH_SRAM)} 的固定开销——倍数由开销决定，这个假设值最值得怀疑。",
         f"c 变小，最优草稿长度变长、加速比变大（α = {ALPHA}，定理 3.8，验证代价按不随 γ 变算）：GPU 草稿 γ* = {b['g_gpu']}、"
         f"{b['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {b['g_sram']}、{b['s_sram']:.2f} 倍。MoE 目标模型验证 γ + 1 个 token 时要读更多专家，"

@@ -16,33 +16,33 @@ CS349E · 第 6 讲 · 05_spec_decode_batching.py —— 批大了，投机解�
 
 【模型的假设（务必看）】
 - 目标模型 Llama-3.1-70B，草稿模型 Llama-3.1-8B（同一家族、同一个词表，常见的组合），都是 BF16，都放在同一组 8 块 H100 SXM5 上，
-  按**理想张量并行**（带宽、算力、容量都乘 8，卡间通信不要钱——**假设**，serving_lab.gang）。
+  按**理想张量并行**（带宽、算力、容量都乘 8，卡间通信不要钱——**假设**，hw_specs.gang）。
 - 每一步的时间 = roofline 下界 max(FLOPs / 峰值, (权重 + KV) 字节 / 带宽)（llm_math.decode_step；验证时 n_tokens = γ + 1）。
   没有 kernel 启动、通信、调度等固定开销（**假设**）：真实系统里小批时 8B 草稿的一步远没有 roofline 说的这么便宜，c 更大。
 - 草稿每产出一个 token 跑一次整批的 decode 步（它有自己的 KV cache，上下文和目标一样长）；草稿和验证串行，不重叠（**假设**）。
 - 接受率 α 是**假设值**：0.8 和 0.6（论文表 3：LaMDA 137B 配 8B 的草稿 α ≈ 0.75）；各位置独立、每个序列一样，
   所以每轮的期望 token 数用式 (1)。上下文（批里每个序列一样长）演示 1–3 取 512（**假设**：短对话）；演示 4 换着看。
-- 显存上限：8 × 80 GB 装目标和草稿的权重，再装两者的 KV cache；激活和碎片不算（上界）。
+- 显存上限：8 × 80 GB 装目标和草稿的权重，再装两者的 KV cache（llm_math.max_batch(..., others=(草稿,))）；激活和碎片不算（上界）。
 硬件数字见 ../lecture01/hw_specs（H100 SXM5：3.35 TB/s、989.4 TFLOPS BF16 稠密）。
 
-【运行】python3 05_spec_decode_batching.py （不到 1 秒）
+【运行】python3 05_spec_decode_batching.py （约 0.6 秒）
 
-【依赖】numpy；本目录的 decode_lab（式 (1)）；../lecture01 的 console、hw_specs、llm_math；../lecture05 的 serving_lab（gang、weight_bytes）。
+【依赖】numpy；本目录的 decode_lab（式 (1)）；../lecture01 的 console、hw_specs（gang）、llm_math（decode_step、max_batch、compute_bound_batch）。
 """
+import math
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-for sub in ("lecture01", "lecture05"):
-    sys.path.insert(0, os.path.join(HERE, "..", sub))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from decode_lab import expected_tokens, walltime_speedup  # noqa: E402
 from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
 from hw_specs import gang  # noqa: E402
-from llm_math import compute_bound_batch, weight_bytes  # noqa: E402
+from llm_math import compute_bound_batch, max_batch  # noqa: E402
 
 # ---- 部署与假设（见文件开头）----
 TARGET, DRAFT = LLAMA31_70B, LLAMA31_8B
@@ -53,12 +53,6 @@ GAMMAS = (1, 2, 4, 8)
 MAX_GAMMA = 16                           # 找最优 γ 的范围
 BATCHES = (1, 16, 64, 128, 192, 256, 320, 384, 512, 1024, 2048)
 CONTEXTS = (128, 512, 1024, 2048, 4096, 8192)
-
-
-def max_batch_both(context):
-    """目标和草稿都放在 CHIP 上时显存装得下的最大批：(容量 − 两者的权重) / (两者每个序列的 KV)，向下取整。"""
-    room = CHIP.mem_bytes - weight_bytes(TARGET) - weight_bytes(DRAFT)
-    return int(room // (TARGET.kv_bytes(context, 2) + DRAFT.kv_bytes(context, 2)))
 
 
 def round_cost(batch, gamma, context):
@@ -88,7 +82,7 @@ def break_even_batch(alpha, context, gamma=None, limit=None):
     """
     最小的批大小 B（逐个整数找，B ≤ limit），使加速比 < 1；gamma = None 时用每个 B 下最优的 γ。到 limit 都还划算时返回 None。
     """
-    limit = max_batch_both(context) if limit is None else limit
+    limit = max_batch(TARGET, CHIP, context, others=(DRAFT,)) if limit is None else limit
     for b in range(1, limit + 1):
         s = best_gamma_at(alpha, b, context)[1] if gamma is None else speedup(alpha, gamma, b, context)
         if s < 1.0:
@@ -120,7 +114,7 @@ def demo1_verify_cost():
         f"批小的时候验证几乎免费：B = 1 时验证 {g_hi + 1} 个位置只比普通一步多 {100 * (ratio[(1, g_hi)] - 1):.1f}%——"
         "时间都花在读权重上，多算几个位置用的是闲着的算力。到 B = "
         f"{free_b} 为止，验证 {g_hi + 1} 个位置都和普通一步一样快。",
-        f"普通 decode 在 B ≈ {b_star:.0f} 才变成受算力限制（roofline 交点）；验证 γ + 1 个位置时每步算 B × (γ + 1) 个位置、"
+        f"普通 decode 从 B = {math.ceil(b_star)} 起才受算力限制（roofline 交点 B* = {b_star:.1f}）；验证 γ + 1 个位置时每步算 B × (γ + 1) 个位置、"
         "KV 却只读一遍，所以早得多就撞上算力墙："
         + "、".join(f"γ = {g} 从 B = {cross[g]} 起" for g in GAMMAS) + "（逐个整数找）。",
         f"批再大，验证的代价就是 γ + 1 倍：B = {big} 时验证 {g_hi + 1} 个位置是普通一步的 {ratio[(big, g_hi)]:.2f} 倍——"
@@ -144,7 +138,7 @@ def demo2_speedup():
         rows.append(cells)
     print_table(["批 B", "目标一步", "草稿一步", "c = 草稿 / 目标"] + [f"γ = {g}" for g in GAMMAS], rows)
     be = {g: break_even_batch(a, CONTEXT, gamma=g) for g in GAMMAS}
-    bmax = max_batch_both(CONTEXT)
+    bmax = max_batch(TARGET, CHIP, CONTEXT, others=(DRAFT,))
     print(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
           "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
     g_hi = GAMMAS[-1]
@@ -189,7 +183,7 @@ def demo3_best_gamma():
         f"B = 256 只草稿 {best[(a0, 256)][0]} 个（{best[(a0, 256)][1]:.2f}×）。",
         f"α = {a0} 从 B = {be[a0]} 起、α = {a1} 从 B = {be[a1]} 起，哪个 γ 都比普通 decode 慢，应该关掉投机解码。"
         "草稿越差，越早该关：γ 应该跟着负载调，负载高时干脆关掉，而不是固定一个值。",
-        f"这两个交点都在普通 decode 变成受算力限制（B ≈ {b_star:.0f}，演示 1）之前：验证 γ + 1 个位置先撞上算力墙，"
+        f"这两个交点都在普通 decode 变成受算力限制（从 B = {math.ceil(b_star)} 起，演示 1）之前：验证 γ + 1 个位置先撞上算力墙，"
         "草稿本身也要时间，c 在大批时变大。",
     ])
     return {"best": best, "break_even": be, "b_star": b_star}
@@ -200,9 +194,9 @@ def demo4_context():
     print_header("演示 4：上下文越长，投机解码在大批下越划算（最优 γ）")
     rows, out = [], {}
     for ctx in CONTEXTS:
-        bmax = max_batch_both(ctx)
+        bmax = max_batch(TARGET, CHIP, ctx, others=(DRAFT,))
         b_star = compute_bound_batch(TARGET, CHIP, ctx)
-        cells = [ctx, bmax, "永远不会" if b_star == float("inf") else f"{b_star:.0f}"]
+        cells = [ctx, bmax, "永远不会" if b_star == math.inf else math.ceil(b_star)]
         for a in ALPHAS:
             be = break_even_batch(a, ctx)
             g, s = best_gamma_at(a, bmax, ctx)
@@ -210,7 +204,7 @@ def demo4_context():
             cells += ["-" if be is None else be, f"γ* = {g}，{s:.2f}×"]
         out[ctx] = {"bmax": bmax, "b_star": b_star}
         rows.append(cells)
-    heads = ["上下文", "显存装得下的最大批", "普通 decode 受算力限制的批"]
+    heads = ["上下文", "显存装得下的最大批", "普通 decode 受算力限制的最小批"]
     for a in ALPHAS:
         heads += [f"α={a}：< 1 的最小批", "在最大批时"]
     print_table(heads, rows)

@@ -5,6 +5,7 @@ import math
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, load_script
@@ -58,7 +59,20 @@ def test_01_compute_bound_batch(s01, capsys):
     lc = (2 * 7_504_658_432 / P) / (131072 / BW - 4 * 32 * 128 * 32 / P)
     assert r["lc_8b"] == pytest.approx(lc, rel=1e-9) and 256 < lc < 512       # 表里 256 能、512 永远到不了
     assert 1024 < r["lc_70b"] < 2048
-    assert r["b128_8b"] > r["b0_8b"] and r["b1024_70b"] <= r["bm1024_70b"]
+    # 能 compute-bound 的最长整数上下文 ⌈L*⌉ − 1：那里分母 f/P − k/BW 还是正的，再加 1 就 ≤ 0
+    def denom(L, h, kv_pos, matmul, layers, P, BW):
+        return (2 * matmul + 4 * h * 128 * layers * L) / P - kv_pos * L / BW
+    L8 = r["lmax_8b"]
+    assert denom(L8, 32, 131072, 7_504_658_432, 32, P, BW) > 0 >= denom(L8 + 1, 32, 131072, 7_504_658_432, 32, P, BW)
+    L70 = r["lmax_70b"]
+    m70 = 80 * (2 * 8192 * 8192 + 2 * 1024 * 8192 + 3 * 8192 * 28672) + 128256 * 8192   # 块里的矩阵 + lm_head
+    assert denom(L70, 64, 327680, m70, 80, 8 * P, 8 * BW) > 0 >= denom(L70 + 1, 64, 327680, m70, 80, 8 * P, 8 * BW)
+    # 表里的 ⌈B*⌉：最小的 compute-bound 整数批（独立闭式 B* = (W/BW) / (f/P − k/BW)）
+    w8 = 2 * (8_030_261_248 - 128256 * 4096)                                  # 每步读的权重：不含输入词嵌入
+    b128 = (w8 / BW) / denom(128, 32, 131072, 7_504_658_432, 32, P, BW)
+    assert r["b128_8b"] == pytest.approx(b128, rel=1e-9) and r["nb128_8b"] == math.ceil(b128) == 438
+    assert r["nb1024_70b"] == math.ceil(r["b1024_70b"]) == 965               # 观察 2 原来用 .0f 印成了 964
+    assert r["b128_8b"] > r["b0_8b"] and r["nb1024_70b"] <= r["bm1024_70b"]
 
 
 def test_01_continuous_batching(s01, capsys):
@@ -68,6 +82,13 @@ def test_01_continuous_batching(s01, capsys):
     assert r["active_cont_128"] > r["active_static_128"]
     assert r["tpot_cont_128"] > r["tpot_static_128"]
     assert r["tokens"] == int(s01.uniform_ints(s01.OUT_LO, s01.OUT_HI, s01.N_REQ, s01.OUT_SEED).sum())
+    # prefill：512 个 1024-token 的提示，一次一个，compute-bound（lm_head 只算最后一个位置）
+    head, n = 128256 * 4096, 1024
+    flops = 2 * (7_504_658_432 - head) * n + 2 * head + 4 * 32 * 128 * 32 * n * (n + 1) // 2
+    assert r["t_prefill"] == pytest.approx(512 * flops / 989.4e12, rel=1e-12)
+    # 两边加上同样的 prefill 时间，倍数变小（观察 3："1.26 降到 1.20"）
+    assert 1 < r["gain_pre_128"] < r["gain_128"] and 1 < r["gain_pre_32"] < r["gain_32"]
+    assert round(r["gain_128"], 2) == 1.26 and round(r["gain_pre_128"], 2) == 1.20
 
 
 # ---- 02 ----
@@ -92,7 +113,10 @@ def test_02_simulation_claims(s02, capsys):
     assert d["tpot_mean"] < c["tpot_mean"]                                            # "比 prefill 优先的同机更低"
     assert d["ttft_mean"] > r[(lo, "disagg")]["ttft_mean"]                            # 负载越高排得越长
     assert k["gap_p99"] < d["gap_p99"]
-    assert r["kv_mean"] == pytest.approx(LLAMA31_8B.kv_bytes(int(r["kv_mean"] * 50e9 / 131072)) / 50e9, rel=1e-3)
+    # 平均提示长度独立地算：[512, 4096) 里的 400 个均匀整数，u 来自 default_rng(1)
+    mean_prompt = int(np.mean(512 + np.floor(np.random.default_rng(1).random(400) * (4096 - 512))))
+    assert 2000 < mean_prompt < 2600
+    assert r["kv_mean"] == pytest.approx(131072 * mean_prompt / 50e9, rel=1e-12)     # 8B 每个位置 128 KiB，NDR 单向 50 GB/s
     assert d["first_gap_is_max"] > 0.9 and d["first_gap_mean"] > r["kv_mean"]
 
 
@@ -122,14 +146,28 @@ def test_03_transfer_vs_prefill(s03, capsys):
 
 
 # ---- 04 ----
+OSS_PARAMS, OSS_ACTIVE = 116_829_156_672, 5_132_849_472          # CURRICULUM §5（模型卡）
+OSS_EXPERT_W = 36 * 128 * 3 * 2880 * 2880                         # 专家的权重矩阵（gate、up、down），MXFP4
+L70_BLOCKS = 80 * (2 * 8192 * 8192 + 2 * 1024 * 8192 + 3 * 8192 * 28672)   # Llama-3.1-70B 块里的矩阵
+
+
 def test_04_cards(s04, capsys):
     r = s04.demo1_how_many_cards()
     capsys.readouterr()
     assert r["draft_cards"] == 1 and r["draft_bytes"] == 1.6e9
-    assert r["l70_8bit_cards"] == math.ceil(70_553_706_496 / 2e9) == 36 and r["l70_8bit_h100"] == 1
-    assert r["l8_8bit_cards"] == math.ceil(8_030_261_248 / 2e9)
-    assert r["oss_cards"] == math.ceil(116_829_156_672 * 4.25 / 8 / 2e9) and r["oss_h100"] == 1
-    assert r["oss_native_gib"] == pytest.approx(60.8, rel=0.005)
+    # 块内 8 位：块里的矩阵 1 字节，词嵌入、lm_head、norm 2 字节
+    l70 = L70_BLOCKS + 2 * (70_553_706_496 - L70_BLOCKS)
+    assert r["l70_8bit_cards"] == math.ceil(l70 / 2e9) == 37 and r["l70_8bit_h100"] == 1
+    l8_blocks = 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336)
+    assert r["l8_8bit_cards"] == math.ceil((l8_blocks + 2 * (8_030_261_248 - l8_blocks)) / 2e9) == 5
+    # 种子 05 的口径：全部参数 × 4.25 / 8
+    assert r["oss_bytes"] == OSS_PARAMS * 4.25 / 8
+    assert r["oss_cards"] == math.ceil(OSS_PARAMS * 4.25 / 8 / 2e9) == 32 and r["oss_h100"] == 1
+    # 发布格式：专家矩阵 4.25 位、其余 BF16；模型卡：60.8 GiB（全部 4.25 位会是 57.8 GiB，块内 4.25 位 59.4 GiB）
+    native = OSS_EXPERT_W * 4.25 / 8 + 2 * (OSS_PARAMS - OSS_EXPERT_W)
+    assert r["oss_native_gib"] == pytest.approx(native / 2 ** 30, rel=1e-12)
+    assert round(r["oss_native_gib"], 1) == 60.8 and r["oss_native_matches_card"]
+    assert r["oss_native_cards"] == math.ceil(native / 2e9) == 33
     assert r["cap_ratio"] == 40
 
 
@@ -139,7 +177,13 @@ def test_04_per_token(s04, capsys):
     assert r["draft_h100"] == pytest.approx(1.6e9 / (3.35e12 * 0.8))
     assert r["draft_sram"] == pytest.approx(1.6e9 / (150e12 * 0.8))
     assert r["draft_speedup"] == pytest.approx(150 / 3.35) == pytest.approx(r["bw_ratio_1card"])
-    assert r["l70_speedup"] > r["draft_speedup"]
+    # 按层切：一次只有一张卡在读，每一行都只快一张卡对一块 H100 的带宽之比
+    assert r["all_one_h100"] and len(r["layer_speedups"]) == 7
+    assert all(s == pytest.approx(150 / 3.35, rel=1e-12) for s in r["layer_speedups"])
+    # 理想张量并行：带宽乘卡数
+    assert r["l70_cards"] == 37 and r["l70_tp_speedup"] == pytest.approx(37 * 150 / 3.35, rel=1e-12)
+    assert r["oss_tp"] == pytest.approx(OSS_ACTIVE * 4.25 / 8 / (32 * 150e12 * 0.8), rel=1e-12)
+    assert r["oss_layer"] == pytest.approx(32 * r["oss_tp"], rel=1e-12)
     assert r["l8_lpddr"] > r["l8_h100"]
 
 
@@ -147,13 +191,17 @@ def test_04_cost_coefficient_matches_seed05(s04, capsys):
     r = s04.demo3_cost_coefficient()
     capsys.readouterr()
     seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
+    assert r["d_bytes"] == 1.6e9 and r["t_bytes"] == OSS_ACTIVE * 4.25 / 8     # 种子的口径：参数 × 位数 / 8
     assert r["t_gpu"] == pytest.approx(seed.t_draft("gpu"), rel=1e-12)
     assert r["t_sram"] == pytest.approx(seed.t_draft("sram"), rel=1e-12)
-    assert r["t_tgt"] == pytest.approx(seed.t_target(1), rel=0.01)        # 精确的 gpt-oss 参数 vs 种子的近似
-    assert r["c_gpu"] == pytest.approx(seed.t_draft("gpu") / seed.t_target(1), rel=0.01)
+    assert r["t_tgt"] == pytest.approx(1.5e-3 + OSS_ACTIVE * 4.25 / 8 / (3.35e12 * 0.8), rel=1e-12)
+    # 种子用近似的参数数（非专家 1.5e9 + 36·4·24.9e6 = 50.9 亿 vs 精确的 51.3 亿激活参数）：目标一步差 < 0.4%
+    assert r["t_tgt"] == pytest.approx(seed.t_target(1), rel=0.004)
+    assert r["c_gpu"] == pytest.approx(seed.t_draft("gpu") / seed.t_target(1), rel=0.004)
+    assert r["c_sram"] == pytest.approx(seed.t_draft("sram") / seed.t_target(1), rel=0.004)
     assert 10 <= r["ratio"] < 20                                          # "十几倍"（第 6 讲 04）
     assert r["ratio"] == pytest.approx(seed.t_draft("gpu") / seed.t_draft("sram"), rel=1e-12)
     assert r["ratio_no_ovh"] == pytest.approx(2 * CORSAIR.mem_bw / H100.mem_bw)
     assert r["sram_ovh_share"] == pytest.approx(0.05e-3 / seed.t_draft("sram"))
     assert r["g_sram"] > r["g_gpu"] and r["s_sram"] > r["s_gpu"] > 1
-    assert GPT_OSS_120B.n_layers == 36
+    assert GPT_OSS_120B.n_layers == 36 and GPT_OSS_120B.active_params() == OSS_ACTIVE

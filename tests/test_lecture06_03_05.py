@@ -226,3 +226,7 @@ def test_05_long_context_keeps_paying(s05, capsys):
     for c in long_:
         assert math.isinf(r[c]["b_star"]) and r[(c, 0.8)]["at_bmax"][1] > 1 and r[(c, 0.6)]["at_bmax"][1] > 1
     assert r[(2048, 0.8)]["at_bmax"][1] == pytest.approx(1.33, abs=0.005)
+    # 显存上限（llm_math.max_batch(..., others=(草稿,))）：640 GB − 两者的 BF16 权重，除以两者每个序列的 KV
+    w = 2 * (70_553_706_496 + 8_030_261_248)
+    for c in s05.CONTEXTS:
+        assert r[c]["bmax"] == int((640e9 - w) // ((327680 + 131072) * c))

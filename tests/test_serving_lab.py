@@ -1,4 +1,7 @@
-"""serving_lab：多卡合成、权重字节、显存装得下的批、B*、一次迭代的时间（和 llm_math 逐个对上）、链路时间、模拟的守恒与边界。"""
+"""
+serving_lab：一次迭代的时间（和 llm_math 逐个对上）、链路时间、种子 05 的 step_time、确定的随机数、模拟的守恒与边界。
+权重字节、max_batch、compute_bound_batch、critical_context 搬到了 llm_math，测试在 tests/test_llm_math.py。
+"""
 import math
 import os
 import sys
@@ -12,9 +15,8 @@ from conftest import ROOT, load_script
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
 from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4, PCIE5_X16  # noqa: E402
-from llm_math import GPT_OSS_120B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
+from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
-from llm_math import active_weight_bytes, compute_bound_batch, max_batch, weight_bytes  # noqa: E402
 from serving_lab import (iteration_time, link_time, poisson_arrivals, simulate_batching,  # noqa: E402
                          simulate_colocated, simulate_disaggregated, step_time, uniform_ints)
 
@@ -39,6 +41,7 @@ def test_link_time_divides_by_links_and_rejects_nonsense():
 
 # ---- 账 ----
 def test_gang_multiplies_bandwidth_capacity_and_flops():
+    """gang 搬到了 hw_specs（tests/test_hw_specs.py 还没有它的测试，先留在这里）；第 5 讲 01、03 和第 6 讲 05 都靠它。"""
     g = gang(H100, 8)
     assert g.mem_bw == 8 * H100.mem_bw and g.mem_bytes == 640e9
     assert g.peak_flops("bf16") == 8 * H100.peak_flops("bf16")
@@ -46,43 +49,6 @@ def test_gang_multiplies_bandwidth_capacity_and_flops():
     assert gang(H100, 1).mem_bw == H100.mem_bw
     with pytest.raises(ValueError):
         gang(H100, 0)
-
-
-def test_weight_bytes_dense_and_gpt_oss_checkpoint():
-    assert weight_bytes(LLAMA31_8B) == 2 * 8_030_261_248
-    assert weight_bytes(LLAMA31_70B, 8) == 70_553_706_496
-    # 发布格式：专家 MXFP4（4.25 位）、其余 BF16 → checkpoint 60.8 GiB（模型卡）
-    assert weight_bytes(GPT_OSS_120B, 16, 4.25) / 2 ** 30 == pytest.approx(60.8, rel=0.005)
-
-
-def test_active_weight_bytes_agree_with_decode_step_at_batch_1():
-    for m, bits in ((LLAMA31_8B, 16), (LLAMA31_70B, 8), (GPT_OSS_120B, 4.25)):
-        assert active_weight_bytes(m, bits) == pytest.approx(decode_step(m, H100, 1, 0, w_bits=bits)["w_bytes"], rel=1e-12)
-    assert active_weight_bytes(GPT_OSS_120B, 16, 4.25) > active_weight_bytes(GPT_OSS_120B, 4.25)
-
-
-def test_max_batch_closed_form_and_edges():
-    assert max_batch(LLAMA31_8B, H100, 2048) == int((80e9 - 2 * 8_030_261_248) // (131072 * 2048)) == 238
-    assert max_batch(LLAMA31_70B, gang(H100, 8), 2048) == int((640e9 - 2 * 70_553_706_496) // (327680 * 2048))
-    assert max_batch(LLAMA31_405B, H100, 2048) == 0
-    with pytest.raises(ValueError):
-        max_batch(LLAMA31_8B, H100, 0)
-
-
-@pytest.mark.parametrize("model,chip,ctx", [(LLAMA31_8B, H100, 128), (LLAMA31_8B, H100, 256),
-                                            (LLAMA31_70B, gang(H100, 8), 1024), (LLAMA31_70B, H100, 0)])
-def test_compute_bound_batch_is_where_decode_step_flips(model, chip, ctx):
-    b = compute_bound_batch(model, chip, ctx)
-    assert decode_step(model, chip, math.ceil(b), ctx)["bound"] == "compute"
-    assert decode_step(model, chip, math.floor(b), ctx)["bound"] == "memory"
-
-
-def test_compute_bound_batch_edges():
-    assert compute_bound_batch(LLAMA31_8B, H100, 0) == pytest.approx(H100.ridge_point("bf16"), rel=1e-3)
-    assert compute_bound_batch(LLAMA31_8B, H100, 512) == math.inf
-    assert decode_step(LLAMA31_8B, H100, 100000, 512)["bound"] == "memory"
-    with pytest.raises(ValueError, match="MoE"):
-        compute_bound_batch(GPT_OSS_120B, H100, 128)
 
 
 @pytest.mark.parametrize("n", [1, 100, 512, 4096, 20000])
@@ -95,12 +61,25 @@ def test_iteration_time_pure_decode_is_decode_step(B, L):
     assert iteration_time(LLAMA31_70B, H100, B, B * L) == pytest.approx(decode_step(LLAMA31_70B, H100, B, L)["time"], rel=1e-12)
 
 
-def test_chunked_prefill_flops_add_up_to_the_whole_prefill():
-    """无限带宽时时间 = FLOPs / 峰值：分块算的 FLOPs 之和必须等于整段 prefill（因果注意力的对数不能丢、不能重）。"""
+@pytest.mark.parametrize("n,c", [(3000, 512), (1024, 1024), (1000, 1), (4097, 2048)])
+def test_chunked_prefill_flops_add_up_to_the_whole_prefill(n, c):
+    """
+    无限带宽时时间 = FLOPs / 峰值。分块 prefill 的每一块都在自己的最后一个位置算一次 lm_head（iteration_time 的约定，
+    同 llm_math.prefill_step），整段只算一次，所以 k 块之和 = 整段 + (k − 1) × 2·vocab·d_model / 峰值；
+    其余（块里的矩阵乘、因果注意力的 (query, 位置) 对）不能丢、不能重。
+    回归：lm_head 改成只算最后一个位置以后，旧的"之和 = 整段"不再成立（差 5 次 lm_head）。
+    """
+    m = LLAMA31_8B
     fast = replace(H100, mem_bw=1e30)
-    n, c = 3000, 512
-    parts = sum(iteration_time(LLAMA31_8B, fast, prefill_tokens=min(c, n - i), prefill_prefix=i) for i in range(0, n, c))
-    assert parts == pytest.approx(iteration_time(LLAMA31_8B, fast, prefill_tokens=n), rel=1e-12)
+    P = H100.peak_flops("bf16")
+    k = math.ceil(n / c)
+    parts = sum(iteration_time(m, fast, prefill_tokens=min(c, n - i), prefill_prefix=i) for i in range(0, n, c))
+    whole = iteration_time(m, fast, prefill_tokens=n)
+    head = 128256 * 4096                                            # Llama-3.1-8B 的 lm_head
+    assert parts == pytest.approx(whole + (k - 1) * 2 * head / P, rel=1e-12)
+    # 整段的闭式（独立写）：块里的矩阵乘每个位置一次、lm_head 一次、因果注意力 Σ_{i=1..n} i 对
+    flops = 2 * (7_504_658_432 - head) * n + 2 * head + 4 * 32 * 128 * 32 * n * (n + 1) // 2
+    assert whole == pytest.approx(flops / P, rel=1e-12)
 
 
 def test_iteration_time_rejects_moe_sliding_and_empty():
