@@ -13,7 +13,7 @@ import re
 import unicodedata
 
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
-           "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig"]
+           "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound"]
 
 RULE_WIDTH = 100
 _NUMERIC = re.compile(r"^[-+]?(\d[\d,]*\.?\d*|\.\d+)([eE][-+]?\d+)?( ?[^\s\d]{0,3})?$")
@@ -125,3 +125,15 @@ def fmt_bytes(n):
 def fmt_num(x):
     """一个数 → "4.56 G"（十进制前缀 k M G T P E），3 位有效数字。"""
     return _with_prefix(float(x), _SI, 1.0).rstrip()
+
+
+def fmt_bound(x, bound):
+    """
+    一个浮点舍入误差打印成上界："< 1e-13"（只要 x < bound）。
+
+    【为什么】舍入误差的具体数字（3.8e-15 还是 4.4e-15）随 BLAS 的实现、CPU 而变，打印它会让输出在不同机器上不同；
+    上界才是要教的东西。x 超过上界时打印它的值（两位有效数字）——那说明出错了，测试会抓住。
+    """
+    if not bound > 0:
+        raise ValueError(f"上界必须为正（收到 {bound}）")
+    return f"< {bound:.0e}" if x < bound else f"{x:.2g}"

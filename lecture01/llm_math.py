@@ -182,7 +182,8 @@ def expected_touched_experts(n_experts, top_k, n_tokens):
     return n_experts * (1 - (1 - top_k / n_experts) ** n_tokens)
 
 
-def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="bf16", n_tokens=1):
+def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="bf16", n_tokens=1, w_fmt=None,
+                expert_fmt=None):
     """
     一个 decode 步（batch 个序列各算 n_tokens 个新位置）在 chip 上的 roofline 估计。
     n_tokens = 1 是普通 decode；投机解码验证 γ 个草稿时 n_tokens = γ + 1。
@@ -194,21 +195,23 @@ def decode_step(model, chip, batch, context, w_bits=16.0, kv_bits=16.0, dtype="b
     【推导】FLOPs = batch × n_tokens × flops_per_token(context)（新位置彼此之间的注意力忽略不计）；
     权重每步读一遍（MoE 只读被 batch × n_tokens 个 token 碰到的专家，期望见 expected_touched_experts）；
     KV cache 每个序列读一遍。
-    【参数】w_bits：读到的权重平均每个参数几位（含量化的 scale；格式混合时用 active_weight_bytes 算出平均位数）；
-    kv_bits：每个 K/V 数的位数。
+    【参数】w_bits：读到的权重平均每个参数几位（含量化的 scale），所有参数一视同仁；
+    w_fmt / expert_fmt：给了其中一个时改用 weight_bytes 的格式规则（块里的矩阵用 w_fmt，默认 "bf16"；专家矩阵用
+    expert_fmt；词嵌入、lm_head、norm、偏置 BF16），w_bits 不再起作用——例如 gpt-oss 的发布格式
+    decode_step(GPT_OSS_120B, chip, B, ctx, expert_fmt="mxfp4")；kv_bits：每个 K/V 数的位数。
     """
     if batch < 1:
         raise ValueError(f"批大小至少为 1（收到 {batch}）")
     if n_tokens < 1:
         raise ValueError(f"每个序列至少算 1 个新位置（收到 n_tokens = {n_tokens}）")
     flops = batch * n_tokens * model.flops_per_token(context)
-    if model.is_moe:
-        touched = expected_touched_experts(model.n_experts, model.top_k, batch * n_tokens)
-        dense = model.active_params() - model.n_layers * model.top_k * model.expert_params()
-        w_params = dense + model.n_layers * touched * model.expert_params()
+    touched = expected_touched_experts(model.n_experts, model.top_k, batch * n_tokens) if model.is_moe else 0
+    extra_experts = model.n_layers * (touched - model.top_k) if model.is_moe else 0   # 比 top_k 多碰到的专家
+    if w_fmt is None and expert_fmt is None:
+        w_bytes = (model.active_params() + extra_experts * model.expert_params()) * w_bits / 8
     else:
-        w_params = model.active_params()
-    w_bytes = w_params * w_bits / 8
+        one_expert = _expert_bytes(model, expert_fmt if expert_fmt is not None else (w_fmt or "bf16"))
+        w_bytes = active_weight_bytes(model, w_fmt or "bf16", expert_fmt) + extra_experts * one_expert
     kv_bytes = batch * model.kv_bytes(context, kv_bits / 8)
     t_compute = flops / chip.peak_flops(dtype)
     t_memory = (w_bytes + kv_bytes) / chip.mem_bw
@@ -231,7 +234,7 @@ def prefill_time(model, chip, n_tokens, w_bits=16.0, dtype="bf16"):
 # "row" = 每个输出通道（权重矩阵的一行，长 = 输入维度）一个 scale；None = 没有（或可以忽略的）scale。
 WEIGHT_FORMATS = {
     "bf16": (16, 0, None),        # 不量化
-    "fp8": (8, 0, None),          # FP8-E4M3，每个张量一个 FP32 scale：摊到每个参数上可以忽略，记为 0
+    "fp8": (8, 32, "row"),        # FP8-E4M3，每个输出通道一个 FP32 scale（同 quant_lab 的 "fp8-e4m3"）
     "int8": (8, 16, "row"),       # INT8，每个输出通道一个 FP16 scale（对称量化，没有零点）
     "int4-g128": (4, 16, 128),    # INT4，沿输入维度每 128 个一组、每组一个 FP16 scale（对称，没有零点）
     "mxfp4": (4, 8, 32),          # OCP MX：E2M1 的值 + 每 32 个共享一个 E8M0 scale
@@ -244,7 +247,8 @@ def bits_per_param(fmt, row_len=None):
 
     【推导】每个值 b 位；每 g 个值共享一个 s 位的 scale，平均每个参数多 s / g 位。
     给了 row_len（矩阵一行的长度 = 输入维度）时按实际组数算：一行 ⌈row_len / g⌉ 个 scale（最后一组不满也要一个）。
-    各格式假设的 scale：bf16 无；fp8 每张量一个 FP32（忽略，记 8 位）；int8 每个输出通道一个 FP16
+    和 ../prereq3/numfmt.bits_per_value 是同一个约定（测试核对两者逐格相等）。
+    各格式假设的 scale：bf16 无；fp8 每个输出通道一个 FP32（8 + 32 / row_len 位）；int8 每个输出通道一个 FP16
     （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；
     mxfp4 每 32 个一个 E8M0（4 + 8/32 = 4.25 位，OCP MX 规范）。
     【参数】fmt：WEIGHT_FORMATS 里的名字，或者直接一个数（每个参数的位数，已含 scale，例如 4.25）；
@@ -308,6 +312,13 @@ def active_weight_bytes(model, fmt="bf16", expert_fmt=None):
     【推导】全 BF16 时等于 2 × active_params()，也就是 decode_step(w_bits=16) 的 w_bytes。
     """
     return _matrix_bytes(model, fmt, expert_fmt, active=True)
+
+
+def _expert_bytes(model, fmt):
+    """一个专家的字节：三个矩阵按 fmt，偏置 BF16（和 weight_bytes 的规则一样）。"""
+    d, ff = model.d_model, model.d_ff
+    mats = 2 * ff * d * bits_per_param(fmt, d) / 8 + d * ff * bits_per_param(fmt, ff) / 8
+    return mats + (model.expert_params() - 3 * d * ff) * 2
 
 
 def _matrix_bytes(model, fmt, expert_fmt, active):

@@ -32,7 +32,7 @@ for _sub in ("lecture01", "lecture02"):
 from transformer_lab import NumpyTransformer, sample_inverse_cdf, softmax  # noqa: E402
 
 __all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "speculative_generate",
-           "residual_distribution", "speculative_step_probs", "acceptance_rate",
+           "residual_distribution", "speculative_step_probs", "acceptance_beta", "acceptance_rate",
            "expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
            "chi2_sf", "chi2_gof"]
 
@@ -138,9 +138,16 @@ def residual_distribution(target_probs, draft_probs):  # [V], [V] -> [V]
     return r / s if s > 0 else np.asarray(target_probs, dtype=np.float64)
 
 
+def acceptance_beta(target_probs, draft_probs):  # [..., V], [..., V] -> [...]
+    """
+    每个位置的 β = Σ_x min(p(x), q(x)) = 1 − TV(p, q)：在这个上下文里一个草稿 token 被接受的概率（Leviathan 定理 3.5）。
+    """
+    return np.minimum(target_probs, draft_probs).sum(-1)
+
+
 def acceptance_rate(target_probs, draft_probs):
-    """β = Σ_x min(p(x), q(x)) = 1 − TV(p, q)：一个草稿 token 被接受的概率（Leviathan 定理 3.5；它对上下文的期望是 α，推论 3.6）。"""
-    return float(np.minimum(target_probs, draft_probs).sum(-1).mean())
+    """α = 所有位置的 β 的平均（Leviathan 推论 3.6：α = E[Σ min(p, q)]）-> float。"""
+    return float(acceptance_beta(target_probs, draft_probs).mean())
 
 
 def speculative_step_probs(target_probs, draft_probs):  # [V], [V] -> [V]

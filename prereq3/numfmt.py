@@ -210,11 +210,13 @@ def bits_per_value(kind, n_in=None, group=None):
     每个权重平均占几位（**含 scale**）。
 
     【参数】kind："int8"/"int4"（加 granularity 的 scale：每通道一个 FP16 scale 摊到 n_in 个数上；每组一个摊到
-    group 个数上）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、
+    group 个数上，给了 n_in 且不整除时最后一组不满也要一个 scale）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、
     或者一个浮点格式名（"bf16"、"fp16"：16）。
     """
     if kind in ("int8", "int4"):
         b = 8 if kind == "int8" else 4
+        if group and n_in:  # 按实际组数：一行 ⌈n_in / group⌉ 个 scale（最后一组不满也要一个）
+            return b + 16 * math.ceil(n_in / group) / n_in
         if group:
             return b + 16 / group
         if not n_in:

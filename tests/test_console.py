@@ -64,3 +64,11 @@ def test_fmt_sig_keeps_trailing_zeros_and_carries():
     assert fmt_sig(41) == "41.0"
     assert fmt_sig(999.6) == "1000"
     assert fmt_sig(0.5) == "0.500"
+
+
+def test_fmt_bound_prints_the_bound_not_the_residual():
+    from console import fmt_bound
+    assert fmt_bound(3.8e-15, 1e-13) == "< 1e-13"
+    assert fmt_bound(2e-12, 1e-13) == "2e-12"
+    with pytest.raises(ValueError):
+        fmt_bound(1.0, 0)

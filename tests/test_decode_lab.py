@@ -329,3 +329,11 @@ def test_chi2_gof_pools_small_cells_and_flags_impossible_outcomes():
     stat, dof, pval = chi2_gof([50, 50, 0, 0], [0.5, 0.5, 0.0, 0.0])
     assert stat == 0 and pval == 1.0
     assert chi2_gof([50, 49, 1], [0.5, 0.5, 0.0])[2] == 0.0
+
+
+def test_acceptance_beta_per_position_and_its_mean():
+    from decode_lab import acceptance_beta
+    p = np.array([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    q = np.array([[0.25, 0.25, 0.5], [0.0, 1.0, 0.0]])
+    assert np.allclose(acceptance_beta(p, q), [0.5, 0.0])
+    assert acceptance_rate(p, q) == pytest.approx(0.25)

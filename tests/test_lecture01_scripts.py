@@ -61,7 +61,7 @@ def s04():
 # ---------------------------------------------------------------------------
 def test_bits_per_param_include_scales():
     assert bits_per_param("bf16") == 16
-    assert bits_per_param("fp8") == 8
+    assert bits_per_param("fp8", 4096) == 8 + 32 / 4096
     assert bits_per_param("int4-g128") == 4.125
     assert bits_per_param("mxfp4") == 4.25
     assert bits_per_param("int8", 4096) == 8 + 16 / 4096

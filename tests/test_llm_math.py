@@ -148,3 +148,27 @@ def test_max_batch_counts_weights_and_kv_of_every_model_on_the_chip():
     room2 = 8 * 80e9 - 2 * LLAMA31_70B.params() - 2 * LLAMA31_8B.params()
     assert both == int(room2 // (LLAMA31_70B.kv_bytes(2048) + LLAMA31_8B.kv_bytes(2048)))
     assert max_batch(LLAMA31_405B, H100, 10) == 0
+
+
+def test_weight_format_bits_agree_with_numfmt():
+    """llm_math 的格式表（第 1 讲）和 numfmt 的位数（第 3 讲预备）是同一个约定：逐格相等。"""
+    from llm_math import bits_per_param
+    from numfmt import bits_per_value
+    for n in (64, 192, 2880, 4096, 14336):
+        assert bits_per_param("bf16", n) == bits_per_value("bf16")
+        assert bits_per_param("fp8", n) == bits_per_value("fp8", n_in=n)
+        assert bits_per_param("int8", n) == bits_per_value("int8", n_in=n)
+        assert bits_per_param("int4-g128", n) == pytest.approx(bits_per_value("int4", n_in=n, group=128), rel=1e-15)
+        assert bits_per_param("mxfp4", n) == bits_per_value("mxfp4")
+
+
+def test_decode_step_with_formats_matches_weight_bytes_rules():
+    """decode_step 给了格式时：批 1 读 active_weight_bytes；批很大时 MoE 读到全部专家 = weight_bytes − 输入词嵌入。"""
+    m = _OSS
+    r1 = decode_step(m, H100, 1, 100, expert_fmt="mxfp4")
+    assert r1["w_bytes"] == pytest.approx(active_weight_bytes(m, "bf16", "mxfp4"))
+    rbig = decode_step(m, H100, 100_000, 100, expert_fmt="mxfp4")
+    assert rbig["w_bytes"] == pytest.approx(weight_bytes(m, "bf16", "mxfp4") - 2 * m.embed_params(), rel=1e-9)
+    assert decode_step(LLAMA31_8B, H100, 4, 100, w_fmt="bf16")["w_bytes"] == decode_step(LLAMA31_8B, H100, 4, 100)["w_bytes"]
+    # 默认（w_bits）的口径不变：批很大时读全部参数（除输入词嵌入）
+    assert decode_step(m, H100, 100_000, 100)["w_bytes"] == pytest.approx(2 * (m.params() - m.embed_params()), rel=1e-9)
