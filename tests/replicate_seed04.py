@@ -177,8 +177,8 @@ def main():
     v8 = [o[0]["meas"][(NAMES[0], 8)] for o in out]
     f8 = [o[0]["flop_ratio"][8] for o in out]
     w8 = [o[0]["w_ratio"][8] for o in out]
-    print(f"INT4 γ=8 每次前向：{min(v8):.2f}–{max(v8):.2f}；γ=8 运算量 {min(f8):.2f}–{max(f8):.2f}×；"
-          f"读权重 {min(w8):.2f}–{max(w8):.2f}×")
+    print(f"INT4 γ=8 每次前向：{min(v8):.2f}–{max(v8):.2f}；γ=8 运算量 {min(f8):.2f}–{max(f8):.2f}×"
+          f"（平均 {np.mean(f8):.3f}，标准差 {np.std(f8):.3f}）；读权重 {min(w8):.2f}–{max(w8):.2f}×")
 
 
 if __name__ == "__main__":
