@@ -14,15 +14,9 @@ serving_lab —— 服务引擎的账：一次迭代（decode 一批 + 一段 pr
 【出处】硬件数字见 ../lecture01/hw_specs（互联表在它的末尾）；模型结构见 ../lecture01/llm_math。
 """
 import math
-import os
-import sys
 from collections import deque
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lecture01"))
-
-from llm_math import decode_step  # noqa: E402,F401  （iteration_time 的 decode 部分和它同一个口径）
 
 __all__ = ["iteration_time", "link_time", "step_time", "poisson_arrivals", "uniform_ints",
            "simulate_batching", "simulate_colocated", "simulate_disaggregated"]
@@ -202,15 +196,7 @@ def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, c
                     if done_prefill == int(prompt_lens[waiting[0]]):
                         new, done_prefill = [waiting.popleft()], 0
             if decode:
-                for r in list(running):
-                    running[r] += 1
-                    gaps[r] = max(gaps[r], t - last[r])
-                    if running[r] == 2:
-                        gap1[r] = t - last[r]
-                    last[r] = t
-                    if running[r] == int(out_lens[r]):
-                        del running[r]
-                        finished += 1
+                finished += _decode_tick(running, t, last, gaps, gap1, out_lens)
             for r in new:
                 first[r] = last[r] = t
                 if int(out_lens[r]) == 1:
@@ -249,12 +235,23 @@ def simulate_disaggregated(model, chip, arrivals, prompt_lens, out_lens, kv_time
             continue
         ctx_sum = sum(int(prompt_lens[r]) + k for r, k in running.items())
         t += iteration_time(model, chip, len(running), ctx_sum)
-        for r in list(running):
-            running[r] += 1
-            gaps[r] = max(gaps[r], t - last[r])
-            if running[r] == 2:
-                gap1[r] = t - last[r]
-            last[r] = t
-            if running[r] == int(out_lens[r]):
-                del running[r]
+        _decode_tick(running, t, last, gaps, gap1, out_lens)
     return _finish(first, last, gaps, gap1, arrivals, out_lens)
+
+
+def _decode_tick(running, t, last, gaps, gap1, out_lens):
+    """
+    一次 decode 迭代在时刻 t 结束：running 里每个序列多了一个 token。记下每个请求相邻两个 token 的最长间隔（gaps）
+    和第一、二个 token 的间隔（gap1），生成完的移出 running。返回这一步生成完的请求数。
+    """
+    done = 0
+    for r in list(running):
+        running[r] += 1
+        gaps[r] = max(gaps[r], t - last[r])
+        if running[r] == 2:
+            gap1[r] = t - last[r]
+        last[r] = t
+        if running[r] == int(out_lens[r]):
+            del running[r]
+            done += 1
+    return done
