@@ -29,7 +29,8 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
 
 【运行】python3 02_quantized_model_quality.py （约 1.5 秒，机器空闲时）
 
-【依赖】numpy；本目录的 quant_lab（需要 ../prereq3 的 numfmt）；../lecture02 的 transformer_lab；
+【依赖】numpy；本目录的 quant_lab（QCFG、quantize_params、sample_tokens；需要 ../prereq3 的 numfmt）；
+../lecture02 的 transformer_lab（NumpyTransformer、init_params）；../lecture06 的 decode_lab（acceptance_beta）；
 ../lecture01 的 console。
 """
 import os
@@ -39,10 +40,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-for sub in ("lecture01", "lecture02", "prereq3"):
+for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import print_header, print_observations, print_table  # noqa: E402
+from decode_lab import acceptance_beta  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import NumpyTransformer, init_params  # noqa: E402
 
@@ -64,7 +66,8 @@ def log_softmax(logits):  # [..., V] -> [..., V]
 def position_metrics(logp_orig, logp_quant, toks):
     """
     逐位置的指标 -> dict：kl、agree（top-1 是否相同，0/1）、nll（样本的下一个 token 在量化模型下的负对数似然）、
-    overlap = Σ_x min(p_原(x), p_量化(x))（= 1 − 总变差距离；第 6 讲拿它当草稿时就是接受率 α）、
+    overlap = Σ_x min(p_原(x), p_量化(x))（decode_lab.acceptance_beta：= 1 − 总变差距离；第 6 讲拿它当草稿时，
+    它的平均就是接受率 α）、
     margin = 原模型第一名和第二名的对数概率之差。
 
     【参数】logp_*：[n_seq, len, V] 的对数概率；toks：[n_seq, len]。只用前 len − 1 个位置（它们的下一个 token 在样本里）。
@@ -76,7 +79,7 @@ def position_metrics(logp_orig, logp_quant, toks):
     agree = (lp.argmax(axis=-1) == lq.argmax(axis=-1)).astype(np.float64)
     nll = -np.take_along_axis(lq, toks[:, 1:, None], axis=-1)[..., 0]
     top2 = np.sort(lp, axis=-1)[..., -2:]
-    return {"kl": kl, "agree": agree, "nll": nll, "overlap": np.minimum(p, q).sum(axis=-1),
+    return {"kl": kl, "agree": agree, "nll": nll, "overlap": acceptance_beta(p, q),
             "margin": top2[..., 1] - top2[..., 0]}
 
 
@@ -96,12 +99,15 @@ def evaluate_all():
     """
     采样文本、算原模型和每个方案（lm_head 量化与否）的逐位置指标 -> dict（三个演示共用，只算一遍）。
 
-    返回 {"toks", "orig": 原模型的逐位置指标, "runs": {(方案, 含 lm_head?): (逐位置指标, quantize_params 的 report)}}。
+    返回 {"toks", "orig": 原模型的逐位置指标, "runs": {(方案, 含 lm_head?): (逐位置指标, quantize_params 的 report)},
+    "logit_std": 原模型每个位置的 logits 在词表上的标准差（所有位置平均）}。
     """
     P = init_params(QCFG, seed=0)
     toks = sample_tokens(P, QCFG, n_seq=N_SEQ, length=LENGTH, seed=TEXT_SEED)
-    logp = log_softmax(final_hidden(P, toks) @ P["lm_head"])
-    out = {"toks": toks, "orig": position_metrics(logp, logp, toks), "runs": {}}
+    logits = final_hidden(P, toks) @ P["lm_head"]
+    logp = log_softmax(logits)
+    out = {"toks": toks, "orig": position_metrics(logp, logp, toks), "runs": {},
+           "logit_std": float(logits.std(axis=-1).mean())}
     for scheme in SCHEMES:
         runs = {head: quantize_params(P, scheme, include_lm_head=head) for head in (False, True)}
         h = final_hidden(runs[False][0], toks)           # 两种情况下块的权重相同
@@ -114,6 +120,53 @@ def evaluate_all():
 def summary(m):
     """逐位置指标 -> 平均 KL、top-1 一致率、困惑度。"""
     return float(m["kl"].mean()), float(m["agree"].mean()), float(np.exp(m["nll"].mean()))
+
+
+def paired_diff(a, b):
+    """
+    两个方案的逐位置指标之差 a − b 的平均和标准误 -> (平均, 标准误)。
+
+    【推导】先在每条序列内平均，得到 n_seq 个差值；标准误 = 它们的标准差（ddof = 1）/ √n_seq。
+    同一批样本、同一批位置上比较（配对），两个方案共有的噪声（哪些位置难）相互抵消。
+    """
+    d = (a - b).mean(axis=1)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size))
+
+
+# 演示 3 比较的方案对：INT4 三种粒度两两之间（前 3 对），再加两对对照
+PAIRS = (("int4", "int4-g64"), ("int4-g64", "int4-g32"), ("int4", "int4-g32"), ("mxfp4", "int4-g32"),
+         ("fp8-e4m3", "int8"))
+INT4_PAIRS = PAIRS[:3]
+METRICS = ("kl", "agree", "nll")
+
+
+def pair_significance(ev):
+    """
+    PAIRS 里每对方案（只量化块）三个指标的配对差 -> {"diff": {(a, b): {指标: (平均, 标准误)}}, "z": {指标: {(a, b): |平均| / 标准误}}}。
+
+    演示 1 的观察和演示 3 的表都用它，所以两处说的"几个标准误"是同一组数。
+    """
+    diff, z = {}, {key: {} for key in METRICS}
+    for a, b in PAIRS:
+        ma, mb = ev["runs"][(a, False)][0], ev["runs"][(b, False)][0]
+        diff[(a, b)] = {key: paired_diff(ma[key], mb[key]) for key in METRICS}
+        for key in METRICS:
+            mean, se = diff[(a, b)][key]
+            z[key][(a, b)] = abs(mean) / se if se > 0 else float("inf")
+    return {"diff": diff, "z": z}
+
+
+def pair_name(p):
+    return f"{p[0]} − {p[1]}"
+
+
+def z_range_text(label, zs):
+    """一组 z 值 -> "KL 之差 17.8–32.7 个标准误" 这样的话；有不到 2 个标准误的，说几对。"""
+    under = sum(1 for v in zs if v < 2)
+    text = f"{label} {min(zs):.1f}–{max(zs):.1f} 个标准误"
+    if under:
+        text += f"（{under} 对不到 2 个，分不出先后）"
+    return text
 
 
 # ---------------------------------------------------------------------------
@@ -165,10 +218,16 @@ def demo1_block_weights(ev):
     same_order = [t for t, ok in zip(named, (agree_order, ppl_order)) if ok]
     other_order = [t for t, ok in zip(named, (agree_order, ppl_order)) if not ok]
     if same_order:
-        kl_text += "和".join(same_order) + "在这次抽样里也是这个顺序，但差别小、噪声大（演示 3）。"
+        kl_text += "和".join(same_order) + "在这次抽样里也是这个顺序。"
     if other_order:
-        kl_text += ("和".join(other_order) + "的顺序不是这样——这两个指标只看每个位置的一个 token，"
-                    "比 KL 吵得多，差别在抽样误差以内（演示 3）。")
+        kl_text += "和".join(other_order) + "的顺序不是这样。"
+    # 三对 INT4 方案之差各是几个标准误（演示 3 的表）
+    z = pair_significance(ev)["z"]
+    zs = {key: [z[key][p] for p in INT4_PAIRS] for key in METRICS}
+    res["int4_pair_z"] = zs
+    kl_text += ("但三个指标的分辨力差得远（两两之差是几个标准误，演示 3）："
+                + z_range_text("KL 之差", zs["kl"]) + "；" + z_range_text("log 困惑度之差", zs["nll"]) + "；"
+                + z_range_text("top-1 一致率之差", zs["agree"]) + "。")
     # INT8 和原模型 top-1 不一致的位置：原模型前两名的对数概率差
     margin, agree8 = ev["orig"]["margin"], ev["runs"][("int8", False)][0]["agree"]
     m_dis = float(np.median(margin[agree8 == 0])) if np.any(agree8 == 0) else float("nan")
@@ -225,12 +284,16 @@ def demo2_lm_head(ev):
     res.update({"ratio_min": min(ratios), "ratio_max": max(ratios), "all_worse": all_worse,
                 "head_part_min": min(head_part), "head_part_max": max(head_part)})
     g32 = res["int4-g32"]
+    logit_std = ev["logit_std"]
+    res["logit_std"] = logit_std
     print_observations([
         f"把 lm_head 也量化，每种方案的 KL 都{'变大' if all_worse else '变了'}：是只量化块时的 {min(ratios):.2f}–{max(ratios):.2f} 倍。"
-        f"lm_head 只占被量化参数的 {100 * share:.0f}%（{QCFG.d_model} × {QCFG.vocab}），"
-        f"却贡献了含 lm_head 时 KL 的 {100 * min(head_part):.0f}–{100 * max(head_part):.0f}%。",
+        f"lm_head 只占被量化参数的 {100 * share:.0f}%（{QCFG.d_model} × {QCFG.vocab}）；"
+        f"按 1 − KL_不含 / KL_含 算，含 lm_head 时的 KL 约 {100 * min(head_part):.0f}–{100 * max(head_part):.0f}% "
+        "是 lm_head 带来的（KL 不是两部分误差严格相加，这只是粗略的份额）。",
         "直观的解释：块里的误差要经过残差连接、RMSNorm 和后面的层才到输出，每个矩阵只改动残差流的一小部分；"
-        "lm_head 的误差 x·ΔW 直接加在 logits 上。这个模型的 logits 标准差约 1.8（QCFG 的假设），softmax 对这种扰动很敏感。",
+        f"lm_head 的误差 x·ΔW 直接加在 logits 上。这个模型每个位置的 logits 在词表上的标准差平均 {logit_std:.2f}"
+        "（由 QCFG 的 lm_head 尺度决定），softmax 对这种大小的扰动很敏感。",
         f"所以实际部署里 lm_head（和词嵌入）常常留在 BF16 / FP8，只把块里的矩阵压到 4 位。第 6 讲拿来当草稿的"
         f"\"INT4 量化的自己\"是 int4-g32 连 lm_head 一起量化的：KL {g32['kl_with']:.4f}、top-1 一致 {100 * g32['agree_with']:.1f}%、"
         f"Σmin(p,q) = {g32['alpha_with']:.3f}——最后这个数就是投机解码的接受率 α（第 6 讲：α = E[Σmin(p,q)]）。"
@@ -242,57 +305,55 @@ def demo2_lm_head(ev):
 # ---------------------------------------------------------------------------
 # 演示 3：这些差别显著吗
 # ---------------------------------------------------------------------------
-def paired_diff(a, b):
-    """
-    两个方案的逐位置指标之差 a − b 的平均和标准误 -> (平均, 标准误)。
-
-    【推导】先在每条序列内平均，得到 n_seq 个差值；标准误 = 它们的标准差（ddof = 1）/ √n_seq。
-    同一批样本、同一批位置上比较（配对），两个方案共有的噪声（哪些位置难）相互抵消。
-    """
-    d = (a - b).mean(axis=1)
-    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size))
-
-
 def demo3_significance(ev):
     print_header(f"演示 3：方案之间的差别显著吗（配对差值 ± 标准误，{N_SEQ} 条序列当 {N_SEQ} 个独立样本；不含 lm_head）")
-    pairs = (("int4", "int4-g64"), ("int4-g64", "int4-g32"), ("int4", "int4-g32"), ("mxfp4", "int4-g32"),
-             ("fp8-e4m3", "int8"))
+    sig = pair_significance(ev)
+    diff, z = sig["diff"], sig["z"]
     rows = []
-    res = {}
-    for a, b in pairs:
-        ma, mb = ev["runs"][(a, False)][0], ev["runs"][(b, False)][0]
-        cells = [f"{a} − {b}"]
-        r = {}
+    for p in PAIRS:
+        cells = [pair_name(p)]
         for key, scale, fmt in (("kl", 1e3, "{:+.3f} ± {:.3f}"), ("agree", 100.0, "{:+.2f} ± {:.2f}"),
                                 ("nll", 1e3, "{:+.2f} ± {:.2f}")):
-            mean, se = paired_diff(ma[key], mb[key])
-            r[key] = (mean, se)
+            mean, se = diff[p][key]
             cells.append(fmt.format(scale * mean, scale * se))
-            cells.append(f"{abs(mean) / se:.1f}" if se > 0 else "—")
-        res[(a, b)] = r
+            cells.append(f"{z[key][p]:.1f}" if se > 0 else "—")
         rows.append(cells)
     print_table(["差（前 − 后）", "KL 之差（10⁻³ nats）", "几倍标准误", "top-1 之差（百分点）", "几倍标准误",
                  "log 困惑度之差（10⁻³）", "几倍标准误"], rows)
 
-    kl_z = {p: abs(res[p]["kl"][0]) / res[p]["kl"][1] for p in pairs}
-    ag_z = {p: abs(res[p]["agree"][0]) / res[p]["agree"][1] for p in pairs}
-    nll_z = {p: abs(res[p]["nll"][0]) / res[p]["nll"][1] for p in pairs}
-    ratio_se = float(np.median([res[p]["nll"][1] / res[p]["kl"][1] for p in pairs]))
-    res.update({"kl_z": kl_z, "agree_z": ag_z, "nll_z": nll_z, "nll_se_over_kl_se": ratio_se})
-    int4_pairs = pairs[:3]
-    kl_sig = [p for p in int4_pairs if kl_z[p] >= 2]
-    ag_sig = [p for p in int4_pairs if ag_z[p] >= 2]
-    nll_sig = [p for p in int4_pairs if nll_z[p] >= 2]
-    name = lambda p: f"{p[0]} − {p[1]}"  # noqa: E731
+    kl_z, ag_z, nll_z = z["kl"], z["agree"], z["nll"]
+    se_ratio = [diff[p]["nll"][1] / diff[p]["kl"][1] for p in PAIRS]
+    ratio_se = float(np.median(se_ratio))
+    res = dict(diff)
+    res.update({"kl_z": kl_z, "agree_z": ag_z, "nll_z": nll_z, "nll_se_over_kl_se": ratio_se,
+                "nll_se_over_kl_se_range": (min(se_ratio), max(se_ratio))})
+    kl_sig = [p for p in INT4_PAIRS if kl_z[p] >= 2]
+    ag_sig = [p for p in INT4_PAIRS if ag_z[p] >= 2]
+    nll_sig = [p for p in INT4_PAIRS if nll_z[p] >= 2]
+    noisy_ag = [p for p in PAIRS if ag_z[p] < 2]
+    noisy_nll = [p for p in PAIRS if nll_z[p] < 2]
+    res.update({"n_sig_int4": {"kl": len(kl_sig), "agree": len(ag_sig), "nll": len(nll_sig)},
+                "noisy_agree": noisy_ag, "noisy_nll": noisy_nll, "min_kl_z": min(kl_z.values())})
+    lesson = []
+    if noisy_ag:
+        lesson.append("top-1 一致率之差 " + "、".join(
+            f"{100 * abs(diff[p]['agree'][0]):.2f} 个百分点（{pair_name(p)}，{ag_z[p]:.1f} 个标准误）" for p in noisy_ag))
+    if noisy_nll:
+        lesson.append("log 困惑度之差 " + "、".join(
+            f"{1e3 * abs(diff[p]['nll'][0]):.2f}×10⁻³（{pair_name(p)}，{nll_z[p]:.1f} 个标准误；同一对的 KL 之差是 "
+            f"{kl_z[p]:.1f} 个标准误）" for p in noisy_nll))
+    lesson_text = ("表里的 " + "；".join(lesson) + "——不到 2 个标准误，单看它们可能只是抽样的运气。" if lesson else
+                   "这次抽样里表中的差别都超过了 2 个标准误，但 top-1 和困惑度的误差棒仍比 KL 宽得多。")
     print_observations([
-        f"INT4 三种粒度两两之间，KL 之差超过 2 倍标准误的有 {len(kl_sig)} 对（共 3 对）"
-        + (f"：{'、'.join(name(p) for p in kl_sig)}" if kl_sig else "") +
-        f"；top-1 一致率之差超过 2 倍标准误的有 {len(ag_sig)} 对，log 困惑度之差有 {len(nll_sig)} 对。",
-        f"KL 在每个位置上用了整个分布（192 个概率），配对之后两个方案共有的噪声抵消，所以很稳；"
-        f"log 困惑度之差也估计同一个量（平均 KL），但只用了抽中的那一个 token，标准误大约是 KL 的 {ratio_se:.0f} 倍"
-        f"（几个表里取中位数）。top-1 只有对/错两种结果，同样吵。",
-        "教训：比较两种量化方案的细小差别，要用 KL 这种\"整个分布\"的指标（或者大得多的评测集），并且把误差棒一起报出来；"
-        "几千个 token 上的困惑度或 top-1 一致率差零点几，可能只是抽样的运气。",
+        f"INT4 三种粒度两两之间，KL 之差超过 2 倍标准误的有 {len(kl_sig)} 对（共 {len(INT4_PAIRS)} 对）"
+        + (f"：{'、'.join(pair_name(p) for p in kl_sig)}" if kl_sig else "") +
+        f"；log 困惑度之差有 {len(nll_sig)} 对，top-1 一致率之差有 {len(ag_sig)} 对。",
+        f"KL 在每个位置上用了整个分布（{QCFG.vocab} 个概率），配对之后两个方案共有的噪声抵消，所以很稳；"
+        f"log 困惑度之差也估计同一个量（平均 KL），但只用了抽中的那一个 token，标准误是 KL 的 "
+        f"{min(se_ratio):.0f}–{max(se_ratio):.0f} 倍（表里 {len(PAIRS)} 对方案各一个比值，中位数 {ratio_se:.0f} 倍）。"
+        "top-1 只有对/错两种结果，同样吵。",
+        lesson_text + f"KL 之差在全部 {len(PAIRS)} 对上都至少 {min(kl_z.values()):.1f} 个标准误。"
+        "教训：比较两种量化方案的细小差别，要用 KL 这种\"整个分布\"的指标（或者大得多的评测集），并且把误差棒一起报出来。",
     ])
     return res
 

@@ -116,20 +116,49 @@ def test_log_perplexity_gap_estimates_kl(s02, ev):
         assert abs(mean - m["kl"].mean()) < 4 * se + 1e-9, (scheme, head)
 
 
-def test_demo2_lm_head_claims(q02):
+def test_demo2_lm_head_claims(ev, q02):
     d2 = q02[1]
     assert d2["all_worse"] and 1.5 < d2["ratio_min"] <= d2["ratio_max"] < 3
     assert d2["int4"]["head_share_params"] == pytest.approx(64 * 192 / (4 * 49152 + 64 * 192))
     # 第 6 讲的 INT4 草稿：CURRICULUM §6 测得 α ≈ 0.905–0.909（另一批样本）
     assert 0.89 < d2["int4-g32"]["alpha_with"] < 0.93
     assert 0 < d2["head_part_min"] <= d2["head_part_max"] < 1
+    # 观察 1：份额 = 1 − 1 / KL 之比
+    assert d2["head_part_min"] == pytest.approx(1 - 1 / d2["ratio_min"])
+    assert d2["head_part_max"] == pytest.approx(1 - 1 / d2["ratio_max"])
+    # 观察 2：logits 在词表上的标准差（所有位置平均），用 decode_lab 的整段前向独立重算；quant_lab 说的是约 1.8
+    P = init_params(QCFG, seed=0)
+    logits = TransformerLM(P, QCFG).full_logits(ev["toks"])
+    assert d2["logit_std"] == pytest.approx(float(logits.std(axis=-1).mean()), rel=1e-9)
+    assert round(d2["logit_std"], 1) == 1.8
 
 
-def test_demo3_significance(q02):
-    d3 = q02[2]
+def test_demo3_significance(ev, q02):
+    d1, d3 = q02[0], q02[2]
     pairs = (("int4", "int4-g64"), ("int4-g64", "int4-g32"), ("int4", "int4-g32"))
-    assert all(d3["kl_z"][p] >= 2 for p in pairs)
-    assert d3["nll_se_over_kl_se"] > 5
+    # 独立重算 z：每条序列内平均差值，再用 n_seq 个差值的均值 / (样本标准差 / √n_seq)
+    for a, b in pairs + (("mxfp4", "int4-g32"),):
+        for key in ("kl", "agree", "nll"):
+            d = [float(np.mean(x - y)) for x, y in zip(ev["runs"][(a, False)][0][key], ev["runs"][(b, False)][0][key])]
+            n = len(d)
+            mean = sum(d) / n
+            sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1))
+            assert d3[key + "_z"][(a, b)] == pytest.approx(abs(mean) / (sd / math.sqrt(n)), rel=1e-9)
+    # 观察说的：INT4 三对的 KL 之差 18–33 个标准误，log 困惑度 3–6 个（都显著），top-1 有 2 对不到 2 个
+    assert all(17 < d3["kl_z"][p] < 34 for p in pairs)
+    assert all(3 < d3["nll_z"][p] < 6 for p in pairs)
+    assert sorted(d3["agree_z"][p] < 2 for p in pairs) == [False, True, True]
+    assert d3["n_sig_int4"] == {"kl": 3, "agree": 1, "nll": 3}
+    # mxfp4 − int4-g32：困惑度之差不到 2 个标准误，KL 之差远超
+    assert d3["nll_z"][("mxfp4", "int4-g32")] < 2 < d3["kl_z"][("mxfp4", "int4-g32")]
+    assert d3["noisy_nll"] == [("mxfp4", "int4-g32")]
+    assert d3["noisy_agree"] == [("int4", "int4-g64"), ("int4-g64", "int4-g32")]
+    assert d3["min_kl_z"] > 10
+    # 演示 1 的观察 4 引的是同一组 z
+    for key in ("kl", "agree", "nll"):
+        assert d1["int4_pair_z"][key] == [d3[key + "_z"][p] for p in pairs]
+    lo, hi = d3["nll_se_over_kl_se_range"]
+    assert 5 < lo <= d3["nll_se_over_kl_se"] <= hi
     # 配对差值的符号和演示 1 的平均值一致
     assert all(d3[p]["kl"][0] > 0 for p in pairs)
 
