@@ -12,14 +12,15 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^−(尾数位数+1)，平均约是它的 36%。
 
 【怎么读输出】一个浮点数 = (−1)^符号 × 1.尾数 × 2^(指数码 − 偏置)；指数码全 0 是次正规数：(−1)^符号 × 0.尾数 × 2^(1 − 偏置)。
-"相对精度 ε" = 1 和比 1 大的下一个数之差 = 2^−(尾数位数)。位串写成 符号.指数.尾数。输出里的"非数"就是 NaN（Not a Number）。
+"相对精度 ε" = 1 和比 1 大的下一个数之差 = 2^−(尾数位数)。位串写成 符号.指数.尾数。NaN = Not a Number（"不是数"的码）。
+"十进制有效数字" = 有效的二进制位数（尾数位 + 隐含的 1 位）换算成十进制：log10(2^(尾数位数+1))。
 
 【模型的假设（务必看）】没有假设值：格式的定义来自规范——IEEE 754-2008（FP32 = binary32、FP16 = binary16）；BF16 是 FP32 的高 16 位
 （Google Brain 的 bfloat16，8 位指数、7 位尾数）；OCP 8-bit Floating Point Specification (OFP8) v1.0（E4M3：没有 inf，只有
 S.1111.111 是 NaN，最大 448，最小次正规数 2^−9；E5M2：IEEE 风格，最大 57344）；OCP Microscaling (MX) Formats Specification v1.0
 （E2M1：没有 inf 和 NaN，最大 6，最小次正规数 0.5）。OCP 的 FP8 规范允许溢出时饱和或不饱和，这里 E4M3 按饱和（numfmt 的选择）。
 
-【运行】python3 01_float_formats.py （约 0.2 秒）
+【运行】python3 01_float_formats.py （约 0.2 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
 
 【依赖】numpy；本目录的 numfmt（格式、round_to、encode_bits）；../lecture01 的 console。
 """
@@ -33,8 +34,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import (BF16, FLOAT_FORMATS, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, encode_bits,  # noqa: E402
-                    round_to)
+from numfmt import (BF16, FLOAT_FORMATS, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat,  # noqa: E402
+                    encode_bits, round_to)
 
 SEED = 0              # 演示 5 的随机数
 N_RANDOM = 100_000    # 演示 5：每个格式抽多少个正规数范围内的随机数
@@ -95,7 +96,8 @@ def demo1_layouts():
         res[f.name] = {"bits": f.bits, "exp_bits": f.exp_bits, "man_bits": f.man_bits, "bias": f.bias,
                        "max": f.max_value, "min_normal": f.min_normal, "min_subnormal": f.min_subnormal,
                        "epsilon": f.epsilon, "emin": f.emin, "emax": f.emax,
-                       "binades": f.emax - (f.emin - f.man_bits) + 1}
+                       "binades": f.emax - (f.emin - f.man_bits) + 1,
+                       "digits": float((f.man_bits + 1) * np.log10(2))}     # 有效二进制位（含隐含的 1）换成十进制
         rows.append([f.name, f.bits, f"1 / {f.exp_bits} / {f.man_bits}", f.bias, f"{f.max_value:.6g}",
                      f"2^{f.emin} = {f.min_normal:.4g}", f"2^{f.emin - f.man_bits} = {f.min_subnormal:.4g}",
                      f"2^-{f.man_bits} = {f.epsilon:.3g}", "inf" if f.has_inf else "饱和到最大值"])
@@ -106,10 +108,11 @@ def demo1_layouts():
         f"指数位决定范围，尾数位决定精度。FP16 和 BF16 都是 16 位：FP16 给尾数 {r['FP16']['man_bits']} 位（ε = "
         f"{r['FP16']['epsilon']:.3g}）但最大只到 {r['FP16']['max']:.0f}；BF16 的指数和 FP32 一样是 8 位，最大值 "
         f"{r['BF16']['max']:.3g} 和 FP32 的 {r['FP32']['max']:.3g} 同一个量级，代价是 ε = {r['BF16']['epsilon']:.3g}"
-        f"（只有约 {np.log10(1 / r['BF16']['epsilon']):.1f} 位十进制有效数字）。训练和推理用 BF16 不用担心溢出，这是它流行的原因。",
+        f"（有效位 = {r['BF16']['man_bits']} 位尾数 + 隐含的 1 位 = {r['BF16']['man_bits'] + 1} 位二进制，约 {r['BF16']['digits']:.1f} 位十进制有效数字；"
+        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。训练和推理用 BF16 不用担心溢出，这是它流行的原因。",
         f"E4M3 的最大值是 {r['FP8-E4M3']['max']:.0f} 而不是 1.875 × 2^8 = {1.875 * 2 ** 8:.0f}：它没有 inf，把最大的指数码也拿来"
-        f"表示数，只留 S.1111.111 当非数，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
-        f"最大指数码给 inf 和非数：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
+        f"表示数，只留 S.1111.111 当 NaN，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
+        f"最大指数码给 inf 和 NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
         f"同是 8 位，E4M3 精度高一倍（ε = {r['FP8-E4M3']['epsilon']:g} vs {r['FP8-E5M2']['epsilon']:g}），E5M2 范围大得多"
         f"（从最小次正规数到最大值跨 {r['FP8-E5M2']['binades']} 个 2 的幂 vs {r['FP8-E4M3']['binades']} 个）。"
         "所以常见的用法是 E4M3 存权重和激活、E5M2 存训练时的梯度。",
@@ -141,20 +144,24 @@ def demo2_small_formats_enumerated():
     rows2 = [[n, c["codes"], c["finite_codes"], c["distinct"], c["inf"], c["nan"], f"{c['min_pos']:g}", f"{c['max']:g}",
               c["all_fixed_points"]] for n, c in counts.items()]
     print()
-    print_table(["格式", "码的个数", "有限值的码", "不同的有限值（+0 = −0）", "inf 码", "非数码", "最小正数", "最大值",
+    print_table(["格式", "码的个数", "有限值的码", "不同的有限值（+0 = −0）", "inf 码", "NaN 码", "最小正数", "最大值",
                  "round_to 把每个值映到自己"], rows2)
     gaps = np.diff([0.0] + pos)
     c4, c5 = counts["FP8-E4M3"], counts["FP8-E5M2"]
+    ieee_e4m3 = FloatFormat("E4M3（假如 IEEE 风格）", 4, 3, True)   # 对比用：最大的指数码留给 inf / NaN
     print_observations([
         f"E2M1 的正数只有 {len(pos)} 个：{', '.join(f'{v:g}' for v in pos)}。相邻两个的间隔从 {gaps.min():g} 涨到 "
         f"{gaps.max():g}：浮点数的间隔随数的大小变大（每过一个 2 的幂翻一倍），整数格式的间隔则处处相同。",
         f"按位解码的结果和 numfmt.encode_bits 完全一致（上表最后一列），最大值 {counts['FP4-E2M1']['max']:g}（0.11.1）、"
         f"最小次正规数 {counts['FP4-E2M1']['min_pos']:g}（0.00.1）正是 OCP MX 规范给的数。",
-        f"E4M3 的 {c4['codes']} 个码里 {c4['nan']} 个是非数、{c4['inf']} 个 inf，{c4['finite_codes']} 个有限值的码"
-        f"（去掉 ±0 的重复是 {c4['distinct']} 个不同的数）；E5M2 有 {c5['inf']} 个 inf 码、{c5['nan']} 个非数码，只剩 "
-        f"{c5['finite_codes']} 个有限值的码。E4M3 几乎不浪费码，这是它放弃 inf 的原因。",
+        f"E4M3 的 {c4['codes']} 个码里 {c4['nan']} 个是 NaN、{c4['inf']} 个 inf，{c4['finite_codes']} 个有限值的码"
+        f"（去掉 ±0 的重复是 {c4['distinct']} 个不同的数）；E5M2 有 {c5['inf']} 个 inf 码、{c5['nan']} 个 NaN 码，只剩 "
+        f"{c5['finite_codes']} 个有限值的码。E4M3 放弃 inf 为的是范围，不是省码：如果像 IEEE 那样把最大的指数码 1111 "
+        f"整个留给 inf / NaN，最大值只有 1.875 × 2^{ieee_e4m3.emax} = {ieee_e4m3.max_value:g}；OFP8 让这个指数码里的 7 个尾数码"
+        f"都当正规数，最大值到 {c4['max']:g}，多出 2^{FP8_E4M3.emax} = {2.0 ** FP8_E4M3.emax:g} 到 {c4['max']:g} 这一整段"
+        f"（OCP OFP8 规范）。只有 4 位指数时，多一个 2 的幂的范围比省下的几个码要紧；E5M2 范围够大，保留了 IEEE 的 inf。",
     ])
-    return {"e2m1_positive": pos, "e2m1_gaps": gaps.tolist(), "counts": counts,
+    return {"e2m1_positive": pos, "e2m1_gaps": gaps.tolist(), "counts": counts, "ieee_style_e4m3_max": ieee_e4m3.max_value,
             "encode_matches": all(r[3] for r in rows)}
 
 
@@ -234,7 +241,7 @@ def demo4_encode_bits():
     print_table(["值"] + [f.name for f in fmts], rows)
     specials = {"FP16 最小次正规数": bits_str(FP16.min_subnormal, FP16), "FP16 最大值": bits_str(FP16.max_value, FP16),
                 "FP16 +inf": bits_str(np.inf, FP16), "E4M3 最小次正规数": bits_str(FP8_E4M3.min_subnormal, FP8_E4M3),
-                "E4M3 最大值": bits_str(FP8_E4M3.max_value, FP8_E4M3), "E4M3 非数": bits_str(np.nan, FP8_E4M3),
+                "E4M3 最大值": bits_str(FP8_E4M3.max_value, FP8_E4M3), "E4M3 NaN": bits_str(np.nan, FP8_E4M3),
                 "E5M2 最大值": bits_str(FP8_E5M2.max_value, FP8_E5M2), "E2M1 最小次正规数": bits_str(0.5, FP4_E2M1)}
     print()
     print_table(["特殊值", "位串"], [[k, v] for k, v in specials.items()])
@@ -248,7 +255,7 @@ def demo4_encode_bits():
         f"0.1 在 FP32 里尾数是 {fp32_01}，BF16 是 {bf16_01}（前 7 位 {fp32_01[:7]}，后面是 {fp32_01[7:]}，"
         + ("超过一半，所以进位" if rounded_up else "不到一半，所以舍去") + "）。"
         "所以 FP32 → BF16 只需要对高 16 位做舍入，硬件上很便宜。",
-        f"E4M3 的 448 是 {res[('FP8-E4M3', 448.0)]['bits']}：指数码全 1 仍是普通的数；而 FP16 的全 1 指数码是 inf 和非数"
+        f"E4M3 的 448 是 {res[('FP8-E4M3', 448.0)]['bits']}：指数码全 1 仍是普通的数；而 FP16 的全 1 指数码是 inf 和 NaN"
         f"（+inf = {specials['FP16 +inf']}），FP16 的最大值用的是 11110 这个指数码（{specials['FP16 最大值']}）。",
         f"0.1 在任何二进制格式里都不能精确表示：FP16 存的是 {res[('FP16', 0.1)]['rounded']:.8g}，E4M3 是 "
         f"{res[('FP8-E4M3', 0.1)]['rounded']:.6g}，E2M1 里它直接变成 {res[('FP4-E2M1', 0.1)]['rounded']:g}（比 0.5 的一半还小）。",
@@ -270,13 +277,14 @@ def demo5_relative_error():
         x = np.exp2(f.emin + u * (f.emax - f.emin)) * np.where(rng.random(N_RANDOM) < 0.5, -1.0, 1.0)
         rel = np.abs(round_to(x, f) - x) / np.abs(x)
         res[f.name] = {"max_rel": float(rel.max()), "mean_rel": float(rel.mean()), "half_eps": f.epsilon / 2,
-                       "ratio": float(rel.max() / (f.epsilon / 2)), "digits": float(np.log10(1 / f.epsilon))}
+                       "ratio": float(rel.max() / (f.epsilon / 2)),
+                       "digits": float((f.man_bits + 1) * np.log10(2))}
         res[f.name]["mean_ratio"] = float(rel.mean() / (f.epsilon / 2))
         res[f.name]["sup"] = (f.epsilon / 2) / (1 + f.epsilon / 2)
         rows.append([f.name, f.man_bits, f"{f.epsilon / 2:.3g}", f"{res[f.name]['sup']:.3g}", f"{rel.max():.3g}",
                      f"{rel.max() / (f.epsilon / 2):.4f}",
                      f"{rel.mean():.3g}", f"{res[f.name]['mean_ratio']:.2f}", f"{res[f.name]['digits']:.1f}"])
-    print_table(["格式", "尾数位", "ε/2（界）", "上确界 (ε/2)/(1+ε/2)", "实测最大相对误差", "最大 / (ε/2)", "平均相对误差", "平均 / (ε/2)", "十进制有效位 ≈ log10(1/ε)"],
+    print_table(["格式", "尾数位", "ε/2（界）", "上确界 (ε/2)/(1+ε/2)", "实测最大相对误差", "最大 / (ε/2)", "平均相对误差", "平均 / (ε/2)", "十进制有效数字 log10(2^(尾数位+1))"],
                 rows)
     worst = max(r["ratio"] for r in res.values())
     mean_ratios = [r["mean_rel"] / r["half_eps"] for r in res.values()]

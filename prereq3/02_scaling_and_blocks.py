@@ -8,7 +8,7 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 演示 2：截断（clipping）：把 scale 取小一点，大的数被截到 ±qmax，换来其余数更细的间隔；INT4 每张量量化的误差随截断比例怎么变。
 演示 3：粒度和离群值：每张量 / 每通道 / 每组 32 个一个 scale 的误差；放进一个 50σ 的离群值后，三种粒度各坏了多少。
 演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差。
-演示 5：每个数到底占几位——把 scale 算进去：INT4 每 32 个一个 FP16 scale = 4.5 位，MXFP4 = 4.25 位（第 5 讲脚本 05 的 T_BITS）。
+演示 5：每个数到底占几位——把 scale 算进去：INT4 每 32 个一个 FP16 scale = 4.5 位，MXFP4 = 4.25 位（第 5 讲脚本 05 的 T_BITS）；FP8 每通道一个 FP32 scale。
 
 【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的结果）。权重矩阵按 [输入维, 输出维] 存（y = x · W），
 "每通道" = 每个输出通道（W 的一列）一个 scale；"每组 g" = 每列里沿输入维每 g 个数一个 scale。"位/数" 含 scale。
@@ -18,9 +18,9 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 INT 量化是对称的（没有零点），scale 存成 FP16（numfmt 的约定）；MX 格式按 OCP Microscaling Formats Specification v1.0：
 共享 scale X = 2^(⌊log₂ max|v|⌋ − 2)（E2M1 最大正规数的指数是 2），元素舍入到 E2M1、超出的饱和到 ±6。
 
-【运行】python3 02_scaling_and_blocks.py （约 1 秒）
+【运行】python3 02_scaling_and_blocks.py （约 0.3 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
 
-【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、round_to、bits_per_value）；../lecture01 的 console。
+【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、bits_per_value、INT_QMAX）；../lecture01 的 console。
 """
 import os
 import sys
@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import FP4_E2M1, FP16, INT_QMAX, bits_per_value, quantize_int, quantize_mx, round_to  # noqa: E402
+from numfmt import FP4_E2M1, INT_QMAX, bits_per_value, quantize_int, quantize_mx  # noqa: E402
 
 SEED = 0
 N_IN, N_OUT = 512, 256        # 演示 2、3 的矩阵（[输入维, 输出维]）
@@ -43,7 +43,7 @@ GROUP = 32
 
 
 def rel_err(wq, w):
-    """‖w − wq‖_F / ‖w‖_F。"""
+    """‖w − wq‖_F / ‖w‖_F：这个脚本通篇用的误差（【怎么读输出】的定义），也用在一部分数上（演示 3 的"其余的数"）。"""
     return float(np.linalg.norm(wq - w) / np.linalg.norm(w))
 
 
@@ -67,8 +67,9 @@ def demo1_symmetric_int():
         f"INT4 对称量化只有 {2 * qmax + 1} 个等间距的值（−{qmax}…{qmax}，−8 不用，保证对称），间隔就是 scale = {s:.4g}；"
         f"最大的数 {w[np.argmax(np.abs(w))]:.4f} 对到 q = {q[np.argmax(np.abs(w))]}。",
         f"每个数的误差不超过 scale / 2 = {s / 2:.4g}：实测最大 {max_err:.4g}。np.round 是平局取偶的就近舍入。",
-        f"同样 8 个数用 INT8（qmax = 127）：scale = {float(s8[0]):.4g}，最大误差 {float(np.abs(int8.ravel() - w).max()):.3g}——"
-        f"多 4 位，间隔小 {s / float(s8[0]):.1f} 倍（≈ 127 / 7 = {127 / 7:.1f}）。",
+        f"同样 8 个数用 INT8（qmax = {INT_QMAX[8]}）：scale = {float(s8[0]):.4g}，最大误差 "
+        f"{float(np.abs(int8.ravel() - w).max()):.3g}——多 4 位，间隔小 {s / float(s8[0]):.1f} 倍"
+        f"（≈ {INT_QMAX[8]} / {INT_QMAX[4]} = {INT_QMAX[8] / INT_QMAX[4]:.1f}）。",
         "反量化只要一次乘法；存的是 q（4 位）和 scale（这里 FP16，16 位）。scale 摊到多少个数上，决定了它占几位（演示 5）。",
     ])
     return {"scale": s, "max_err": max_err, "q": q.tolist(), "w": w.tolist(), "scale_int8": float(s8[0]),
@@ -79,10 +80,14 @@ def demo1_symmetric_int():
 # 演示 2：截断
 # ---------------------------------------------------------------------------
 def clipped_int(w, bits, ratio):
-    """每张量对称量化，但 scale = ratio × max|w| / qmax（ratio < 1 就是截断：超出 ±qmax 的被截掉）。"""
-    qmax = INT_QMAX[bits]
-    s = float(round_to(ratio * np.abs(w).max() / qmax, FP16))
-    return np.clip(np.round(w / s), -qmax, qmax) * s
+    """
+    截断后的每张量对称量化 -> w'：先把 w 截到 ±T（T = ratio × max|w|），再用 numfmt.quantize_int 量化截过的矩阵。
+
+    【推导】截过的矩阵 max 正好是 T，所以 scale = T / qmax（舍入到 FP16）；|w| > T 的数被截到 ±T，量化成 ±qmax。
+    这和"scale 取 T / qmax、q 超出 ±qmax 的截掉"逐位相同（T / scale 和 qmax 只差 FP16 的舍入，舍入后都是 qmax）。
+    """
+    t = ratio * float(np.abs(w).max())
+    return quantize_int(np.clip(w, -t, t), bits, "tensor")[0]
 
 
 def demo2_clipping():
@@ -91,25 +96,24 @@ def demo2_clipping():
     w = rng.standard_normal((N_IN, N_OUT))
     amax = float(np.abs(w).max())
     ratios = [1.0, 0.9, 0.8, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3]
-    rows, errs = [], {}
+    rows, errs, clipped = [], {}, {}
     for r in ratios:
         wq = clipped_int(w, 4, r)
-        clipped = float(np.mean(np.abs(w) > r * amax * (1 + 1 / 14)))   # 超过 (qmax + 0.5) 个间隔的被截断
+        clipped[r] = float(np.mean(np.abs(w) > r * amax))     # 超过阈值、被截到 ±阈值的数
         errs[r] = rel_err(wq, w)
-        rows.append([f"{r:.2f}", f"{r * amax:.2f}σ", f"{clipped:.3%}", f"{errs[r]:.4f}"])
-    print_table(["截断比例", "截断阈值（σ = 1）", "被截断的比例", "相对误差"], rows)
+        rows.append([f"{r:.2f}", f"{r * amax:.2f}σ", f"{clipped[r]:.3%}", f"{errs[r]:.4f}"])
+    print_table(["截断比例", "截断阈值 T（σ = 1）", "|w| > T 的比例", "相对误差"], rows)
     best = min(errs, key=errs.get)
-    lab, _ = quantize_int(w, 4, "tensor")
     print_observations([
         f"不截断（比例 1）时 scale 由最大的那个数决定：{N_IN * N_OUT:,} 个正态数的最大值是 {amax:.2f}σ，"
-        f"绝大多数数挤在 ±2σ 里，只用到 15 个值里中间的几个，相对误差 {errs[1.0]:.3f}"
-        f"（和 numfmt.quantize_int 的每张量 INT4 一致：{rel_err(lab, w):.3f}）。",
+        f"绝大多数数挤在 ±2σ 里，只用到 {2 * INT_QMAX[4] + 1} 个值里中间的几个，相对误差 {errs[1.0]:.3f}。"
+        "截断的做法：先把 w 截到 ±T，再照常量化（scale = T / qmax）。",
         f"把阈值降到 {best * amax:.2f}σ（比例 {best:.2f}）误差最小：{errs[best]:.3f}，是不截断的 "
-        f"{errs[best] / errs[1.0]:.0%}。截掉的数虽然误差大，但只有很少几个；其余数的间隔变小了。",
-        f"截得太狠（比例 0.3，阈值 {0.3 * amax:.2f}σ）误差又升到 {errs[0.3]:.3f}：截掉的太多。最优的阈值取决于分布的形状，"
+        f"{errs[best] / errs[1.0]:.0%}。截掉的数（{clipped[best]:.2%}）虽然误差大，但只有很少几个；其余数的间隔变小了。",
+        f"截得太狠（比例 0.3，阈值 {0.3 * amax:.2f}σ）误差又升到 {errs[0.3]:.3f}：截掉的太多（{clipped[0.3]:.1%}）。最优的阈值取决于分布的形状，"
         "有的量化方法（例如 AWQ）会为权重搜索截断阈值；numfmt 和第 3 讲只用最简单的 max|w|。",
     ])
-    return {"amax": amax, "errs": errs, "best_ratio": best, "lab_tensor_err": rel_err(lab, w)}
+    return {"amax": amax, "errs": errs, "clipped_frac": clipped, "best_ratio": best}
 
 
 # ---------------------------------------------------------------------------
@@ -183,7 +187,7 @@ def demo4_mxfp4():
     rows = []
     for k in show:
         v = block[k]
-        rows.append([int(k), f"{v:+.4f}", f"{v / X:+.3f}", f"{float(round_to(v / X, FP4_E2M1)):+g}", f"{mq[k, 0]:+.4f}",
+        rows.append([int(k), f"{v:+.4f}", f"{v / X:+.3f}", f"{mq[k, 0] / X:+g}", f"{mq[k, 0]:+.4f}",
                      f"{iq[k, 0]:+.4f}"])
     print(f"一个块（32 个数）：max|v| = {amax:.4f}，⌊log₂ max|v|⌋ = {int(np.floor(np.log2(amax)))}，共享 scale X = 2^"
           f"({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（存成 8 位指数码 {e_shared + 127}）；"
@@ -195,20 +199,20 @@ def demo4_mxfp4():
     worst_is_max = worst_k == int(np.argmax(np.abs(block)))
 
     # 整个矩阵：MXFP4 vs INT4 各种分组
+    w_mx, scale_mx = quantize_mx(w)
     schemes = [("INT4 每通道", lambda a: quantize_int(a, 4, "channel")[0], bits_per_value("int4", n_in=N_IN_MX)),
                ("INT4-g128", lambda a: quantize_int(a, 4, "group", 128)[0], bits_per_value("int4", group=128)),
                ("INT4-g64", lambda a: quantize_int(a, 4, "group", 64)[0], bits_per_value("int4", group=64)),
                ("INT4-g32", lambda a: quantize_int(a, 4, "group", 32)[0], bits_per_value("int4", group=32)),
-               ("MXFP4", lambda a: quantize_mx(a)[0], bits_per_value("mxfp4"))]
+               ("MXFP4", lambda a: w_mx, bits_per_value("mxfp4"))]
     rows2, res = [], {}
     for name, fn, bits in schemes:
         res[name] = {"bits": bits, "rel_err": rel_err(fn(w), w)}
         rows2.append([name, f"{bits:.4f}", f"{res[name]['rel_err']:.4f}"])
-    # E8M0 的 scale 是向下取的 2 的幂：max|v| / X 落在 [4, 8)，超过 6 的部分被饱和
-    blocks = w.T.reshape(-1, GROUP)
-    bmax = np.abs(blocks).max(axis=1)
-    ratio = bmax / np.exp2(np.floor(np.log2(bmax)) - FP4_E2M1.emax)
-    sat = float(np.mean(ratio > FP4_E2M1.max_value * (1 + 1 / 6)))   # 超过 6 和下一个 "虚拟" 值 8 的中点 7 → 被截
+    # E8M0 的 scale（quantize_mx 返回的 X）是向下取的 2 的幂：max|v| / X 落在 [4, 8)，超过 6 的部分被饱和
+    bmax = np.abs(w.T.reshape(-1, GROUP)).max(axis=1)          # 和 scale_mx 的块一一对应（每列沿输入维每 32 个）
+    ratio = bmax / scale_mx.ravel()
+    sat = float(np.mean(ratio >= FP4_E2M1.max_value * (1 + 1 / 6)))  # ≥ 6 和下一个"虚拟"值 8 的中点 7 → 被截
     print(f"\n整个 {N_IN_MX}×{N_OUT_MX} 的 N(0, 1) 矩阵：")
     print_table(["方案", "位/数（含 scale）", "相对误差"], rows2)
     mx, g32, g64 = res["MXFP4"], res["INT4-g32"], res["INT4-g64"]
@@ -251,7 +255,11 @@ def demo5_bits_per_value():
                  "比 BF16 小"], rows)
     print_observations([
         f"INT4-g32 带一个 FP16 scale：4 + 16/32 = {res['INT4-g32']:g} 位；MXFP4 的 scale 只有 8 位（E8M0，只有指数）："
-        f"4 + 8/32 = {res['MXFP4（E2M1 元素）']:g} 位。第 5 讲脚本 05 里 gpt-oss-120b 的 MoE 权重按 T_BITS = 4.25 位算，就是 MXFP4。",
+        f"4 + 8/32 = {res['MXFP4（E2M1 元素）']:g} 位。第 5 讲脚本 05 把 gpt-oss-120b 的权重按 T_BITS = 4.25 位算，就是 MXFP4"
+        "（真实的 checkpoint 只有专家是 MXFP4，其余 BF16，见第 1 讲脚本 02）。",
+        f"FP8 在本课程里一律是 E4M3 元素 + 每个输出通道一个 FP32 scale（第 1 讲的 llm_math、第 3 讲的 quant_lab 都是这个约定）："
+        f"8 + 32/{n_in} = {res['FP8-E4M3 每通道']:.4f} 位，scale 的位数是 INT8 每通道（FP16 scale）的两倍，摊下来也只多 "
+        f"{res['FP8-E4M3 每通道'] - res['INT8 每通道']:.4f} 位。",
         f"每通道的 scale 摊到 {n_in} 个数上几乎不占位（INT4 每通道 {res['INT4 每通道']:.4f} 位），但演示 3 说明它挡不住离群值；"
         f"分组越细越准，scale 占的位也越多：g128 {res['INT4-g128']:g}、g64 {res['INT4-g64']:g}、g32 {res['INT4-g32']:g}。",
         "算内存和带宽时要用这里的\"位/数\"而不是元素的位数：decode 读权重的字节 = 参数个数 × 位/数 / 8（第 3 讲脚本 03）。",
