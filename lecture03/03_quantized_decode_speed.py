@@ -17,7 +17,8 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
 - 量化的只是 transformer 块里的权重矩阵（q/k/v/o、gate/up/down）；词嵌入、lm_head、norm 留在 BF16
   （常见的 INT4 checkpoint 如此；llm_math.weight_bytes）。所以"每个读到的参数平均几位"比格式本身的位数高一点。
 - 每种格式的 scale（llm_math.WEIGHT_FORMATS，均为假设的常见做法）：INT8 每输出通道一个 FP16；INT4 每 128 个一组一个 FP16
-  （4.125 位）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每张量一个 scale（忽略）。
+  （4.125 位）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每输出通道一个 FP32（8 + 32 / 行长 位，
+  Llama 的行长几千，约 8.01 位）。
 - "只量化权重"（W4A16、W8A16）：读权重时反量化成 BF16 再用 BF16 张量核算——假设反量化的开销完全藏在访存里。
   H100 没有 FP4 张量核，MXFP4 在 H100 上也只能这样用。
   "权重 + 激活"（W8A8）：用 FP8 或 INT8 张量核，稠密峰值 1978.9 TFLOP/s，是 BF16 的两倍（H100 数据手册）。
@@ -30,7 +31,8 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
 
 【运行】python3 03_quantized_decode_speed.py （< 1 秒）
 
-【依赖】../lecture01 的 console、hw_specs（H100 的带宽和各数据类型的峰值）、llm_math（模型配置、decode_step、weight_bytes）。
+【依赖】../lecture01 的 console、hw_specs（H100 的带宽和各数据类型的峰值）、llm_math（LLAMA31_8B / 70B、WEIGHT_FORMATS、
+bits_per_param、decode_step（w_fmt 按格式读字节）、weight_bytes、active_weight_bytes、max_batch、compute_bound_batch）。
 """
 import math
 import os
@@ -41,7 +43,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
-from llm_math import LLAMA31_70B, LLAMA31_8B, WEIGHT_FORMATS, decode_step, weight_bytes  # noqa: E402
+from llm_math import (LLAMA31_70B, LLAMA31_8B, WEIGHT_FORMATS, active_weight_bytes, bits_per_param,  # noqa: E402
+                      compute_bound_batch, decode_step, max_batch, weight_bytes)
 
 CHIP = H100
 CONTEXT = 512            # 演示 1、2 的上下文长度（假设：一段不长的对话）
@@ -63,35 +66,38 @@ FP8 = "W8A8 FP8"
 
 def read_bits(model, fmt):
     """
-    decode 一步读到的参数平均几位（含 scale）：(整个模型的权重字节 − 输入词嵌入的字节) × 8 / 激活参数数。
+    decode 一步读到的参数平均几位（含 scale）= llm_math.active_weight_bytes × 8 / 激活参数数。
 
-    【推导】decode 每步读所有"激活参数"（llm_math 的口径：含 lm_head，不含输入词嵌入——词嵌入只查一行）。
-    块里的矩阵按 fmt 存，lm_head 等其余参数 BF16（weight_bytes 的约定）；把它们平均成一个 w_bits 交给 decode_step。
+    【推导】decode 每步读所有"激活参数"（llm_math 的口径：含 lm_head，不含输入词嵌入——词嵌入只查一行）；
+    块里的矩阵按 fmt 存，lm_head 等其余参数 BF16（weight_bytes 的约定），所以平均位数比 fmt 本身高一点。
     """
-    return (weight_bytes(model, fmt) - model.embed_params() * 2) * 8 / model.active_params()
+    return active_weight_bytes(model, fmt) * 8 / model.active_params()
 
 
 def step(model, setup, batch, context, kv_bits=16.0):
-    """一种部署方案下的 decode 一步（llm_math.decode_step 的结果）。"""
+    """一种部署方案下的 decode 一步：llm_math.decode_step，权重按格式读（w_fmt），在这种方案的张量核上算。"""
     fmt, dtype = SETUPS[setup]
-    return decode_step(model, CHIP, batch, context, w_bits=read_bits(model, fmt), kv_bits=kv_bits, dtype=dtype)
+    return decode_step(model, CHIP, batch, context, kv_bits=kv_bits, dtype=dtype, w_fmt=fmt)
 
 
-def compute_bound_batch(model, setup, context, kv_bits=16.0):
+def min_compute_batch(model, setup, context, kv_bits=16.0):
     """
-    这种方案下 decode 变成受算力限制的最小批大小；永远不会时返回 None。
+    这种方案下 decode 受算力限制的最小整数批 = ⌈B*⌉（B* 是 llm_math.compute_bound_batch 的实数解）；永远不会时返回 None。
 
-    【推导】B 个序列一步：计算 B·F / 峰值，访存 (W + B·KV) / 带宽（F = 每 token 的 FLOPs，W = 权重字节，
-    KV = 一个序列的 KV 字节）。B·(F / 峰值 − KV / 带宽) ≥ W / 带宽 ⇒ B* = ⌈(W / 带宽) / (F / 峰值 − KV / 带宽)⌉；
-    括号 ≤ 0 时（KV 每字节带来的计算太少）批再大也受带宽限制。上下文 0 时 B* ≈ 拐点 × 位数 / 16：
+    【推导】B·F / 峰值 ≥ (W + B·KV) / 带宽 ⇒ B ≥ B* = (W / 带宽) / (F / 峰值 − KV / 带宽)（F = 每 token 的 FLOPs，
+    W = 每步读的权重字节，KV = 一个序列的 KV 字节）；分母 ≤ 0 时批再大也受带宽限制。上下文 0 时 B* ≈ 拐点 × 位数 / 16：
     一个权重（w_bits / 8 字节）被 B 个 token 各用一次乘加（2 FLOPs），算术强度 = 16·B / w_bits。
     """
     fmt, dtype = SETUPS[setup]
-    w = model.active_params() * read_bits(model, fmt) / 8
-    per_seq = model.flops_per_token(context) / CHIP.peak_flops(dtype) - model.kv_bytes(context, kv_bits / 8) / CHIP.mem_bw
-    if per_seq <= 0:
-        return None
-    return max(1, math.ceil(w / CHIP.mem_bw / per_seq))
+    b = compute_bound_batch(model, CHIP, context, w_bits=read_bits(model, fmt), kv_bits=kv_bits, dtype=dtype)
+    return None if math.isinf(b) else math.ceil(b)
+
+
+def fits(model, fmt, batch, context, kv_bits=16.0):
+    """权重（fmt）+ batch 个序列的 KV cache 放得进一块卡吗（llm_math.max_batch；上下文 0 时只看权重）。"""
+    if context == 0:
+        return weight_bytes(model, fmt) <= CHIP.mem_bytes
+    return max_batch(model, CHIP, context, fmt, kv_bits=kv_bits) >= batch
 
 
 # ---------------------------------------------------------------------------
@@ -106,11 +112,11 @@ def demo1_bytes_per_step():
         for name, (fmt, dtype) in SETUPS.items():
             r = step(m, name, 1, CONTEXT)
             total = weight_bytes(m, fmt)
-            fits = total + m.kv_bytes(CONTEXT) <= CHIP.mem_bytes
+            ok = fits(m, fmt, 1, CONTEXT)
             res[(m.name, name)] = {"read_bits": read_bits(m, fmt), "w_bytes": r["w_bytes"], "time": r["time"],
-                                   "speedup": base["time"] / r["time"], "total_bytes": total, "fits": fits,
+                                   "speedup": base["time"] / r["time"], "total_bytes": total, "fits": ok,
                                    "bound": r["bound"]}
-            rows.append([m.name, name, f"{read_bits(m, fmt):.3f}", fmt_bytes(total), "是" if fits else "否",
+            rows.append([m.name, name, f"{read_bits(m, fmt):.3f}", fmt_bytes(total), "是" if ok else "否",
                          fmt_bytes(r["w_bytes"] + r["kv_bytes"]), fmt_time(r["time"]), f"{1 / r['time']:.0f}",
                          f"{base['time'] / r['time']:.2f}×"])
     print_table(["模型", "方案", "读到的参数平均位数", "权重总字节", "一块 H100 放得下？", "每步读的字节", "一步（下界）",
@@ -122,13 +128,14 @@ def demo1_bytes_per_step():
     lm_share70 = LLAMA31_70B.embed_params() / LLAMA31_70B.active_params()
     ideal = 16 / WEIGHT_FORMATS["int4-g128"][0]
     res.update({"lm_head_share_8b": lm_share, "lm_head_share_70b": lm_share70, "ideal_int4": ideal,
-                "block_bits_int4": 4 + 16 / 128})
+                "block_bits_int4": bits_per_param("int4-g128")})
     r70b = res[(LLAMA31_70B.name, "BF16")]
     print_observations([
         f"批大小 1 时 decode 受带宽限制，一步的时间就是读的字节 ÷ 带宽：Llama-3.1-8B 从 BF16 的 {fmt_time(res[(LLAMA31_8B.name, 'BF16')]['time'])}"
         f" 降到 INT4 的 {fmt_time(res[k8]['time'])}（{res[k8]['speedup']:.2f}×），70B 从 {fmt_time(r70b['time'])} 降到 "
         f"{fmt_time(res[k70]['time'])}（{res[k70]['speedup']:.2f}×）。",
-        f"为什么不是 16 / 4 = {ideal:.0f}×：INT4-g128 块里的矩阵每个参数 {4 + 16 / 128:.3f} 位（scale 摊下来 0.125 位），"
+        f"为什么不是 16 / 4 = {ideal:.0f}×：INT4-g128 块里的矩阵每个参数 {res['block_bits_int4']:.3f} 位"
+        f"（scale 摊下来 {res['block_bits_int4'] - WEIGHT_FORMATS['int4-g128'][0]:.3f} 位），"
         f"但 lm_head 留在 BF16——它占 8B 每步读的参数的 {100 * lm_share:.1f}%，把平均位数拉到 {res[k8]['read_bits']:.2f}；"
         f"70B 里 lm_head 只占 {100 * lm_share70:.1f}%，平均 {res[k70]['read_bits']:.2f} 位，更接近 4 倍。",
         f"W8A8（FP8 或 INT8）和 W8A16 在批大小 1 时几乎一样快（{res[(LLAMA31_8B.name, FP8)]['speedup']:.2f}×）：这时算力闲着，"
@@ -166,7 +173,7 @@ def demo2_batch():
         for ctx in (0, CONTEXT):
             cells = [mm.name, ctx]
             for name in SETUPS:
-                b = compute_bound_batch(mm, name, ctx)
+                b = min_compute_batch(mm, name, ctx)
                 cross[(mm.name, ctx, name)] = b
                 cells.append("永远不会" if b is None else b)
             rows.append(cells)
@@ -211,11 +218,10 @@ def demo3_context():
         r4 = step(m, W4, BATCH3, ctx)
         r4k = step(m, W4, BATCH3, ctx, kv_bits=8.0)
         share = r16["kv_bytes"] / (r16["w_bytes"] + r16["kv_bytes"])
-        need = weight_bytes(m, SETUPS[W4][0]) + BATCH3 * m.kv_bytes(ctx, 1.0)
         res["w4"][ctx] = r16["time"] / r4["time"]
         res["w4_kv8"][ctx] = r16["time"] / r4k["time"]
         res["kv_share"][ctx] = share
-        res["fits"][ctx] = need <= CHIP.mem_bytes
+        res["fits"][ctx] = fits(m, SETUPS[W4][0], BATCH3, ctx, kv_bits=8.0)
         rows.append([ctx, fmt_bytes(r16["w_bytes"]), fmt_bytes(r16["kv_bytes"]), f"{100 * share:.0f}%", fmt_time(r16["time"]),
                      f"{r16['time'] / r4['time']:.2f}×", f"{r16['time'] / r4k['time']:.2f}×",
                      "是" if res["fits"][ctx] else "否"])

@@ -178,6 +178,9 @@ def test_read_bits_closed_form(s03, m):
     assert s03.read_bits(m, "bf16") == pytest.approx(16.0)
     assert s03.read_bits(m, "int4-g128") == pytest.approx((lin * 4.125 + other * 16) / m.active_params())
     assert s03.read_bits(m, "mxfp4") == pytest.approx((lin * 4.25 + other * 16) / m.active_params())
+    # FP8：每个输出通道（矩阵的一行）一个 FP32 scale；每层的行数 = q + 2·kv + d（o）+ 2·ff（gate、up）+ d（down）
+    rows = m.n_layers * (m.n_heads * m.head_dim + 2 * m.n_kv_heads * m.head_dim + 2 * m.d_model + 2 * m.d_ff)
+    assert s03.read_bits(m, "fp8") == pytest.approx((lin * 8 + rows * 32 + other * 16) / m.active_params())
 
 
 def test_demo1_bytes_and_speed(s03, capsys):
