@@ -20,7 +20,7 @@ CS349E · 第 3 讲 · 01_weight_quantization.py —— 权重量化：每种方
 演示 3 的"放大 10 倍"是**选的假设值**，为了让效果看得见；真实模型里离群的输入通道来自激活的离群特征（LLM.int8()，
 Dettmers 等 2022，arXiv 2208.07339；SmoothQuant，Xiao 等 2022，arXiv 2211.10438 讨论了把它们挪到权重上）。
 
-【运行】python3 01_weight_quantization.py （约 2 秒）
+【运行】python3 01_weight_quantization.py （约 1 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、SCHEMES、quantize_matrix、quantize_params，需要 ../prereq3 的 numfmt）；
 ../lecture02 的 transformer_lab（init_params）；../lecture01 的 console。
@@ -36,6 +36,7 @@ for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import print_header, print_observations, print_table  # noqa: E402
+from numfmt import INT_QMAX  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, SCHEMES, quantize_matrix, quantize_params  # noqa: E402
 from transformer_lab import init_params  # noqa: E402
 
@@ -53,7 +54,12 @@ MATRIX_TYPES = LAYER_MATRICES + ("lm_head",)
 
 
 def rel_err(wq, w):
-    """‖w − wq‖_F / ‖w‖_F。"""
+    """
+    ‖w − wq‖_F / ‖w‖_F：【怎么读输出】里的"相对误差"。
+
+    quant_lab.quantize_params 的 report 对整个模型的每个矩阵给同样的数（演示 1 用它）；演示 2、3 量化的是单个大矩阵，
+    还要看其中一部分权重（离群通道以外的"其余权重"），所以在这里直接算。
+    """
     return float(np.linalg.norm(wq - w) / np.linalg.norm(w))
 
 
@@ -100,14 +106,15 @@ def demo1_qcfg():
         f"8 位的方案比 4 位的准得多：int8 {r['int8']['overall']:.4f}、fp8-e4m3 {r['fp8-e4m3']['overall']:.4f}；"
         f"int4-g32 {r['int4-g32']['overall']:.4f}、int4 每通道 {r['int4']['overall']:.4f}、mxfp4 {r['mxfp4']['overall']:.4f}。"
         f"int4 每通道的误差是 int8 的 {r['int4']['overall'] / r['int8']['overall']:.1f} 倍（int4 比 int8 少 4 位，"
-        f"间隔大 127/7 = {127 / 7:.1f} 倍）。",
+        f"间隔大 {INT_QMAX[8]}/{INT_QMAX[4]} = {INT_QMAX[8] / INT_QMAX[4]:.1f} 倍）。",
         f"QCFG 的矩阵几乎都只有 {QCFG.d_model} 个输入：每通道的 scale 本来就只管 64 个数，所以 int4 每通道和 int4-g64 在这些矩阵上"
         f"是同一回事，只有输入维 {QCFG.d_ff} 的 w_down 不同（每通道 {ch_down:.4f} vs g64 {r['int4-g64']['per_type']['w_down']:.4f}）；"
         f"位数也几乎一样：int4 每通道 {r['int4']['bits']:.4f} 位、g64 {r['int4-g64']['bits']:.4f} 位。",
         f"同一种方案里，scale 管的数越多误差越大：int4 每通道时 w_down（一个 scale 管 {QCFG.d_ff} 个数）的误差 {ch_down:.4f}，"
         f"比 wq（管 {QCFG.d_model} 个）的 {ch_q:.4f} 大。fp8 的误差几乎不随矩阵变（{min(r['fp8-e4m3']['per_type'].values()):.4f}–"
         f"{max(r['fp8-e4m3']['per_type'].values()):.4f}）：浮点的相对精度和 scale 关系不大（预备 01 脚本演示 5）。",
-        f"在这个小模型上 scale 很贵：int8 每通道要 {r['int8']['bits']:.3f} 位，int4-g32 要 {r['int4-g32']['bits']:.3f} 位。"
+        f"在这个小模型上 scale 很贵：int8 每通道要 {r['int8']['bits']:.3f} 位，fp8-e4m3（每个输出通道一个 FP32 scale）要 "
+        f"{r['fp8-e4m3']['bits']:.3f} 位，int4-g32 要 {r['int4-g32']['bits']:.3f} 位。"
         "int4-g128 根本用不了——输入维 64 不能被 128 整除（上面 quant_lab 报的错）。所以 g128 放到演示 2 的大矩阵上看。",
     ])
     return res
@@ -123,7 +130,7 @@ def int_step_estimate(w, scheme):
     【推导】间隔 = 那一块的 max|w| / qmax；不截断，所以没有别的误差。（scale 舍入到 FP16 的影响可以忽略。）
     """
     _, bits, g = SCHEMES[scheme]
-    qmax = {8: 127, 4: 7}[bits]
+    qmax = INT_QMAX[bits]
     blocks = w.T.reshape(-1, g) if g else w.T
     amax = np.abs(blocks).max(axis=1)
     return float(np.sqrt(np.mean((amax / qmax) ** 2) / 12) / np.sqrt(np.mean(w ** 2)))
@@ -156,7 +163,8 @@ def demo2_llama_sized():
         f"整数方案的误差和\"均匀舍入误差\"估计 √(间隔²/12) / RMS(w) 最多差 {worst_est:.1%}：误差几乎完全由间隔（= 块的 max|w| / qmax）决定。",
         f"同样 4.25 位：mxfp4 {q['mxfp4']:.4f} vs int4-g64 {q['int4-g64']:.4f}"
         + ("（int4-g64 更准：MX 的 scale 只能取 2 的幂，见预备 02 脚本演示 4）" if q["int4-g64"] < q["mxfp4"] else "") + "；"
-        f"8 位里 int8 每通道 {q['int8']:.4f} 比 fp8-e4m3 {q['fp8-e4m3']:.4f} 准——对这种没有离群值的正态权重，"
+        f"8 位里 int8 每通道 {q['int8']:.4f}（{res['int8']['bits']:.4f} 位）比 fp8-e4m3 {q['fp8-e4m3']:.4f}"
+        f"（{res['fp8-e4m3']['bits']:.4f} 位，FP32 scale）" + ("准" if q["int8"] < q["fp8-e4m3"] else "差") + "——对这种没有离群值的正态权重，"
         "等间距的整数格式更合适（演示 3 看有离群值时）。",
     ])
     return res
