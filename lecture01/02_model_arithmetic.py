@@ -18,11 +18,12 @@ gpt-oss-120b 的 checkpoint（专家 MXFP4、其余 BF16）多大。
 - 结构和参数总数：Llama 3.1 的 config.json、gpt-oss 模型卡与 config.json（CURRICULUM §5）。
 - 量化格式的约定（llm_math.WEIGHT_FORMATS）：只量化 transformer 块里的权重矩阵（q/k/v/o、FFN 或专家）；
   词嵌入、lm_head、路由器、norm、偏置留在 BF16。INT8 每个输出通道一个 FP16 scale，INT4 每 128 个一个 FP16 scale，
-  MXFP4 每 32 个一个 E8M0 scale，FP8 每张量一个 scale（忽略）。这是常见做法，不是某个 checkpoint 的精确格式。
+  MXFP4 每 32 个一个 E8M0 scale，FP8（E4M3）每个输出通道一个 FP32 scale（8 + 32/行长 位；和 ../prereq3/numfmt、
+  ../lecture03/quant_lab 同一个约定）。这是常见做法，不是某个 checkpoint 的精确格式。
 - 演示 4 的"部署"算法是**假设**：KV cache 按 16 个序列 × 8192 个 token（BF16）留；每块 GPU 只用 90% 的显存
   （其余给激活、CUDA 上下文等）；卡数向上取到 2 的幂（张量并行通常切成 1/2/4/8 份）。
 
-【运行】python3 02_model_arithmetic.py （约 0.1 秒，机器空闲时）
+【运行】python3 02_model_arithmetic.py （约 0.1 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
 
 【依赖】本目录的 console、hw_specs、llm_math。
 """
@@ -155,7 +156,10 @@ def demo2_bytes_per_format():
     print_observations([
         f"scale 不是免费的：INT4 每 128 个一个 FP16 scale 是 {bits_per_param('int4-g128'):.3f} 位，MXFP4 每 32 个一个 E8M0 是 "
         f"{bits_per_param('mxfp4'):.2f} 位；INT8 每个输出通道一个 FP16 scale，行长 4096 时只多 {bits_per_param('int8', 4096) - 8:.4f} 位。"
-        f"行长 2880 不是 128 的整数倍，最后一组不满也要一个 scale，INT4 g128 变成 {bits_per_param('int4-g128', 2880):.4f} 位。",
+        f"行长 2880 不是 128 的整数倍，最后一组不满也要一个 scale，INT4 g128 变成 {bits_per_param('int4-g128', 2880):.4f} 位。"
+        f"FP8 每个输出通道一个 FP32 scale，行长 4096 时 {bits_per_param('fp8', 4096):.4f} 位：FP8 和 INT8 每通道的字节几乎一样"
+        f"（Llama-3.1-405B：{fmt_bytes(table[(LLAMA31_405B.name, 'fp8')])} vs {fmt_bytes(table[(LLAMA31_405B.name, 'int8')])}，"
+        f"差 {100 * (table[(LLAMA31_405B.name, 'fp8')] / table[(LLAMA31_405B.name, 'int8')] - 1):.2f}%）。",
         f"gpt-oss-120b 的 checkpoint（{n_exp_w / 1e9:.2f}B 个专家权重用 MXFP4，其余 {(g.params() - n_exp_w) / 1e9:.2f}B 个参数——"
         f"注意力、词表、路由器、norm、sink、所有偏置——用 BF16）：{fmt_bytes(ck)} = {ck / GIB:.2f} GiB，"
         f"和 §5 的 {CHECKPOINT_GIB_120B} GiB {'在四舍五入内一致' if round(ck / GIB, 1) == CHECKPOINT_GIB_120B else '不一致'}。"
@@ -167,7 +171,8 @@ def demo2_bytes_per_format():
         f"在小模型里占比大。理想的 16 / {bits_per_param('int4-g128'):.3f} = {16 / bits_per_param('int4-g128'):.2f} 倍只对矩阵部分成立。",
     ])
     return {"bytes": table, "ckpt_120b_gib": ck / GIB, "ckpt_20b_gib": ck20 / GIB, "naive_120b_gib": naive / GIB,
-            "ratio_int4_8b": r8, "ratio_int4_405b": r405, "expert_matrix_params_120b": n_exp_w}
+            "ratio_int4_8b": r8, "ratio_int4_405b": r405, "expert_matrix_params_120b": n_exp_w,
+            "fp8_over_int8_405b": table[(LLAMA31_405B.name, "fp8")] / table[(LLAMA31_405B.name, "int8")]}
 
 
 # ---------------------------------------------------------------------------

@@ -183,6 +183,18 @@ def test_02_bytes(s02, capsys):
     assert r["ratio_int4_8b"] == pytest.approx(2 * m.params() / closed)
     assert r["ratio_int4_405b"] < 16 / 4.125 and r["ratio_int4_8b"] < r["ratio_int4_405b"]
     assert r["bytes"][(LLAMA31_405B.name, "bf16")] == pytest.approx(811.7e9, rel=1e-3)
+    # FP8 = E4M3 值 1 字节 + 每个输出通道一个 FP32 scale（4 字节）；INT8 同样但 scale 是 FP16（2 字节）。
+    # Llama-3.1-405B（config.json）：126 层，d 16384，128 / 8 头 × 128，d_ff 53248
+    L, d, kv, ff = 126, 16384, 8 * 128, 53248
+    lin = L * (2 * d * d + 2 * kv * d + 3 * d * ff)
+    out_channels = L * (d + kv + kv + d + ff + ff + d)          # q k v o gate up down 的输出维
+    rest = 405_853_388_800 - lin
+    fp8 = lin + 4 * out_channels + 2 * rest
+    int8 = lin + 2 * out_channels + 2 * rest
+    assert r["bytes"][(LLAMA31_405B.name, "fp8")] == pytest.approx(fp8, rel=1e-12)
+    assert r["bytes"][(LLAMA31_405B.name, "int8")] == pytest.approx(int8, rel=1e-12)
+    assert r["fp8_over_int8_405b"] == pytest.approx(fp8 / int8, rel=1e-12)
+    assert math.ceil(fp8 / 80e9) == 6                          # 演示 4 的"FP8 只要 6 块"
 
 
 def test_02_flops_and_kv(s02, capsys):
