@@ -23,11 +23,11 @@ CS349E · 第 6 讲 · 01_kv_cache_rollback.py —— KV cache 的回滚：投�
 （同 04 脚本），T = 0（贪心验证：草稿 token 等于目标的 argmax 才接受），所以三种做法的输出必须逐 token 相同。
 只记目标模型的账，草稿自己的运算（ĉ，见 04 脚本演示 4）不在这里。
 
-【运行】python3 01_kv_cache_rollback.py （约 1 秒）
+【运行】python3 01_kv_cache_rollback.py （约 0.4 秒）
 
-【依赖】numpy；本目录的 decode_lab（TransformerLM、speculative_generate、autoregressive_generate）；
+【依赖】numpy；本目录的 decode_lab（TransformerLM、speculative_generate、autoregressive_generate、adjust、acceptance_rate）；
 ../lecture02 的 transformer_lab（Counter、analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
-../lecture03 的 quant_lab（QCFG、quantize_params、sample_tokens，需要 ../prereq3）；../lecture01 的 console。
+../lecture03 的 quant_lab（QCFG、quantize_params、sample_tokens，需要 ../prereq3）；../lecture01 的 console（fmt_bound 等）。
 """
 import os
 import sys
@@ -39,8 +39,9 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import TransformerLM, adjust, autoregressive_generate, speculative_generate  # noqa: E402
-from console import fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
+from decode_lab import (TransformerLM, acceptance_rate, adjust, autoregressive_generate,  # noqa: E402
+                        speculative_generate)
+from console import fmt_bound, fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, Counter, analytic_ops, init_params, sum_rows  # noqa: E402
 
@@ -58,11 +59,6 @@ DELTA_BOUND = 1e-13      # max |Δ| 打印成这个上界（float64 的舍入误
 MC = QCFG.to_model_config()
 M = MC.matmul_params()                                     # 每个 token 乘的权重个数（含 lm_head）
 KV_PER_POS = 2 * MC.n_layers * MC.n_kv_heads * MC.head_dim * 2  # 注意力每看一个位置读的 K + V 字节（BF16）
-
-
-def fmt_delta(x):
-    """max |Δ| -> 上界（不依赖机器）；超过上界才打印数值（那就说明错了）。"""
-    return f"< {DELTA_BOUND:.0e}" if x < DELTA_BOUND else f"{x:.1g}"
 
 
 def build_target():
@@ -147,9 +143,9 @@ def demo1_rollback(target):
     same_wrong = int((wrong.argmax(-1) == fresh[p2:].argmax(-1)).sum())
     n_re = len(refeed)
     rows = [
-        [f"缓存路径留下的全部 {len(kept)} 行 vs 从头算 {len(full_seq)} 个 token", len(kept), fmt_delta(d_all),
+        [f"缓存路径留下的全部 {len(kept)} 行 vs 从头算 {len(full_seq)} 个 token", len(kept), fmt_bound(d_all, DELTA_BOUND),
          f"{same_all}/{len(kept)}"],
-        ["其中回滚之后再喂的几行", n_re, fmt_delta(d_refeed), f"{int((refeed.argmax(-1) == fresh[p2:].argmax(-1)).sum())}/{n_re}"],
+        ["其中回滚之后再喂的几行", n_re, fmt_bound(d_refeed, DELTA_BOUND), f"{int((refeed.argmax(-1) == fresh[p2:].argmax(-1)).sum())}/{n_re}"],
         [f"忘了回滚（在 pos = {pos_stale} 接着喂）", n_re, f"{d_wrong:.1f}", f"{same_wrong}/{n_re}"],
     ]
     print()
@@ -160,13 +156,15 @@ def demo1_rollback(target):
         f"float64 共 {fmt_bytes(kv_bytes)}，外加一个整数 pos。验证把 γ + 1 = {GAMMA1 + 1} 个位置一次写进去"
         f"（pos {p0} → {p1}），回滚 {n_back} 个位置只是 pos {p1} → {p1 - n_back}：没有运算、没有拷贝；"
         "被丢掉的位置下次写入时被覆盖。越界的回滚（比 pos 还多）会被拒绝：" + over_rollback + "。",
-        f"回滚后再喂，缓存路径上留下的 {len(kept)} 行 logits 和从头一次算完的最大差 {fmt_delta(d_all)}（float64 的舍入，"
+        f"回滚后再喂，缓存路径上留下的 {len(kept)} 行 logits 和从头一次算完的最大差 {fmt_bound(d_all, DELTA_BOUND)}（float64 的舍入，"
         f"logits 本身是 {np.abs(fresh).max():.1f} 的量级），argmax {same_all}/{len(kept)} 相同：回滚是精确的，"
         "这是\"投机解码不改变输出\"在实现上的前提。",
         f"忘了回滚，被拒绝的 {n_back} 个草稿还留在缓存里、后面的位置也错开了 {n_back} 个：logits 差到 {d_wrong:.1f}，"
         f"{n_re} 个位置里有 {n_re - same_wrong} 个 argmax 变了——输出被悄悄改掉，程序却不会报错。",
-        "注意验证那一次前向的第 i 行是\"喂到第 i 个 token 之后\"的分布：p₁ 来自提示的最后一个 token（所以预填充故意少喂一个，"
-        "decode_lab 的做法），被拒绝的草稿后面的行要作废——缓存位置和 logits 行差一个的错误，是投机解码实现里常见的 bug。",
+        "注意验证那一次前向的第 i 行是\"喂到第 i 个 token 之后\"的分布：p₁ 来自提示的最后一个 token，所以这里的预填充故意"
+        "少喂一个、把它留给验证的那次前向。decode_lab 的生成器没有单独的预填充（第一轮的那次前向把提示和草稿一起喂），"
+        "每轮结束把缓存退回到 len(seq) − 1（truncate），刚确定的最后一个 token 也留到下一轮和草稿一起喂——同一个道理。"
+        "被拒绝的草稿后面的行也要作废。缓存位置和 logits 行差一个的错误，是投机解码实现里常见的 bug。",
     ])
     return {"n_accepted": n_acc, "n_rolled_back": n_back, "pos_before": p1, "pos_after": p1 - n_back,
             "cache_shape": tuple(cache.k.shape), "cache_bytes": kv_bytes, "stale_kept": stale_kept,
@@ -239,7 +237,7 @@ def demo3_generation(target):
     text = sample_tokens(target.params, QCFG, n_seq=8, length=64, seed=0)
     lp, lq = target.full_logits(text), draft.full_logits(text)
     alpha0 = float((lp.argmax(-1) == lq.argmax(-1)).mean())
-    alpha1 = float(np.minimum(adjust(lp, 1.0), adjust(lq, 1.0)).sum(-1).mean())   # T = 1 的 α（04 脚本的量法）
+    alpha1 = acceptance_rate(adjust(lp, 1.0), adjust(lq, 1.0))   # T = 1 的 α = 平均的 Σ min(p, q)（04 脚本的量法）
     top2 = np.sort(lp, axis=-1)[..., -2:]
     gap = top2[..., 1] - top2[..., 0]                           # 目标的第一名和第二名的 logit 差
     flipped = lp.argmax(-1) != lq.argmax(-1)

@@ -9,20 +9,29 @@ CS349E · 第 6 讲 · 02_rejection_sampling.py —— 接受 / 拒绝规则：�
 演示 2：拆开看一个例子：每个 token 的输出概率 = "接受并输出它" min(p, q) + "拒绝后从残差抽到它" max(0, p − q) = p。
 演示 3：别的规则会怎样：朴素规则"草稿 token 等于目标新抽的 token 就接受"分布也对，但接受率只有 Σ p·q；
 "拒绝后从 p 重抽"或"草稿一律接受"分布就错了。
-演示 4：用随机数真的抽（固定种子）：每个情形抽 N 次，计数和 p 做 χ² 拟合优度检验（decode_lab.chi2_gof）；错误的规则被检验抓出来。
+演示 4：用随机数真的抽（固定种子）：修正拒绝采样直接跑 decode_lab.speculative_generate（见下面【演示 4 怎么抽】），
+别的规则用本脚本的向量化抽样器；每个情形抽 N 次，计数和 p 做 χ² 拟合优度检验（decode_lab.chi2_gof）；错误的规则被检验抓出来。
 
 【怎么读输出】p = 目标模型（target）的分布，q = 草稿模型（draft）的分布（Leviathan 的记号；Chen 等人的论文正好相反）。
 分布按 token 0, 1, 2, 3 的顺序列出。"max |输出 − p|" 是精确枚举得到的输出分布和 p 的最大差：只有浮点舍入，打印成上界
 （"< 1e-15"），所以打印的字节不依赖机器。TV(p, q) = ½ Σ |p − q| 是总变差距离。
 
+【演示 4 怎么抽】正确的规则不在脚本里重写：把 p、q 各做成一张"上下文无关"的二元语法表（每一行都是 log p 或 log q，
+前一个 token 是什么都一样），交给 decode_lab.speculative_generate，γ = 1、T = 1，一次生成一段 token。因为分布不随上下文变，
+每一轮都是同一个 (p, q) 上独立的一步；每轮的第 1 个 token 就是一步接受 / 拒绝的输出（被接受的草稿，或拒绝后的修正 token），
+stats["accepted"] 告诉我们每轮接受了没有、每轮产出几个 token（全部接受时多一个从 p 抽的"额外 token"，不计入检验）。
+朴素规则和"拒绝后从 p 抽"不在 decode_lab 里（它们是反例），由本脚本的 sample_other_rule 向量化地抽。
+
 【模型的假设（务必看）】这里的分布都是手工写的（4 个 token 的词表），不是模型的输出；T = 0 的情形用 decode_lab.adjust
 从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）：输出分布 = p 的证明在它的附录 A.1（Chen 等 2023 的定理 1 是同一件事），
-一个 token 被接受的概率 β = Σ min(p, q) 是它的定理 3.5，α = E[β] 是推论 3.6；Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
+一个 token 被接受的概率 β = Σ min(p, q) 是它的定理 3.5；α = E[β]（论文的定义），推论 3.6：α = E[Σ min(p, q)]。
+Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
 
-【运行】python3 02_rejection_sampling.py （约 0.2 秒）
+【运行】python3 02_rejection_sampling.py （约 1.4 秒）
 
 【依赖】numpy；本目录的 decode_lab（residual_distribution、speculative_step_probs、acceptance_rate、adjust、
-expected_tokens、chi2_gof）；../lecture02 的 transformer_lab（sample_inverse_cdf）；../lecture01 的 console。
+expected_tokens、chi2_gof、NGramLM、speculative_generate）；../lecture02 的 transformer_lab（sample_inverse_cdf）；
+../lecture01 的 console（fmt_bound 等）。
 """
 import os
 import sys
@@ -33,9 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture06", "lecture02", "lecture01"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_observations, print_table  # noqa: E402
-from decode_lab import (acceptance_rate, adjust, chi2_gof, expected_tokens, residual_distribution,  # noqa: E402
-                        speculative_step_probs)
+from console import fmt_bound, print_header, print_observations, print_table  # noqa: E402
+from decode_lab import (NGramLM, acceptance_rate, adjust, chi2_gof, expected_tokens,  # noqa: E402
+                        residual_distribution, speculative_generate, speculative_step_probs)
 from transformer_lab import sample_inverse_cdf  # noqa: E402
 
 # ---- 手工构造的 (p, q)：p = 目标，q = 草稿（都是假设的例子，不来自任何模型）----
@@ -47,22 +56,19 @@ CASES = [
     ("p == q", [0.4, 0.3, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]),
     ("支撑不相交", [0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]),
     ("q 在 p > 0 处为 0", [0.4, 0.3, 0.2, 0.1], [0.7, 0.3, 0.0, 0.0]),
-    ("p one-hot（T = 0）", list(adjust(LOGITS_P, 0)), list(adjust(LOGITS_Q, 1.0))),
+    ("p one-hot（T = 0），q 为 T = 1", list(adjust(LOGITS_P, 0)), list(adjust(LOGITS_Q, 1.0))),
 ]
+ONEHOT = CASES[-1][0]
 ENUM_BOUND = 1e-15        # 精确枚举只差浮点舍入：打印成这个上界
-N_SAMPLES = 20000         # 演示 4 每个情形抽几次
+N_SAMPLES = 10000         # 演示 4 每个情形抽几次
 SEED = 0
+CHUNK = 200               # 演示 4：decode_lab 的生成器每次生成多少个 token（分段调用，序列不会太长）
 GAMMA = 4                 # 演示 3 用来换算"每轮产出几个 token"的草稿长度
 
 
 def fmt_dist(x):
     """分布 -> "0.50 0.20 0.20 0.10"。"""
     return " ".join(f"{v:.2f}" for v in x)
-
-
-def fmt_bound(x, bound=ENUM_BOUND):
-    """舍入误差打印成上界（不依赖机器）；超过上界才打印数值（那就说明错了）。"""
-    return f"< {bound:.0e}" if x < bound else f"{x:.1e}"
 
 
 def case_arrays():
@@ -82,17 +88,17 @@ def demo1_enumeration():
         err = float(np.abs(out - p).max())
         res[name] = {"alpha": alpha, "tv": tv, "err": err, "residual": resid, "out": out, "guarded": guarded}
         rows.append([name, fmt_dist(p), fmt_dist(q), f"{alpha:.3f}", f"{1 - tv:.3f}",
-                     ("0/0 → 用 p：" if guarded else "") + fmt_dist(resid), fmt_dist(out), fmt_bound(err)])
+                     ("0/0 → 用 p：" if guarded else "") + fmt_dist(resid), fmt_dist(out), fmt_bound(err, ENUM_BOUND)])
     print_table(["情形", "p（目标）", "q（草稿）", "α = Σmin(p,q)", "1 − TV(p,q)", "残差 norm(max(0, p − q))",
                  "输出（枚举）", "max |输出 − p|"], rows)
     worst = max(r["err"] for r in res.values())
     max_gap = max(abs(r["alpha"] - (1 - r["tv"])) for r in res.values())
     n_guard = sum(r["guarded"] for r in res.values())
-    oh = res["p one-hot（T = 0）"]
+    oh = res[ONEHOT]
     print_observations([
-        f"{len(res)} 个情形，输出分布和 p 的最大差都 {fmt_bound(worst)}（只有浮点舍入）：接受 / 拒绝规则不改变分布，"
+        f"{len(res)} 个情形，输出分布和 p 的最大差都 {fmt_bound(worst, ENUM_BOUND)}（只有浮点舍入）：接受 / 拒绝规则不改变分布，"
         "草稿只影响快慢（α），不影响结果。这就是\"投机解码是精确的\"的全部秘密（Leviathan 附录 A.1）。",
-        f"α = Σ min(p, q) 和 1 − TV(p, q) 逐行相等（最大差 {fmt_bound(max_gap)}）：草稿和目标越接近，接受得越多；"
+        f"α = Σ min(p, q) 和 1 − TV(p, q) 逐行相等（最大差 {fmt_bound(max_gap, ENUM_BOUND)}）：草稿和目标越接近，接受得越多；"
         f"p == q 时 α = {res['p == q']['alpha']:.3f}（全部接受），支撑不相交时 α = {res['支撑不相交']['alpha']:.3f}（一个都不接受，"
         "输出全靠残差，而残差这时就是 p）。",
         f"残差 max(0, p − q) 只在 p > q 的 token 上有质量：草稿少给了多少，拒绝之后就补多少。p == q 时它全是 0，"
@@ -129,7 +135,7 @@ def demo2_decomposition():
         f"\"接受并输出 x\"的概率是 q(x)·min(1, p(x)/q(x)) = min(p(x), q(x))，加起来就是接受率 α = {acc_part.sum():.3f}。",
         f"拒绝的总概率 1 − α = {1 - alpha:.3f}，正好等于残差的总质量 Σ max(0, p − q) = {excess:.3f}（= TV(p, q)），"
         "所以 (1 − α)·norm(max(0, p − q)) = max(0, p − q)：归一化的分母和拒绝概率相消。",
-        f"两部分相加 min(p, q) + max(0, p − q) = p，逐 token 成立（最大差 {fmt_bound(err)}）。"
+        f"两部分相加 min(p, q) + max(0, p − q) = p，逐 token 成立（最大差 {fmt_bound(err, ENUM_BOUND)}）。"
         "这就是 Leviathan 附录 A.1 的证明：草稿多给的（q > p）按比例拒掉，少给的（p > q）拒绝之后补上。",
     ])
     return {"alpha": alpha, "reject": 1 - alpha, "residual_mass": excess, "accept_part": acc_part,
@@ -139,7 +145,7 @@ def demo2_decomposition():
 # -----------------------------------------------------------------------------
 def rule_outputs(p, q):
     """三种别的规则一步的输出分布（精确）和接受率 -> dict。"""
-    alpha = float(np.minimum(p, q).sum())
+    alpha = acceptance_rate(p, q)
     return {
         # 朴素：目标自己抽 y ~ p，草稿 x ~ q 和 y 相同就"接受"；输出总是 y
         "naive": (p.copy(), float((p * q).sum())),
@@ -164,12 +170,12 @@ def demo3_other_rules():
                      "E_naive": expected_tokens(min(naive_alpha, 1.0), GAMMA),
                      "resid_is_p": bool(np.abs(residual_distribution(p, q) - p).max() <= ENUM_BOUND)}
         rows.append([name, f"{alpha:.3f}", f"{naive_alpha:.3f}", f"{res[name]['E_correct']:.2f}",
-                     f"{res[name]['E_naive']:.2f}", fmt_bound(float(np.abs(r["naive"][0] - p).max())),
+                     f"{res[name]['E_naive']:.2f}", fmt_bound(float(np.abs(r["naive"][0] - p).max()), ENUM_BOUND),
                      f"{err_p:.3f}", f"{err_q:.3f}"])
     print_table(["情形", "α：修正拒绝采样", "朴素 Σ p·q", f"每轮 token（γ={GAMMA}）", "朴素", "朴素 max|输出−p|",
                  "拒绝后从 p 抽 max|输出−p|", "一律接受 max|输出−p|"], rows)
     general = res["一般情形"]
-    oh = res["p one-hot（T = 0）"]
+    oh = res[ONEHOT]
     bad = [n for n, r in res.items() if r["err_resample_p"] > ENUM_BOUND]
     ok = [n for n, r in res.items() if r["err_resample_p"] <= ENUM_BOUND]
     # 碰巧对的原因：从不拒绝（α = 1），或者残差正好就是 p（支撑不相交、p one-hot）
@@ -195,22 +201,49 @@ def demo3_other_rules():
 
 
 # -----------------------------------------------------------------------------
-def sample_rule(p, q, n, rng, rule="correct"):
-    """
-    按规则抽 n 次一步的结果 -> (输出 token [n], 是否接受草稿 [n])。每次用 3 个均匀数：抽草稿、判接受、抽重抽的 token。
+def table_lm(probs):
+    """分布 probs [V] -> 上下文无关的 NGramLM：每一行都是 log probs（概率为 0 的 token 是 −inf，softmax 之后还是 0）。"""
+    with np.errstate(divide="ignore"):
+        row = np.log(np.asarray(probs, dtype=np.float64))
+    return NGramLM(np.tile(row, (len(row), 1)))
 
-    rule="correct"：修正拒绝采样（r·q(x) < p(x) 就接受，否则从残差抽）；"resample_p"：拒绝后从 p 抽（错误）；
-    "naive"：y ~ p，x == y 就算接受，输出 y。
+
+def sample_correct_via_lab(p, q, n, rng):
+    """
+    用 decode_lab.speculative_generate 本身跑修正拒绝采样，取 n 轮 -> (每轮的第 1 个 token [n], 这一轮接受了草稿没有 [n])。
+
+    【做法】目标 = table_lm(p)、草稿 = table_lm(q)，γ = 1、T = 1，每次生成 CHUNK 个 token，按 stats["accepted"] 切出每一轮：
+    接受了（1）这一轮产出 [草稿 token, 额外 token]，拒绝了（0）只产出 [修正 token]。每轮的第 1 个 token 是一步接受 / 拒绝的
+    输出；额外 token 直接从 p 抽，不计入。分布不随上下文变，所以各轮独立、同分布。
+    """
+    target, draft = table_lm(p), table_lm(q)
+    first, acc = [], []
+    while len(first) < n:
+        out, st = speculative_generate(target, draft, [0], CHUNK, 1, 1.0, rng)
+        pos = 0
+        for a in st["accepted"]:   # 每一轮都从 out 里还没截掉的位置开始，所以 out[pos] 一定存在
+            first.append(int(out[pos]))
+            acc.append(a == 1)
+            pos += a + 1
+    return np.asarray(first[:n], dtype=np.int64), np.asarray(acc[:n])
+
+
+def sample_other_rule(p, q, n, rng, rule):
+    """
+    两个不在 decode_lab 里的规则（反例），向量化地抽 n 次 -> (输出 token [n], 是否接受草稿 [n])。每次用 3 个均匀数。
+
+    rule="naive"：草稿抽 x ~ q、目标自己抽 y ~ p，x == y 才算接受，输出总是 y；
+    rule="resample_p"（错误）：r·q(x) < p(x) 就接受 x（和修正拒绝采样一样），拒绝后从 p 抽（而不是从残差抽）。
     """
     V = len(p)
     u_draft, u_accept, u_fix = rng.random(n), rng.random(n), rng.random(n)
     x = sample_inverse_cdf(np.broadcast_to(q, (n, V)), u_draft)
+    y = sample_inverse_cdf(np.broadcast_to(p, (n, V)), u_fix)
     if rule == "naive":
-        y = sample_inverse_cdf(np.broadcast_to(p, (n, V)), u_fix)
         return y, x == y
-    fix_dist = residual_distribution(p, q) if rule == "correct" else p
+    if rule != "resample_p":
+        raise ValueError(f"未知的规则 {rule!r}（正确的规则用 sample_correct_via_lab）")
     accept = u_accept * q[x] < p[x]
-    y = sample_inverse_cdf(np.broadcast_to(fix_dist, (n, V)), u_fix)
     return np.where(accept, x, y), accept
 
 
@@ -224,10 +257,14 @@ def demo4_sampling():
     runs = [(name, p, q, "correct") for name, p, q in case_arrays()]
     gen = case_arrays()[0]
     runs += [(gen[0], gen[1], gen[2], "naive"), (gen[0], gen[1], gen[2], "resample_p")]
-    label = {"correct": "修正拒绝采样", "naive": "朴素（相等才接受）", "resample_p": "错误：拒绝后从 p 抽"}
+    label = {"correct": "修正拒绝采样（decode_lab 生成器）", "naive": "朴素（相等才接受；脚本）",
+             "resample_p": "错误：拒绝后从 p 抽（脚本）"}
     rows, res = [], {}
     for name, p, q, rule in runs:
-        toks, acc = sample_rule(p, q, N_SAMPLES, rng, rule)
+        if rule == "correct":
+            toks, acc = sample_correct_via_lab(p, q, N_SAMPLES, rng)
+        else:
+            toks, acc = sample_other_rule(p, q, N_SAMPLES, rng, rule)
         counts = np.bincount(toks, minlength=len(p))
         stat, dof, pv = chi2_gof(counts, p)
         alpha_exact = float((p * q).sum()) if rule == "naive" else acceptance_rate(p, q)
@@ -244,9 +281,10 @@ def demo4_sampling():
     max_z = max(abs(v["accept"] - v["alpha"]) / v["se"] for k, v in res.items() if v["se"] > 0)
     bad = res[(gen[0], "resample_p")]
     naive = res[(gen[0], "naive")]
-    oh = res[("p one-hot（T = 0）", "correct")]
+    oh = res[(ONEHOT, "correct")]
     print_observations([
-        f"修正拒绝采样的 {len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_pvalue(min_pv)}：计数和 N·p 在抽样误差以内一致"
+        f"修正拒绝采样（跑的是 decode_lab.speculative_generate 本身，每个情形 {N_SAMPLES} 轮、每轮取第 1 个 token）的 "
+        f"{len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_pvalue(min_pv)}：计数和 N·p 在抽样误差以内一致"
         "（p 值在分布正确时是 [0, 1] 上的均匀数，大小本身不说明\"更对\"，只有很小——比如 < 0.001——才是证据）。",
         f"p 是 one-hot 时，{N_SAMPLES} 次全部输出 token {int(np.argmax(oh['counts']))}（计数 {int(oh['counts'].max())}），"
         "没有可以检验的自由度。",

@@ -7,20 +7,22 @@ CS349E · 第 6 讲 · 03_spec_decode_exact.py —— 投机解码不改变分�
 目标模型 = 第 3 讲的 QCFG 模型；四个草稿 = INT4 量化的自己、只用前 3 层、只用前 1 层、二元语法表（04 脚本用同样的模型）。
 演示 1：同一个提示，普通自回归和投机解码各抽很多次、每次 2 个新 token：第 1 个、第 2 个 token 的直方图以及
 (第 1 个, 第 2 个) 的联合直方图，和目标模型算出来的**精确分布**比，χ² 拟合优度检验给出 p 值。
-演示 2：这个检验能不能发现错误？把两种常见的错误算法（拒绝后从 p 重抽、不验证直接用草稿）的输出分布精确算出来，
-同样抽那么多次，看 p 值；再用精确枚举（不抽样）看正确的算法一步的输出分布和 p 差多少。
+演示 2：这个检验能不能发现错误？把两种常见的错误算法（拒绝后从 p 重抽、不验证直接用草稿）第 1 个 token 的输出分布
+精确算出来，直接从这个分布抽同样多次（不是真的跑一个错误的生成器），做同样的 χ² 检验看 p 值；
+再用精确枚举（不抽样）看正确的算法一步的输出分布和 p 差多少。
 演示 3：温度 T = 0（贪心）时，投机解码的输出和目标模型自己贪心解码的输出逐个 token 相同——每个草稿、每个 γ。
 
 【怎么读输出】p 值：如果抽样真的来自精确分布，χ² 统计量大于这次观测值的概率。正确的算法下 p 值在 0 到 1 之间
 均匀地散开（抽很多组，约 5% 会小于 0.05）；p 值很小（比如 < 0.001）说明抽样和精确分布不一致。
 p 值大**不证明**分布相同，只说明这么多次抽样看不出差别——演示 2 给出这个检验能看出多大的差别。
-证明在论文附录（Leviathan 定理 3.5）和 02 脚本的精确枚举里；这里是在真实的模型上用抽样"验收"。
+证明在 Leviathan 附录 A.1（Chen 等 定理 1），02 脚本用精确枚举演示了它；这里是在真实的模型上用抽样"验收"。
+演示 2 的"max |Δ|"是精确枚举和 p₁ 的差，只有浮点舍入，打印成上界（"< 1e-14"），所以打印的字节不依赖机器。
 
 【模型的假设（务必看）】模型和草稿同 04 脚本（第 3 讲 quant_lab 的随机模型，不是训练出来的语言模型）。
 提示 = 从目标模型采样的 8 个 token（种子固定）；温度 1；每种做法抽 600 次。所有随机数种子固定，每次运行输出完全相同。
 χ² 检验把期望次数 < 5 的格子合并成一格（decode_lab.chi2_gof），p 值用 χ² 分布近似。
 
-【运行】python3 03_spec_decode_exact.py （约 5 秒）
+【运行】python3 03_spec_decode_exact.py （约 4.3 秒）
 
 【依赖】numpy；本目录的 decode_lab；../lecture02 的 transformer_lab；../lecture03 的 quant_lab（需要 ../prereq3）；
 ../lecture01 的 console。
@@ -35,9 +37,9 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (NGramLM, TransformerLM, adjust, autoregressive_generate, chi2_gof,  # noqa: E402
-                        speculative_generate, speculative_step_probs)
-from console import print_header, print_observations, print_table  # noqa: E402
+from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoregressive_generate,  # noqa: E402
+                        chi2_gof, residual_distribution, speculative_generate, speculative_step_probs)
+from console import fmt_bound, print_header, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params, sample_inverse_cdf  # noqa: E402
 
@@ -49,6 +51,7 @@ JOINT_K = 8                       # 联合检验：每个位置最可能的 8 �
 GAMMAS = (1, 2)                   # γ = 1：第 2 个 token 可能是"额外的 token"；γ = 2：可能是第 2 个草稿
 GREEDY_GAMMAS = (1, 2, 4, 8)      # 演示 3
 GREEDY_PROMPTS, GREEDY_NEW = 3, 24
+EXACT_BOUND = 1e-14               # 演示 2：精确枚举只差浮点舍入，打印成这个上界
 
 
 # -----------------------------------------------------------------------------
@@ -149,9 +152,10 @@ def demo1_distribution(target, drafts):
     # 表 2：χ² 检验
     tests = {k: gof_cells(s, p1, joint) for k, s in runs.items()}
     dofs = [c[1] for c in tests[cols[0]]]
+    betas = {name: float(acceptance_beta(p1, draft_first_probs(dr, prompt))) for name, dr in drafts.items()}
     rows = []
     for (name, g), res in tests.items():
-        beta = "-" if g == 0 else f"{np.minimum(p1, draft_first_probs(drafts[name], prompt)).sum():.3f}"
+        beta = "-" if g == 0 else f"{betas[name]:.3f}"
         rows.append([name, "-" if g == 0 else g, beta] + [x for s, _, pv in res for x in (f"{s:.1f}", f"{pv:.3f}")])
     print(f"\nχ² 拟合优度（期望次数 < 5 的格子合并；自由度：第 1 个 {dofs[0]}，第 2 个 {dofs[1]}，联合 {dofs[2]}——两个位置各分 {JOINT_K} + 1 类）；"
           "β = 这个提示处第 1 个草稿被接受的概率 Σ min(p₁, q₁)")
@@ -174,13 +178,13 @@ def demo1_distribution(target, drafts):
         "检验覆盖了投机解码的三条路：第 1 个 token = 被接受的草稿，或者拒绝后从残差 max(0, p − q) 抽的修正 token；"
         "γ = 1 时第 2 个 token 可能是全部接受后的\"额外 token\"（从目标的第 γ+1 个分布抽），γ = 2 时可能是第 2 个草稿。"
         "联合检验还看两个 token 之间的依赖对不对。",
-        f"草稿越差（β 从 {max(float(r[2]) for r in rows if r[2] != '-'):.3f} 到 "
-        f"{min(float(r[2]) for r in rows if r[2] != '-'):.3f}），拒绝越多、残差用得越多，但输出的分布一样：草稿只影响快慢，不影响结果。",
+        f"草稿越差（β 从 {max(betas.values()):.3f} 到 {min(betas.values()):.3f}），拒绝越多、残差用得越多，"
+        "但 χ² 检验看不出和精确分布有差别；分布相同由演示 2 的精确枚举和 02 脚本证明（抽样只能\"看不出差别\"）。",
     ])
     return {"p_values": {k: [pv for _, _, pv in res] for k, res in tests.items()},
             "chi2": {k: [s for s, _, _ in res] for k, res in tests.items()},
             "dofs": dofs, "min_p": float(pvals.min()), "n_p": n_p, "n_small": n_small, "bonferroni": bonf,
-            "max_dev": max_dev, "p1": p1, "joint": joint, "runs": runs}
+            "max_dev": max_dev, "p1": p1, "joint": joint, "runs": runs, "betas": betas}
 
 
 # -----------------------------------------------------------------------------
@@ -191,30 +195,33 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
     rows, out = [], {}
     for j, (name, dr) in enumerate(drafts.items()):
         q1 = draft_first_probs(dr, prompt)
-        beta = float(np.minimum(p1, q1).sum())
+        beta = float(acceptance_beta(p1, q1))
         exact_dev = float(np.abs(speculative_step_probs(p1, q1) - p1).max())
-        bug_p = np.minimum(p1, q1) + (1 - beta) * p1   # 错误 A：拒绝后从 p 重抽（没有减掉 q）
+        # 错误 A（02 脚本演示 3 推导过）：被拒绝的那 1 − β 的质量从 p 抽，而不是从残差抽——正确的输出 p 上挪一点
+        bug_p = p1 + (1 - beta) * (p1 - residual_distribution(p1, q1))
         res = {}
         for tag, dist, seed in (("from_p", bug_p, 500 + j), ("no_check", q1, 600 + j)):
             tv = 0.5 * float(np.abs(dist - p1).sum())
             stat, dof, pv = chi2_gof(np.bincount(draw(dist, N_RUNS, np.random.default_rng(seed)),
                                                  minlength=QCFG.vocab), p1)
             res[tag] = (tv, stat, pv)
-        rows.append([name, f"{beta:.3f}", f"{exact_dev:.1e}",
+        rows.append([name, f"{beta:.3f}", fmt_bound(exact_dev, EXACT_BOUND),
                      f"{res['from_p'][0]:.3f}", f"{res['from_p'][1]:.1f}", f"{res['from_p'][2]:.2g}",
                      f"{res['no_check'][0]:.3f}", f"{res['no_check'][1]:.1f}", f"{res['no_check'][2]:.2g}"])
         out[name] = {"beta": beta, "exact_dev": exact_dev, "from_p": res["from_p"], "no_check": res["no_check"]}
     print("正确：精确枚举一步\"草稿抽 x → 接受 / 拒绝 → 残差重抽\"的输出分布，和 p₁ 的最大差（不抽样）。")
-    print("错误 A：拒绝后直接从 p 重抽（不减掉 q）——输出分布 = min(p, q) + (1 − β)·p，在 q > p 的 token 上偏多。")
-    print("错误 B：不验证，直接输出草稿的 token——输出分布 = q。两种错误的分布都精确算出，再从它抽样做同样的 χ² 检验。")
+    print("错误 A：拒绝后直接从 p 重抽（不从残差抽）——输出分布 = min(p, q) + (1 − β)·p（02 脚本演示 3），在 q > p 的 token 上偏多。")
+    print("错误 B：不验证，直接输出草稿的 token——输出分布 = q。两种错误第 1 个 token 的分布都精确算出，直接从它抽 "
+          f"{N_RUNS} 次（不跑错误的生成器），做同样的 χ² 检验。")
     print_table(["草稿", "β", "正确：max|Δ|", "错误 A：TV", "χ²", "p 值", "错误 B：TV", "χ²", "p 值"], rows)
 
     names = list(drafts)
     worst_exact = max(v["exact_dev"] for v in out.values())
     caught_a = [n for n in names if out[n]["from_p"][2] < 1e-3]
     missed_a = [n for n in names if out[n]["from_p"][2] >= 1e-3]
+    n_caught = sum(out[n][tag][2] < 1e-3 for n in names for tag in ("from_p", "no_check"))
     obs = [
-        f"正确的算法，精确枚举的输出分布和 p₁ 的差最多 {worst_exact:.1e}——只有浮点舍入：一步接受 / 拒绝的输出**就是** p。",
+        f"正确的算法，精确枚举的输出分布和 p₁ 的差 {fmt_bound(worst_exact, EXACT_BOUND)}——只有浮点舍入：一步接受 / 拒绝的输出**就是** p。",
         f"错误 B（不验证）差得最多（TV 从 {min(out[n]['no_check'][0] for n in names):.3f} 到 "
         f"{max(out[n]['no_check'][0] for n in names):.3f}），{N_RUNS} 次抽样的 p 值最大也只有 "
         f"{max(out[n]['no_check'][2] for n in names):.2g}：一眼就能看出来。",
@@ -229,7 +236,9 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
     ]
     if correct_min_p is not None:
         obs.append(f"对照演示 1：正确算法的 {correct_n_p} 个 p 值最小是 {correct_min_p:.3f}"
-                   + ("，没有一个小于 0.001：同样的检验、同样的次数，抓住了上面那些错误，却没有在正确的算法上报警。"
+                   + (f"，没有一个小于 0.001。同样的 χ² 检验、同样的次数，在第 1 个 token 上抓住了上面 {n_caught}/{2 * len(names)} "
+                      "个错误（p 值 < 0.001），却没有在正确的算法上报警。不过这里的错误样本是直接从错误规则的精确分布抽的，只检验了第 1 个 token；"
+                      "演示 1 跑的是真的生成器，还检验了第 2 个 token 和联合分布。"
                       if correct_min_p >= 1e-3 else "，有小于 0.001 的：需要查。"))
     print_observations(obs)
     return out

@@ -164,7 +164,7 @@ ALPHA_BY_HAND = {
     "p == q": 1.0,
     "支撑不相交": 0.0,
     "q 在 p > 0 处为 0": 0.4 + 0.3,
-    "p one-hot（T = 0）": softmax_list([1.0, 1.5, 0.0, -0.5])[0],   # argmax LOGITS_P = 0
+    "p one-hot（T = 0），q 为 T = 1": softmax_list([1.0, 1.5, 0.0, -0.5])[0],   # argmax LOGITS_P = 0
 }
 
 
@@ -202,7 +202,7 @@ def test_residual_by_hand(e1):
     np.testing.assert_allclose(e1["草稿过于自信"]["residual"], [0, 0.5, 0.25, 0.25], atol=1e-15)
     np.testing.assert_allclose(e1["q 在 p > 0 处为 0"]["residual"], [0, 0, 2 / 3, 1 / 3], atol=1e-15)
     np.testing.assert_allclose(e1["支撑不相交"]["residual"], [0.6, 0.4, 0, 0], atol=1e-15)
-    np.testing.assert_allclose(e1["p one-hot（T = 0）"]["residual"], [1, 0, 0, 0], atol=1e-15)
+    np.testing.assert_allclose(e1[S02.ONEHOT]["residual"], [1, 0, 0, 0], atol=1e-15)
 
 
 def test_equal_distributions_guard_the_zero_residual(e1):
@@ -246,7 +246,7 @@ def test_other_rules(e3):
         assert r["E_correct"] == pytest.approx(sum(min(r["alpha"], 1.0) ** i for i in range(g + 1)), rel=1e-9)
         assert r["E_naive"] == pytest.approx(sum(r["naive_alpha"] ** i for i in range(g + 1)), rel=1e-9)
     # 观察里说的：T = 0 时朴素规则和修正拒绝采样一样；p == q 时差得最多；拒绝后从 p 抽在 3 个情形里错
-    oh = e3["p one-hot（T = 0）"]
+    oh = e3[S02.ONEHOT]
     assert oh["naive_alpha"] == pytest.approx(oh["alpha"], abs=1e-15)
     assert max(e3, key=lambda k: e3[k]["alpha"] - e3[k]["naive_alpha"]) == "p == q"
     wrong = {k for k, r in e3.items() if r["err_resample_p"] > S02.ENUM_BOUND}
@@ -265,20 +265,44 @@ def test_sampling_matches_p_and_catches_the_bug(e4):
         if rule in ("correct", "naive") and r["dof"] >= 1:
             assert r["pvalue"] > 0.01, (name, rule)
     assert e4[("一般情形", "resample_p")]["pvalue"] < 1e-10
-    oh = e4[("p one-hot（T = 0）", "correct")]
+    oh = e4[(S02.ONEHOT, "correct")]
     assert oh["counts"][0] == N and oh["dof"] == 0
 
 
-def test_sampler_uses_the_draft_q():
-    """p == q 时每次都接受，所以输出就是草稿抽的 token；支撑不相交时一次都不接受。"""
+def test_correct_rule_is_sampled_by_the_lab_generator():
+    """演示 4 的修正拒绝采样跑的是 decode_lab.speculative_generate：p == q 时每轮都接受、第 1 个 token 就是草稿 token；
+    支撑不相交时一轮都不接受、输出只在 p 的支撑上；同一个种子直接调生成器，第 1 轮的 token 相同。"""
     p = np.array([0.4, 0.3, 0.2, 0.1])
-    toks, acc = S02.sample_rule(p, p, 1000, np.random.default_rng(3))
-    assert acc.all()
-    _, acc = S02.sample_rule(np.array([0.6, 0.4, 0, 0]), np.array([0, 0, 0.5, 0.5]), 1000, np.random.default_rng(3))
-    assert not acc.any()
+    toks, acc = S02.sample_correct_via_lab(p, p, 500, np.random.default_rng(3))
+    assert len(toks) == len(acc) == 500 and acc.all()
+    pd, qd = np.array([0.6, 0.4, 0, 0]), np.array([0, 0, 0.5, 0.5])
+    toks, acc = S02.sample_correct_via_lab(pd, qd, 500, np.random.default_rng(3))
+    assert not acc.any() and set(toks.tolist()) <= {0, 1}
+    from decode_lab import speculative_generate
+    p, q = np.array([0.5, 0.2, 0.2, 0.1]), np.array([0.25] * 4)
+    toks, acc = S02.sample_correct_via_lab(p, q, 50, np.random.default_rng(5))
+    out, st = speculative_generate(S02.table_lm(p), S02.table_lm(q), [0], S02.CHUNK, 1, 1.0, np.random.default_rng(5))
+    starts = np.cumsum([0] + [a + 1 for a in st["accepted"][:-1]])
+    np.testing.assert_array_equal(toks, out[starts][:50])
+    np.testing.assert_array_equal(acc, np.asarray(st["accepted"][:50]) == 1)
 
 
-def test_fmt_bounds():
-    assert S02.fmt_bound(0.0) == "< 1e-15" and S02.fmt_bound(0.125) == "1.2e-01"
-    assert S01.fmt_delta(3e-15) == "< 1e-13" and S01.fmt_delta(0.9) == "0.9"
+def test_other_rules_sampler():
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    _, acc = S02.sample_other_rule(p, p, 1000, np.random.default_rng(3), "resample_p")
+    assert acc.all()                                      # p == q：r·q(x) < p(x) 总成立
+    with pytest.raises(ValueError):
+        S02.sample_other_rule(p, p, 10, np.random.default_rng(3), "correct")
+
+
+def test_residuals_are_printed_as_bounds():
+    """舍入误差只打印上界（console.fmt_bound），脚本里不再有自己的格式化函数。"""
+    import console
+    assert S01.fmt_bound is console.fmt_bound and S02.fmt_bound is console.fmt_bound
+    assert not hasattr(S01, "fmt_delta")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        S02.demo1_enumeration()
+        S02.demo2_decomposition()
+    assert "< 1e-15" in buf.getvalue() and "e-16" not in buf.getvalue() and "e-17" not in buf.getvalue()
     assert S02.fmt_pvalue(0.5) == "0.500" and S02.fmt_pvalue(3e-12) == "< 1e-11"

@@ -83,24 +83,110 @@ def test_03_chi2_statistics_recomputed(s03, r1):
         assert r1["chi2"][key][1] == pytest.approx(st2, rel=1e-12) and dof2 == r1["dofs"][1]
 
 
-def test_03_no_test_rejects_the_correct_samplers(r1):
-    """正确的算法：27 个 p 值都在 Bonferroni 门槛之上（固定种子，这是一个确定的事实；观察 2 说的就是它）。"""
-    pv = np.array([p for ps in r1["p_values"].values() for p in ps])
-    assert r1["n_p"] == len(pv) == 27
-    assert r1["min_p"] == pytest.approx(pv.min())
-    assert r1["min_p"] > r1["bonferroni"] == pytest.approx(0.05 / 27)
+def _chi2_sf_closed(x, k):
+    """χ² 右尾概率的闭式（不用 decode_lab.chi2_sf）：k 偶数时 e^{−z} Σ_{i<k/2} z^i/i!；
+    k 奇数时 erfc(√z) + e^{−z} Σ_{i<(k−1)/2} z^{i+1/2}/Γ(i + 3/2)，z = x/2。"""
+    z = x / 2.0
+    if k % 2 == 0:
+        term = total = 1.0
+        for i in range(1, k // 2):
+            term *= z / i
+            total += term
+        return math.exp(-z) * total
+    total, term = math.erfc(math.sqrt(z)), math.sqrt(z) / math.gamma(1.5)
+    for i in range((k - 1) // 2):
+        total += math.exp(-z) * term
+        term *= z / (i + 1.5)
+    return total
+
+
+def test_chi2_sf_closed_form_known_values():
+    # 参考值：scipy.stats.chi2.sf（自由度 1、2、3 的 5% 分位点和一个大自由度的中位附近）
+    assert _chi2_sf_closed(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
+    assert _chi2_sf_closed(5.991464547107979, 2) == pytest.approx(0.05, rel=1e-9)
+    assert _chi2_sf_closed(7.814727903251178, 3) == pytest.approx(0.05, rel=1e-9)
+    assert _chi2_sf_closed(38.88513865983007, 26) == pytest.approx(0.05, rel=1e-8)
+
+
+def _independent_p_values(s03, r1):
+    """每种做法三个检验的 p 值：统计量用上面独立写的 Pearson χ²，p 值用闭式；联合检验的分组也自己做。"""
+    V, k = 192, s03.JOINT_K
+    p1, joint = r1["p1"], r1["joint"]
+    m2 = joint.sum(0)
+
+    def classes(probs):                                           # 最可能的 k 个各一类，其余第 k 类
+        cls = np.full(V, k)
+        order = sorted(range(V), key=lambda t: (-probs[t], t))
+        for rank, t in enumerate(order[:k]):
+            cls[t] = rank
+        return cls
+
+    c1, c2 = classes(p1), classes(m2)
+    cell = np.zeros((k + 1) ** 2)
+    for x in range(V):
+        for y in range(V):
+            cell[c1[x] * (k + 1) + c2[y]] += joint[x, y]
+    out = {}
+    for key, samples in r1["runs"].items():
+        pvs = []
+        for counts, probs in ((np.bincount(samples[:, 0], minlength=V), p1),
+                              (np.bincount(samples[:, 1], minlength=V), m2),
+                              (np.bincount(c1[samples[:, 0]] * (k + 1) + c2[samples[:, 1]], minlength=(k + 1) ** 2),
+                               cell)):
+            st, dof = _pearson(counts.astype(float), probs)
+            pvs.append(_chi2_sf_closed(st, dof))
+        out[key] = pvs
+    return out
+
+
+def test_03_no_test_rejects_the_correct_samplers(s03, r1):
+    """正确的算法：27 个 p 值（独立地重算）都在 Bonferroni 门槛之上（固定种子，这是一个确定的事实；观察 2 说的就是它）。"""
+    indep = _independent_p_values(s03, r1)
+    assert set(indep) == set(r1["p_values"])
+    for key, pvs in indep.items():
+        assert r1["p_values"][key] == pytest.approx(pvs, rel=1e-7, abs=1e-12), key
+    pv = np.array([p for ps in indep.values() for p in ps])
+    assert r1["n_p"] == len(pv) == 9 * 3                         # 自回归 + 4 个草稿 × 2 个 γ，各 3 个检验
+    assert r1["min_p"] == pytest.approx(pv.min(), rel=1e-7)
+    assert r1["min_p"] > 0.05 / 27 and r1["bonferroni"] == pytest.approx(0.05 / 27)
     assert r1["n_small"] == int((pv < 0.05).sum())
-    assert all(0.0 <= p <= 1.0 for p in pv)
-    assert r1["max_dev"] < 0.05
+    # 第 1 个 token 的频率和 p₁ 的最大差：从样本直接数
+    dev = max(np.abs(np.bincount(sm[:, 0], minlength=192) / s03.N_RUNS - r1["p1"]).max() for sm in r1["runs"].values())
+    assert r1["max_dev"] == pytest.approx(dev, abs=1e-15) and dev < 0.05
+
+
+def _q1(s03, draft, prompt):
+    """草稿在提示之后第 1 个 token 的分布（独立写：二元语法表查最后一个 token 那一行，transformer 新开一次前向）。"""
+    logits = draft.table[int(prompt[-1])] if hasattr(draft, "table") else draft.forward(np.asarray(prompt)[None])[0, -1]
+    return softmax(np.asarray(logits, dtype=float))
+
+
+def test_03_betas_are_one_minus_tv(s03, models03, r1):
+    target, drafts = models03
+    prompt = s03.the_prompt(target)
+    for name, dr in drafts.items():
+        q1 = _q1(s03, dr, prompt)
+        assert r1["betas"][name] == pytest.approx(1 - 0.5 * np.abs(r1["p1"] - q1).sum(), abs=1e-12), name
+    # 观察 4：草稿越差 β 越小（build_models 的顺序：INT4、前 3 层、前 1 层、二元语法表）
+    b = [r1["betas"][n] for n in drafts]
+    assert b == sorted(b, reverse=True)
 
 
 def test_03_power_against_known_bugs(s03, models03, r1, capsys):
     out = s03.demo2_power(*models03, r1["min_p"], r1["n_p"])
-    capsys.readouterr()
+    text = capsys.readouterr().out
+    assert "e-17" not in text and "e-16" not in text and "< 1e-14" in text   # 舍入误差只打印上界
+    target, drafts = models03
+    prompt = s03.the_prompt(target)
     names = list(out)
     for n in names:
         v = out[n]
-        assert v["exact_dev"] < 1e-12                               # 精确枚举：输出就是 p
+        assert v["exact_dev"] < s03.EXACT_BOUND                     # 精确枚举：输出就是 p
+        assert v["beta"] == pytest.approx(r1["betas"][n], abs=1e-12)
+        # 错误 A 的 TV，独立的闭式：输出 − p = (1 − β)·p − max(0, p − q)
+        p, q = r1["p1"], _q1(s03, drafts[n], prompt)
+        tv_a = 0.5 * np.abs((1 - v["beta"]) * p - np.maximum(p - q, 0)).sum()
+        assert v["from_p"][0] == pytest.approx(tv_a, abs=1e-12)
         assert v["no_check"][0] == pytest.approx(1 - v["beta"], abs=1e-12)   # TV(p, q) = 1 − Σmin(p, q)
         assert v["no_check"][2] < 1e-6                              # 错误 B 总被抓住
         assert v["from_p"][0] < v["no_check"][0]                    # 错误 A 更隐蔽
