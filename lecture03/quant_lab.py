@@ -29,7 +29,7 @@ for _sub in ("prereq3", "lecture02"):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from numfmt import FP8_E4M3, FP4_E2M1, bits_per_value, quantize_int, quantize_mx, round_to  # noqa: E402
+from numfmt import FP8_E4M3, FP4_E2M1, bits_per_value, quantize_fp8, quantize_int, quantize_mx  # noqa: E402
 from transformer_lab import LMConfig, NumpyTransformer, sample_inverse_cdf, softmax  # noqa: E402
 
 __all__ = ["QCFG", "SCHEMES", "LAYER_MATRICES", "quantize_matrix", "quantize_params", "sample_tokens"]
@@ -72,9 +72,7 @@ def quantize_matrix(w, scheme, name="矩阵"):
         wq, _ = quantize_int(w, a, "group" if g else "channel", g)
         return wq, bits_per_value(f"int{a}", n_in=n_in, group=g)
     if kind == "fp8":
-        amax = np.abs(w).max(axis=0, keepdims=True)
-        scale = np.where(amax > 0, amax / FP8_E4M3.max_value, 1.0)
-        return round_to(w / scale, FP8_E4M3) * scale, bits_per_value("fp8", n_in=n_in)
+        return quantize_fp8(w)[0], bits_per_value("fp8", n_in=n_in)
     wq, _ = quantize_mx(w, a, g)
     return wq, bits_per_value("mxfp4" if a is FP4_E2M1 else "mxfp8")
 

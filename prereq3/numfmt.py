@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP4_E2M1", "FLOAT_FORMATS",
-           "round_to", "encode_bits", "quantize_int", "quantize_mx", "bits_per_value", "INT_QMAX"]
+           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "bits_per_value", "INT_QMAX"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,21 @@ def quantize_int(w, bits, granularity="channel", group=None):
     if granularity == "channel":
         return deq.T.copy(), scale.reshape(n_out)
     return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
+
+
+def quantize_fp8(w, elem=None):
+    """
+    FP8 权重量化再反量化：w [输入维, 输出维]，每个输出通道（列）一个 FP32 scale，把这一列的 max|w| 对到 E4M3 的最大值 448
+    -> (w', scale)。
+
+    【推导】scale = round_to(max|w| / 448, FP32)；元素 = round_to(w / scale, E4M3)（超出的饱和）；w' = 元素 × scale。
+    【边界】全 0 的列 scale 记 1、元素全 0。
+    """
+    elem = FP8_E4M3 if elem is None else elem
+    w = np.asarray(w, dtype=np.float64)
+    amax = np.abs(w).max(axis=0, keepdims=True)
+    scale = np.where(amax > 0, round_to(amax / elem.max_value, FP32), 1.0)
+    return round_to(w / scale, elem) * scale, scale.reshape(-1)
 
 
 def quantize_mx(w, elem=FP4_E2M1, block=32):

@@ -61,7 +61,7 @@ def nearest_even(v, grid, lsb):
 
 def fp8_channel(w):
     grid, lsb = e4m3_grid()
-    s = np.abs(w).max(axis=0, keepdims=True) / 448.0
+    s = (np.abs(w).max(axis=0, keepdims=True) / 448.0).astype(np.float32).astype(np.float64)  # FP32 的 scale
     return nearest_even(w / s, grid, lsb) * s
 
 

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from numfmt import (BF16, FP16, FP32, FP4_E2M1, FP8_E4M3, FP8_E5M2, bits_per_value, encode_bits, quantize_int,
-                    quantize_mx, round_to)
+from numfmt import (BF16, FP16, FP32, FP4_E2M1, FP8_E4M3, FP8_E5M2, bits_per_value, encode_bits, quantize_fp8,
+                    quantize_int, quantize_mx, round_to)
 
 # (格式, 最大有限值, 最小正规数, 最小次正规数, ε)：IEEE 754、OCP FP8 规范（E4M3 的 "FN" 版本）、OCP MX 规范（E2M1）
 SPECS = [
@@ -103,3 +103,13 @@ def test_bits_per_value_include_scales():
     assert bits_per_value("int8", n_in=64) == 8.25
     with pytest.raises(ValueError, match="可用"):
         bits_per_value("int3")
+
+
+def test_fp8_scale_is_fp32_and_column_max_maps_to_448():
+    w = np.random.default_rng(4).standard_normal((64, 5))
+    w[:, 2] = 0.0
+    wq, scale = quantize_fp8(w)
+    assert np.array_equal(round_to(scale, FP32), scale) and scale[2] == 1.0 and (wq[:, 2] == 0).all()
+    elems = wq / scale
+    assert np.array_equal(round_to(elems, FP8_E4M3), elems) and np.abs(elems).max() <= 448.0
+    assert np.abs(wq - w).max() <= np.abs(w).max() * 2 ** -4 + 1e-12      # 相对误差 ≤ ε/2 = 2⁻⁴（正规数区间）
