@@ -26,9 +26,11 @@ CS349E · 第 3 讲 · 04_moe_experts.py —— MoE：每个 token 只用一小�
   上下文取 0（只看权重；KV cache 的读取见第 1 讲 03），H100 的 BF16 峰值（假设 MXFP4 反量化成 BF16 再算）。
   被碰到的专家数用期望值，不是某一批的实际值。gpt-oss-120b 的 checkpoint（65 GB）一块 80 GB 的 H100 放得下。
 
-【运行】python3 04_moe_experts.py （< 1 秒）
+【运行】python3 04_moe_experts.py （约 0.3 秒，OPENBLAS_NUM_THREADS=1）
 
-【依赖】numpy；../lecture01 的 console、hw_specs、llm_math（expected_touched_experts、decode_step、GPT_OSS_120B）。
+【依赖】numpy；../lecture01 的 console（打印）、hw_specs（H100）、llm_math（GPT_OSS_120B、GPT_OSS_20B、
+expected_touched_experts、decode_step（expert_fmt="mxfp4" 时按发布格式读字节，含被碰到的专家）、weight_bytes、
+active_weight_bytes、bits_per_param）。
 """
 import math
 import os
@@ -41,7 +43,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
-from llm_math import (GPT_OSS_120B, GPT_OSS_20B, bits_per_param, decode_step,  # noqa: E402
+from llm_math import (GPT_OSS_120B, GPT_OSS_20B, active_weight_bytes, bits_per_param, decode_step,  # noqa: E402
                       expected_touched_experts, weight_bytes)
 
 TRIALS, SIM_SEED = 400, 0            # 模拟的重复次数和种子（选的）
@@ -49,12 +51,13 @@ N_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHIP = H100
 GIB = 2 ** 30
 BOUND_ZH = {"compute": "算力", "memory": "带宽"}
+EXPERT_FMT = "mxfp4"                 # gpt-oss 发布的 checkpoint：专家的权重矩阵 MXFP4，其余 BF16（模型卡）
 
 
 def simulate_touched(n_experts, top_k, n_list, trials, rng):
     """
-    模拟：trials 次，每次让 max(n_list) 个 token 依次各选 top_k 个专家，记下前 n 个 token 碰到的不同专家数
-    -> {n: 长 trials 的数组}。
+    模拟：trials 次，每次让 max(n_list) 个 token 依次各选 top_k 个专家，记下前 n 个 token 碰到了哪些专家
+    -> {n: [trials, n_experts] 的 bool 数组}（按行求和就是碰到的不同专家数）。
 
     【做法】每个 token 给每个专家抽一个均匀数 rng.random()，取最小的 top_k 个（argpartition）：各个 k 元子集等可能，
     即均匀的无放回抽样。前 n 个 token 的结果是同一次模拟的前缀（不同 n 之间相关，但每个 n 的分布都对）。
@@ -67,8 +70,15 @@ def simulate_touched(n_experts, top_k, n_list, trials, rng):
         chosen = np.argpartition(keys, top_k - 1, axis=1)[:, :top_k]       # [trials, k]：最小的 k 个
         seen[rows, chosen] = True
         if t in n_list:
-            out[t] = seen.sum(axis=1)
+            out[t] = seen.copy()
     return out
+
+
+def tokens_to_touch(m, frac):
+    """
+    期望碰到 frac 比例的专家至少要几个 token：E·(1 − (1 − k/E)^n) ≥ frac·E ⇔ n ≥ ln(1 − frac) / ln(1 − k/E)，取上整。
+    """
+    return math.ceil(math.log(1 - frac) / math.log(1 - m.top_k / m.n_experts))
 
 
 # ---------------------------------------------------------------------------
@@ -87,7 +97,7 @@ def demo1_touched_experts():
         for m in (GPT_OSS_120B, GPT_OSS_20B):
             E, k = m.n_experts, m.top_k
             f = expected_touched_experts(E, k, n)
-            s = sims[m.name][n]
+            s = sims[m.name][n].sum(axis=1)
             mean, se = float(s.mean()), float(s.std(ddof=1) / math.sqrt(TRIALS))
             res[(m.name, n)] = {"formula": f, "sim": mean, "se": se, "naive": min(n * k, E)}
             cells += [min(n * k, E), f"{f:.2f}", f"{mean:.2f} ± {se:.2f}", f"{100 * f / E:.0f}%"]
@@ -100,9 +110,7 @@ def demo1_touched_experts():
     # 标准误为 0 的格子：400 次模拟的结果全都一样（n = 1 正好 k 个；或者 n 大时每次都全部碰到）
     flat = max(abs(v["sim"] - v["formula"]) for v in res.values() if v["se"] == 0)
     E, k = e1.n_experts, e1.top_k
-    half = math.ceil(math.log(0.5) / math.log(1 - k / E))
-    n90 = math.ceil(math.log(0.1) / math.log(1 - k / E))
-    n99 = math.ceil(math.log(0.01) / math.log(1 - k / E))
+    half, n90, n99 = (tokens_to_touch(e1, f) for f in (0.5, 0.9, 0.99))
     res.update({"max_z": z, "max_flat_diff": flat, "n_half": half, "n90": n90, "n99": n99})
     r8 = res[(e1.name, 8)]
     print_observations([
@@ -121,17 +129,25 @@ def demo1_touched_experts():
 # 演示 2：总参数 vs 激活参数
 # ---------------------------------------------------------------------------
 def param_breakdown(m):
-    """gpt-oss 的参数按部分分开 -> [(部分, 总数, 每个 token 激活的)]；两列之和分别等于 params() 和 active_params()。"""
+    """
+    gpt-oss 的参数按部分分开 -> [(部分, 总数, 每个 token 激活的)]。
+
+    各部分用 llm_math.ModelConfig 的计数（attn_params、router_params、expert_params、embed_params）；
+    llm_math 没有单独的 norm 计数，所以 RMSNorm = params() 减去其余各部分（应当是每层 2 个 + 最后 1 个，各 d_model
+    个权重——测试核对这个闭式）。激活列不用 active_params()，各部分自己加（测试核对两者相等）。
+    """
     L = m.n_layers
-    return [
+    head = 0 if m.tied else m.vocab * m.d_model
+    parts = [
         ("输入词嵌入", m.embed_params(), 0),
         ("注意力（q/k/v/o、偏置、sink）", L * m.attn_params(), L * m.attn_params()),
         ("路由器", L * m.router_params(), L * m.router_params()),
         (f"专家（每层 {m.n_experts} 个，激活 {m.top_k} 个）", L * m.n_experts * m.expert_params(),
          L * m.top_k * m.expert_params()),
-        ("RMSNorm", L * 2 * m.d_model + m.d_model, L * 2 * m.d_model + m.d_model),
-        ("lm_head", m.vocab * m.d_model, m.vocab * m.d_model),
+        ("lm_head", head, head),
     ]
+    norms = m.params() - sum(p[1] for p in parts)
+    return parts[:4] + [("RMSNorm（每层 2 个 + 最后 1 个）", norms, norms), parts[4]]
 
 
 def demo2_params():
@@ -144,7 +160,7 @@ def demo2_params():
         for name, t, a in parts:
             rows.append([m.name, name, f"{t:,}", f"{100 * t / tot:.1f}%", f"{a:,}", f"{100 * a / act:.1f}%"])
         rows.append([m.name, "合计", f"{tot:,}", "100%", f"{act:,}", "100%"])
-        ckpt = weight_bytes(m, "bf16", expert_fmt="mxfp4")
+        ckpt = weight_bytes(m, "bf16", expert_fmt=EXPERT_FMT)
         res[m.name] = {"total": tot, "active": act, "ratio": tot / act, "ckpt_bytes": ckpt,
                        "expert_share": parts[3][1] / tot, "parts": parts,
                        "attn_head_active_share": (parts[1][2] + parts[5][2]) / act}
@@ -162,7 +178,7 @@ def demo2_params():
         f"（{big['ratio']:.0f} 分之一）——和模型卡的 116.83B / 5.13B 一致。"
         f"{100 * big['expert_share']:.1f}% 的参数在专家里，每个 token 只用其中 {GPT_OSS_120B.top_k}/{GPT_OSS_120B.n_experts}。",
         f"每 token 的计算量只和激活参数有关（≈ 2 × {big['active'] / 1e9:.2f}B FLOPs），但所有专家都得放在显存里："
-        f"专家用 MXFP4（4.25 位）存，整个 checkpoint {fmt_bytes(big['ckpt_bytes'])} = {big['ckpt_bytes'] / GIB:.1f} GiB（模型卡：60.8 GiB），"
+        f"专家用 MXFP4（{bits_per_param(EXPERT_FMT):.2f} 位）存，整个 checkpoint {fmt_bytes(big['ckpt_bytes'])} = {big['ckpt_bytes'] / GIB:.1f} GiB（模型卡：60.8 GiB），"
         f"一块 80 GB 的 H100 放得下；全 BF16 要 {fmt_bytes(2 * big['total'])}。",
         f"激活参数里，注意力和 lm_head 占了不小的一块（{100 * big['attn_head_active_share']:.1f}%，上表）："
         "它们每个 token 都要用，专家部分却被稀疏地摊薄了。",
@@ -173,36 +189,16 @@ def demo2_params():
 # ---------------------------------------------------------------------------
 # 演示 3：decode 一步读多少权重
 # ---------------------------------------------------------------------------
-def expert_bytes(m):
-    """一个专家的字节：gate/up/down 的矩阵 MXFP4（含 scale），偏置 BF16。"""
-    mats = 3 * m.d_model * m.d_ff
-    return mats * bits_per_param("mxfp4") / 8 + (m.expert_params() - mats) * 2
-
-
-def moe_step(m, batch):
-    """
-    batch 个 token 一起 decode 一步（上下文 0，只看权重）-> decode_step 的结果，加上 "touched"（每层碰到的专家数的期望）。
-
-    【推导】读的参数 = 非专家的激活参数 + 层数 × 碰到的专家数 × 每个专家的参数（decode_step 的 MoE 算法）；
-    非专家部分 BF16、专家 expert_bytes：把两者平均成一个 w_bits 交给 decode_step，它读的字节就正好是这个和。
-    """
-    touched = expected_touched_experts(m.n_experts, m.top_k, batch)
-    dense = m.active_params() - m.n_layers * m.top_k * m.expert_params()
-    w_params = dense + m.n_layers * touched * m.expert_params()
-    w_bytes = dense * 2 + m.n_layers * touched * expert_bytes(m)
-    r = decode_step(m, CHIP, batch, 0, w_bits=8 * w_bytes / w_params)
-    r["touched"] = touched
-    return r
-
-
 def demo3_decode_bytes():
     m = GPT_OSS_120B
     print_header(f"演示 3：{m.name} decode 一步读多少权重（{CHIP.name}，上下文 0，专家 MXFP4、其余 BF16）")
-    all_bytes = weight_bytes(m, "bf16", expert_fmt="mxfp4") - m.embed_params() * 2   # 读全部专家时每步的字节
+    # 读全部专家时每步的字节：整个 checkpoint 减去输入词嵌入（BF16，查表不整个读）
+    all_bytes = weight_bytes(m, "bf16", expert_fmt=EXPERT_FMT) - m.embed_params() * 2
     rows = []
     res = {"all_bytes": all_bytes, "steps": {}}
     for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
-        r = moe_step(m, b)
+        r = decode_step(m, CHIP, b, 0, expert_fmt=EXPERT_FMT)
+        r["touched"] = expected_touched_experts(m.n_experts, m.top_k, b)   # 每层碰到的专家数的期望
         res["steps"][b] = r
         rows.append([b, f"{r['touched']:.1f}", fmt_bytes(r["w_bytes"]), f"{100 * r['w_bytes'] / all_bytes:.0f}%",
                      fmt_bytes(r["w_bytes"] / b), fmt_time(r["time"]), BOUND_ZH[r["bound"]], fmt_time(r["time"] / b)])
@@ -210,19 +206,20 @@ def demo3_decode_bytes():
                  "每 token"], rows)
 
     # 追上"读全部权重"：碰到 99% 的专家；受算力限制：二分查找 decode_step 的 bound（读的字节随 B 单调增加）
-    n99 = math.ceil(math.log(0.01) / math.log(1 - m.top_k / m.n_experts))
+    n99 = tokens_to_touch(m, 0.99)
     lo, hi = 1, 1 << 20
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if moe_step(m, mid)["bound"] == "compute":
+        if decode_step(m, CHIP, mid, 0, expert_fmt=EXPERT_FMT)["bound"] == "compute":
             hi = mid
         else:
             lo = mid
     b_moe = hi
-    # 对照：激活参数一样多的稠密模型（同样每个参数的平均位数 = 批大小 1 时的）的拐点
+    # 对照：一个稠密模型，每步读的字节 = gpt-oss 批大小 1 时读的（active_weight_bytes），每 token 的 FLOPs 也一样：
+    # 受算力限制的最小批 = ⌈读字节的时间 / 每 token 的计算时间⌉（上下文 0）
     s1 = res["steps"][1]
     t_tok = m.flops_per_token(0) / CHIP.peak_flops("bf16")       # 受算力限制时每 token 的时间
-    b_dense = math.ceil(s1["w_bytes"] / CHIP.mem_bw / (m.flops_per_token(0) / CHIP.peak_flops("bf16")))
+    b_dense = math.ceil(active_weight_bytes(m, "bf16", EXPERT_FMT) / CHIP.mem_bw / t_tok)
     res.update({"n99": n99, "b_compute_moe": b_moe, "b_compute_dense": b_dense, "t_token_compute": t_tok})
     b64 = res["steps"][64]
     print_observations([

@@ -2,6 +2,7 @@
 第 3 讲的脚本 02_quantized_model_quality、03_quantized_decode_speed、04_moe_experts：每个观察里引用的数，
 用独立的闭式、另一条计算路径或公开的数字重新算一遍再比。
 """
+import itertools
 import math
 
 import numpy as np
@@ -240,16 +241,44 @@ def test_demo3_context(s03, capsys):
 # 04：MoE
 # ---------------------------------------------------------------------------
 def test_simulation_picks_k_distinct_uniformly(s04):
+    """用脚本自己的 simulate_touched：每个 token 正好 k 个不同的专家，每个专家被选中的频率 = k / E。"""
     E, k, trials = 16, 3, 20000
-    out = s04.simulate_touched(E, k, (1,), trials, np.random.default_rng(7))
-    assert np.all(out[1] == k)                                 # 一个 token 正好 k 个不同的专家
-    # 每个专家被选中的频率 = k / E（再跑一次，数每个专家）
-    rng = np.random.default_rng(8)
-    keys = rng.random((trials, E))
-    chosen = np.argpartition(keys, k - 1, axis=1)[:, :k]
-    freq = np.bincount(chosen.ravel(), minlength=E) / trials
-    se = math.sqrt(k / E * (1 - k / E) / trials)
-    assert np.all(np.abs(freq - k / E) < 5 * se)
+    out = s04.simulate_touched(E, k, (1, 2), trials, np.random.default_rng(7))
+    assert out[1].shape == (trials, E) and out[1].dtype == bool
+    assert np.all(out[1].sum(axis=1) == k)                      # 一个 token 正好 k 个不同的专家
+    assert np.all(out[2] >= out[1])                             # 前 2 个 token 碰到的包含前 1 个的
+    for n, p in ((1, k / E), (2, 1 - (1 - k / E) ** 2)):        # 某个专家被前 n 个 token 碰到的概率
+        freq = out[n].mean(axis=0)
+        se = math.sqrt(p * (1 - p) / trials)
+        assert np.all(np.abs(freq - p) < 5 * se), n
+
+
+def _enumerate_touched(E, k, n):
+    """把 n 个 token 各选 k 个专家的所有 C(E, k)^n 种（等可能的）结果列出来 -> {碰到的专家数: 种数}, 总种数。"""
+    combos = list(itertools.combinations(range(E), k))
+    counts = {}
+    for choice in itertools.product(combos, repeat=n):
+        c = len(set().union(*choice))
+        counts[c] = counts.get(c, 0) + 1
+    return counts, len(combos) ** n
+
+
+def test_touched_experts_by_hand_enumeration(s04):
+    """E = 4、k = 2、n = 2：C(4,2)² = 36 种等可能的选法，碰到 2 / 3 / 4 个专家的各 6 / 24 / 6 种，期望正好 3。"""
+    counts, total = _enumerate_touched(4, 2, 2)
+    assert total == 36 and counts == {2: 6, 3: 24, 4: 6}
+    assert sum(c * w for c, w in counts.items()) / total == 3
+    assert expected_touched_experts(4, 2, 2) == pytest.approx(3, abs=1e-12)
+    # 脚本的模拟：碰到 2 / 3 / 4 个的频率是 1/6、2/3、1/6
+    trials = 20000
+    sim = s04.simulate_touched(4, 2, (2,), trials, np.random.default_rng(3))[2].sum(axis=1)
+    for c, w in counts.items():
+        p = w / total
+        assert abs(np.mean(sim == c) - p) < 5 * math.sqrt(p * (1 - p) / trials), c
+    # 再几个小例子：枚举的期望 = 公式
+    for E, k, n in ((5, 2, 3), (6, 1, 4), (6, 3, 2)):
+        counts, total = _enumerate_touched(E, k, n)
+        assert sum(c * w for c, w in counts.items()) / total == pytest.approx(expected_touched_experts(E, k, n), rel=1e-12)
 
 
 def test_demo1_formula_vs_simulation(s04, capsys):
@@ -277,6 +306,11 @@ def test_demo2_published_counts(s04, capsys):
     assert big["ckpt_bytes"] == weight_bytes(GPT_OSS_120B, "bf16", expert_fmt="mxfp4")
     assert big["ckpt_bytes"] < H100.mem_bytes
     assert 0.29 < big["attn_head_active_share"] < 0.31
+    for m in (GPT_OSS_120B, GPT_OSS_20B):
+        parts = {name: (t, a) for name, t, a in d[m.name]["parts"]}
+        norm = [v for name, v in parts.items() if name.startswith("RMSNorm")][0]
+        assert norm == (m.n_layers * 2 * m.d_model + m.d_model,) * 2     # 每层 2 个 + 最后 1 个
+        assert d[m.name]["active"] == m.active_params()                  # 各部分的激活列加起来
 
 
 def test_demo3_moe_decode_bytes(s04, capsys):
@@ -293,7 +327,11 @@ def test_demo3_moe_decode_bytes(s04, capsys):
         assert r["flops"] == pytest.approx(b * 2 * m.matmul_params())
     assert d["steps"][4096]["w_bytes"] == pytest.approx(d["all_bytes"], rel=1e-9)
     b = d["b_compute_moe"]
-    assert s04.moe_step(m, b)["bound"] == "compute" and s04.moe_step(m, b - 1)["bound"] == "memory"
+
+    def t_mem_minus_compute(batch):   # 闭式：读字节的时间 − 计算的时间（上下文 0）
+        touched = expected_touched_experts(128, 4, batch)
+        return (dense * 2 + L * touched * e_bytes) / H100.mem_bw - batch * 2 * m.matmul_params() / 989.4e12
+    assert t_mem_minus_compute(b) <= 0 < t_mem_minus_compute(b - 1)
     t1 = d["steps"][1]["w_bytes"] / H100.mem_bw
     assert d["b_compute_dense"] == math.ceil(t1 / (2 * m.matmul_params() / H100.peak_flops("bf16")))
     assert d["b_compute_dense"] < d["n99"] < b
