@@ -88,8 +88,12 @@ class ModelConfig:
             return 0
         return self.d_model * self.n_experts + (self.n_experts if self.router_bias else 0)
 
+    def norm_params(self):
+        """所有 RMSNorm 的权重：每层 2 个（注意力前、FFN 前）+ 最后 1 个，各 d_model 个。"""
+        return (2 * self.n_layers + 1) * self.d_model
+
     def layer_params(self, active=False):
-        """一层的参数；active=True 时专家只算 top_k 个。"""
+        """一层的参数（含这一层的两个 RMSNorm）；active=True 时专家只算 top_k 个。"""
         n_exp = (self.top_k if active else self.n_experts) if self.is_moe else 1
         return self.attn_params() + self.router_params() + n_exp * self.expert_params() + 2 * self.d_model
 

@@ -132,9 +132,8 @@ def param_breakdown(m):
     """
     gpt-oss 的参数按部分分开 -> [(部分, 总数, 每个 token 激活的)]。
 
-    各部分用 llm_math.ModelConfig 的计数（attn_params、router_params、expert_params、embed_params）；
-    llm_math 没有单独的 norm 计数，所以 RMSNorm = params() 减去其余各部分（应当是每层 2 个 + 最后 1 个，各 d_model
-    个权重——测试核对这个闭式）。激活列不用 active_params()，各部分自己加（测试核对两者相等）。
+    各部分用 llm_math.ModelConfig 的计数（attn_params、router_params、expert_params、embed_params、norm_params）；
+    各部分加起来应当正好是 params()，激活列加起来正好是 active_params()（测试核对两者）。
     """
     L = m.n_layers
     head = 0 if m.tied else m.vocab * m.d_model
@@ -146,7 +145,7 @@ def param_breakdown(m):
          L * m.top_k * m.expert_params()),
         ("lm_head", head, head),
     ]
-    norms = m.params() - sum(p[1] for p in parts)
+    norms = m.norm_params()
     return parts[:4] + [("RMSNorm（每层 2 个 + 最后 1 个）", norms, norms), parts[4]]
 
 

@@ -172,3 +172,12 @@ def test_decode_step_with_formats_matches_weight_bytes_rules():
     assert decode_step(LLAMA31_8B, H100, 4, 100, w_fmt="bf16")["w_bytes"] == decode_step(LLAMA31_8B, H100, 4, 100)["w_bytes"]
     # 默认（w_bits）的口径不变：批很大时读全部参数（除输入词嵌入）
     assert decode_step(m, H100, 100_000, 100)["w_bytes"] == pytest.approx(2 * (m.params() - m.embed_params()), rel=1e-9)
+
+
+def test_parts_add_up_to_the_totals():
+    for m in (LLAMA31_8B, _OSS):
+        head = m.vocab * m.d_model
+        parts = (m.embed_params() + m.n_layers * (m.attn_params() + m.router_params()
+                 + max(m.n_experts, 1) * m.expert_params()) + m.norm_params() + head)
+        assert parts == m.params()
+    assert LLAMA31_8B.norm_params() == 65 * 4096
