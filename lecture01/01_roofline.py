@@ -19,7 +19,7 @@ CS349E · 第 1 讲 · 01_roofline.py —— roofline：一块芯片能算多快
 B200 的数字是近似值；Corsair 的容量层（LPDDR5X，约 0.4 TB/s）是二手来源的近似值。芯片数字见 hw_specs 的出处。
 Corsair 没有 BF16，它那一行用 MXINT8 的算力（数据类型不同，只能看量级）。
 
-【运行】python3 01_roofline.py （约 0.1 秒，机器空闲时）
+【运行】python3 01_roofline.py （约 0.1 秒）
 
 【依赖】本目录的 console、hw_specs、llm_math（只用标准库）。
 """

@@ -23,7 +23,7 @@ gpt-oss-120b 的 checkpoint（专家 MXFP4、其余 BF16）多大。
 - 演示 4 的"部署"算法是**假设**：KV cache 按 16 个序列 × 8192 个 token（BF16）留；每块 GPU 只用 90% 的显存
   （其余给激活、CUDA 上下文等）；卡数向上取到 2 的幂（张量并行通常切成 1/2/4/8 份）。
 
-【运行】python3 02_model_arithmetic.py （约 0.1 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
+【运行】python3 02_model_arithmetic.py （约 0.1 秒）
 
 【依赖】本目录的 console、hw_specs、llm_math。
 """

@@ -25,7 +25,7 @@ critical_context 给实数 L*，能变成受算力限制的最长整数上下文
   TTFT 不含排队（假设：请求一到就 prefill，prefill 时没有别的工作）。
 - H100 数字来自数据手册（3.35 TB/s、989.4 TFLOP/s BF16 稠密），见 hw_specs。
 
-【运行】python3 03_prefill_vs_decode.py （约 0.1 秒，机器空闲时）
+【运行】python3 03_prefill_vs_decode.py （约 0.1 秒）
 
 【依赖】本目录的 console、hw_specs、llm_math。
 """

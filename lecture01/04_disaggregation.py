@@ -30,7 +30,7 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
 【出处】芯片和互联：hw_specs（数据手册）；模型结构：llm_math（CURRICULUM §5）；"H100 做 prefill、A100 做 decode"：
 Splitwise（Patel et al., ISCA 2024, arXiv 2311.18677）的 Splitwise-HA 设计。
 
-【运行】python3 04_disaggregation.py （约 0.1 秒，机器空闲时）
+【运行】python3 04_disaggregation.py （约 0.1 秒）
 
 【依赖】本目录的 console、hw_specs（芯片和互联表）、llm_math。
 """

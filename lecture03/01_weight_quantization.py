@@ -20,7 +20,7 @@ CS349E · 第 3 讲 · 01_weight_quantization.py —— 权重量化：每种方
 演示 3 的"放大 10 倍"是**选的假设值**，为了让效果看得见；真实模型里离群的输入通道来自激活的离群特征（LLM.int8()，
 Dettmers 等 2022，arXiv 2208.07339；SmoothQuant，Xiao 等 2022，arXiv 2211.10438 讨论了把它们挪到权重上）。
 
-【运行】python3 01_weight_quantization.py （约 1 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
+【运行】python3 01_weight_quantization.py （约 1 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、SCHEMES、quantize_matrix、quantize_params，需要 ../prereq3 的 numfmt）；
 ../lecture02 的 transformer_lab（init_params）；../lecture01 的 console。

@@ -27,7 +27,7 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
   词嵌入（查表）和 RMSNorm 的权重不量化。
 - 演示 3 的抽样误差把 32 条序列当成 32 个独立样本（同一条序列里的位置可能相关，所以不按位置数算）。
 
-【运行】python3 02_quantized_model_quality.py （约 1.5 秒，OPENBLAS_NUM_THREADS=1，机器空闲时）
+【运行】python3 02_quantized_model_quality.py （约 1.5 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、quantize_params、sample_tokens；需要 ../prereq3 的 numfmt）；
 ../lecture02 的 transformer_lab（NumpyTransformer、init_params）；../lecture06 的 decode_lab（acceptance_beta）；

@@ -29,7 +29,7 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
   理想情况下时间除以 N，加速比不变。
 - 演示 1、2 的上下文（512）和演示 3 的批大小（16）是选的，不是事实。
 
-【运行】python3 03_quantized_decode_speed.py （约 0.1 秒，OPENBLAS_NUM_THREADS=1）
+【运行】python3 03_quantized_decode_speed.py （约 0.1 秒）
 
 【依赖】../lecture01 的 console、hw_specs（H100 的带宽和各数据类型的峰值）、llm_math（LLAMA31_8B / 70B、WEIGHT_FORMATS、
 bits_per_param、decode_step（w_fmt 按格式读字节）、weight_bytes、active_weight_bytes、max_batch、compute_bound_batch）。

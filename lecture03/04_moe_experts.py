@@ -26,7 +26,7 @@ CS349E · 第 3 讲 · 04_moe_experts.py —— MoE：每个 token 只用一小�
   上下文取 0（只看权重；KV cache 的读取见第 1 讲 03），H100 的 BF16 峰值（假设 MXFP4 反量化成 BF16 再算）。
   被碰到的专家数用期望值，不是某一批的实际值。gpt-oss-120b 的 checkpoint（65 GB）一块 80 GB 的 H100 放得下。
 
-【运行】python3 04_moe_experts.py （约 0.3 秒，OPENBLAS_NUM_THREADS=1）
+【运行】python3 04_moe_experts.py （约 0.3 秒）
 
 【依赖】numpy；../lecture01 的 console（打印）、hw_specs（H100）、llm_math（GPT_OSS_120B、GPT_OSS_20B、
 expected_touched_experts、decode_step（expert_fmt="mxfp4" 时按发布格式读字节，含被碰到的专家）、weight_bytes、

@@ -20,7 +20,7 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 S.1111.111 是 NaN，最大 448，最小次正规数 2^−9；E5M2：IEEE 风格，最大 57344）；OCP Microscaling (MX) Formats Specification v1.0
 （E2M1：没有 inf 和 NaN，最大 6，最小次正规数 0.5）。OCP 的 FP8 规范允许溢出时饱和或不饱和，这里 E4M3 按饱和（numfmt 的选择）。
 
-【运行】python3 01_float_formats.py （约 0.2 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
+【运行】python3 01_float_formats.py （约 0.2 秒）
 
 【依赖】numpy；本目录的 numfmt（格式、round_to、encode_bits）；../lecture01 的 console。
 """

@@ -18,7 +18,7 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 INT 量化是对称的（没有零点），scale 存成 FP16（numfmt 的约定）；MX 格式按 OCP Microscaling Formats Specification v1.0：
 共享 scale X = 2^(⌊log₂ max|v|⌋ − 2)（E2M1 最大正规数的指数是 2），元素舍入到 E2M1、超出的饱和到 ±6。
 
-【运行】python3 02_scaling_and_blocks.py （约 0.3 秒，机器空闲、OPENBLAS_NUM_THREADS=1）
+【运行】python3 02_scaling_and_blocks.py （约 0.3 秒）
 
 【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、bits_per_value、INT_QMAX）；../lecture01 的 console。
 """
