@@ -12,6 +12,8 @@ import math
 import re
 import unicodedata
 
+import numpy as np
+
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
            "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound"]
 
@@ -28,7 +30,7 @@ def _cell(x):
     """表格里一个格子的文字：str 原样；bool 写成"是/否"；int 原样；float 用 {:.4g}。"""
     if isinstance(x, str):
         return x
-    if isinstance(x, bool):
+    if isinstance(x, (bool, np.bool_)):
         return "是" if x else "否"
     if isinstance(x, (int,)) or (hasattr(x, "dtype") and getattr(x.dtype, "kind", "") in "iu"):
         return str(int(x))

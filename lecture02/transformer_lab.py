@@ -85,8 +85,9 @@ class LMConfig:
 
     def __post_init__(self):
         for f in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq"):
-            if int(getattr(self, f)) < 1:
-                raise ValueError(f"LMConfig.{f} 必须是正整数（收到 {getattr(self, f)}）")
+            v = getattr(self, f)
+            if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"LMConfig.{f} 必须是正整数（收到 {v!r}）")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads = {self.n_heads} 必须是 n_kv_heads = {self.n_kv_heads} 的整数倍（GQA 分组）")
         if self.head_dim % 2:
@@ -385,6 +386,7 @@ class NumpyTransformer:
         if add:
             add("embed", 0, 0, x.size * BYTES_PER_EL, 0)
         for li, (wqkv, wo, wgu, wdown) in enumerate(self._layers):
+            L = self.params["layers"][li] if add else None
             h = _rms_scale(x, eps_d)
             qkv = h @ wqkv                                               # [B, n, nq + 2·nkv]
             # RoPE：q 和 k 一起，按复数乘 e^{iθ}
@@ -404,9 +406,9 @@ class NumpyTransformer:
             if add:  # 账按真实数组的形状记：矩阵乘 2·(行数)·(权重的输入维)·(输出维)
                 rows = h.shape[0] * h.shape[1]
                 add("attn_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
-                for op, cols in (("q_proj", nq), ("k_proj", nkv), ("v_proj", nkv)):
-                    add(op, 2 * rows * h.shape[2] * cols, 2 * rows * h.shape[2] * cols,
-                        h.shape[2] * cols * BYTES_PER_EL, 0)
+                for op in ("q_proj", "k_proj", "v_proj"):
+                    W = L["w" + op[0]]                                   # 原始的（未融合的）权重矩阵
+                    add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
                 add("rope", e["rope"] * qk.size, 0, 0, 0)
                 # 打分和加权和都按整个矩形执行；因果遮罩下真正需要的 (query, key) 对数单独数
                 visible = int(np.count_nonzero(mask == 0)) if mask is not None else n * S
@@ -425,7 +427,8 @@ class NumpyTransformer:
             if add:
                 add("mlp_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
                 for op in ("mlp_gate", "mlp_up"):
-                    add(op, 2 * rows * h.shape[2] * ff, 2 * rows * h.shape[2] * ff, h.shape[2] * ff * BYTES_PER_EL, 0)
+                    W = L["w_" + op[4:]]
+                    add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
                 add("mlp_act", e["act"] * act.size, 0, 0, 0)
                 add("mlp_down", 2 * rows * wdown.size, 2 * rows * wdown.size, wdown.size * BYTES_PER_EL, 0)
                 add("mlp_residual", e["residual"] * x.size, 0, 0, 0)

@@ -94,7 +94,7 @@ def quantize_params(P, scheme, include_lm_head=False):
         wq, bits = quantize_matrix(w, scheme, name)
         err = wq - w
         mats.append({"name": name, "shape": w.shape, "bits": bits,
-                     "rel_err": float(np.linalg.norm(err) / np.linalg.norm(w)),
+                     "rel_err": float(np.linalg.norm(err) / max(np.linalg.norm(w), np.finfo(float).tiny)),
                      "max_abs_err": float(np.abs(err).max())})
         return wq
 

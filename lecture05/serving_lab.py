@@ -36,7 +36,8 @@ def iteration_time(model, chip, n_decode=0, decode_context_sum=0, prefill_tokens
     FLOPs = 2·(matmul − lm_head)·c + 2·lm_head（lm_head 只算这一段的最后一个位置，同 llm_math.prefill_step）
     + 4·h·d_h·层数·Σ_{i=prefix+1..prefix+c} i（因果），读已经算好的 prefix 个位置的 KV。
     时间 = max(总 FLOPs / 峰值, 总字节 / 带宽)。
-    【参数】decode_context_sum：这批 decode 序列的上下文长度之和 ΣL（每个序列已有的位置数）。
+    【参数】decode_context_sum：这批 decode 序列的上下文长度之和 ΣL；L 是这个序列的新位置要看的位置数（含它自己），
+    和 llm_math.decode_step 的 context 同一个口径。
     prefill_prefix = 0、n_decode = 0 时就是 llm_math.prefill_time；prefill_tokens = 0 时就是 decode_step。
     【边界】只对稠密、没有滑动窗口的模型（见模块说明）；什么都不做的迭代抛 ValueError。
     """
@@ -87,6 +88,8 @@ def poisson_arrivals(rate, n, seed):
 
     【参数】rate：每秒到达的请求数；seed：np.random.default_rng 的种子（只用 .random()）。
     """
+    if not rate > 0:
+        raise ValueError(f"到达率必须为正（每秒的请求数，收到 {rate}）")
     u = np.random.default_rng(seed).random(n)
     return np.cumsum(-np.log1p(-u) / rate)
 
@@ -113,6 +116,8 @@ def simulate_batching(model, chip, prompt_len, out_lens, slots, continuous, w_bi
     【参数】out_lens：每个请求要生成的 token 数（≥ 1）。
     """
     out_lens = [int(x) for x in out_lens]
+    if not out_lens:
+        raise ValueError("至少要有一个请求")
     if min(out_lens) < 1 or slots < 1:
         raise ValueError("每个请求至少生成 1 个 token，位置至少 1 个")
     queue = deque(range(len(out_lens)))
@@ -159,8 +164,11 @@ def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, c
     它的第一个 token 在迭代结束时出来；没有等着的，所有在跑的序列 decode 一步。
     chunk=c（分块 prefill，Sarathi 的做法）：每次迭代 decode 所有在跑的序列，同时顺带 prefill 排在最前面的请求的
     下 c 个提示 token；提示算完的那次迭代给出它的第一个 token。
-    【边界】机器空闲时时间跳到下一个到达时刻。
+    【边界】机器空闲时时间跳到下一个到达时刻。请求的数组长度不一、提示或生成数 < 1、n_gpus < 1、chunk < 1 抛 ValueError。
     """
+    _check_requests(arrivals, prompt_lens, out_lens)
+    if n_gpus < 1 or (chunk is not None and chunk < 1):
+        raise ValueError(f"机器至少 1 台、分块至少 1 个 token（收到 n_gpus={n_gpus}, chunk={chunk}）")
     n = len(arrivals)
     first, last, gaps, gap1 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     for g in range(n_gpus):
@@ -214,7 +222,9 @@ def simulate_disaggregated(model, chip, arrivals, prompt_lens, out_lens, kv_time
     然后把 KV cache 搬到 decode 机，用时 kv_time(提示长度)（秒）。decode 机：每次迭代开始前把已经到达的请求放进批，
     批里所有序列 decode 一步；空闲时跳到下一个请求到达的时刻。
     【参数】kv_time：函数，提示长度 → 搬 KV 的秒数（例如 link_time(model.kv_bytes(n), IB_NDR)）。
+    【边界】同 simulate_colocated。
     """
+    _check_requests(arrivals, prompt_lens, out_lens)
     n = len(arrivals)
     first, last, gaps, gap1 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     ready = []
@@ -237,6 +247,14 @@ def simulate_disaggregated(model, chip, arrivals, prompt_lens, out_lens, kv_time
         t += iteration_time(model, chip, len(running), ctx_sum)
         _decode_tick(running, t, last, gaps, gap1, out_lens)
     return _finish(first, last, gaps, gap1, arrivals, out_lens)
+
+
+def _check_requests(arrivals, prompt_lens, out_lens):
+    n = len(arrivals)
+    if n < 1 or len(prompt_lens) != n or len(out_lens) != n:
+        raise ValueError(f"到达时刻、提示长度、生成数三个数组必须一样长且不空（收到 {n}, {len(prompt_lens)}, {len(out_lens)}）")
+    if min(int(x) for x in prompt_lens) < 1 or min(int(x) for x in out_lens) < 1:
+        raise ValueError("每个请求的提示至少 1 个 token、至少生成 1 个 token")
 
 
 def _decode_tick(running, t, last, gaps, gap1, out_lens):

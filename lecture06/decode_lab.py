@@ -168,16 +168,32 @@ def speculative_step_probs(target_probs, draft_probs):  # [V], [V] -> [V]
     return out
 
 
-def _check_generation(prompt, n_new, model, extra):
+def _vocab(model):
+    return model.cfg.vocab if hasattr(model, "cfg") else model.table.shape[-1]
+
+
+def _check_generation(prompt, n_new, models, gamma=0):
+    """
+    检查生成的参数 -> 提示（int 的 list）。
+
+    【边界】n_new < 1、空提示、token 不在 0..V−1、喂进模型的位置超过它的上下文 max_seq 都抛 ValueError。
+    模型最多喂进 len(prompt) + n_new − 1 个位置（最后抽出的 token 不用再喂）；投机解码的目标模型还要多 γ 个草稿位置。
+    """
+    if not (isinstance(n_new, (int, np.integer)) and not isinstance(n_new, bool) and n_new >= 1):
+        raise ValueError(f"n_new 必须是 ≥ 1 的整数（收到 {n_new!r}）")
     prompt = [int(t) for t in np.asarray(prompt).ravel()]
-    if n_new < 1:
-        raise ValueError(f"n_new 至少为 1（收到 {n_new}）")
     if not prompt:
         raise ValueError("提示至少要有 1 个 token")
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None and len(prompt) + n_new + extra > cfg.max_seq:
-        raise ValueError(f"提示 {len(prompt)} + 新 token {n_new}（+ 草稿 {extra}）超过模型 {getattr(model, 'name', '')} "
-                         f"的上下文 max_seq = {cfg.max_seq}")
+    for m in models:
+        V = _vocab(m)
+        if min(prompt) < 0 or max(prompt) >= V:
+            raise ValueError(f"提示里的 token 必须在 0..{V - 1} 之间（收到 {min(prompt)}..{max(prompt)}）")
+        cfg = getattr(m, "cfg", None)
+        need = len(prompt) + n_new - 1 + gamma
+        if cfg is not None and need > cfg.max_seq:
+            what = f"提示 {len(prompt)} + 新 token {n_new} − 1" + (f" + 草稿 {gamma}" if gamma else "")
+            name = getattr(m, "name", "") or "模型"
+            raise ValueError(f"{what} = {need} 个位置，超过 {name} 的上下文 max_seq = {cfg.max_seq}")
     return prompt
 
 
@@ -188,7 +204,7 @@ def autoregressive_generate(model, prompt, n_new, T, rng, counter=None):
     【参数】T：温度（0 = 贪心）；rng：np.random.Generator（每个 token 用一个均匀数）；counter：记目标模型的账。
     """
     adjust(np.zeros(1), T)  # 尽早检查 T
-    seq = _check_generation(prompt, n_new, model, 0)
+    seq = _check_generation(prompt, n_new, [model])
     n0 = len(seq)
     sess = model.session()
     for _ in range(n_new):
@@ -212,10 +228,10 @@ def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=
     每轮都草稿 γ 个；最后输出截到 n_new 个。
     【边界】γ < 1 抛 ValueError（γ = 0 就是普通解码，用 autoregressive_generate）；T = 0 时输出正好是目标模型的贪心序列。
     """
-    if not (isinstance(gamma, (int, np.integer)) and gamma >= 1):
+    if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
         raise ValueError(f"草稿长度 γ 必须是 ≥ 1 的整数（收到 {gamma!r}）；γ = 0 是普通解码")
     adjust(np.zeros(1), T)
-    seq = _check_generation(prompt, n_new, target, gamma + 1)
+    seq = _check_generation(prompt, n_new, [target, draft], gamma)
     n0 = len(seq)
     t_sess, d_sess = target.session(), draft.session()
     calls, accepted = 0, []
@@ -253,7 +269,7 @@ def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=
 def _check_alpha_gamma(alpha, gamma):
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"接受率 α 必须在 [0, 1] 之间（收到 {alpha}）")
-    if not (isinstance(gamma, (int, np.integer)) and gamma >= 0):
+    if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 0):
         raise ValueError(f"草稿长度 γ 必须是 ≥ 0 的整数（收到 {gamma!r}；γ = 0 是普通解码）")
 
 
@@ -276,7 +292,7 @@ def walltime_speedup(alpha, gamma, c):
 
     【边界】α = 1 取极限 (γ + 1) / (γc + 1)；γ = 0 时是 1；c < 0 抛 ValueError。
     """
-    if c < 0:
+    if not c >= 0:
         raise ValueError(f"代价系数 c 必须 ≥ 0（收到 {c}）")
     return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
 
@@ -288,7 +304,7 @@ def ops_factor(alpha, gamma, c_hat):
     【推导】每轮目标模型算 γ + 1 个位置、草稿算 γ 个（各 ĉ），产出 E 个 token。
     【边界】α = 1 取极限 (γĉ + γ + 1) / (γ + 1)；γ = 0 时是 1；ĉ < 0 抛 ValueError。
     """
-    if c_hat < 0:
+    if not c_hat >= 0:
         raise ValueError(f"运算量系数 ĉ 必须 ≥ 0（收到 {c_hat}）")
     return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
 
@@ -298,12 +314,13 @@ def best_gamma(alpha, c, max_gamma=256):
     在 γ = 1..max_gamma 里找墙钟加速比最大的 γ -> (γ*, 加速比)。
 
     【边界】没有任何 γ 的加速比 > 1（α ≤ c 时；α = c 时 γ = 1 正好是 1）返回 (0, 1.0)：不划算，用普通解码；
-    c ≤ 0 或 α = 1 时加速比随 γ 无限增长、没有有限的最优值：抛 ValueError。
+    c ≤ 0 或 α = 1 时加速比随 γ 无限增长、没有有限的最优值：抛 ValueError；最优值落在 max_gamma 上（真正的最优
+    可能更远，例如 α = 0.999、c = 10⁻⁴）也抛 ValueError。
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"接受率 α 必须在 [0, 1] 之间（收到 {alpha}）")
-    if c <= 0:
-        raise ValueError(f"c = {c} ≤ 0：草稿免费时 γ 越大越快，没有有限的最优 γ（需要 c > 0）")
+    if not c > 0:
+        raise ValueError(f"c = {c}：需要 c > 0（草稿免费时 γ 越大越快，没有有限的最优 γ）")
     if alpha == 1.0:
         raise ValueError("α = 1：草稿永远被接受，γ 越大越快，没有有限的最优 γ（需要 α < 1）")
     best = (0, 1.0)
@@ -311,6 +328,8 @@ def best_gamma(alpha, c, max_gamma=256):
         s = walltime_speedup(alpha, g, c)
         if s > best[1] * (1 + 1e-12):
             best = (g, s)
+    if best[0] == max_gamma:
+        raise ValueError(f"α = {alpha}、c = {c} 的最优 γ 超出搜索范围 1..{max_gamma}：调大 max_gamma")
     return best
 
 
@@ -374,6 +393,10 @@ def chi2_gof(counts, probs, min_expected=5.0):
     counts = np.asarray(counts, dtype=np.float64).ravel()
     probs = np.asarray(probs, dtype=np.float64).ravel()
     n = counts.sum()
+    if counts.shape != probs.shape or n <= 0 or np.any(counts < 0):
+        raise ValueError("counts 和 probs 必须一样长，counts 非负且至少有一次观测")
+    if np.any(probs < 0) or abs(probs.sum() - 1.0) > 1e-9:
+        raise ValueError(f"probs 必须是一个分布（非负、和为 1；收到和 {probs.sum()}）")
     if np.any((probs <= 0) & (counts > 0)):
         return math.inf, 0, 0.0
     exp = probs * n

@@ -155,7 +155,8 @@ def quantize_int(w, bits, granularity="channel", group=None):
     对称整数量化再反量化：w 形状 [输入维, 输出维]（权重矩阵）-> (w', scale)。
 
     【参数】bits：8 或 4；granularity："tensor"、"channel"（每列一个 scale）、"group"（每列里沿输入维每 group 个一个）。
-    【边界】group 不整除输入维时抛 ValueError；全 0 的组 scale = 0，反量化结果也是 0；scale 舍入到 FP16。
+    【边界】group 不整除输入维时抛 ValueError；全 0 的组 scale = 0，反量化结果也是 0；scale 舍入到 FP16
+    （比 FP16 最小次正规数还小的 scale 取那个次正规数；max|w| / qmax 超过 FP16 的最大值 65504 抛 ValueError）。
     """
     if bits not in INT_QMAX:
         raise ValueError(f"整数量化只支持 8 位和 4 位（收到 {bits}）")
@@ -175,7 +176,10 @@ def quantize_int(w, bits, granularity="channel", group=None):
     else:
         raise ValueError(f"未知的粒度 {granularity!r}；可用：tensor、channel、group")
     amax = np.abs(blocks).max(axis=1, keepdims=True)
-    scale = round_to(amax / qmax, FP16)
+    if amax.max() / qmax > FP16.max_value:
+        raise ValueError(f"max|w| = {amax.max():.3g} 太大：scale = max|w| / {qmax} 超过 FP16 的最大值 {FP16.max_value:g}")
+    # scale 存成 FP16：太小的 scale 会下溢成 0，那时取 FP16 最小的次正规数（全 0 的组 scale 仍是 0）
+    scale = np.where(amax > 0, np.maximum(round_to(amax / qmax, FP16), FP16.min_subnormal), 0.0)
     safe = np.where(scale > 0, scale, 1.0)
     q = np.clip(np.round(blocks / safe), -qmax, qmax)
     deq = np.where(scale > 0, q * scale, 0.0)
@@ -206,16 +210,18 @@ def quantize_mx(w, elem=FP4_E2M1, block=32):
     MX 块格式量化再反量化：w [输入维, 输出维]，每列里沿输入维每 block 个数共享一个 E8M0 scale -> (w', scale)。
 
     【推导】X = 2^(⌊log₂ max|v|⌋ − emax_elem)（OCP MX v1.0 §6.3）；元素 = round_to(v / X, elem)，超出的饱和。
-    【边界】block 不整除输入维时抛 ValueError；全 0 的块 scale 记 1、元素全 0。
+    【边界】block 不整除输入维时抛 ValueError；全 0 的块元素全 0（scale 取 2^(−emax_elem)，无所谓）；
+    scale 的指数夹在 E8M0 的范围 −127..127 里（极小或极大的块会因此被截断或饱和）。
     """
     w = np.asarray(w, dtype=np.float64)
     n_in, n_out = w.shape
-    if n_in % block:
-        raise ValueError(f"MX 块大小 {block} 必须整除输入维 {n_in}")
+    if block < 1 or n_in % block:
+        raise ValueError(f"MX 块大小 {block} 必须是正整数并整除输入维 {n_in}")
     blocks = w.T.reshape(n_out * (n_in // block), block)
     amax = np.abs(blocks).max(axis=1, keepdims=True)
     safe = np.where(amax > 0, amax, 1.0)
-    scale = np.exp2(np.floor(np.log2(safe)) - elem.emax)
+    # E8M0 只能表示 2^−127 .. 2^127：指数夹在这个范围里
+    scale = np.exp2(np.clip(np.floor(np.log2(safe)) - elem.emax, -127, 127))
     deq = round_to(blocks / scale, elem) * scale
     return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // block)
 

@@ -337,3 +337,52 @@ def test_acceptance_beta_per_position_and_its_mean():
     q = np.array([[0.25, 0.25, 0.5], [0.0, 1.0, 0.0]])
     assert np.allclose(acceptance_beta(p, q), [0.5, 0.0])
     assert acceptance_rate(p, q) == pytest.approx(0.25)
+
+
+def test_more_bad_arguments_are_clear_value_errors(tiny_models):
+    target, drafts = tiny_models
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="γ"):
+        speculative_generate(target, drafts["二元语法表"], [1, 2], 4, True, 1.0, rng)
+    with pytest.raises(ValueError, match="0..5"):
+        speculative_generate(target, drafts["二元语法表"], [1, 7], 4, 2, 1.0, rng)
+    with pytest.raises(ValueError, match="0..5"):
+        autoregressive_generate(target, [-1, 2], 4, 1.0, rng)
+    with pytest.raises(ValueError, match="c"):
+        walltime_speedup(0.5, 2, float("nan"))
+    with pytest.raises(ValueError, match="c"):
+        best_gamma(0.9, float("nan"))
+    with pytest.raises(ValueError, match="max_gamma"):
+        best_gamma(0.999, 1e-4)
+    with pytest.raises(ValueError, match="分布"):
+        chi2_gof([1, 2], [0.5, 0.6])
+    with pytest.raises(ValueError, match="至少有一次观测"):
+        chi2_gof([0, 0], [0.5, 0.5])
+
+
+def test_context_bound_is_exact(tiny_models):
+    """模型最多喂 len(prompt) + n_new − 1 个位置；投机解码的目标再多 γ 个。正好放得下的不该被拒绝。"""
+    target, drafts = tiny_models
+    L = TINY.max_seq
+    out = autoregressive_generate(target, [1] * (L - 4), 5, 1.0, np.random.default_rng(0))
+    assert len(out) == 5
+    out, _ = speculative_generate(target, drafts["前 1 层"], [1] * (L - 6), 4, 3, 1.0, np.random.default_rng(0))
+    assert len(out) == 4
+    with pytest.raises(ValueError, match="max_seq"):
+        speculative_generate(target, drafts["前 1 层"], [1] * (L - 6), 4, 4, 1.0, np.random.default_rng(0))
+
+
+def test_draft_cache_after_rollbacks_equals_full_logits(tiny_models):
+    """草稿的缓存也要回滚对：草稿每次前向得到的 logits 等于对同一个上下文一次算完的结果。"""
+    target, drafts = tiny_models
+    d = drafts["另一个模型"]
+    spy = _SpyLM(d.params, d.cfg, "spy-draft")
+    speculative_generate(target, spy, [3, 1], 30, 4, 1.0, np.random.default_rng(11))
+    context, checked = [], 0
+    for past, toks, rows in spy.log:
+        context = context[:past] + list(toks)
+        full = d.full_logits(np.array([context]))[0]
+        assert np.abs(rows - full[past:past + len(toks)]).max() < 1e-12
+        checked += len(toks)
+    assert checked > 30 and any(past < prev_end for (past, _, _), prev_end in
+                                zip(spy.log[1:], [p + len(t) for p, t, _ in spy.log[:-1]]))   # 确实回滚过

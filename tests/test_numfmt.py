@@ -113,3 +113,45 @@ def test_fp8_scale_is_fp32_and_column_max_maps_to_448():
     elems = wq / scale
     assert np.array_equal(round_to(elems, FP8_E4M3), elems) and np.abs(elems).max() <= 448.0
     assert np.abs(wq - w).max() <= np.abs(w).max() * 2 ** -4 + 1e-12      # 相对误差 ≤ ε/2 = 2⁻⁴（正规数区间）
+
+
+def test_int_scale_underflow_and_overflow():
+    w = np.full((32, 2), 1e-9)
+    wq, scale = quantize_int(w, 8, "channel")
+    assert (scale > 0).all() and np.isfinite(wq).all()
+    with pytest.raises(ValueError, match="FP16 的最大值"):
+        quantize_int(np.full((4, 1), 1e7), 8, "channel")
+
+
+def test_mx_scale_exponent_is_clamped_to_e8m0():
+    wq, scale = quantize_mx(np.full((32, 1), 1e-45), FP4_E2M1, 32)
+    assert scale.min() >= 2.0 ** -127
+    with pytest.raises(ValueError, match="块大小"):
+        quantize_mx(np.ones((32, 1)), FP4_E2M1, 0)
+
+
+def test_every_fp16_bit_pattern_round_trips():
+    vals = np.arange(2 ** 16, dtype=np.uint16).view(np.float16).astype(np.float64)
+    finite = np.isfinite(vals)
+    assert np.array_equal(round_to(vals[finite], FP16), vals[finite])
+    # 溢出区：在 65504 和 inf 之间，和 numpy 的 float16 转换一致
+    x = np.linspace(65000, 70000, 5001)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(round_to(x, FP16), x.astype(np.float16).astype(np.float64))
+
+
+@pytest.mark.parametrize("fmt", [FP8_E4M3, FP8_E5M2, FP4_E2M1], ids=lambda f: f.name)
+def test_every_small_format_bit_pattern_decodes_and_round_trips(fmt):
+    """从位直接算出每个码的值（独立于 round_to），检查它能被精确表示、encode_bits 还原出同样的位。"""
+    E, M, bias = fmt.exp_bits, fmt.man_bits, fmt.bias
+    for code in range(2 ** (1 + E + M)):
+        s, e, m = code >> (E + M), (code >> M) & (2 ** E - 1), code & (2 ** M - 1)
+        if fmt.has_inf and e == 2 ** E - 1:
+            continue                                                   # inf / NaN
+        if fmt.nan_in_top and e == 2 ** E - 1 and m == 2 ** M - 1:
+            continue                                                   # E4M3 的 NaN
+        v = (m / 2 ** M) * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2 ** M) * 2.0 ** (e - bias)
+        v = -v if s else v
+        assert round_to(v, fmt) == v
+        bits = encode_bits(v, fmt)
+        assert bits == (str(s), format(e, f"0{E}b"), format(m, f"0{M}b"))

@@ -153,3 +153,18 @@ def test_colocated_prefill_stalls_decodes_and_disaggregation_does_not():
     assert np.mean(d["first_gap"] >= d["max_gap"]) > 0.9
     c2 = simulate_colocated(m, H100, arr, prompts, outs, n_gpus=2)
     assert all(np.array_equal(c[k], c2[k]) for k in c)
+
+
+def test_simulations_reject_bad_requests_instead_of_hanging():
+    from llm_math import LLAMA31_8B as M
+    from hw_specs import H100 as C
+    with pytest.raises(ValueError, match="至少生成 1 个"):
+        simulate_colocated(M, C, [0.0, 1.0], [10, 10], [3, 0])
+    with pytest.raises(ValueError, match="一样长"):
+        simulate_disaggregated(M, C, [0.0], [10, 10], [3, 3], lambda n: 0.0)
+    with pytest.raises(ValueError, match="分块"):
+        simulate_colocated(M, C, [0.0], [10], [3], chunk=0)
+    with pytest.raises(ValueError, match="至少要有一个请求"):
+        simulate_batching(M, C, 10, [], 4, True)
+    with pytest.raises(ValueError, match="到达率"):
+        poisson_arrivals(0.0, 5, 0)

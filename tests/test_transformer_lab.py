@@ -184,3 +184,68 @@ def test_softmax_rows_sum_to_one():
     x = np.array([[1000.0, 0.0], [-np.inf, 0.0]])
     s = softmax(x)
     assert np.allclose(s.sum(-1), 1) and s[1, 0] == 0
+
+
+# ---------------------------------------------------------------------------
+# 和一个"照着公式写"的参考实现比（不融合矩阵、不用复数 RoPE、GQA 逐头循环、norm 权重不是 1）
+# ---------------------------------------------------------------------------
+def _reference_forward(P, cfg, toks):  # [B, n] -> [B, n, V]
+    def rms(x, g):
+        return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.norm_eps) * g
+
+    def rope(x, pos):  # x: [n, hd]；HF 的 rotate_half 写法：第 i 和 i + hd/2 维成对旋转
+        half = cfg.head_dim // 2
+        freq = cfg.rope_theta ** (-np.arange(half) / half)
+        ang = pos[:, None] * freq[None, :]
+        cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+        rot = np.concatenate([-x[:, half:], x[:, :half]], -1)
+        return x * cos + rot * sin
+
+    B, n = toks.shape
+    hd, H, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    pos = np.arange(n, dtype=np.float64)
+    out = np.zeros((B, n, cfg.vocab))
+    for b in range(B):
+        x = P["embed"][toks[b]]
+        for L in P["layers"]:
+            h = rms(x, L["attn_norm"])
+            q, k, v = h @ L["wq"], h @ L["wk"], h @ L["wv"]
+            heads = []
+            for i in range(H):
+                j = i // (H // Hkv)                         # 第 i 个 query 头用第 j 个 KV 头
+                qi = rope(q[:, i * hd:(i + 1) * hd], pos)
+                kj = rope(k[:, j * hd:(j + 1) * hd], pos)
+                s = qi @ kj.T / np.sqrt(hd)
+                s = np.where(np.tril(np.ones((n, n))) > 0, s, -np.inf)
+                w = np.exp(s - s.max(-1, keepdims=True))
+                heads.append((w / w.sum(-1, keepdims=True)) @ v[:, j * hd:(j + 1) * hd])
+            x = x + np.concatenate(heads, -1) @ L["wo"]
+            h = rms(x, L["mlp_norm"])
+            g = h @ L["w_gate"]
+            x = x + (g / (1 + np.exp(-g)) * (h @ L["w_up"])) @ L["w_down"]
+        out[b] = rms(x, P["final_norm"]) @ P["lm_head"]
+    return out
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name)
+def test_model_equals_a_plain_reference_implementation(cfg):
+    P = init_params(cfg, seed=4)
+    rng = np.random.default_rng(5)
+    for L in P["layers"]:                                  # 不是 1 的 norm 权重：检查它们被正确地并进了矩阵
+        L["attn_norm"] = 0.5 + rng.random(cfg.d_model)
+        L["mlp_norm"] = 0.5 + rng.random(cfg.d_model)
+    P["final_norm"] = 0.5 + rng.random(cfg.d_model)
+    toks = _toks(cfg, 2, 13)
+    want = _reference_forward(P, cfg, toks)
+    got = NumpyTransformer(P, cfg).forward(toks)
+    assert np.abs(got - want).max() < 1e-12
+
+
+def test_sample_inverse_cdf_single_distribution_fast_path():
+    p = np.array([0.0, 0.0, 0.3, 0.0, 0.7, 0.0])
+    assert sample_inverse_cdf(p, 0.0) == 2
+    assert sample_inverse_cdf(p, 0.2999) == 2
+    assert sample_inverse_cdf(p, 0.3) == 4
+    assert sample_inverse_cdf(p, 1 - 1e-17) == 4
+    batch = sample_inverse_cdf(np.broadcast_to(p, (4, 6)), np.array([0.0, 0.2999, 0.3, 1 - 1e-17]))
+    assert list(batch) == [2, 2, 4, 4]
