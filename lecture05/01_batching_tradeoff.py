@@ -75,7 +75,7 @@ def demo1_batch_sweep():
          "all_memory_bound": all(v["bound"] == "memory" for k, v in out.items() if k[1] != "bmax")}
     print_observations([
         f"{m8}：批从 1 到 64，每步时间只从 {fmt_time(t1)} 涨到 {fmt_time(t64)}（×{r['tpot_ratio_64']:.2f}），"
-        f"吞吐却涨了 {r['thr_ratio_64']:.1f} 倍。权重每步只读一遍，批里所有序列共用；每多一个序列只多读它自己的 KV。",
+        f"吞吐却是 B = 1 时的 {r['thr_ratio_64']:.1f} 倍。权重每步只读一遍，批里所有序列共用；每多一个序列只多读它自己的 KV。",
         f"这就是服务总跑大批的原因：每个用户的 TPOT 变慢的倍数远小于吞吐涨的倍数，而吞吐决定每个 token 的成本。"
         f"批 = 1 时 {r['thr_8b_b1']:,.0f} tok/s，显存装满（B = {b8}）时 {r['thr_8b_bmax']:,.0f} tok/s（{r['thr_8b_bmax'] / r['thr_8b_b1']:.0f} 倍），"
         f"TPOT 只从 {fmt_time(t1)} 变成 {fmt_time(tmax)}（{tmax / t1:.1f} 倍）。",
@@ -118,7 +118,7 @@ def demo2_compute_bound():
         f"KV 把 B* 往上推：注意力核心的强度只有 GQA 的组大小（8B 是 {LLAMA31_8B.group}、70B 是 {LLAMA31_70B.group}），远低于拐点，每加一个序列就多一份读 KV 的时间。"
         f"8B 在 L = 128 时批要到 {r['nb128_8b']} 才 compute-bound；70B 在 L = 1024 时要到 {r['nb1024_70b']}，"
         f"显存装得下 {r['bm1024_70b']} 个序列，{'还够得着' if r['nb1024_70b'] <= r['bm1024_70b'] else '已经够不着'}。",
-        f"上下文到了临界长度 L*，分母变成 ≤ 0，批再大也到不了 compute-bound：8B 的 L* = {lc8:.1f}，70B（8 卡）的 L* = {lc70:.1f}；"
+        f"上下文到了临界长度 L*，分母变成 ≤ 0，批再大也到不了 compute-bound：8B 的 L* = {lc8:.2f}，70B（8 卡）的 L* = {lc70:.2f}；"
         f"能变成 compute-bound 的最长整数上下文是 ⌈L*⌉ − 1，分别是 {r['lmax_8b']} 和 {r['lmax_70b']}（llm_math.critical_context 的约定）。"
         f"实际服务的上下文通常更长，所以 decode 几乎总是 memory-bound——这正是投机解码（第 6 讲）有闲置算力可用、"
         f"以及把 decode 放到带宽更高的硬件上（04、05）有意义的原因。",
@@ -151,7 +151,7 @@ def demo3_continuous_batching():
     print_observations([
         f"同样 128 个位置，静态批平均只有 {r['active_static_128']:.1f} 个序列在算：一组里先生成完的请求占着位置等最长的那个；"
         f"连续批平均 {r['active_cont_128']:.1f} 个，空出来的位置下一步就补上新请求（Orca 的迭代级调度）。",
-        f"吞吐因此高 {gain[128]:.2f} 倍（32 个位置时 {gain[32]:.2f} 倍），一共都是 {r['tokens']:,} 个 token。"
+        f"吞吐因此是静态批的 {gain[128]:.2f} 倍（高 {(gain[128] - 1) * 100:.0f}%；32 个位置时 {gain[32]:.2f} 倍），一共都是 {r['tokens']:,} 个 token。"
         f"代价是每步时间（TPOT）从 {fmt_time(r['tpot_static_128'])} 涨到 {fmt_time(r['tpot_cont_128'])}"
         f"（+{(r['tpot_cont_128'] / r['tpot_static_128'] - 1) * 100:.0f}%）：在算的序列多了，每步多读它们的 KV（演示 1）——吞吐和 TPOT 的交换。",
         "对静态批有利的假设只有一条：组里先完成的位置空着、不计算（真实的静态批常常照算填充的位置）。"

@@ -63,8 +63,9 @@ def demo1_kv_bytes():
         f"KV 和提示长度成正比：Llama-3.1-70B 每个位置 {fmt_bytes(LLAMA31_70B.kv_bytes_per_token())}，32K 的提示就是 "
         f"{fmt_bytes(r['kv_70b_32k'])}——这就是解耦时每个请求要从 prefill 机搬到 decode 机的\"货\"。",
         f"gpt-oss-120b 小得多：32K 时 {fmt_bytes(r['kv_oss_32k'])}，约为 70B 的 1/{r['ratio_70b_oss_32k']:.0f}。"
-        f"它的 KV 头只有 {GPT_OSS_120B.n_kv_heads} 个、head_dim {GPT_OSS_120B.head_dim}、{GPT_OSS_120B.n_layers} 层，"
-        f"而且一半的层是 {GPT_OSS_120B.sliding_window} 个位置的滑动窗口：这些层的 KV 不随提示变长。",
+        f"KV 头两者都是 {GPT_OSS_120B.n_kv_heads} 个；差别来自层数（{GPT_OSS_120B.n_layers} 层 vs {LLAMA31_70B.n_layers} 层）、"
+        f"head_dim（{GPT_OSS_120B.head_dim} vs {LLAMA31_70B.head_dim}），"
+        f"以及一半的层是 {GPT_OSS_120B.sliding_window} 个位置的滑动窗口：这些层的 KV 不随提示变长。",
         f"滑动窗口在长提示上几乎省一半：32K 时是\"没有窗口\"的 {r['window_ratio_32k'] * 100:.1f}%，2K 时 "
         f"{r['window_ratio_2k'] * 100:.1f}%（窗口层存的 {GPT_OSS_120B.sliding_window} 个位置在短提示里占的比例更大）。",
     ])
@@ -116,7 +117,7 @@ def demo2_transfer_vs_prefill():
         f"提示变长，比例反而下降（NDR：2048 时 {ib_ratio * 100:.0f}%，32768 时 {r['ib_ratio_70_32k'] * 100:.0f}%）："
         "KV 和提示长度成正比，prefill 里注意力的运算却按长度的平方涨。",
         f"{mo} 的 KV 很省（演示 1），同样一个 NDR 端口只占 prefill 的 {r['ib_ratio_oss_2k'] * 100:.1f}%，"
-        f"连 100 GbE 也只占 {r['eth_ratio_oss_2k'] * 100:.0f}%——GQA 少头、小 head_dim、滑动窗口，都让解耦更便宜。",
+        f"连 100 GbE 也只占 {r['eth_ratio_oss_2k'] * 100:.0f}%——层数少、head_dim 小、滑动窗口，都让解耦更便宜。",
         f"比例小于 100% 时，不必等 prefill 全部算完再发：每算完一层就把这一层的 KV 发出去（Splitwise 的做法），"
         f"搬运和后面的层重叠，露在外面的只剩最后一层的那份：{m70} 走一个 NDR 端口约 {fmt_time(r['exposed_layerwise_70_2k'])}"
         f"（{fmt_time(ib_t)} / {LLAMA31_70B.n_layers} 层）。比例大于 100% 时藏不住，网络决定了解耦值不值。",

@@ -172,7 +172,7 @@ def demo3_other_rules():
         rows.append([name, f"{alpha:.3f}", f"{naive_alpha:.3f}", f"{res[name]['E_correct']:.2f}",
                      f"{res[name]['E_naive']:.2f}", fmt_bound(float(np.abs(r["naive"][0] - p).max()), ENUM_BOUND),
                      f"{err_p:.3f}", f"{err_q:.3f}"])
-    print_table(["情形", "α：修正拒绝采样", "朴素 Σ p·q", f"每轮 token（γ={GAMMA}）", "朴素", "朴素 max|输出−p|",
+    print_table(["情形", "α：修正拒绝采样", "朴素 Σ p·q", f"每轮 token（γ={GAMMA}）：修正", "每轮 token：朴素", "朴素 max|输出−p|",
                  "拒绝后从 p 抽 max|输出−p|", "一律接受 max|输出−p|"], rows)
     general = res["一般情形"]
     oh = res[ONEHOT]

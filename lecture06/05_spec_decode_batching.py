@@ -112,8 +112,8 @@ def demo1_verify_cost():
                      if decode_step(TARGET, CHIP, b, CONTEXT, n_tokens=g + 1)["bound"] == "compute") for g in GAMMAS}
     print_observations([
         f"批小的时候验证几乎免费：B = 1 时验证 {g_hi + 1} 个位置只比普通一步多 {100 * (ratio[(1, g_hi)] - 1):.1f}%——"
-        "时间都花在读权重上，多算几个位置用的是闲着的算力。到 B = "
-        f"{free_b} 为止，验证 {g_hi + 1} 个位置都和普通一步一样快。",
+        "时间都花在读权重上，多算几个位置用的是闲着的算力。表里到 B = "
+        f"{free_b} 为止（逐个整数找：到 B = {cross[g_hi] - 1} 为止），验证 {g_hi + 1} 个位置都和普通一步一样快。",
         f"普通 decode 从 B = {math.ceil(b_star)} 起才受算力限制（roofline 交点 B* = {b_star:.1f}）；验证 γ + 1 个位置时每步算 B × (γ + 1) 个位置、"
         "KV 却只读一遍，所以早得多就撞上算力墙："
         + "、".join(f"γ = {g} 从 B = {cross[g]} 起" for g in GAMMAS) + "（逐个整数找）。",
