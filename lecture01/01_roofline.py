@@ -23,6 +23,7 @@ Corsair 没有 BF16，它那一行用 MXINT8 的算力（数据类型不同，�
 
 【依赖】本目录的 console、hw_specs、llm_math（只用标准库）。
 """
+import math
 import os
 import sys
 
@@ -71,7 +72,7 @@ def demo1_chips():
     cap_ridge = CORSAIR.peak_flops("mxint8") / CORSAIR.capacity_bw
     rows.append(["Corsair 的容量层 LPDDR5X", fmt_bytes(CORSAIR.capacity_bytes), f"{fmt_bytes(CORSAIR.capacity_bw)}/s",
                  f"{fmt_num(CORSAIR.peak_flops('mxint8'))}FLOP/s（mxint8）", f"{cap_ridge:.0f}", "—", "—", "—"])
-    print_table(["芯片", "容量（快层）", "带宽", "峰值算力", "拐点 FLOP/B", "低精度峰值", "拐点 FLOP/B", "功耗"], rows)
+    print_table(["芯片", "容量（快层）", "带宽", "峰值算力", "拐点 FLOP/B（主类型）", "低精度峰值", "拐点 FLOP/B（低精度）", "功耗"], rows)
 
     r = {short(c): ridge(c) for c in CHIPS}
     r["Corsair LPDDR"] = cap_ridge
@@ -130,8 +131,8 @@ def demo2_time_vs_intensity():
         f"拐点以下，时间只取决于字节：H100 上强度 0.25 和 64 的算子都是 {fmt_time(times[(0.25, 'H100')])}"
         f"（{'完全相同' if flat else '不同'}）——多做的运算是白送的。强度 1（BF16 的矩阵-向量乘，decode 批大小 1 的情形）"
         f"用了 {fmt_time(t1)}，只用上 H100 峰值算力的 {100 * util1:.2f}%。",
-        f"哪块芯片快取决于强度：强度 1 时 H200 比 H100 快 {lo_ratio:.2f} 倍（带宽之比），强度 4096 时 {hi_ratio:.2f} 倍（算力相同）。"
-        f"B200 相对 H100：低强度快 {b_lo:.2f} 倍，高强度快 {b_hi:.2f} 倍。",
+        f"哪块芯片快取决于强度：强度 1 时 H200 的速度是 H100 的 {lo_ratio:.2f} 倍（带宽之比），强度 4096 时{'一样快' if abs(hi_ratio - 1) < 0.005 else f'是 {hi_ratio:.2f} 倍'}（{hi_ratio:.2f}×，算力相同）。"
+        f"B200 相对 H100：低强度时速度是它的 {b_lo:.2f} 倍，高强度时 {b_hi:.2f} 倍。",
         f"拐点以上，时间和强度成正比，受算力限制：H100 上强度 4096 要 {fmt_time(times[(4096, 'H100')])}，"
         f"A100 要 {fmt_time(times[(4096, 'A100')])}。",
         f"Corsair 的 SRAM 上强度 {full_cs:g} 就用满了算力（它的拐点是 {ridge(CORSAIR):.0f}）；同一个 1 GB 的算子在强度 1 时只要 {fmt_time(times[(1, 'Corsair')])}"
@@ -173,7 +174,9 @@ def demo3_llm_ops():
         f"B = 1（decode 一个序列）时矩阵乘的强度是 {i1:.3f}：每读一个 BF16 权重（2 字节）只做一次乘加（2 FLOPs）。"
         f"B 不大时强度约等于 B（B = 64 时 {i64:.1f}）：同一份权重被 B 个 token 共用——这就是 decode 要攒大批的原因。",
         f"H100 上 B ≥ {cross['H100']} 时这个矩阵乘才受算力限制，A100 上 B ≥ {cross['A100']}，H200 上 B ≥ {cross['H200']}："
-        f"拐点越高，要攒的批越大。prefill 一次处理整个提示（几千个 token），天然在拐点之上。",
+        f"拐点越高，要攒的批越大。prefill 一次处理整个提示（几千个 token），天然在拐点之上。"
+        f"（这里的字节含读输入激活、写输出（llm_math.matmul_intensity），所以比只算权重字节的 decode 整步的结论"
+        f"（⌈B*⌉ = {math.ceil(ridge(H100))} 左右，第 1 讲 03、第 2 讲 03）大一些。）",
         f"decode 时注意力核心的强度是 {attn_i:.2f}（= GQA 组大小 {m.group}：每个 KV 头被 {m.group} 个 query 头共用），"
         f"和批大小无关——每个序列读自己的 KV cache，批再大也不共用。它在每块 GPU 上都受带宽限制。",
     ])

@@ -12,10 +12,10 @@ gpt-oss-120b 的 checkpoint（专家 MXFP4、其余 BF16）多大。
 演示 4：要几块 H100 80GB 才放得下：只算权重，和"权重 + 一些 KV cache + 余量"两种算法。
 
 【怎么读输出】参数量是精确整数（逗号分隔），"公开的数"是 Hugging Face checkpoint / 模型卡上的。
-字节用十进制单位（1 GB = 10⁹ 字节），gpt-oss 的 checkpoint 在观察里另给 GiB（2³⁰ 字节），因为 §5 的 60.8 是 GiB。
+字节用十进制单位（1 GB = 10⁹ 字节），gpt-oss 的 checkpoint 在观察里另给 GiB（2³⁰ 字节），因为模型卡的 60.8 是 GiB。
 
 【模型的假设（务必看）】
-- 结构和参数总数：Llama 3.1 的 config.json、gpt-oss 模型卡与 config.json（CURRICULUM §5）。
+- 结构和参数总数：Llama 3.1 的 config.json、gpt-oss 模型卡（OpenAI 2025）与 config.json。
 - 量化格式的约定（llm_math.WEIGHT_FORMATS）：只量化 transformer 块里的权重矩阵（q/k/v/o、FFN 或专家）；
   词嵌入、lm_head、路由器、norm、偏置留在 BF16。INT8 每个输出通道一个 FP16 scale，INT4 每 128 个一个 FP16 scale，
   MXFP4 每 32 个一个 E8M0 scale，FP8（E4M3）每个输出通道一个 FP32 scale（8 + 32/行长 位；和 ../prereq3/numfmt、
@@ -39,11 +39,11 @@ from hw_specs import H100  # noqa: E402
 from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B,  # noqa: E402
                       WEIGHT_FORMATS, bits_per_param, linear_shapes, weight_bytes)
 
-# 公开的参数总数（CURRICULUM §5）：Llama 和 gpt-oss-120b 是精确整数；gpt-oss-20b 的模型卡只给到 0.01B。
+# 公开的参数总数（config.json、模型卡）：Llama 和 gpt-oss-120b 是精确整数；gpt-oss-20b 的模型卡只给到 0.01B。
 PUBLISHED_TOTAL = {LLAMA31_8B.name: 8_030_261_248, LLAMA31_70B.name: 70_553_706_496,
                    LLAMA31_405B.name: 405_853_388_800, GPT_OSS_120B.name: 116_829_156_672}
 PUBLISHED_ROUNDED = {GPT_OSS_20B.name: (20.91, 3.61), GPT_OSS_120B.name: (116.83, 5.13)}  # (总, 激活)，单位 B
-CHECKPOINT_GIB_120B = 60.8          # gpt-oss-120b checkpoint 的大小（CURRICULUM §5，GiB）
+CHECKPOINT_GIB_120B = 60.8          # gpt-oss-120b checkpoint 的大小（模型卡，GiB）
 GIB = 2 ** 30
 # 演示 4 的部署假设（见文件开头）
 KV_SEQS, KV_CTX, USABLE = 16, 8192, 0.90
@@ -162,7 +162,7 @@ def demo2_bytes_per_format():
         f"差 {100 * (table[(LLAMA31_405B.name, 'fp8')] / table[(LLAMA31_405B.name, 'int8')] - 1):.2f}%）。",
         f"gpt-oss-120b 的 checkpoint（{n_exp_w / 1e9:.2f}B 个专家权重用 MXFP4，其余 {(g.params() - n_exp_w) / 1e9:.2f}B 个参数——"
         f"注意力、词表、路由器、norm、sink、所有偏置——用 BF16）：{fmt_bytes(ck)} = {ck / GIB:.2f} GiB，"
-        f"和 §5 的 {CHECKPOINT_GIB_120B} GiB {'在四舍五入内一致' if round(ck / GIB, 1) == CHECKPOINT_GIB_120B else '不一致'}。"
+        f"和模型卡的 {CHECKPOINT_GIB_120B} GiB {'在四舍五入内一致' if round(ck / GIB, 1) == CHECKPOINT_GIB_120B else '不一致'}。"
         f"gpt-oss-20b 同样算是 {ck20 / GIB:.2f} GiB。",
         f"如果把 gpt-oss-120b 全部参数都按 4.25 位算，会得到 {naive / GIB:.2f} GiB，少算了 {(ck - naive) / GIB:.2f} GiB："
         f"只占 {100 * (g.params() - n_exp_w) / g.params():.1f}% 的 BF16 参数，却占了 checkpoint 的 "

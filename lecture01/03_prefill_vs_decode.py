@@ -67,7 +67,7 @@ def demo1_decode_vs_batch():
         f"批大小 1：一步 {fmt_time(t1)}，几乎全是读权重（{fmt_bytes(w_step)} ÷ {fmt_bytes(c.mem_bw)}/s；"
         f"不含输入词嵌入，它是查表）；计算只要 {fmt_time(res[1]['t_compute'])}，H100 的算力 "
         f"{100 * res[1]['t_compute'] / t1:.2f}% 在干活。",
-        f"批大小 64：一步 {fmt_time(t64)}，只比批大小 1 慢 {t64 / t1:.1f} 倍，吞吐却高 {64 * t1 / t64:.0f} 倍——权重读一遍被 64 个序列共用。",
+        f"批大小 64：一步 {fmt_time(t64)}，时间只是批大小 1 的 {t64 / t1:.1f} 倍，吞吐却是它的 {64 * t1 / t64:.0f} 倍——权重读一遍被 64 个序列共用。",
         f"但 KV cache 不共用：每个序列读自己的 {fmt_bytes(kv_seq)}。批里有 {b_kv} 个或更多序列时，KV 加起来就比"
         f"每步读的权重（{w_step / 1e9:.2f} GB）还多（{b_kv - 1} 个 {(b_kv - 1) * kv_seq / 1e9:.2f} GB，"
         f"{b_kv} 个 {b_kv * kv_seq / 1e9:.2f} GB），读 KV 比读权重还久（B = 64 时 "
@@ -187,7 +187,7 @@ def demo4_ttft_tpot():
         f"TTFT = prefill {PROMPT} 个 token = {fmt_time(ttft)}（受{BOUND_ZH[pre['bound']]}限制）；之后 {OUTPUT - 1} 个 token "
         f"每个约 {fmt_time(r1['tpot'])}（批大小 1，受{b1_bound}限制）。prefill 处理的 token 是 decode 的 {PROMPT / (OUTPUT - 1):.0f} 倍，"
         f"时间却只占整个请求的 {100 * ttft / r1['total']:.0f}%。",
-        f"批大小 64：TPOT 从 {fmt_time(r1['tpot'])} 变成 {fmt_time(r64['tpot'])}（慢 {r64['tpot'] / r1['tpot']:.1f} 倍），"
+        f"批大小 64：TPOT 从 {fmt_time(r1['tpot'])} 变成 {fmt_time(r64['tpot'])}（是原来的 {r64['tpot'] / r1['tpot']:.1f} 倍），"
         f"总吞吐从 {r1['throughput']:.0f} 涨到 {r64['throughput']:.0f} token/s（{r64['throughput'] / r1['throughput']:.0f} 倍）。"
         f"服务端拿单个用户慢一些换多得多的吞吐；慢多少可以接受，是第 5 讲的话题。",
         f"TTFT 和 TPOT 由不同的资源决定：TTFT 靠算力，TPOT 靠带宽。两种工作挤在同一块卡上时还会互相拖慢"

@@ -27,7 +27,7 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
   批里各序列的上下文均匀分布在 4096..4352 之间，decode 一步按平均上下文算（受带宽限制时这是精确的平均）；
   prefill 卡的台数可以是小数（一个 prefill 池被很多 decode 卡共用，假设）；功耗按板卡功耗满载算（假设）。
 
-【出处】芯片和互联：hw_specs（数据手册）；模型结构：llm_math（CURRICULUM §5）；"H100 做 prefill、A100 做 decode"：
+【出处】芯片和互联：hw_specs（数据手册）；模型结构：llm_math（config.json、模型卡）；"H100 做 prefill、A100 做 decode"：
 Splitwise（Patel et al., ISCA 2024, arXiv 2311.18677）的 Splitwise-HA 设计。
 
 【运行】python3 04_disaggregation.py （约 0.1 秒）
@@ -171,7 +171,7 @@ def demo3_kv_transfer():
         f"{100 * res['InfiniBand NDR']:.0f}%；经 100 GbE 要 {100 * res['100 GbE 以太网']:.0f}%，"
         f"在同一台机器里经 NVLink 只要 {100 * res['NVLink 4']:.0f}%。",
         "这段时间直接加在 TTFT 上（演示 4 就这么算）；真实系统按层边算边传，把它大部分藏在 prefill 后面。"
-        "其他模型（70B、gpt-oss-120b 的滑动窗口让 KV 小得多）和更长的提示见第 5 讲 03_kv_transfer.py。",
+        "其他模型（70B；gpt-oss-120b 每 token 的 KV 本来就小，滑动窗口再让长提示的 KV 减半）和更长的提示见第 5 讲 03_kv_transfer.py。",
     ])
     return {"ratio": res, "t_ib": t_ib, "kv_bytes": kv, "t_prefill": tp}
 

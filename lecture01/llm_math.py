@@ -11,7 +11,7 @@ RMSNorm、RoPE、GQA、SwiGLU）。n_experts = 0 是稠密 FFN；n_experts > 0 �
   不算输入词嵌入（查表，不做乘法），专家只算 top_k 个。
 
 【出处】Llama 3.1 的 config.json（meta-llama/Llama-3.1-8B / 70B / 405B）；gpt-oss 模型卡（OpenAI 2025，
-arXiv 2508.10925）与 openai/gpt-oss-120b、gpt-oss-20b 的 config.json。参数总数见 CURRICULUM §5。
+arXiv 2508.10925）与 openai/gpt-oss-120b、gpt-oss-20b 的 config.json。参数总数逐个参数对上这些公开的数字（测试核对）。
 """
 import math
 from dataclasses import dataclass, replace

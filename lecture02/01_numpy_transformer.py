@@ -6,7 +6,7 @@ CS349E · 第 2 讲 · 01_numpy_transformer.py —— 一个 Llama 形状的 num
 【这个脚本要回答的问题】
 演示 1：一次前向到底做了哪些运算？把第 0 层逐个算子手写一遍（RMSNorm → q/k/v 投影 → RoPE → GQA 注意力 → o 投影 →
 残差 → RMSNorm → SwiGLU FFN → 残差），打印每一步的输入、权重、输出形状；手写版和 transformer_lab 的模型输出一样。
-演示 2：带 KV cache 的增量 decode 和"每一步把整个前缀重算一遍"给出同样的 logits 吗？打印最大绝对差 max |Δ|，
+演示 2：带 KV cache 的增量 decode 和"每一步把整个前缀重算一遍"给出同样的 logits 吗？打印最大绝对差 max |Δ| 是否小于界 DELTA_BOUND，
 以及两种做法贪心选出的 token 是否处处相同。
 
 【怎么读输出】形状写成 [批 B, 位置数 n, …]；"账本里的名字"是 transformer_lab 的 Counter / analytic_ops 里这个算子的行名

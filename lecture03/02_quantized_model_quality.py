@@ -241,8 +241,8 @@ def demo1_block_weights(ev):
         f"FP8-E4M3 也很小（KL {f8['kl']:.1e}），但比 INT8 大 {f8['kl'] / i8['kl']:.0f} 倍，权重误差 {100 * f8['rel_err']:.2f}% "
         f"对 {100 * i8['rel_err']:.2f}%：E4M3 只有 3 位尾数（正规数的相对舍入误差最多 2⁻⁴），INT8 在每通道的范围里均匀地有 255 个刻度，"
         f"对这种没有离群值的高斯权重更细。FP8 的好处在别处：H100 有 FP8 张量核，激活也能用 FP8 算（03）。",
-        f"4 位是另一个量级：KL 约 {min(kls.values()):.3f}–{max(kls.values()):.3f}，是 INT8 的 {min(kls.values()) / i8['kl']:.0f} 倍以上，"
-        f"top-1 只有 {100 * min(ag.values()):.0f}–{100 * max(ag.values()):.0f}% 一致，困惑度高 "
+        f"4 位是另一个量级：INT4 的三种粒度 KL 约 {min(kls.values()):.3f}–{max(kls.values()):.3f}，是 INT8 的 {min(kls.values()) / i8['kl']:.0f} 倍以上，"
+        f"top-1 只有 {100 * min(ag.values()):.1f}–{100 * max(ag.values()):.1f}% 一致，困惑度高 "
         f"{100 * (min(pp.values()) / ppl0 - 1):.1f}–{100 * (max(pp.values()) / ppl0 - 1):.1f}%。",
         kl_text,
         f"每 64 个一组和每通道几乎一样，是这个小模型的特点：d_model = 64，输入维为 64 的矩阵（占被量化参数的 "

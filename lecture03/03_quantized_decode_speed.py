@@ -198,9 +198,11 @@ def demo2_batch():
         f"只看权重（上下文 0）时，变成受算力限制的批大小 ≈ 拐点 × 平均位数 / 16：BF16 {r0['BF16']}，"
         f"W4A16（{w4_bits:.2f} 位）{r0[W4]}，W8A8 {r0[FP8]}（峰值翻倍、字节减半，和 BF16 差不多）。"
         f"上下文 {CONTEXT} 时每个序列还要读自己的 KV cache，拐点往后推（{b16} / {b4} / {b8}）。",
-        f"Llama-3.1-8B 在上下文 {CONTEXT} 时，任何方案都永远不会受算力限制：每个序列读 "
-        f"{fmt_bytes(LLAMA31_8B.kv_bytes(CONTEXT))} 的 KV，只带来 {LLAMA31_8B.flops_per_token(CONTEXT) / 1e9:.1f} GFLOP 的计算，"
-        f"强度 {LLAMA31_8B.flops_per_token(CONTEXT) / LLAMA31_8B.kv_bytes(CONTEXT):.0f} FLOP/字节，低于拐点（第 1 讲 03）。",
+        f"Llama-3.1-8B 在上下文 {CONTEXT} 时，任何方案都永远不会受算力限制：每个序列每步要做 "
+        f"{LLAMA31_8B.flops_per_token(CONTEXT) / 1e9:.1f} GFLOP（几乎全是矩阵乘），却要读自己的 "
+        f"{fmt_bytes(LLAMA31_8B.kv_bytes(CONTEXT))} KV；批再大（权重的字节被摊薄到 0），整步的强度也不超过 "
+        f"{LLAMA31_8B.flops_per_token(CONTEXT) / LLAMA31_8B.kv_bytes(CONTEXT):.0f} FLOP/字节，"
+        f"低于拐点 {H100.ridge_point('bf16'):.0f}（FP8 是 {H100.ridge_point('fp8'):.0f}；第 1 讲 03）。",
     ])
     return res
 

@@ -289,11 +289,12 @@ def demo5_relative_error():
     worst = max(r["ratio"] for r in res.values())
     mean_ratios = [r["mean_rel"] / r["half_eps"] for r in res.values()]
     lo, hi = min(mean_ratios), max(mean_ratios)
-    gap_sup = max(abs(r["max_rel"] / r["sup"] - 1) for r in res.values())
+    gap_name = max(res, key=lambda k: abs(res[k]["max_rel"] / res[k]["sup"] - 1))
+    gap_sup = abs(res[gap_name]["max_rel"] / res[gap_name]["sup"] - 1)
     print_observations([
         f"每种格式实测的最大相对误差都不超过 ε/2 = 2^−(尾数位+1)（最大 / (ε/2) 最多 {worst:.4f}）。精确的上确界是 "
-        f"(ε/2)/(1 + ε/2)，在 1 + ε/2 这样的平局点取到：实测的最大值和它最多差 {gap_sup:.2%}（E2M1：{res['FP4-E2M1']['max_rel']:.4g} vs "
-        f"{res['FP4-E2M1']['sup']:.4g}）。正规数范围里相对误差只由尾数位数决定，和数的大小无关——这就是\"相对精度\"。",
+        f"(ε/2)/(1 + ε/2)，在 1 + ε/2 这样的平局点取到：实测的最大值和它最多差 {gap_sup:.2%}（{gap_name}：{res[gap_name]['max_rel']:.4g} vs "
+        f"{res[gap_name]['sup']:.4g}；尾数位越多，随机数越难正好碰到平局点）。正规数范围里相对误差只由尾数位数决定，和数的大小无关——这就是\"相对精度\"。",
         f"平均相对误差约是界的 {lo:.0%}–{hi:.0%}（FP16：{res['FP16']['mean_rel']:.3g} vs {res['FP16']['half_eps']:.3g}）；"
         f"对数均匀分布下的理论值是 1/(4 ln 2) = {1 / (4 * np.log(2)):.3f} 倍。"
         f"FP8-E4M3 每次舍入平均相差 {res['FP8-E4M3']['mean_rel']:.1%}，E2M1 是 {res['FP4-E2M1']['mean_rel']:.1%}——"
