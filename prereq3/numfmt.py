@@ -18,6 +18,9 @@ numfmt —— 数的格式：浮点格式的位布局与舍入、对称整数量
 X = 2^(⌊log₂ max|v|⌋ − emax_elem)，emax_elem 是元素格式最大正规数的指数（E2M1 是 2，E4M3 是 8）；
 元素 = round_to(v / X, 元素格式)（饱和）。MXFP4 = E2M1 元素：每个数 4 + 8/32 = **4.25 位**；MXFP8 = E4M3：8.25 位。
 
+【NVFP4】（NVIDIA Blackwell 的 4 位格式）E2M1 元素，每 16 个数一个 **E4M3** scale（不只是 2 的幂，所以块的最大值
+能对得更准），整个张量再一个 FP32 scale：每个数 4 + 8/16 = **4.5 位**（张量 scale 摊到全部数上，可以忽略）。
+
 【每个数占几位】bits_per_value 把 scale 算进去：int4 每组 32 个一个 FP16 scale = 4 + 16/32 = 4.5 位。
 """
 import math
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP4_E2M1", "FLOAT_FORMATS",
-           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "bits_per_value", "INT_QMAX"]
+           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "quantize_nvfp4", "bits_per_value", "INT_QMAX"]
 
 
 @dataclass(frozen=True)
@@ -226,12 +229,42 @@ def quantize_mx(w, elem=FP4_E2M1, block=32):
     return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // block)
 
 
+def quantize_nvfp4(w, block=16):
+    """
+    NVFP4 量化再反量化：w [输入维, 输出维]，每列里沿输入维每 block（默认 16）个数一个 E4M3 scale，整个张量一个 FP32 scale
+    -> (w', block_scale × tensor_scale)。
+
+    【推导】张量 scale s_t = round_to(max|w| / (448 × 6), FP32)（让块 scale 的最大值落在 E4M3 的最大值 448 上）；
+    块 scale s_b = round_to(max|v| / 6 / s_t, E4M3)（块的最大值对到 E2M1 的最大值 6，scale 本身舍入到 E4M3）；
+    元素 = round_to(v / (s_b · s_t), E2M1)，超出 ±6 的饱和（s_b 舍入到比精确值小时会发生）。
+    【边界】block 不整除输入维时抛 ValueError；全 0 的张量或块元素全 0。块 scale 比 E4M3 的最小次正规数 2⁻⁹ 还小时
+    舍入成 0，那一块反量化为 0（和真实的 E4M3 scale 一样：动态范围有限，这是这个格式的饱和 / 下溢行为）。
+    """
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"权重必须是二维 [输入维, 输出维]（收到形状 {w.shape}）")
+    n_in, n_out = w.shape
+    if block < 1 or n_in % block:
+        raise ValueError(f"NVFP4 块大小 {block} 必须是正整数并整除输入维 {n_in}")
+    amax_t = float(np.abs(w).max())
+    if amax_t == 0:
+        return np.zeros_like(w), np.zeros((n_out, n_in // block))
+    s_t = float(round_to(amax_t / (FP8_E4M3.max_value * FP4_E2M1.max_value), FP32))
+    blocks = w.T.reshape(n_out * (n_in // block), block)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    s_b = round_to(amax / FP4_E2M1.max_value / s_t, FP8_E4M3)
+    scale = s_b * s_t
+    safe = np.where(scale > 0, scale, 1.0)
+    deq = np.where(scale > 0, round_to(blocks / safe, FP4_E2M1) * scale, 0.0)
+    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // block)
+
+
 def bits_per_value(kind, n_in=None, group=None):
     """
     每个权重平均占几位（**含 scale**）。
 
     【参数】kind："int8"/"int4"（加 granularity 的 scale：每通道一个 FP16 scale 摊到 n_in 个数上；每组一个摊到
-    group 个数上，给了 n_in 且不整除时最后一组不满也要一个 scale）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、
+    group 个数上，给了 n_in 且不整除时最后一组不满也要一个 scale）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、"nvfp4"（4 + 8/16 = 4.5）、
     或者一个浮点格式名（"bf16"、"fp16"：16）。
     """
     if kind in ("int8", "int4"):
@@ -251,8 +284,10 @@ def bits_per_value(kind, n_in=None, group=None):
         return 4 + 8 / 32
     if kind == "mxfp8":
         return 8 + 8 / 32
+    if kind == "nvfp4":
+        return 4 + 8 / 16
     if kind in ("bf16", "fp16"):
         return 16.0
     if kind == "fp32":
         return 32.0
-    raise ValueError(f"未知的格式 {kind!r}；可用：int8、int4、fp8、mxfp4、mxfp8、bf16、fp16、fp32")
+    raise ValueError(f"未知的格式 {kind!r}；可用：int8、int4、fp8、mxfp4、mxfp8、nvfp4、bf16、fp16、fp32")
