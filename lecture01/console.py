@@ -365,6 +365,8 @@ def _tick_text(v):
     if v == 0:
         return "0"
     a = abs(v)
+    if 1 <= a < 1e4 and float(v).is_integer():
+        return str(int(v))
     if 1e-3 <= a < 1e4:
         return f"{v:.3g}"
     if a >= 1e4:
@@ -489,8 +491,8 @@ def format_plot(series, x_label, y_label, logx=False, logy=False, width=72, heig
     lines.append("".join(under).rstrip())
     xl = wrap_text(x_label, RULE_WIDTH - lw - 2)
     lines += [" " * (lw + 2) + s for s in xl]
-    legend = "   ".join(f"{mark} {name}" for name, _, _, mark in data)
-    lines += wrap_text(legend, RULE_WIDTH, "图例：", "      ")
+    legend = "图例：" + "   ".join(f"{mark} {name}" for name, _, _, mark in data)
+    lines += [legend] if display_width(legend) <= RULE_WIDTH else wrap_text(legend, RULE_WIDTH, "", "      ")
     return lines
 
 
