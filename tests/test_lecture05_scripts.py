@@ -270,3 +270,72 @@ def test_01_continuous_batching_cuts_completion_time(s01, capsys):
     # issue 里的数：128 个位置平均 16.6 → 13.2 s，32 个位置 42.7 → 26.4 s
     assert [round(r["done_mean"][k], 1) for k in ((128, False), (128, True), (32, False), (32, True))] == \
         [16.6, 13.2, 42.7, 26.4]
+
+
+def _closed_form_best(alpha, c, gammas=range(1, 257)):
+    """定理 3.8 的加速比 (1 − α^{γ+1}) / ((1 − α)(γc + 1)) 逐个 γ 算出来取最大（不调 decode_lab）。"""
+    sp = {g: (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)) for g in gammas}
+    g = max(sp, key=lambda x: (sp[x], -x))
+    return g, sp[g]
+
+
+def test_04_native_format_case(s04, capsys):
+    """issue 8 第 11 条：演示 3 也按发布格式（专家 MXFP4、其余 BF16）算 c、最优 γ 和加速比。"""
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    experts = 36 * 4 * 3 * 2880 * 2880                                  # 激活的专家权重矩阵（top-4）
+    native = experts * 4.25 / 8 + 2 * (OSS_ACTIVE - experts)
+    assert r["native_bytes"] == pytest.approx(native, rel=1e-12)
+    assert round(r["native_extra"] * 100) == 83                       # "多 83%"
+    t_tgt = 1.5e-3 + native / (3.35e12 * 0.8)
+    t_gpu, t_sram = 0.3e-3 + 1.6e9 / (3.35e12 * 0.8), 0.05e-3 + 1.6e9 / (2 * 150e12 * 0.8)
+    n = r["native"]
+    assert n["t_tgt"] == pytest.approx(t_tgt, rel=1e-12)
+    assert n["c_gpu"] == pytest.approx(t_gpu / t_tgt, rel=1e-12) and n["c_sram"] == pytest.approx(t_sram / t_tgt, rel=1e-12)
+    g, sp = _closed_form_best(0.93, t_gpu / t_tgt)
+    assert (n["g_gpu"], n["s_gpu"]) == (g, pytest.approx(sp, rel=1e-12))
+    g, sp = _closed_form_best(0.93, t_sram / t_tgt)
+    assert (n["g_sram"], n["s_sram"]) == (g, pytest.approx(sp, rel=1e-12))
+    # 观察："目标越慢，加速比越大；但每个 token 仍比种子口径慢"
+    assert n["s_gpu"] > r["s_gpu"] and n["s_sram"] > r["s_sram"]
+    assert r["per_tok"][("native", True)][1] == pytest.approx(t_tgt / n["s_sram"], rel=1e-12)
+    assert t_tgt / n["s_sram"] > r["t_tgt"] / r["s_sram"] and t_tgt / n["s_gpu"] > r["t_tgt"] / r["s_gpu"]
+    # 不加开销时，发布格式那一列：目标一步只读字节
+    nb = r["native_no_ovh"]
+    assert nb["t_tgt"] == pytest.approx(native / (3.35e12 * 0.8), rel=1e-12)
+    assert nb["g_sram"] == _closed_form_best(0.93, (1.6e9 / 300e12) / (native / 3.35e12))[0]
+
+
+def test_04_reconciles_best_gamma_with_seed05(s04, capsys):
+    """issue 8 第 12 条：种子 05 印 5、8、20（它的 10 个 γ），所有整数里是 6、9、24；网络项和 5.09B vs 5.13B 也算出来。"""
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
+    grid, ints = (1, 2, 3, 5, 8, 10, 15, 20, 30, 40), range(1, 257)
+
+    def seed_best(where, moe, gammas, net=True):
+        def sp(g):
+            t = seed.round_time(g, where, moe) - (0.0 if net or where == "gpu" else 2 * seed.NET)
+            return seed.t_target(1) / (t / seed.tokens_per_round(0.93, g))
+        g = max(gammas, key=lambda x: (sp(x), -x))
+        return g, sp(g)
+
+    rc = r["recon"]
+    want = [(seed_best("gpu", False, grid), seed_best("sram", False, grid)),
+            (seed_best("gpu", False, ints), seed_best("sram", False, ints)),
+            (seed_best("gpu", False, ints, net=False), seed_best("sram", False, ints, net=False)),
+            (_closed_form_best(0.93, r["c_gpu"]), _closed_form_best(0.93, r["c_sram"])),
+            (seed_best("gpu", True, grid), seed_best("sram", True, grid)),
+            (seed_best("gpu", True, ints), seed_best("sram", True, ints))]
+    for row, ((gg, sg), (gs, ss)) in zip(rc, want):
+        assert (row["g_gpu"], row["g_sram"]) == (gg, gs)
+        assert row["s_gpu"] == pytest.approx(sg, rel=1e-12) and row["s_sram"] == pytest.approx(ss, rel=1e-12)
+    # issue 里的数：种子的网格挑出 5、8、20，所有整数里是 6、9、24；GPU + MoE 验证两边都是 3
+    assert (rc[0]["g_gpu"], rc[4]["g_sram"], rc[0]["g_sram"]) == (5, 8, 20)
+    assert (rc[1]["g_gpu"], rc[5]["g_sram"], rc[1]["g_sram"]) == (6, 9, 24)
+    assert rc[4]["g_gpu"] == rc[5]["g_gpu"] == 3
+    # 第四行（去掉网络、换成精确的 5.13B）正是上表的"4.25 位，有开销"：6 和 24
+    assert r["recon_row4_is_table"] and (r["g_gpu"], r["g_sram"]) == (6, 24)
+    assert r["seed_active"] == pytest.approx(5.0856e9, rel=1e-12)     # 1.5e9 + 36 × 4 × 24.9e6
+    # 每一步都让 SRAM 加速变大：网格 → 整数 → 去网络 → 精确参数（观察 5 的箭头方向）
+    assert rc[0]["s_sram"] < rc[1]["s_sram"] < rc[2]["s_sram"] < rc[3]["s_sram"]
