@@ -106,7 +106,8 @@ def demo2_transfer_vs_prefill():
          "ib8_ratio_70_2k": out[(ib8, m70, 2048)][1], "eth_ratio_70_2k": eth_ratio,
          "ib_ratio_oss_2k": out[(ib1, mo, 2048)][1], "eth_ratio_oss_2k": out[(ETH_100G.name, mo, 2048)][1],
          "exposed_layerwise_70_2k": ib_t / LLAMA31_70B.n_layers,
-         "slower_than_prefill": sorted({lab for (lab, _, _), (_, q) in out.items() if q > 1})}
+         "slower_than_prefill": sorted({lab for (lab, _, _), (_, q) in out.items() if q > 1}),
+         "kv_ratio_2k": cols[0][5] / cols[2][5], "pre_ratio_2k": cols[0][4] / cols[2][4]}
     slow = "、".join(r["slower_than_prefill"]) or "没有"
     print_observations([
         f"{m70} 提示 2048：{DEPLOY[0][3]} 卡 prefill 约 {fmt_time(t_pre70)}；整份 KV 走一个 NDR 端口要 {fmt_time(ib_t)}"
@@ -117,7 +118,9 @@ def demo2_transfer_vs_prefill():
         f"提示变长，比例反而下降（NDR：2048 时 {ib_ratio * 100:.0f}%，32768 时 {r['ib_ratio_70_32k'] * 100:.0f}%）："
         "KV 和提示长度成正比，prefill 里注意力的运算却按长度的平方涨。",
         f"{mo} 的 KV 很省（演示 1），同样一个 NDR 端口只占 prefill 的 {r['ib_ratio_oss_2k'] * 100:.1f}%，"
-        f"连 100 GbE 也只占 {r['eth_ratio_oss_2k'] * 100:.0f}%——层数少、head_dim 小、滑动窗口，都让解耦更便宜。",
+        f"连 100 GbE 也只占 {r['eth_ratio_oss_2k'] * 100:.0f}%：提示 2048 时它的 KV 只有 70B 的 1/{r['kv_ratio_2k']:.1f}"
+        f"（层数少、head_dim 小、滑动窗口），prefill 时间却是 70B 的 1/{r['pre_ratio_2k']:.1f}"
+        f"（一块卡 vs {DEPLOY[0][3]} 块卡），比例自然小得多。",
         f"比例小于 100% 时，不必等 prefill 全部算完再发：每算完一层就把这一层的 KV 发出去（Splitwise 的做法），"
         f"搬运和后面的层重叠，露在外面的只剩最后一层的那份：{m70} 走一个 NDR 端口约 {fmt_time(r['exposed_layerwise_70_2k'])}"
         f"（{fmt_time(ib_t)} / {LLAMA31_70B.n_layers} 层）。比例大于 100% 时藏不住，网络决定了解耦值不值。",

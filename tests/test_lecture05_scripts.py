@@ -339,3 +339,25 @@ def test_04_reconciles_best_gamma_with_seed05(s04, capsys):
     assert r["seed_active"] == pytest.approx(5.0856e9, rel=1e-12)     # 1.5e9 + 36 × 4 × 24.9e6
     # 每一步都让 SRAM 加速变大：网格 → 整数 → 去网络 → 精确参数（观察 5 的箭头方向）
     assert rc[0]["s_sram"] < rc[1]["s_sram"] < rc[2]["s_sram"] < rc[3]["s_sram"]
+
+
+def test_02_tpot_rises_with_load_without_prefill_too(s02, capsys):
+    """re-read：TPOT 随负载涨不全是插队——解耦的 decode 机上没有 prefill，TPOT 也涨；4 req/s 时解耦的 TPOT 反而略高。"""
+    r = s02.demo2_simulation()
+    capsys.readouterr()
+    lo, hi = s02.RATES[0], s02.RATES[-1]
+    assert r[(hi, "disagg")]["tpot_mean"] > 1.3 * r[(lo, "disagg")]["tpot_mean"]
+    assert r[(lo, "disagg")]["tpot_mean"] > r[(lo, "colo")]["tpot_mean"]          # "4 req/s 时反而略高"
+    assert r[(hi, "disagg")]["tpot_mean"] < r[(hi, "colo")]["tpot_mean"]
+
+
+def test_03_oss_ratio_is_kv_ratio_over_prefill_ratio(s03, capsys):
+    """re-read：gpt-oss 的比例小，是因为 KV 小 8.4 倍、prefill 只短 1.8 倍（一块卡 vs 八块卡）。"""
+    r = s03.demo2_transfer_vs_prefill()
+    capsys.readouterr()
+    kv70 = 2 * 80 * 8 * 128 * 2 * 2048
+    kv_oss = 2 * 8 * 64 * 2 * (18 * 2048 + 18 * 128)
+    assert r["kv_ratio_2k"] == pytest.approx(kv70 / kv_oss, rel=1e-12) and round(r["kv_ratio_2k"], 1) == 8.4
+    assert r["pre_ratio_2k"] == pytest.approx(r["pre70_2k"] / prefill_time(GPT_OSS_120B, H100, 2048, w_bits=4.25))
+    assert round(r["pre_ratio_2k"], 1) == 1.8
+    assert r["ib_ratio_oss_2k"] == pytest.approx(r["ib_ratio_70_2k"] * r["pre_ratio_2k"] / r["kv_ratio_2k"], rel=1e-12)
