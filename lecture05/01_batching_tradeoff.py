@@ -65,7 +65,7 @@ def demo1_batch_sweep():
                          "最大" if b == bmax else ""])
             out[(model.name, b)] = s
         out[(model.name, "bmax")] = bmax
-    print_table(["模型", "硬件", "批 B", "每步 = TPOT", "吞吐 tok/s", "读权重", "读 KV", "计算", "受什么限制", "显存"], rows)
+    print_table(["模型", "硬件", "批 B", "TPOT", "吞吐 tok/s", "读权重", "读 KV", "计算", "受限于", "显存"], rows)
     m8, m70 = LLAMA31_8B.name, LLAMA31_70B.name
     b8, b70 = out[(m8, "bmax")], out[(m70, "bmax")]
     t1, t64, tmax = out[(m8, 1)]["time"], out[(m8, 64)]["time"], out[(m8, b8)]["time"]
@@ -95,7 +95,7 @@ def demo1_batch_sweep():
 # 演示 2：什么时候变成 compute-bound
 # ---------------------------------------------------------------------------
 def demo2_compute_bound():
-    print_header("演示 2：批大到多少才 compute-bound？B* = (W/BW) / (f/P − k/BW)（f、k：一个序列每步的 FLOPs 和 KV 字节）")
+    print_header("演示 2：批多大才 compute-bound？B* = (W/BW) / (f/P - k/BW)（f、k：每个序列每步的 FLOPs、KV 字节）")
     rows, out = [], {}
     contexts = (128, 256, 512, 1024, 2048, 8192)
     for model, chip in SETUPS:
@@ -122,7 +122,7 @@ def demo2_compute_bound():
         f"8B 在 L = 128 时批要到 {r['nb128_8b']} 才 compute-bound；70B 在 L = 1024 时要到 {r['nb1024_70b']}，"
         f"显存装得下 {r['bm1024_70b']} 个序列，{'还够得着' if r['nb1024_70b'] <= r['bm1024_70b'] else '已经够不着'}。",
         f"上下文到了临界长度 L*，分母变成 ≤ 0，批再大也到不了 compute-bound：8B 的 L* = {lc8:.2f}，70B（8 卡）的 L* = {lc70:.2f}；"
-        f"能变成 compute-bound 的最长整数上下文是 ⌈L*⌉ − 1，分别是 {r['lmax_8b']} 和 {r['lmax_70b']}（llm_math.critical_context 的约定）。"
+        f"能变成 compute-bound 的最长整数上下文是 ⌈L*⌉ - 1，分别是 {r['lmax_8b']} 和 {r['lmax_70b']}（llm_math.critical_context 的约定）。"
         "上下文比 L* 长的请求（8B 只要几百个 token），批再大 decode 也是 memory-bound，算力总有闲着的——"
         "这正是投机解码（第 6 讲）有闲置算力可用、以及把 decode 放到带宽更高的硬件上（04、05）有意义的原因。",
     ])
@@ -134,7 +134,7 @@ def demo2_compute_bound():
 # ---------------------------------------------------------------------------
 def demo3_continuous_batching():
     print_header(f"演示 3：静态批 vs 连续批（{LLAMA31_8B.name}，一块 H100；{N_REQ} 个请求同时到达，提示 {PROMPT}，"
-                 f"输出长度在 [{OUT_LO}, {OUT_HI}) 均匀）")
+                 f"输出 {OUT_LO}..{OUT_HI - 1}）")
     outs = uniform_ints(OUT_LO, OUT_HI, N_REQ, OUT_SEED)
     rows, rows_lat, res = [], [], {}
     for slots in (32, 128):
@@ -152,8 +152,8 @@ def demo3_continuous_batching():
     print()
     print_table(["位置数", "做法", "TPOT：每步平均", "TPOT：按 token 加权", "完成时间：平均", "完成时间：p90"],
                 rows_lat)
-    print("（按 token 加权：每个 token 记产出它的那一步的时间，再对所有 token 平均。完成时间：请求最后一个 token "
-          "出来的时刻，请求都在 0 时刻到达，所以含排队）")
+    print("（按 token 加权：每个 token 记产出它的那一步的时间，再对所有 token 平均。")
+    print(" 完成时间：请求最后一个 token 出来的时刻；请求都在 0 时刻到达，所以含排队）")
     gain = {k: res[(k, True)]["throughput"] / res[(k, False)]["throughput"] for k in (32, 128)}
     t_pre = N_REQ * prefill_time(LLAMA31_8B, H100, PROMPT)          # 两种做法要 prefill 的提示一样多
     gain_pre = {k: (res[(k, False)]["time"] + t_pre) / (res[(k, True)]["time"] + t_pre) for k in (32, 128)}

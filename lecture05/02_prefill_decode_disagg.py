@@ -71,8 +71,10 @@ def demo1_interference():
         rows.append([n, fmt_time(t_pre), f"{t_pre / t_dec:.1f}", n_chunks, fmt_time(max(t_mixed)),
                      f"{max(t_mixed) / t_dec:.2f}×", fmt_time(sum(t_mixed) - n_chunks * t_dec)])
     print(f"只 decode 一步：{fmt_time(t_dec)}（批里每个用户每 {fmt_time(t_dec)} 得到一个 token）")
-    print_table(["提示长度", "整段 prefill 的时间", "= 几步 decode", f"分成几块（每块 {CHUNK}）",
-                 "带一块 prefill 的 decode 步", "比纯 decode 步", "分块后 prefill 额外占的时间"], rows)
+    print_table(["提示 token", "整段 prefill", "≈ decode 步数", "块数", "最慢的混合步", "÷ 纯 decode",
+                 "分块额外耗时"], rows)
+    print(f"（块数：每块 {CHUNK} 个提示 token；混合步：decode 一步、顺带 prefill 一块；")
+    print(" 分块额外耗时：所有混合步比纯 decode 步多出的时间之和）")
     p = out[4096]
     print_observations([
         f"整段 prefill 一个 4096 个 token 的提示要 {fmt_time(p['t_pre'])}，相当于 {p['stall_steps']:.1f} 步 decode："

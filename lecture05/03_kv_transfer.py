@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
-from hw_specs import ALL_LINKS, ETH_100G, H100, IB_NDR  # noqa: E402
+from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
 from serving_lab import link_time  # noqa: E402
@@ -40,6 +40,9 @@ from serving_lab import link_time  # noqa: E402
 # ---- 部署（假设，见文件开头）：(模型, 芯片, 权重位数, prefill 机的 GPU 数) ----
 DEPLOY = ((LLAMA31_70B, gang(H100, 8), 16.0, 8), (GPT_OSS_120B, H100, 4.25, 1))
 PROMPTS = (2048, 32768)
+SHORT = {LLAMA31_70B.name: "70B", GPT_OSS_120B.name: "oss"}          # 演示 2 表头里的简称
+LINK_SHORT = {NVLINK4.name: "NVLink 4，每块 GPU", IB_NDR.name: "IB NDR，一个端口", ETH_400G.name: "400 GbE",
+              ETH_100G.name: "100 GbE", "InfiniBand NDR × 每块 GPU 一个端口": "IB NDR，每块 GPU 一个"}
 
 
 # ---------------------------------------------------------------------------
@@ -48,25 +51,27 @@ PROMPTS = (2048, 32768)
 def demo1_kv_bytes():
     print_header("演示 1：一个请求 prefill 完的 KV cache（BF16）")
     lens = (2048, 8192, 32768, 131072)
-    no_window = replace(GPT_OSS_120B, name="gpt-oss-120b（假如没有滑动窗口）", sliding_window=0)
+    no_window = replace(GPT_OSS_120B, name="gpt-oss-120b（假如无窗口）", sliding_window=0)
     rows, out = [], {}
     for m in (LLAMA31_8B, LLAMA31_70B, GPT_OSS_120B, no_window):
         rows.append([m.name, f"{m.n_layers}×{m.n_kv_heads}×{m.head_dim}", fmt_bytes(m.kv_bytes_per_token())]
                     + [fmt_bytes(m.kv_bytes(n)) for n in lens])
         out[m.name] = {n: m.kv_bytes(n) for n in lens}
-    print_table(["模型", "层 × KV 头 × head_dim", "每个位置（所有层都存时）"] + [f"提示 {n}" for n in lens], rows)
+    print_table(["模型", "层×KV 头×d_head", "每个位置"] + [f"提示 {n}" for n in lens], rows)
+    print("（每个位置：所有层都存这个位置时的 K、V 字节；滑动窗口层只存最近 "
+          f"{GPT_OSS_120B.sliding_window} 个位置）")
     g, nw = out[GPT_OSS_120B.name], out[no_window.name]
     r = {"kv_70b_32k": out[LLAMA31_70B.name][32768], "kv_oss_32k": g[32768],
          "window_ratio_32k": g[32768] / nw[32768], "window_ratio_2k": g[2048] / nw[2048],
          "ratio_70b_oss_32k": out[LLAMA31_70B.name][32768] / g[32768]}
     print_observations([
-        f"KV 和提示长度成正比：Llama-3.1-70B 每个位置 {fmt_bytes(LLAMA31_70B.kv_bytes_per_token())}，32K 的提示就是 "
+        f"KV 和提示长度成正比：Llama-3.1-70B 每个位置 {fmt_bytes(LLAMA31_70B.kv_bytes_per_token())}，32768 个 token 的提示就是 "
         f"{fmt_bytes(r['kv_70b_32k'])}——这就是解耦时每个请求要从 prefill 机搬到 decode 机的\"货\"。",
-        f"gpt-oss-120b 小得多：32K 时 {fmt_bytes(r['kv_oss_32k'])}，约为 70B 的 1/{r['ratio_70b_oss_32k']:.0f}。"
+        f"gpt-oss-120b 小得多：32768 时 {fmt_bytes(r['kv_oss_32k'])}，约为 70B 的 1/{r['ratio_70b_oss_32k']:.0f}。"
         f"KV 头两者都是 {GPT_OSS_120B.n_kv_heads} 个；差别来自层数（{GPT_OSS_120B.n_layers} 层 vs {LLAMA31_70B.n_layers} 层）、"
         f"head_dim（{GPT_OSS_120B.head_dim} vs {LLAMA31_70B.head_dim}），"
         f"以及一半的层是 {GPT_OSS_120B.sliding_window} 个位置的滑动窗口：这些层的 KV 不随提示变长。",
-        f"滑动窗口在长提示上几乎省一半：32K 时是\"没有窗口\"的 {r['window_ratio_32k'] * 100:.1f}%，2K 时 "
+        f"滑动窗口在长提示上几乎省一半：32768 时是\"没有窗口\"的 {r['window_ratio_32k'] * 100:.1f}%，2048 时 "
         f"{r['window_ratio_2k'] * 100:.1f}%（窗口层存的 {GPT_OSS_120B.sliding_window} 个位置在短提示里占的比例更大）。",
     ])
     return r
@@ -76,27 +81,31 @@ def demo1_kv_bytes():
 # 演示 2：搬多久，和 prefill 比
 # ---------------------------------------------------------------------------
 def demo2_transfer_vs_prefill():
-    print_header("演示 2：搬 KV 的时间 vs 它前面那次 prefill 的时间（每格：搬运时间（占 prefill 的百分比））")
+    print_header("演示 2：搬 KV 的时间 vs 它前面那次 prefill 的时间")
     cols = []
     for model, chip, wb, n_gpu in DEPLOY:
         for n in PROMPTS:
             cols.append((model, chip, n, n_gpu, prefill_time(model, chip, n, w_bits=wb), model.kv_bytes(n)))
-    print_table(["", ] + [f"{m.name}，提示 {n}" for m, _, n, _, _, _ in cols],
+    heads = [f"{SHORT[m.name]} {n}" for m, _, n, _, _, _ in cols]
+    print_table([""] + heads,
                 [["prefill 在"] + [c.name for _, c, _, _, _, _ in cols],
                  ["prefill 时间"] + [fmt_time(t) for *_, t, _ in cols],
                  ["KV 字节"] + [fmt_bytes(b) for *_, b in cols]])
+    print(f"（{SHORT[LLAMA31_70B.name]} = {LLAMA31_70B.name}，{SHORT[GPT_OSS_120B.name]} = {GPT_OSS_120B.name}；"
+          "后面的数是提示长度）")
     print()
     links = [(lk.name, lk, 1) for lk in ALL_LINKS] + [("InfiniBand NDR × 每块 GPU 一个端口", IB_NDR, None)]
     rows, out = [], {}
     for label, lk, n_links in links:
-        cells = [label]
+        cells = [LINK_SHORT.get(label, label), f"{lk.bw / 1e9:.1f}"]
         for m, _, n, n_gpu, t_pre, nb in cols:
             k = n_gpu if n_links is None else n_links
             t = link_time(nb, lk, k)
             out[(label, m.name, n)] = (t, t / t_pre)
-            cells.append(f"{fmt_time(t)}（{t / t_pre * 100:.1f}%）")
+            cells += [fmt_time(t), f"{t / t_pre * 100:.1f}%"]
         rows.append(cells)
-    print_table(["链路（单向带宽）"] + [f"{m.name}，{n}" for m, _, n, _, _, _ in cols], rows)
+    print_table(["链路", "GB/s"] + [h for head in heads for h in (head, "占比")], rows)
+    print("（GB/s：每条链路的单向带宽；每组两列：搬运时间、占它前面那次 prefill 的百分比）")
     m70, mo = LLAMA31_70B.name, GPT_OSS_120B.name
     ib1, ib8 = IB_NDR.name, links[-1][0]
     t_pre70 = cols[0][4]

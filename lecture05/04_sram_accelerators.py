@@ -98,9 +98,11 @@ def demo1_how_many_cards():
         n_lp = cards(total, CORSAIR.capacity_bytes)
         out[name] = (total, n_c, n_h, n_lp)
         rows.append([name, fmt_bytes(total), n_h, n_c, n_lp])
-    print_table(["模型（格式）", "权重", "H100（80 GB）", "Corsair（2 GB SRAM）", "Corsair（放 256 GB LPDDR5X）"], rows)
-    print("（全部 X 位：参数 × X / 8，种子 05 的口径；块内 X 位：块里的矩阵 X 位、词嵌入 / lm_head / norm 留 BF16；"
-          "发布格式：专家 MXFP4、其余 BF16）")
+    print_table(["模型（格式）", "权重", "H100 块数", "Corsair 张数：SRAM", "Corsair 张数：LPDDR5X"], rows)
+    print("（全部 X 位：参数 × X / 8，种子 05 的口径；发布格式：专家 MXFP4、其余 BF16；")
+    print(" 块内 X 位：transformer 块里的矩阵 X 位，词嵌入 / lm_head / norm 留 BF16。")
+    print(f" 每块 H100 {fmt_bytes(H100.mem_bytes)} HBM3；每张 Corsair {fmt_bytes(CORSAIR.mem_bytes)} SRAM、"
+          f"{fmt_bytes(CORSAIR.capacity_bytes)} LPDDR5X）")
     d = out[MODELS[0][0]]
     l70 = out["Llama-3.1-70B（块内 8 位）"]
     oss = out["gpt-oss-120b（全部 4.25 位）"]
@@ -140,10 +142,9 @@ def demo2_per_token_time():
         t_tp = step_time(per_tok, n_c * CORSAIR.mem_bw, 0.0, EFF)       # 理想张量并行：n_c 张卡的带宽相加
         t_lp = step_time(per_tok, n_lp * CORSAIR.capacity_bw, 0.0, EFF)
         out[name] = {"t_h": t_h, "t_layer": t_layer, "t_tp": t_tp, "t_lp": t_lp, "n_c": n_c, "n_h": n_h}
-        rows.append([name, fmt_bytes(per_tok), f"{n_h} 块：{fmt_time(t_h)}", f"{n_c} 张：{fmt_time(t_layer)}",
-                     "（同左）" if n_c == 1 else f"{n_c} 张：{fmt_time(t_tp)}", f"{n_lp} 张：{fmt_time(t_lp)}"])
-    print_table(["模型（格式）", "每个 token 读的权重", "H100 HBM", "Corsair SRAM：按层切",
-                 "Corsair SRAM：理想张量并行（下界）", "Corsair LPDDR5X"], rows)
+        rows.append([name, fmt_bytes(per_tok), fmt_time(t_h), fmt_time(t_layer), fmt_time(t_tp), fmt_time(t_lp)])
+    print_table(["模型（格式）", "每 token 读", "H100 HBM", "SRAM 按层切", "SRAM 张量并行", "LPDDR5X"], rows)
+    print("（卡数见演示 1：每一列都用装得下权重的卡数；SRAM 张量并行是所有卡的带宽相加，是下界）")
     dn, ln, l70, on = MODELS[0][0], "Llama-3.1-8B（块内 8 位）", "Llama-3.1-70B（块内 8 位）", "gpt-oss-120b（全部 4.25 位）"
     dr, o70, oo = out[dn], out[l70], out[on]
     r = {"draft_h100": dr["t_h"], "draft_sram": dr["t_layer"], "draft_lpddr": dr["t_lp"], "draft_cards": dr["n_c"],
@@ -195,7 +196,7 @@ def best_on(gammas, speedup):
 
 
 def demo3_cost_coefficient():
-    print_header(f"演示 3：同一个 1.6B 草稿的代价系数 c = 草稿一步 / 目标一步（目标 gpt-oss-120b 在一块 H100 上，α = {ALPHA}）")
+    print_header(f"演示 3：同一个 1.6B 草稿的代价系数 c = 草稿一步 / 目标一步（目标 gpt-oss-120b，一块 H100，α = {ALPHA}）")
     d_bytes = D_PARAMS * D_BITS / 8                          # 种子 05 的口径：参数 × 位数 / 8
     t_bytes = {"seed": GPT_OSS_120B.active_params() * T_BITS / 8,          # 同上：激活参数全部按 4.25 位（种子的假设）
                "native": active_weight_bytes(GPT_OSS_120B, OSS_NATIVE[0], expert_fmt=OSS_NATIVE[1])}   # 发布格式
@@ -228,9 +229,10 @@ def demo3_cost_coefficient():
             ["SRAM 草稿：加速"] + [f"{o['s_sram']:.2f}×" for o in cols],
             ["SRAM 草稿：每 token"] + [fmt_time(o["t_tgt"] / o["s_sram"]) for o in cols]]
     print_table(["", "4.25 位，无开销", "4.25 位，有开销", "发布格式，无开销", "发布格式，有开销"], rows)
-    print(f"（4.25 位：种子 05 的假设，{GPT_OSS_120B.active_params() / 1e9:.2f}B 激活参数全部 × {T_BITS} 位；"
-          "发布格式：专家 MXFP4、其余 BF16（演示 1、2）。有开销：种子 05 的固定开销。"
-          f"草稿都是 {D_PARAMS / 1e9:.1f}B × {D_BITS:.0f} 位 = {fmt_bytes(d_bytes)}。γ* 在 1..256 里找，验证代价按不随 γ 变算）")
+    print(f"（4.25 位：种子 05 的假设，{GPT_OSS_120B.active_params() / 1e9:.2f}B 激活参数全部 × {T_BITS} 位；")
+    print(" 发布格式：专家 MXFP4、其余 BF16（演示 1、2）；")
+    print(f" 有开销：种子 05 的固定开销。草稿都是 {D_PARAMS / 1e9:.1f}B × {D_BITS:.0f} 位 = {fmt_bytes(d_bytes)}。"
+          "γ* 在 1..256 里找，验证代价不随 γ 变）")
 
     # ---- 和种子 05 演示 2 对账：它用同一个草稿，却印出不同的最优 γ ----
     seed_active = SEED_DENSE + GPT_OSS_120B.n_layers * GPT_OSS_120B.top_k * SEED_EXPERT   # 种子的近似：约 50.9 亿
@@ -263,8 +265,9 @@ def demo3_cost_coefficient():
         rows.append([label, g_gpu, f"{s_gpu:.3f}×", g_sram, f"{s_sram:.3f}×"])
     print()
     print_table(["和种子 05 对账（α = 0.93，有开销）", "GPU γ*", "GPU 加速", "SRAM γ*", "SRAM 加速"], rows)
-    print(f"（种子 05 的 10 个 γ：{', '.join(str(g) for g in SEED_GRID)}。前四行验证代价不变，第四行就是上表的"
-          "\"4.25 位，有开销\"；后两行是种子 05 的 MoE 验证：验证 γ + 1 个 token 碰到的专家更多）")
+    print(f"（种子 05 的 10 个 γ：{', '.join(str(g) for g in SEED_GRID)}。")
+    print(" 前四行验证代价不变，第四行就是上表的\"4.25 位，有开销\"；")
+    print(" 后两行是种子 05 的 MoE 验证：验证 γ + 1 个 token 碰到的专家更多）")
     a, b, n, nb = out[("seed", False)], seed, out[("native", True)], out[("native", False)]
     r = {"c_gpu": b["c_gpu"], "c_sram": b["c_sram"], "ratio": b["ratio"], "ratio_no_ovh": a["ratio"],
          "t_gpu": b["t_gpu"], "t_sram": b["t_sram"], "t_tgt": b["t_tgt"], "sram_ovh_share": OVH_SRAM / b["t_sram"],
