@@ -361,3 +361,16 @@ def test_03_oss_ratio_is_kv_ratio_over_prefill_ratio(s03, capsys):
     assert r["pre_ratio_2k"] == pytest.approx(r["pre70_2k"] / prefill_time(GPT_OSS_120B, H100, 2048, w_bits=4.25))
     assert round(r["pre_ratio_2k"], 1) == 1.8
     assert r["ib_ratio_oss_2k"] == pytest.approx(r["ib_ratio_70_2k"] * r["pre_ratio_2k"] / r["kv_ratio_2k"], rel=1e-12)
+
+
+def test_04_smaller_c_gives_longer_gamma_and_more_speedup(s04, capsys):
+    """观察 2、3：c 差几倍只看草稿（四列只有两个数）；把八个 (c, γ*, 加速) 按 c 排好，γ* 不减、加速比递增。"""
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    n, nb = r["native"], r["native_no_ovh"]
+    assert n["ratio"] == pytest.approx(r["ratio"], rel=1e-12) and nb["ratio"] == pytest.approx(r["ratio_no_ovh"], rel=1e-12)
+    pts = []
+    for c in (r, n, nb):
+        pts += [(c["c_gpu"], c["g_gpu"], c["s_gpu"]), (c["c_sram"], c["g_sram"], c["s_sram"])]
+    pts.sort()
+    assert all(a[1] >= b[1] and a[2] > b[2] for a, b in zip(pts, pts[1:]))
