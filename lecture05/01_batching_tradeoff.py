@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_time, print_header, print_observations, print_plot, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
@@ -67,6 +67,16 @@ def demo1_batch_sweep():
             out[(model.name, b)] = s
         out[(model.name, "bmax")] = bmax
     print_table(["模型", "硬件", "批 B", "TPOT", "吞吐 tok/s", "读权重", "读 KV", "计算", "受限于", "显存"], rows)
+    curves = {}
+    for model, chip in SETUPS:                       # 画图用：从 1 到显存装得下的最大批，均匀取点
+        bs = np.unique(np.round(np.linspace(1, out[(model.name, "bmax")], 36)).astype(int))
+        steps = [decode_step(model, chip, int(b), CONTEXT)["time"] for b in bs]
+        curves[f"{model.name}（{chip.name}）"] = (bs, np.array(steps))
+    print()
+    print_plot({k: (bs, t * 1e3) for k, (bs, t) in curves.items()}, "批大小 B", "TPOT（ms）", height=12)
+    print()
+    print_plot({k: (bs, bs / t / 1e3) for k, (bs, t) in curves.items()}, "批大小 B", "吞吐（千 token/s）",
+               height=12)
     m8, m70 = LLAMA31_8B.name, LLAMA31_70B.name
     b8, b70 = out[(m8, "bmax")], out[(m70, "bmax")]
     t1, t64, tmax = out[(m8, 1)]["time"], out[(m8, 64)]["time"], out[(m8, b8)]["time"]
@@ -77,6 +87,10 @@ def demo1_batch_sweep():
          "tpot_70b_b1": out[(m70, 1)]["time"], "tpot_70b_bmax": out[(m70, b70)]["time"],
          "thr_70b_bmax": b70 / out[(m70, b70)]["time"],
          "all_memory_bound": all(v["bound"] == "memory" for k, v in out.items() if k[1] != "bmax")}
+    # 吞吐的上限：memory-bound 时 TPOT = (W + B·k) / BW，B → ∞ 时 B / TPOT → BW / k（k：一个序列每步读的 KV 字节）
+    ceil = {m.name: chip.mem_bw / (out[(m.name, 1)]["kv_bytes"]) for m, chip in SETUPS}
+    r.update(ceil_8b=ceil[m8], ceil_70b=ceil[m70], ceil_share_8b=r["thr_8b_bmax"] / ceil[m8],
+             ceil_share_70b=r["thr_70b_bmax"] / ceil[m70])
     print_observations([
         f"{m8}：批从 1 到 64，每步时间只从 {fmt_time(t1)} 涨到 {fmt_time(t64)}（×{r['tpot_ratio_64']:.2f}），"
         f"吞吐却是 B = 1 时的 {r['thr_ratio_64']:.1f} 倍。权重每步只读一遍，批里所有序列共用；每多一个序列只多读它自己的 KV。",
@@ -86,6 +100,10 @@ def demo1_batch_sweep():
         f"批大了以后，读 KV 成了大头：B = {b8} 时 KV 字节是权重的 {r['kv_over_w_8b_bmax']:.1f} 倍。批最终被显存卡住（装 KV），"
         + ("不是被算力卡住：表里每一行都是 memory-bound，计算时间始终比读数据短。" if r["all_memory_bound"]
            else "有的行已经 compute-bound。"),
+        f"两张图：TPOT 随 B 是一条直线（截距是读一遍权重，斜率是每个序列读自己的 KV），吞吐 = B / TPOT 越涨越慢，"
+        f"趋向 带宽 / 每个序列的 KV 字节 这个上限：{m8} 是 {r['ceil_8b']:,.0f} tok/s，{m70}（8 卡）是 "
+        f"{r['ceil_70b']:,.0f} tok/s。显存装满时分别到了上限的 {r['ceil_share_8b'] * 100:.0f}% 和 "
+        f"{r['ceil_share_70b'] * 100:.0f}%：即使显存再大，再加批吞吐也涨不了多少。",
         f"{m70} 在 8 块 H100 上同理：B = 1 时 {fmt_time(r['tpot_70b_b1'])}，装满（B = {b70}）时 {fmt_time(r['tpot_70b_bmax'])}、"
         f"{r['thr_70b_bmax']:,.0f} tok/s。连续批处理（演示 3）的目的就是让批一直保持在这么大。",
     ])
@@ -107,7 +125,7 @@ def demo2_compute_bound():
             rows.append([model.name, chip.name, L, "永远到不了" if bs == math.inf else math.ceil(bs), bm,
                          "能" if reach else "不能"])
             out[(model.name, L)] = (bs, bm)
-    print_table(["模型", "硬件", "上下文 L", "最小的 compute-bound 批 ⌈B*⌉", "显存装得下的最大批", "装得下吗"], rows)
+    print_table(["模型", "硬件", "上下文 L", "最小的\ncompute-bound 批 ⌈B*⌉", "显存装得下\n的最大批", "装得下吗"], rows)
     ridge = H100.ridge_point("bf16")
     lc8, lc70 = critical_context(LLAMA31_8B, SETUPS[0][1]), critical_context(LLAMA31_70B, SETUPS[1][1])
     b0 = compute_bound_batch(LLAMA31_8B, H100, 0)
@@ -151,8 +169,7 @@ def demo3_continuous_batching():
                              f"{s['done_mean']:.1f} s", f"{s['done_p90']:.1f} s"])
     print_table(["位置数", "做法", "迭代次数", "平均在算的序列", "总时间", "吞吐 tok/s"], rows)
     print()
-    print_table(["位置数", "做法", "TPOT：每步平均", "TPOT：按 token 加权", "完成时间：平均", "完成时间：p90"],
-                rows_lat)
+    print_table(["位置数", "做法", "TPOT\n每步平均", "TPOT\n按 token 加权", "完成时间\n平均", "完成时间\np90"], rows_lat)
     print("（按 token 加权：每个 token 记产出它的那一步的时间，再对所有 token 平均。")
     print(" 完成时间：请求最后一个 token 出来的时刻；请求都在 0 时刻到达，所以含排队）")
     gain = {k: res[(k, True)]["throughput"] / res[(k, False)]["throughput"] for k in (32, 128)}

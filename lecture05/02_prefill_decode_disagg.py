@@ -101,8 +101,8 @@ def summarize(res):
 
 
 def demo2_simulation():
-    print_header(f"演示 2：两块 H100 的三种用法（{MODEL.name}，{N_REQ} 个请求，提示 {PROMPT_RANGE[0]}–{PROMPT_RANGE[1]}，"
-                 f"输出 {OUT_RANGE[0]}–{OUT_RANGE[1]}）")
+    print_header(f"演示 2：两块 H100 的三种用法（{MODEL.name}，{N_REQ} 个请求，提示 {PROMPT_RANGE[0]}–{PROMPT_RANGE[1] - 1}，"
+                 f"输出 {OUT_RANGE[0]}–{OUT_RANGE[1] - 1}）")
     prompts = uniform_ints(*PROMPT_RANGE, N_REQ, SEED_PROMPT)
     outs = uniform_ints(*OUT_RANGE, N_REQ, SEED_OUT)
     names = ("同机 ×2（prefill 优先）", f"同机 ×2（分块 prefill {CHUNK}）", "解耦：1 prefill + 1 decode")

@@ -98,7 +98,7 @@ def demo1_how_many_cards():
         n_lp = cards(total, CORSAIR.capacity_bytes)
         out[name] = (total, n_c, n_h, n_lp)
         rows.append([name, fmt_bytes(total), n_h, n_c, n_lp])
-    print_table(["模型（格式）", "权重", "H100 块数", "Corsair 张数：SRAM", "Corsair 张数：LPDDR5X"], rows)
+    print_table(["模型（格式）", "权重", "H100\n块数", "Corsair 张数\nSRAM", "Corsair 张数\nLPDDR5X"], rows)
     print("（全部 X 位：参数 × X / 8，种子 05 的口径；发布格式：专家 MXFP4、其余 BF16；")
     print(" 块内 X 位：transformer 块里的矩阵 X 位，词嵌入 / lm_head / norm 留 BF16。")
     print(f" 每块 H100 {fmt_bytes(H100.mem_bytes)} HBM3；每张 Corsair {fmt_bytes(CORSAIR.mem_bytes)} SRAM、"
@@ -143,8 +143,9 @@ def demo2_per_token_time():
         t_lp = step_time(per_tok, n_lp * CORSAIR.capacity_bw, 0.0, EFF)
         out[name] = {"t_h": t_h, "t_layer": t_layer, "t_tp": t_tp, "t_lp": t_lp, "n_c": n_c, "n_h": n_h}
         rows.append([name, fmt_bytes(per_tok), fmt_time(t_h), fmt_time(t_layer), fmt_time(t_tp), fmt_time(t_lp)])
-    print_table(["模型（格式）", "每 token 读", "H100 HBM", "SRAM 按层切", "SRAM 张量并行", "LPDDR5X"], rows)
-    print("（卡数见演示 1：每一列都用装得下权重的卡数；SRAM 张量并行是所有卡的带宽相加，是下界）")
+    print_table(["模型（格式）", "每 token 读", "H100 HBM", "Corsair SRAM\n按层切", "Corsair SRAM\n张量并行",
+                 "Corsair\nLPDDR5X"], rows)
+    print("（卡数见演示 1：每一列都用装得下权重的卡数；张量并行是所有卡的带宽相加，是下界）")
     dn, ln, l70, on = MODELS[0][0], "Llama-3.1-8B（块内 8 位）", "Llama-3.1-70B（块内 8 位）", "gpt-oss-120b（全部 4.25 位）"
     dr, o70, oo = out[dn], out[l70], out[on]
     r = {"draft_h100": dr["t_h"], "draft_sram": dr["t_layer"], "draft_lpddr": dr["t_lp"], "draft_cards": dr["n_c"],
@@ -228,7 +229,7 @@ def demo3_cost_coefficient():
             ["SRAM 草稿：最优 γ*"] + [o["g_sram"] for o in cols],
             ["SRAM 草稿：加速"] + [f"{o['s_sram']:.2f}×" for o in cols],
             ["SRAM 草稿：每 token"] + [fmt_time(o["t_tgt"] / o["s_sram"]) for o in cols]]
-    print_table(["", "4.25 位，无开销", "4.25 位，有开销", "发布格式，无开销", "发布格式，有开销"], rows)
+    print_table(["", "4.25 位\n无开销", "4.25 位\n有开销", "发布格式\n无开销", "发布格式\n有开销"], rows)
     print(f"（4.25 位：种子 05 的假设，{GPT_OSS_120B.active_params() / 1e9:.2f}B 激活参数全部 × {T_BITS} 位；")
     print(" 发布格式：专家 MXFP4、其余 BF16（演示 1、2）；")
     print(f" 有开销：种子 05 的固定开销。草稿都是 {D_PARAMS / 1e9:.1f}B × {D_BITS:.0f} 位 = {fmt_bytes(d_bytes)}。"
@@ -279,7 +280,7 @@ def demo3_cost_coefficient():
     rc = recon
     r["recon_row4_is_table"] = (rc[3]["g_gpu"], rc[3]["g_sram"]) == (b["g_gpu"], b["g_sram"]) and \
         abs(rc[3]["s_sram"] / b["s_sram"] - 1) < 1e-12 and abs(rc[3]["s_gpu"] / b["s_gpu"] - 1) < 1e-12
-    same = "，正是上表种子口径有开销的那一列" if r["recon_row4_is_table"] else "，和上表对不上"
+    same = "，正是上表\"4.25 位，有开销\"那一列" if r["recon_row4_is_table"] else "，和上表对不上"
     print_observations([
         f"按种子 05 的假设：草稿在 GPU 上一步 {fmt_time(b['t_gpu'])}、在两张 Corsair 上 {fmt_time(b['t_sram'])}，目标一步 "
         f"{fmt_time(b['t_tgt'])}；c 从 {b['c_gpu']:.3f} 降到 {b['c_sram']:.4f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
@@ -287,7 +288,7 @@ def demo3_cost_coefficient():
         f"只看带宽的话差 {a['ratio']:.1f} 倍（两张卡的 SRAM 带宽 / 一块 H100 的 HBM 带宽）。加上固定开销后，SRAM 草稿一步里 "
         f"{r['sram_ovh_share'] * 100:.0f}% 是 {fmt_time(OVH_SRAM)} 的固定开销——倍数由开销决定，这个假设值最值得怀疑。"
         f"c 差几倍和目标无关（它是草稿两步之比），所以四列里只有两个数：{a['ratio']:.1f} 和 {b['ratio']:.1f}。",
-        f"c 变小，最优草稿长度变长、加速比变大（定理 3.8，验证代价按不随 γ 变算）：种子口径有开销时 GPU 草稿 "
+        f"c 变小，最优草稿长度变长、加速比变大（定理 3.8，验证代价按不随 γ 变算）：\"4.25 位，有开销\"时 GPU 草稿 "
         f"γ* = {b['g_gpu']}、{b['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {b['g_sram']}、{b['s_sram']:.2f} 倍。"
         f"MoE 目标验证 γ + 1 个 token 时要读更多专家，把两者都拉低：按种子 05 的 MoE 验证（对账表最后一行）GPU 草稿 "
         f"γ* = {rc[5]['g_gpu']}、{rc[5]['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {rc[5]['g_sram']}、{rc[5]['s_sram']:.2f} 倍。",
@@ -296,7 +297,7 @@ def demo3_cost_coefficient():
         f"c 变成 {n['c_gpu']:.3f}（GPU）和 {n['c_sram']:.4f}（SRAM），最优 γ* = {n['g_gpu']} 和 {n['g_sram']}，"
         f"加速 {n['s_gpu']:.2f} 倍和 {n['s_sram']:.2f} 倍——目标越慢，同一个草稿越显得便宜，加速比越大。"
         f"但加速比是相对它自己更慢的普通 decode：SRAM 草稿时每个 token 平均 {fmt_time(r['per_tok'][('native', True)][1])}，"
-        f"比种子口径的 {fmt_time(r['per_tok'][('seed', True)][1])} 慢（GPU 草稿：{fmt_time(r['per_tok'][('native', True)][0])} "
+        f"比 4.25 位假设下的 {fmt_time(r['per_tok'][('seed', True)][1])} 慢（GPU 草稿：{fmt_time(r['per_tok'][('native', True)][0])} "
         f"vs {fmt_time(r['per_tok'][('seed', True)][0])}）。",
         f"种子 05 印的最优 γ 是 {rc[0]['g_gpu']}、{rc[4]['g_sram']}、{rc[0]['g_sram']}（GPU 草稿验证不变、SRAM 草稿 MoE 验证、"
         f"SRAM 草稿验证不变；GPU 草稿 MoE 验证的 {rc[4]['g_gpu']} 在所有整数里也最优），本脚本是 {b['g_gpu']} 和 {b['g_sram']}。"

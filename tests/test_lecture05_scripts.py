@@ -374,3 +374,15 @@ def test_04_smaller_c_gives_longer_gamma_and_more_speedup(s04, capsys):
         pts += [(c["c_gpu"], c["g_gpu"], c["s_gpu"]), (c["c_sram"], c["g_sram"], c["s_sram"])]
     pts.sort()
     assert all(a[1] >= b[1] and a[2] > b[2] for a, b in zip(pts, pts[1:]))
+
+
+def test_01_throughput_ceiling(s01, capsys):
+    """演示 1 的图和观察 4：memory-bound 时 TPOT = (W + B·k) / BW 是 B 的直线，吞吐趋向 BW / k。"""
+    r = s01.demo1_batch_sweep()
+    capsys.readouterr()
+    k8, k70 = 131072 * 2048, 327680 * 2048                         # 一个序列在上下文 2048 时每步读的 KV 字节
+    assert r["ceil_8b"] == pytest.approx(3.35e12 / k8, rel=1e-12) and round(r["ceil_8b"]) == 12480
+    assert r["ceil_70b"] == pytest.approx(8 * 3.35e12 / k70, rel=1e-12)
+    w8 = 2 * (8_030_261_248 - 128256 * 4096)
+    assert r["ceil_share_8b"] == pytest.approx(238 / ((w8 + 238 * k8) / 3.35e12) / (3.35e12 / k8), rel=1e-12)
+    assert 0.75 < r["ceil_share_70b"] < r["ceil_share_8b"] < 0.85                # "81% 和 78%"
