@@ -35,8 +35,8 @@ Corsair 卡上（Gimlet Labs 博客的部署；种子 05 按两张卡的带宽�
 
 【运行】python3 04_sram_accelerators.py （约 0.3 秒）
 
-【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（step_time）；../lecture06 的 decode_lab（best_gamma，定理 3.8）；
-../lecture01 的 console、hw_specs、llm_math。
+【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（step_time）；../lecture06 的 decode_lab（best_gamma，定理 3.8；
+expected_tokens，式 (1)）；../lecture01 的 console、hw_specs、llm_math（含 expected_touched_experts，第 3 讲 §7.6）。
 """
 import math
 import os
