@@ -229,7 +229,8 @@ def demo3_cost_coefficient():
             ["SRAM 草稿：最优 γ*"] + [o["g_sram"] for o in cols],
             ["SRAM 草稿：加速"] + [f"{o['s_sram']:.2f}×" for o in cols],
             ["SRAM 草稿：每 token"] + [fmt_time(o["t_tgt"] / o["s_sram"]) for o in cols]]
-    print_table(["", "4.25 位\n无开销", "4.25 位\n有开销", "发布格式\n无开销", "发布格式\n有开销"], rows)
+    print_table(["", "种子的假设\n4.25 位，无开销", "种子的假设\n4.25 位，有开销", "真实 checkpoint\n发布格式，无开销",
+                 "真实 checkpoint\n发布格式，有开销"], rows)
     print(f"（4.25 位：种子 05 的假设，{GPT_OSS_120B.active_params() / 1e9:.2f}B 激活参数全部 × {T_BITS} 位；")
     print(" 发布格式：专家 MXFP4、其余 BF16（演示 1、2）；")
     print(f" 有开销：种子 05 的固定开销。草稿都是 {D_PARAMS / 1e9:.1f}B × {D_BITS:.0f} 位 = {fmt_bytes(d_bytes)}。"
