@@ -283,15 +283,19 @@ class KVCache:
     预先分配的 KV cache：k, v 形状 [层, B, Hkv, max_len, head_dim]，pos = 已经写入的位置数。
 
     rollback(n)：丢掉最后 n 个位置（只挪 pos；被丢掉的位置之后会被覆盖）。
+    quant：None（默认：float64 原样存）或者一个函数 f(块) -> 同形状的块，K 和 V 每次写进缓存时先经过它
+    （量化再反量化：缓存里存的就是低精度的值；第 3 讲 06 用它，见本文件末尾的 quantizing_store）。
     """
 
-    def __init__(self, cfg, batch, max_len=None):
+    def __init__(self, cfg, batch, max_len=None, quant=None):
         max_len = cfg.max_seq if max_len is None else max_len
         if max_len > cfg.max_seq:
             raise ValueError(f"KV cache 长度 {max_len} 超过模型的上下文 max_seq = {cfg.max_seq}")
         shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.k = np.zeros(shape)
         self.v = np.zeros(shape)
+        if quant is not None:
+            self.k, self.v = quantizing_store(self.k, quant), quantizing_store(self.v, quant)
         self.batch, self.max_len, self.pos = batch, max_len, 0
 
     def rollback(self, n):
@@ -610,3 +614,35 @@ def online_softmax(scores, block):  # [n] -> [(块最大值, m, l), ...]
 
 
 __all__ += ["attention_io", "online_softmax"]
+
+
+# ---------------------------------------------------------------------------
+# 量化的 KV cache（第 3 讲 06 用）：写进缓存时量化
+# ---------------------------------------------------------------------------
+class _QuantizingStore(np.ndarray):
+    """
+    KV cache 的存储数组：cache.k[...] = 块 时先把块交给 quant（量化再反量化）再存；取出来的是普通的 ndarray 视图。
+
+    前向（NumpyTransformer.forward）不用改一个字：它本来就是"写第 p0..S 个位置、再读 0..S"，
+    写的那一刻就是量化的那一刻，和真实的推理引擎一样（每个新 token 的 K、V 写进缓存时量化）。
+    """
+
+    def __setitem__(self, idx, value):
+        np.ndarray.__setitem__(self, idx, self._quant(np.asarray(value, dtype=np.float64)))
+
+    def __getitem__(self, idx):
+        return np.ndarray.__getitem__(self.view(np.ndarray), idx)
+
+
+def quantizing_store(arr, quant):
+    """把 arr 包成写入时经过 quant 的存储（共享 arr 的内存）-> _QuantizingStore。"""
+    if not callable(quant):
+        raise ValueError(f"quant 必须是函数 f(块) -> 同形状的块（收到 {quant!r}）")
+    store = arr.view(_QuantizingStore)
+    store._quant = quant
+    return store
+
+
+__all__ += [
+    "quantizing_store",
+]

@@ -9,10 +9,12 @@ numfmt —— 数的格式：浮点格式的位布局与舍入、对称整数量
 - 舍入：就近舍入，一样近时取偶数（round to nearest, ties to even）。np.round 正是"取偶"的规则。
   负零保留符号（-0.0 仍是 -0.0；很小的负数下溢成 -0.0）。NaN 进 NaN 出。
 
-【整数量化】对称：scale = max|w| / qmax（int8 的 qmax = 127，int4 的 qmax = 7），q = clip(round(w / scale))，
+【整数量化】对称：scale = max|w| / qmax（int8 的 qmax = 127，int4 的 qmax = 7，int3 的 qmax = 3），q = clip(round(w / scale))，
 反量化 w' = q · scale。scale 存成 FP16（所以 scale 本身也先舍入到 FP16）。粒度：
 - "tensor"：整个矩阵一个 scale；"channel"：每个输出通道（权重 [输入维, 输出维] 的每一列）一个；
 - "group"：每个输出通道里沿输入维每 group 个数一个。全为 0 的组 scale = 0，反量化也是 0（不做除法）。
+非对称（quantize_int_asym）：每组再加一个整数零点，把 2^bits 个刻度对到组的 [最小值, 最大值] 上；
+int4 每 32 个一组、FP16 scale + 4 位零点 = 4 + 20/32 = 4.625 位。
 
 【MX 块格式】（OCP Microscaling 规范 v1.0）每 32 个数共享一个 E8M0 的 scale（8 位，只有指数，值是 2 的幂）：
 X = 2^(⌊log₂ max|v|⌋ − emax_elem)，emax_elem 是元素格式最大正规数的指数（E2M1 是 2，E4M3 是 8）；
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP4_E2M1", "FLOAT_FORMATS",
-           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "quantize_nvfp4", "bits_per_value", "INT_QMAX"]
+           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "quantize_nvfp4", "bits_per_value", "INT_QMAX",
+           "quantize_int_asym"]
 
 
 @dataclass(frozen=True)
@@ -150,19 +153,19 @@ def encode_bits(value, fmt):
     return sign, format(e + fmt.bias, f"0{E}b"), format(frac, f"0{M}b") if M else ""
 
 
-INT_QMAX = {8: 127, 4: 7}
+INT_QMAX = {8: 127, 4: 7, 3: 3}
 
 
 def quantize_int(w, bits, granularity="channel", group=None):
     """
     对称整数量化再反量化：w 形状 [输入维, 输出维]（权重矩阵）-> (w', scale)。
 
-    【参数】bits：8 或 4；granularity："tensor"、"channel"（每列一个 scale）、"group"（每列里沿输入维每 group 个一个）。
+    【参数】bits：8、4 或 3（INT3 的 qmax = 3：7 个值 −3..3）；granularity："tensor"、"channel"（每列一个 scale）、"group"（每列里沿输入维每 group 个一个）。
     【边界】group 不整除输入维时抛 ValueError；全 0 的组 scale = 0，反量化结果也是 0；scale 舍入到 FP16
     （比 FP16 最小次正规数还小的 scale 取那个次正规数；max|w| / qmax 超过 FP16 的最大值 65504 抛 ValueError）。
     """
     if bits not in INT_QMAX:
-        raise ValueError(f"整数量化只支持 8 位和 4 位（收到 {bits}）")
+        raise ValueError(f"整数量化只支持 {'、'.join(str(b) for b in INT_QMAX)} 位（收到 {bits}）")
     w = np.asarray(w, dtype=np.float64)
     if w.ndim != 2:
         raise ValueError(f"权重必须是二维 [输入维, 输出维]（收到形状 {w.shape}）")
@@ -191,6 +194,41 @@ def quantize_int(w, bits, granularity="channel", group=None):
     if granularity == "channel":
         return deq.T.copy(), scale.reshape(n_out)
     return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
+
+
+def quantize_int_asym(w, bits, group):
+    """
+    非对称整数量化（每组一个 FP16 scale 和一个 bits 位的零点）再反量化：w [输入维, 输出维] -> (w', scale, zero)。
+
+    【推导】每列里沿输入维每 group 个数一组，组的最小值 lo、最大值 hi（区间总包含 0：lo ≤ 0 ≤ hi）；
+    scale = (hi − lo) / (2^bits − 1)，舍入到 FP16；零点 z = clip(round(−lo / scale), 0, 2^bits − 1)（一个 bits 位的整数）；
+    q = clip(round(w / scale) + z, 0, 2^bits − 1)，w' = (q − z) · scale。对称量化的 2^bits − 1 个值以 0 为中心，
+    一组数全是正的（或偏向一边）时浪费一半；零点把 2^bits 个刻度对到 [lo, hi] 上。
+    【参数】bits：8、4 或 3；group 必须整除输入维（group = 输入维即每通道）。
+    【边界】全 0 的组 scale = 0、反量化为 0；scale 太小时取 FP16 最小的次正规数（同 quantize_int）。
+    """
+    if bits not in INT_QMAX:
+        raise ValueError(f"整数量化只支持 {'、'.join(str(b) for b in INT_QMAX)} 位（收到 {bits}）")
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"权重必须是二维 [输入维, 输出维]（收到形状 {w.shape}）")
+    n_in, n_out = w.shape
+    if not group or n_in % group:
+        raise ValueError(f"分组大小 {group} 必须整除输入维 {n_in}")
+    levels = 2 ** bits - 1
+    blocks = w.T.reshape(n_out * (n_in // group), group)
+    lo = np.minimum(blocks.min(axis=1, keepdims=True), 0.0)
+    hi = np.maximum(blocks.max(axis=1, keepdims=True), 0.0)
+    span = hi - lo
+    if span.max() / levels > FP16.max_value:
+        raise ValueError(f"组的范围 {span.max():.3g} 太大：scale 超过 FP16 的最大值 {FP16.max_value:g}")
+    scale = np.where(span > 0, np.maximum(round_to(span / levels, FP16), FP16.min_subnormal), 0.0)
+    safe = np.where(scale > 0, scale, 1.0)
+    zero = np.clip(np.round(-lo / safe), 0, levels)
+    q = np.clip(np.round(blocks / safe) + zero, 0, levels)
+    deq = np.where(scale > 0, (q - zero) * scale, 0.0)
+    shape = (n_out, n_in // group)
+    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(shape), zero.reshape(shape)
 
 
 def quantize_fp8(w, elem=None):
@@ -263,12 +301,16 @@ def bits_per_value(kind, n_in=None, group=None):
     """
     每个权重平均占几位（**含 scale**）。
 
-    【参数】kind："int8"/"int4"（加 granularity 的 scale：每通道一个 FP16 scale 摊到 n_in 个数上；每组一个摊到
-    group 个数上，给了 n_in 且不整除时最后一组不满也要一个 scale）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、"nvfp4"（4 + 8/16 = 4.5）、
+    【参数】kind："int8"/"int4"/"int3"（加 granularity 的 scale：每通道一个 FP16 scale 摊到 n_in 个数上；每组一个摊到
+    group 个数上，给了 n_in 且不整除时最后一组不满也要一个 scale）、"fp8"（每通道一个 FP32 scale，摊到 n_in 个数上）、"mxfp4"（4 + 8/32 = 4.25）、"mxfp8"（8.25）、"nvfp4"（4 + 8/16 = 4.5）、"int4-zp"（每组 FP16 scale + 4 位零点：4 + 20/group）、
     或者一个浮点格式名（"bf16"、"fp16"：16）。
     """
-    if kind in ("int8", "int4"):
-        b = 8 if kind == "int8" else 4
+    if kind == "int4-zp":  # 每组一个 FP16 scale 和一个 4 位零点
+        if not group:
+            raise ValueError("int4-zp 需要分组大小 group")
+        return 4 + (16 + 4) / group
+    if kind in ("int8", "int4", "int3"):
+        b = int(kind[3:])
         if group and n_in:  # 按实际组数：一行 ⌈n_in / group⌉ 个 scale（最后一组不满也要一个）
             return b + 16 * math.ceil(n_in / group) / n_in
         if group:
@@ -290,4 +332,4 @@ def bits_per_value(kind, n_in=None, group=None):
         return 16.0
     if kind == "fp32":
         return 32.0
-    raise ValueError(f"未知的格式 {kind!r}；可用：int8、int4、fp8、mxfp4、mxfp8、nvfp4、bf16、fp16、fp32")
+    raise ValueError(f"未知的格式 {kind!r}；可用：int8、int4、int3、int4-zp、fp8、mxfp4、mxfp8、nvfp4、bf16、fp16、fp32")
