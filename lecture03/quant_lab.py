@@ -351,12 +351,13 @@ def output_error(x, w, wq):
 METHODS = ("rtn", "gptq", "awq")
 
 
-def quantize_params_calibrated(P, acts, scheme, method):
+def quantize_params_calibrated(P, acts, scheme, method, cache=None):
     """
     用校准激活量化模型的 7 × 层数 个矩阵（lm_head、词嵌入、RMSNorm 不动）-> Pq（结构同 P）。
 
     【参数】acts：layer_inputs 在校准文本上得到的每层输入（float 模型的激活——每层都用原模型的激活校准，
     不用前面的层量化以后的激活）；method："rtn"（就近舍入，不看 acts）、"gptq"、"awq"。
+    cache：一个 dict（可选）：GPTQ 的 H⁻¹ 因子只由激活决定，同一组 acts 换方案时可以共用（传同一个 dict）。
     """
     if method not in METHODS:
         raise ValueError(f"未知的方法 {method!r}；可用：{', '.join(METHODS)}")
@@ -365,7 +366,7 @@ def quantize_params_calibrated(P, acts, scheme, method):
     Pq["layers"] = []
     for L, A in zip(P["layers"], acts):
         Lq = dict(L)
-        factors = {}
+        factors = {} if cache is None else cache.setdefault(len(Pq["layers"]), {})
         for m in LAYER_MATRICES:
             x = A[INPUT_OF[m]]
             if method == "rtn":

@@ -1,0 +1,141 @@
+"""
+第 3 讲 05_calibrated_quantization.py：观察里的数用独立的路径重算——就近舍入用只靠 numpy 的整数量化
+（np.float16 的 scale），整个模型的 logits 用 quant_lab.layer_inputs 的朴素前向（脚本用 NumpyTransformer），
+KL 用自己写的公式；GPTQ 的"每个矩阵都更好"用 gptq_quantize 逐个重算；位数用闭式公式。
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+from numfmt import quantize_mx, quantize_nvfp4
+from quant_lab import INPUT_OF, LAYER_MATRICES, QCFG, gptq_quantize, layer_inputs
+
+S = "lecture03/05_calibrated_quantization.py"
+
+
+@pytest.fixture(scope="module")
+def run():
+    mod = load_script(S)
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = mod.run_all()
+        out = {d: getattr(mod, d)(ev) for d in ("demo1_output_error", "demo2_model_quality",
+                                               "demo3_salient_channels", "demo4_formats")}
+    return mod, ev, out
+
+
+def fp16(x):
+    return np.asarray(x, dtype=np.float64).astype(np.float16).astype(np.float64)
+
+
+def int_group(w, qmax, g=32):
+    n_in, n_out = w.shape
+    b = w.T.reshape(n_out, n_in // g, g)
+    s = fp16(np.abs(b).max(axis=-1, keepdims=True) / qmax)
+    return (np.clip(np.round(b / s), -qmax, qmax) * s).reshape(n_out, n_in).T
+
+
+def asym_group(w, g=32):
+    n_in, n_out = w.shape
+    b = w.T.reshape(n_out, n_in // g, g)
+    lo, hi = np.minimum(b.min(-1, keepdims=True), 0), np.maximum(b.max(-1, keepdims=True), 0)
+    s = fp16((hi - lo) / 15)
+    z = np.round(-lo / s)
+    return ((np.clip(np.round(b / s) + z, 0, 15) - z) * s).reshape(n_out, n_in).T
+
+
+def rel(x, w, wq):
+    return np.linalg.norm(x @ (wq - w)) / np.linalg.norm(x @ w)
+
+
+def kl_of(P, Pq, toks):
+    def lsm(z):
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+    lp = lsm(layer_inputs(P, QCFG, toks)[0][:, :-1])
+    lq = lsm(layer_inputs(Pq, QCFG, toks)[0][:, :-1])
+    return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
+
+
+def rtn_params(P, quant):
+    Pq = dict(P)
+    Pq["layers"] = [{**L, **{m: quant(L[m]) for m in LAYER_MATRICES}} for L in P["layers"]]
+    return Pq
+
+
+def test_demo1_rtn_errors_and_gptq_count(run):
+    _, ev, out = run
+    d1, base = out["demo1_output_error"], ev["base"]
+    P = base["P"]
+    for s, qmax in (("int4-g32", 7), ("int3-g32", 3)):
+        for m in LAYER_MATRICES:
+            want = np.mean([rel(A[INPUT_OF[m]], L[m], int_group(L[m], qmax)) for L, A in zip(P["layers"], base["held"])])
+            assert d1["per_matrix"][(s, "rtn", m)] == pytest.approx(want, rel=1e-12)
+    # GPTQ：INT4-g32 的 28 个矩阵逐个重算
+    cuts = []
+    for L, C, A in zip(P["layers"], base["calib"], base["held"]):
+        for m in LAYER_MATRICES:
+            x, xh = C[INPUT_OF[m]], A[INPUT_OF[m]]
+            cuts.append(1 - rel(xh, L[m], gptq_quantize(L[m], x, "int4-g32")) / rel(xh, L[m], int_group(L[m], 7)))
+    r = d1["int4-g32"]
+    assert r["gptq_better"] == sum(c > 0 for c in cuts) == 28 == r["n"]
+    assert r["gptq_cut"] == pytest.approx((min(cuts), max(cuts)), rel=1e-9)
+    assert d1["int3-g32"]["gptq_better"] == 28
+    assert r["awq_cut"][1] > 0 and r["awq_worse"] == sum(
+        e_a > e_r for e_a, e_r in zip([x for m in LAYER_MATRICES for x in ev["runs"][("int4-g32", "awq")]["err"][m]],
+                                      [x for m in LAYER_MATRICES for x in ev["runs"][("int4-g32", "rtn")]["err"][m]]))
+
+
+def test_demo2_kl_by_a_second_forward(run):
+    _, ev, out = run
+    d2, base = out["demo2_model_quality"], ev["base"]
+    P, toks = base["P"], base["toks"]
+    k4 = kl_of(P, rtn_params(P, lambda w: int_group(w, 7)), toks)
+    k3 = kl_of(P, rtn_params(P, lambda w: int_group(w, 3)), toks)
+    assert d2[("int4-g32", "rtn")]["kl"] == pytest.approx(k4, rel=1e-9)
+    assert d2[("int3-g32", "rtn")]["kl"] == pytest.approx(k3, rel=1e-9)
+    for s in ("int4-g32", "int3-g32"):
+        assert d2[s]["gptq_kl_cut"] > 0.05                      # GPTQ 的 KL 确实更小
+        assert d2[s]["gptq_kl_cut"] == pytest.approx(1 - d2[(s, "gptq")]["kl"] / d2[(s, "rtn")]["kl"])
+    assert d2["int3_gptq_over_int4_rtn"] > 3
+
+
+def test_demo3_salient_variant(run):
+    mod, ev, out = run
+    d3 = out["demo3_salient_channels"]
+    base, sal = ev["base"], ev["sal"]
+    assert d3["logit_diff"] < 1e-10
+    # 显著通道上的平均 |x| 正好是原来的 SALIENT_S 倍
+    x0, x1 = base["calib"][0]["attn_in"], sal["calib"][0]["attn_in"]
+    assert np.allclose(np.abs(x1[:, list(mod.SALIENT)]), mod.SALIENT_S * np.abs(x0[:, list(mod.SALIENT)]))
+    spreads = []
+    for A in base["calib"]:
+        for k in ("attn_in", "attn_out", "mlp_in", "mlp_act"):
+            m = np.abs(A[k]).mean(0)
+            spreads.append(m.max() / np.median(m))
+    assert d3["spread_base"] == pytest.approx((min(spreads), max(spreads)))
+    assert d3["spread_base"][1] < 2.5 and d3["spread_sal"][0] > 9
+    ks = kl_of(sal["P"], rtn_params(sal["P"], lambda w: int_group(w, 7)), base["toks"])
+    assert d3[("显著通道版", "rtn")]["kl"] == pytest.approx(ks, rel=1e-9)
+    assert d3["rtn_kl_ratio"] == pytest.approx(ks / d3[("QCFG", "rtn")]["kl"])
+    assert d3["awq_kl_cut"] > 0.5 and d3["awq_kl_cut"] > d3["gptq_kl_cut"]
+    assert d3["base_calib_cut"] < 0.05 < d3["sal_calib_cut"]
+    m = np.abs(x0).mean(0)
+    assert d3["base_s_ratio"] == pytest.approx((m.max() / m.min()) ** d3["base_a"])
+
+
+def test_demo4_formats(run):
+    _, ev, out = run
+    d4, P = out["demo4_formats"], ev["base"]["P"]
+    assert [d4[f]["bits"] for f in ("int4-g32", "int4-g32-zp", "nvfp4", "mxfp4", "int3-g32")] == [
+        4 + 16 / 32, 4 + 20 / 32, 4 + 8 / 16, 4 + 8 / 32, 3 + 16 / 32]
+    mats = [L[m] for L in P["layers"] for m in LAYER_MATRICES]
+
+    def werr(q):
+        return np.mean([np.linalg.norm(q(w) - w) / np.linalg.norm(w) for w in mats])
+    assert d4["zp_cut"] == pytest.approx(1 - werr(asym_group) / werr(lambda w: int_group(w, 7)), rel=1e-9)
+    assert d4["nv_over_mx"] == pytest.approx(werr(lambda w: quantize_nvfp4(w)[0]) / werr(lambda w: quantize_mx(w)[0]),
+                                             rel=1e-9)
+    assert d4["zp_cut"] > 0 and d4["zp_kl_cut"] > 0 and d4["nv_over_mx"] < 1
