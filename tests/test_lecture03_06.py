@@ -1,0 +1,116 @@
+"""
+第 3 讲 06_activation_and_kv_quantization.py：观察里的数用独立的路径重算——激活和权重的 INT8 用只靠 numpy 的
+实现（np.float16 的 scale），SmoothQuant 的 s 按论文式 (4) 自己算，KV cache 的 KL 用逐个 token 写入的 decode
+（脚本一次算完整段）和自己写的 KL，字节和最大批用第 1 讲的闭式公式（Llama-3.1-8B 的形状）。
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+from quant_lab import QCFG, kv_quantizer
+from transformer_lab import KVCache, NumpyTransformer
+
+S = "lecture03/06_activation_and_kv_quantization.py"
+
+
+@pytest.fixture(scope="module")
+def run():
+    mod = load_script(S)
+    with contextlib.redirect_stdout(io.StringIO()):
+        ctx = mod.setup()
+        out = {d: getattr(mod, d)(ctx) for d in ("demo1_activation_outliers", "demo2_smoothquant", "demo3_kv_cache",
+                                                "demo4_h100")}
+    return mod, ctx, out
+
+
+def fp16(x):
+    return np.asarray(x, dtype=np.float64).astype(np.float16).astype(np.float64)
+
+
+def int8_rows(x):
+    s = fp16(np.abs(x).max(axis=-1, keepdims=True) / 127)
+    return np.clip(np.round(x / s), -127, 127) * s
+
+
+def int8_act(x, gran):
+    return int8_rows(x) if gran == "token" else int8_rows(x.reshape(1, -1)).reshape(x.shape)
+
+
+def w8a8(x, w, gran, alpha=None):
+    y = x @ w
+    if alpha is not None:
+        s = np.abs(x).max(0) ** alpha / np.abs(w).max(1) ** (1 - alpha)
+        x, w = x / s, w * s[:, None]
+    return np.linalg.norm(int8_act(x, gran) @ int8_rows(w.T).T - y) / np.linalg.norm(y)
+
+
+FED = ("wq", "wk", "wv", "w_gate", "w_up")
+SRC = {"wq": "attn_in", "wk": "attn_in", "wv": "attn_in", "w_gate": "mlp_in", "w_up": "mlp_in"}
+
+
+def test_demo1_outlier_spread_and_int8_errors(run):
+    _, ctx, out = run
+    d1 = out["demo1_activation_outliers"]
+    for name, acts in (("QCFG", ctx["acts"]), ("注入离群", ctx["acts_out"])):
+        x = [A["attn_in"] for A in acts]
+        sp = np.mean([np.abs(a).max(0).max() / np.median(np.abs(a).max(0)) for a in x])
+        assert d1[(name, "attn_in")]["spread"] == pytest.approx(sp)
+        for g in ("tensor", "token"):
+            e = np.mean([np.linalg.norm(int8_act(a, g) - a) / np.linalg.norm(a) for a in x])
+            assert d1[(name, "attn_in")][g] == pytest.approx(e, rel=1e-12)
+    assert d1["tensor_jump"] == pytest.approx(d1[("注入离群", "attn_in")]["tensor"] / d1[("QCFG", "attn_in")]["tensor"])
+    assert d1["spread_range"][1] < 3 and d1[("注入离群", "attn_in")]["spread"] > 15
+    assert d1["tensor_jump"] > 2 and d1["token_jump"] > 2
+
+
+def test_demo2_smoothquant(run):
+    mod, ctx, out = run
+    d2 = out["demo2_smoothquant"]
+    for a in (None, 0.5, 1.0):
+        e = np.mean([w8a8(A[SRC[m]], L[m], "tensor", a) for L, A in zip(ctx["P_out"]["layers"], ctx["acts_out"])
+                     for m in FED])
+        assert d2[a][("注入离群", "tensor")] == pytest.approx(e, rel=1e-9)
+    best = min((a for a in mod.ALPHAS if a is not None), key=lambda a: d2[a][("注入离群", "tensor")])
+    assert d2["best_alpha"] == best and d2["after"] < 0.2 * d2["before"]
+    assert d2["max_rel_gap"] < 1e-12
+
+
+def test_demo3_kv_cache_by_incremental_decode(run):
+    _, ctx, out = run
+    d3 = out["demo3_kv_cache"]
+    toks = ctx["kv_toks"]
+    model = NumpyTransformer(ctx["P"], QCFG)
+    ref = model.forward(toks)
+
+    def lsm(z):
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+    for f in ("fp8-e4m3", "int8-head", "int4-g8"):
+        cache = KVCache(QCFG, toks.shape[0], toks.shape[1], quant=kv_quantizer(f))
+        lq = np.concatenate([model.forward(toks[:, t:t + 1], cache) for t in range(toks.shape[1])], axis=1)
+        lp, lqq = lsm(ref[:, :-1]), lsm(lq[:, :-1])
+        kl = float((np.exp(lp) * (lp - lqq)).sum(-1).mean())
+        assert d3[f]["kl"] == pytest.approx(kl, rel=1e-6)
+        assert d3[f]["agree"] == pytest.approx(float((lp.argmax(-1) == lqq.argmax(-1)).mean()))
+    per_el = 2 * 4 * 2 * 16
+    assert (d3["bf16_bytes"], d3["fp8-e4m3"]["bytes"], d3["int8-head"]["bytes"], d3["int4-g8"]["bytes"]) == (
+        per_el * 2, per_el * 1, per_el * (8 + 16 / 16) / 8, per_el * (4 + 16 / 8) / 8)
+    assert d3["int8-head"]["kl"] < d3["fp8-e4m3"]["kl"] < d3["int4-g8"]["kl"]
+
+
+def test_demo4_h100_closed_form(run):
+    mod, _, out = run
+    d4 = out["demo4_h100"]
+    d, kv, ff, L, V = 4096, 8 * 128, 14336, 32, 128256
+    params = 2 * V * d + L * (d * (d + 2 * kv) + d * d + 3 * d * ff)          # 不含 norm 的权重（norm 可以忽略）
+    room = 80e9 - 2 * params
+    assert d4["room"] == pytest.approx(room, rel=1e-5)
+    for name, bits in (("BF16", 16), ("FP8-E4M3", 8), ("INT8 每头", 8 + 16 / 128), ("INT4 每 8 个", 4 + 16 / 8)):
+        per_tok = 2 * L * kv * bits / 8
+        assert d4[name]["per_token"] == per_tok
+        assert d4[name]["tokens"] == pytest.approx(room / per_tok, rel=1e-5)
+        assert d4[name]["batch"] == int(d4["room"] // (per_tok * mod.CONTEXT))
+    assert d4["FP8-E4M3"]["tokens"] / d4["BF16"]["tokens"] == pytest.approx(2.0)
