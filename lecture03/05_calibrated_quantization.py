@@ -17,16 +17,15 @@ CS349E · 第 3 讲 · 05_calibrated_quantization.py —— 看数据的量化�
 
 【模型的假设（务必看）】
 - QCFG 是随机的小模型（见 quant_lab）：权重近似高斯，激活没有训练出来的大模型那种"显著通道"
-  （演示 3 量出来：每个通道的平均 |x| 最大的只比中位数大 1.1–1.7 倍）。所以这里 GPTQ、AWQ 的收益和论文里的
-  数字不可比；方向和道理是一样的。
-- 校准：原模型采样的 8 条 × 64 个 token（种子 1），512 个位置；留出：另 8 条 × 64（种子 2）；KL 等指标：
-  16 条 × 128 个 token（种子 0）。每层都用 float 模型的激活校准（不用前面的层量化以后的激活）。
+  （演示 3 量给你看）。所以这里 GPTQ、AWQ 的收益和论文里的数字不可比；方向和道理是一样的。
+- 文本：原模型在温度 1 下一次采样 20 条 × 64 个 token（种子 0），按条分成三段：校准 8 条（512 个位置的激活）、
+  留出 4 条（量输出误差）、8 条量 KL 等指标。每层都用 float 模型的激活校准（不用前面的层量化以后的激活）。
   GPTQ 的阻尼 λ = 1% × mean(diag H)（论文的默认值）；AWQ 的 a 在 0, 0.05, …, 0.95 上搜（官方实现的 20 个点）。
 - 演示 3 的显著通道是**构造的**：每层两个 RMSNorm 的第 SALIENT 个权重乘 SALIENT_S = 10、紧跟着的矩阵的对应行除以 10
   （同一个函数，logits 只差浮点舍入）。真实模型里这种通道是训练出来的（AWQ 论文：按激活挑出 1% 的通道最要紧）。
 - 只量化 transformer 块里的 7 个矩阵（lm_head、词嵌入、RMSNorm 不动），权重反量化成 float64 再算（只量化权重）。
 
-【运行】python3 05_calibrated_quantization.py （约 3 秒）
+【运行】python3 05_calibrated_quantization.py （约 1.5 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、SCHEMES、gptq_quantize、awq_search、quantize_params_calibrated、
 layer_inputs、compare_logits、with_salient_channels；需要 ../prereq3 的 numfmt 和 ../lecture02 的 transformer_lab）；

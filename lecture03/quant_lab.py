@@ -18,6 +18,12 @@ quant_lab —— 第 3 讲的模型（QCFG）、把它的权重量化的各种�
   "mxfp4"、"mxfp8"：OCP MX 块格式，每 32 个一个 E8M0 scale；"nvfp4"：E2M1 + 每 16 个一个 E4M3 scale + 张量 FP32 scale；
   "int3-g32"：INT3 每 32 个一组；"int4-g32-zp"：INT4 每 32 个一组，FP16 scale 加一个 4 位零点（非对称）。
 词嵌入（查表）和 RMSNorm 的权重不量化。数的格式本身在 ../prereq3/numfmt。
+
+【看数据的量化】（第 3 讲 05）layer_inputs 取 float 模型里每个矩阵的输入（校准激活）；gptq_quantize（GPTQ）、
+awq_quantize（AWQ）用它们量化一个矩阵，quantize_params_calibrated 量化整个模型；compare_logits 和 02 同样的口径
+（KL、top-1、困惑度）；with_salient_channels 造一个同样的函数、带几个大激活通道的版本。
+【激活和 KV cache】（第 3 讲 06）quantize_activations（INT8 每张量 / 每 token）、smooth_scales 和 w8a8_error
+（SmoothQuant）、kv_quantizer（交给 transformer_lab.KVCache 的 quant 参数：写入缓存时量化）。
 """
 import os
 import sys
