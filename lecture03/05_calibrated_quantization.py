@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import fmt_bound, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bound, print_header, print_observations, print_plot, print_table  # noqa: E402
 from quant_lab import (INPUT_OF, LAYER_MATRICES, METHODS, QCFG, awq_search, compare_logits,  # noqa: E402
                        layer_inputs, output_error, quantize_matrix, quantize_params_calibrated, sample_tokens,
                        with_salient_channels)
@@ -209,6 +209,7 @@ def demo3_salient_channels(ev):
         m = np.abs(x).mean(axis=0)
         res[name + "_a"], res[name + "_s_ratio"] = a, float((m.max() / m.min()) ** a)
         res[name + "_calib_cut"] = 1 - float(errs.min() / errs[0])
+        res[name + "_curve"] = errs
     rows = []
     fed = [m for m in LAYER_MATRICES if INPUT_OF[m] in ("attn_in", "mlp_in")]
     for name, rr in (("QCFG", {m: ev["runs"][("int4-g32", m)] for m in METHODS}), ("显著通道版", ev["sal_runs"])):
@@ -218,6 +219,10 @@ def demo3_salient_channels(ev):
             res[(name, m)] = {"err": e, "kl": r["kl"], "agree": r["agree"]}
             rows.append([name, METHOD_ZH[m], pct(e), f"{r['kl']:.5f}", pct(r["agree"])])
     print_table(["模型", "方法", "输出误差\n(wq…w_up 平均)", "KL（nats）", "top-1 一致"], rows)
+    grid = np.arange(len(res["base_curve"])) / len(res["base_curve"])
+    print()
+    print_plot({"QCFG": (grid, res["base_curve"]), "显著通道版": (grid, res["sal_curve"])},
+               "AWQ 的 a（s = mean|x|^a；a = 0 就是就近舍入）", "第 0 层 wq 的校准误差（相对，平方）", logy=True, height=12)
     s = {m: res[("显著通道版", m)] for m in METHODS}
     b = res[("QCFG", "rtn")]
     res["rtn_kl_ratio"] = s["rtn"]["kl"] / b["kl"]
@@ -231,7 +236,7 @@ def demo3_salient_channels(ev):
         f"就近舍入在显著通道版上坏得多：KL 是 QCFG 的 {res['rtn_kl_ratio']:.1f} 倍。那几行权重被除以 {SALIENT_S:g}，"
         f"和同组的其他权重共用一个 scale，舍入误差相对它们大了 {SALIENT_S:g} 倍，又乘上 {SALIENT_S:g} 倍大的激活。",
         f"AWQ 把这部分找了回来：KL 少 {100 * res['awq_kl_cut']:.0f}%，是 QCFG 就近舍入的 {res['awq_vs_base_rtn']:.2f} 倍"
-        f"（第 0 层 wq 选中 a = {res['sal_a']:.2f}，s 的最大 / 最小 = {res['sal_s_ratio']:.1f}，校准误差少 "
+        f"（图：第 0 层 wq 选中 a = {res['sal_a']:.2f}，s 的最大 / 最小 = {res['sal_s_ratio']:.1f}，校准误差少 "
         f"{100 * res['sal_calib_cut']:.0f}%）。在 QCFG 上它选 a = {res['base_a']:.2f}，但 s 的最大 / 最小只有 "
         f"{res['base_s_ratio']:.2f}，校准误差只少 {100 * res['base_calib_cut']:.1f}%：没有显著通道，就无事可做。"
         f"GPTQ 在显著通道版上 KL 少 {100 * res['gptq_kl_cut']:.0f}%。",

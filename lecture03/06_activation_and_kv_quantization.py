@@ -22,7 +22,8 @@ CS349E · 第 3 讲 · 06_activation_and_kv_quantization.py —— 权重之后�
 - 激活：原模型自己采样的 8 条 × 64 个 token（种子 1）在 float 模型里的值；KV cache：8 条 × 128 个 token（种子 0）。
 - 演示 3 的"不量化"是 float64 的缓存（字节按 BF16 记）。激活量化的 scale 存成 FP16（numfmt.quantize_int 的做法）；KV 的 FP8 不做缩放（scale = 1，这里 K、V 的大小在
   1 附近）；INT8 每个 token 每个头一个 FP16 scale，INT4 每个 token 里每 8 个数一组一个 FP16 scale。
-  缓存里的 K 是 RoPE 之后、每个头的列重排过的（transformer_lab 的复数写法）；scale 都在一个头之内定，不受重排影响。
+  缓存里的 K 是 RoPE 之后、每个头的列重排过的（transformer_lab 的复数写法：第 2i、2i+1 列是原来的第 i、i + 8 维）。
+  每头一个 scale 和重排无关；INT4 的一组是缓存里相邻的 8 列 = 4 个 RoPE 旋转对，和按原来的顺序分组不是同样的 8 个数。
 - 演示 4：H100 SXM5 80 GB，Llama-3.1-8B 的权重 BF16，除了权重和 KV cache 什么都不算（上界，第 1 讲 llm_math.max_batch）；
   scale 的开销按 Llama 的 head_dim = 128 算。
 

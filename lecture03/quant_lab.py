@@ -512,8 +512,9 @@ def kv_quantizer(fmt):
     """
     KV cache 写入时用的量化函数 f(块 [..., head_dim]) -> 同形状（交给 transformer_lab.KVCache 的 quant 参数）。
 
-    【推导】缓存里一个 token 的一个头是最后一维的 head_dim 个数（K 是 RoPE 之后的、每个头的列重排过的值；
-    每个头一个 scale、或者每 8 个相邻的数一组，组都落在同一个头里，列的重排不影响"每头"的 scale）。
+    【推导】缓存里一个 token 的一个头是最后一维的 head_dim 个数（K 是 RoPE 之后的、每个头的列重排过的值：
+    第 2i、2i+1 列是原来的第 i、i + head_dim/2 维）。每头一个 scale 和重排无关；每 8 个相邻的数一组时，一组是
+    4 个 RoPE 旋转对（和按原来的顺序分组不是同样的 8 个数），组总落在同一个头里。
     "fp8-e4m3"：直接舍入到 E4M3（scale = 1：这里的 K、V 的大小在 1 附近，远在 E4M3 的正规数范围 2⁻⁶..448 里）；
     "int8-head"：每个 token 每个头一个 scale（max|v| / 127，FP16）；"int4-g8"：每 8 个一组一个 scale（max|v| / 7）。
     """

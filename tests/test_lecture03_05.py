@@ -124,6 +124,11 @@ def test_demo3_salient_variant(run):
     assert d3["base_calib_cut"] < 0.05 < d3["sal_calib_cut"]
     m = np.abs(x0).mean(0)
     assert d3["base_s_ratio"] == pytest.approx((m.max() / m.min()) ** d3["base_a"])
+    # 图的 a = 0 一端就是就近舍入在校准数据上的误差
+    for ctx, key in ((base, "base_curve"), (sal, "sal_curve")):
+        x, w = ctx["calib"][0]["attn_in"], ctx["P"]["layers"][0]["wq"]
+        assert d3[key][0] == pytest.approx(rel(x, w, int_group(w, 7)) ** 2, rel=1e-9)
+        assert d3[key.split("_")[0] + "_calib_cut"] == pytest.approx(1 - d3[key].min() / d3[key][0])
 
 
 def test_demo4_formats(run):
