@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_script
 from numfmt import quantize_mx, quantize_nvfp4
-from quant_lab import INPUT_OF, LAYER_MATRICES, QCFG, gptq_quantize, layer_inputs
+from quant_lab import INPUT_OF, LAYER_MATRICES, QCFG, awq_quantize, gptq_quantize, layer_inputs
 
 S = "lecture03/05_calibrated_quantization.py"
 
@@ -144,3 +144,23 @@ def test_demo4_formats(run):
     assert d4["nv_over_mx"] == pytest.approx(werr(lambda w: quantize_nvfp4(w)[0]) / werr(lambda w: quantize_mx(w)[0]),
                                              rel=1e-9)
     assert d4["zp_cut"] > 0 and d4["zp_kl_cut"] > 0 and d4["nv_over_mx"] < 1
+
+
+def calibrated_params(ctx, quant):
+    """每个矩阵用 quant(w, 校准激活) 量化（GPTQ / AWQ 的函数本身在 test_quant_lab_calibrated 里测）。"""
+    P = ctx["P"]
+    Pq = dict(P)
+    Pq["layers"] = [{**L, **{m: quant(L[m], C[INPUT_OF[m]]) for m in LAYER_MATRICES}}
+                    for L, C in zip(P["layers"], ctx["calib"])]
+    return Pq
+
+
+def test_calibrated_model_kls_by_a_second_forward(run):
+    _, ev, out = run
+    base, sal = ev["base"], ev["sal"]
+    k_g = kl_of(base["P"], calibrated_params(base, lambda w, x: gptq_quantize(w, x, "int4-g32")), base["toks"])
+    assert out["demo2_model_quality"][("int4-g32", "gptq")]["kl"] == pytest.approx(k_g, rel=1e-9)
+    k_a = kl_of(sal["P"], calibrated_params(sal, lambda w, x: awq_quantize(w, x, "int4-g32")), base["toks"])
+    d3 = out["demo3_salient_channels"]
+    assert d3[("显著通道版", "awq")]["kl"] == pytest.approx(k_a, rel=1e-9)
+    assert d3["awq_vs_base_rtn"] == pytest.approx(k_a / d3[("QCFG", "rtn")]["kl"])
