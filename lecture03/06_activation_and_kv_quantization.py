@@ -108,11 +108,16 @@ def demo1_activation_outliers(ctx):
     o = res[("注入离群", "attn_in")]
     b = res[("QCFG", "attn_in")]
     res["spread_range"] = (min(r["spread"] for r in q), max(r["spread"] for r in q))
+    res["qcfg_max_tensor"] = max(r["tensor"] for r in q)
+    res["qcfg_max_token"] = max(r["token"] for r in q)
+    res["qcfg_argmax"] = {g: INPUTS[int(np.argmax([r[g] for r in q]))] for g in ("tensor", "token")}
     res["tensor_jump"] = o["tensor"] / b["tensor"]
     res["token_jump"] = o["token"] / b["token"]
     print_observations([
         f"QCFG 的激活没有离群通道：每个通道的 max|x| 最大的只是中位数的 {res['spread_range'][0]:.1f}–"
-        f"{res['spread_range'][1]:.1f} 倍，INT8 每张量和每 token 都很准。",
+        f"{res['spread_range'][1]:.1f} 倍，INT8 的相对误差每张量不超过 {100 * res['qcfg_max_tensor']:.1f}%、"
+        f"每 token 不超过 {100 * res['qcfg_max_token']:.1f}%"
+        + ("（最大的都是 w_down 的输入 SiLU(gate)·up）。" if set(res["qcfg_argmax"].values()) == {"mlp_act"} else "。"),
         f"注入 {len(OUTLIER_CH)} 个 {OUTLIER_S:g} 倍的通道以后，注意力输入的 INT8 误差：每张量变成 {res['tensor_jump']:.1f} 倍，"
         f"每 token 变成 {res['token_jump']:.1f} 倍。离群值撑大了 scale，其余 {QCFG.d_model - len(OUTLIER_CH)} 个通道"
         "只分到很少的刻度；每 token 的 scale 也逃不掉，因为每个 token 里都有这几个通道。",
@@ -155,7 +160,7 @@ def demo2_smoothquant(ctx):
         f"α = {best:.2f} 时 {100 * res['after']:.2f}%——是平滑前的 {res['after'] / none_o:.2f} 倍。",
         f"平滑之后，两个模型的 W8A8 误差一样（每个 α 上相对差 {fmt_bound(same, 1e-12)}）：注入的是"
         "\"通道 j 的激活乘 c、权重那一行除以 c\"，s_j 正好也跟着乘 c，X / s 和 s·W 和原模型的一模一样"
-        "（只差浮点舍入）。真实模型的离群不是这么干净的一个缩放，平滑只能去掉一部分。",
+        "（只差浮点舍入）。这是构造的例子的特点：真实模型的离群是训练出来的，平滑不保证去掉它的全部影响。",
         "α 越大，挪到权重上的越多：α = 1 时激活每个通道的最大值都变成 1，权重替激活背上了全部的范围。"
         "SmoothQuant 论文（arXiv 2211.10438 摘要）：用这个办法让 OPT、BLOOM、GLM、MT-NLG、LLaMA 的所有矩阵乘都跑 "
         "W8A8，精度损失可以忽略，最多快 1.56 倍、省一半显存。",

@@ -63,6 +63,11 @@ def test_demo1_outlier_spread_and_int8_errors(run):
             assert d1[(name, "attn_in")][g] == pytest.approx(e, rel=1e-12)
     assert d1["tensor_jump"] == pytest.approx(d1[("注入离群", "attn_in")]["tensor"] / d1[("QCFG", "attn_in")]["tensor"])
     assert d1["spread_range"][1] < 3 and d1[("注入离群", "attn_in")]["spread"] > 15
+    # 观察说最大的误差都在 w_down 的输入上
+    assert d1["qcfg_argmax"] == {"tensor": "mlp_act", "token": "mlp_act"}
+    a = [A["mlp_act"] for A in ctx["acts"]]
+    assert d1["qcfg_max_tensor"] == pytest.approx(
+        np.mean([np.linalg.norm(int8_act(x, "tensor") - x) / np.linalg.norm(x) for x in a]), rel=1e-12)
     assert d1["tensor_jump"] > 2 and d1["token_jump"] > 2
 
 

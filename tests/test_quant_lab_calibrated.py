@@ -86,7 +86,7 @@ def test_gptq_beats_rtn_on_every_qcfg_matrix_held_out(qcfg, scheme):
 def test_awq_never_worse_than_rtn_on_calibration_data(qcfg, scheme):
     P, _, (_, acts), _ = qcfg
     for li, L in enumerate(P["layers"]):
-        for m in ("wq", "w_down"):
+        for m in LAYER_MATRICES:
             x = acts[li][INPUT_OF[m]]
             wq, a, errs = awq_search(L[m], x, scheme)
             rtn = quantize_matrix(L[m], scheme)[0]
