@@ -190,8 +190,8 @@ def demo3_other_rules():
         f"γ = {GAMMA} 时每轮只产出 {general['E_naive']:.2f} 个 token 而不是 {general['E_correct']:.2f} 个；"
         f"差得最多的是 {widest}：{res[widest]['naive_alpha']:.3f} vs {res[widest]['alpha']:.3f}"
         "（草稿完全对，朴素规则却只在两次独立抽样撞上时接受）。",
-        f"p 是 one-hot（T = 0）时两者相同（{oh['naive_alpha']:.3f} = {oh['alpha']:.3f}）：贪心解码时\"草稿和目标的 argmax "
-        "一样就接受\"已经是最好的规则。",
+        f"p 是 one-hot（T = 0）时两者相同（{oh['naive_alpha']:.3f} = {oh['alpha']:.3f}）：目标的\"抽样\"就是它的 argmax，"
+        "朴素规则变成\"草稿抽到的 token 等于目标的 argmax 才接受\"，和修正拒绝采样是同一个规则。",
         f"拒绝后从 p 重抽（而不是从残差）：输出 = min(p, q) + (1 − α)·p，偏向草稿也喜欢的 token。{len(bad)} 个情形分布错了，"
         f"最大差 {max(r['err_resample_p'] for r in res.values()):.3f}。碰巧对的 {len(ok)} 个情形各有原因：从不拒绝"
         f"（{'、'.join(never_reject)}），或残差正好等于 p、从 p 抽和从残差抽是一回事（{'、'.join(resid_is_p)}）。",

@@ -198,6 +198,20 @@ def test_03_power_against_known_bugs(s03, models03, r1, capsys):
     assert r1["min_p"] > 100 * max(out[n]["from_p"][2] for n in ("只用前 1 层", "二元语法表"))
 
 
+def test_03_p_values_in_one_format(s03, models03, r1, capsys):
+    """issue 8 第 18 条：两个演示的 p 值同一种写法（和 02 脚本一样）：≥ 0.001 三位小数，更小的只打印数量级上界。"""
+    s02 = load_script("lecture06/02_rejection_sampling.py")
+    for pv in (0.5, 0.0731, 0.001, 9.9e-4, 7.04e-6, 5.6e-12, 1e-130, 0.0):
+        assert s03.fmt_pvalue(pv) == s02.fmt_pvalue(pv)
+    assert s03.fmt_pvalue(0.0731) == "0.073" and s03.fmt_pvalue(5.6e-12) == "< 1e-11"
+    assert s03.fmt_pvalue(7.04e-6) == "< 1e-5" and s03.fmt_pvalue(1e-3) == "0.001"
+    s03.demo2_power(*models03, r1["min_p"], r1["n_p"])
+    text = capsys.readouterr().out
+    import re
+    assert not re.search(r"\d\.?\de-\d", text)                     # 没有 .2g 式的 "5.6e-12"、"7e-06"
+    assert "< 1e-" in text
+
+
 def test_03_greedy_is_token_for_token_identical(s03, models03, capsys):
     r = s03.demo3_greedy(*models03)
     capsys.readouterr()
@@ -259,6 +273,15 @@ def test_05_verify_cost(s05, capsys):
         assert b == math.ceil(wt / ((g + 1) * T.flops_per_token(512) / (8 * H100_BF16) - kt))
         assert b < r["b_star"] / (g + 1)
     assert r["free_b"] == 16
+    # issue 8 第 15 条：B = 1 的 0.0% 是 roofline 的 max() 造成的；运算和读字节相加（上界）时多出的比例，独立的闭式：
+    # 9 个位置 vs 1 个位置的 FLOPs / 算力，加上同样的读字节时间
+    T = s05.TARGET
+    f1 = 2 * T.matmul_params() + 4 * T.n_heads * T.head_dim * T.n_layers * 512
+    t_mem = (2 * T.active_params() + 512 * 2 * 2 * T.n_kv_heads * T.head_dim * T.n_layers) / (8 * H100_BW)
+    t_c1 = f1 / (8 * H100_BF16)
+    assert r["t_mem_b1"] == pytest.approx(t_mem, rel=1e-12) and r["t_comp_b1"] == pytest.approx(9 * t_c1, rel=1e-12)
+    assert r["extra_sum_b1"] == pytest.approx((9 * t_c1 + t_mem) / (t_c1 + t_mem) - 1, rel=1e-12)
+    assert 0.02 < r["extra_sum_b1"] < 0.04
 
 
 def test_05_speedup_and_break_even(s05, capsys):
