@@ -100,8 +100,8 @@ def demo1_rollback(target):
     cache = target.new_cache(1)
     steps, kept_rows = [], []
     kept_rows.append(feed(target, cache, prompt[:-1]))
-    steps.append(["1", "预填充", f"提示的前 {N_PROMPT - 1} 个", f"0 → {cache.pos}", N_PROMPT - 1,
-                  "提示的最后一个 token 留到下一次前向"])
+    steps.append(["1", "预填充", f"提示前 {N_PROMPT - 1} 个", f"0 → {cache.pos}", N_PROMPT - 1,
+                  "最后一个提示 token 留给验证"])
     p0 = cache.pos
     ver = feed(target, cache, [prompt[-1]] + drafts)           # γ + 1 行：p₁..p_{γ+1}
     greedy = ver.argmax(-1)
@@ -109,8 +109,8 @@ def demo1_rollback(target):
     while n_acc < GAMMA1 and drafts[n_acc] == greedy[n_acc]:
         n_acc += 1
     fix = int(greedy[n_acc])                                   # 修正 token（T = 0：目标的 argmax）
-    steps.append(["2", "验证", f"提示最后 1 个 + 草稿 {drafts}", f"{p0} → {cache.pos}", GAMMA1 + 1,
-                  f"接受 {n_acc} 个；第 {n_acc + 1} 个草稿 {drafts[n_acc]} ≠ 目标的 {fix}，拒绝"])
+    steps.append(["2", "验证", "提示末 1 个 + 草稿 " + " ".join(map(str, drafts)), f"{p0} → {cache.pos}", GAMMA1 + 1,
+                  f"接受 {n_acc} 个，拒绝 {drafts[n_acc]}（目标 {fix}）"])
     kept_rows.append(ver[:n_acc + 1])                          # 被拒绝的草稿之后的行作废
     k_stale = cache.k.copy()                                   # 没回滚的缓存（"忘了回滚"的对照）
     v_stale = cache.v.copy()
@@ -122,7 +122,7 @@ def demo1_rollback(target):
     seq = prompt + drafts[:n_acc] + [fix]
     stale_kept = bool(np.array_equal(cache.k[:, :, :, cache.pos:p1], k_stale[:, :, :, cache.pos:p1]))
     steps.append(["3", "回滚", "—", f"{p1} → {cache.pos}", 0,
-                  f"丢掉被拒绝的 {n_back} 个位置（只挪 pos；数组里的旧值" + ("还在" if stale_kept else "被清掉了") + "）"])
+                  f"丢掉 {n_back} 个位置：只挪 pos，旧值" + ("还在" if stale_kept else "被清掉了")])
     try:
         cache.rollback(cache.pos + 1)
         over_rollback = "没有报错！"
@@ -137,9 +137,9 @@ def demo1_rollback(target):
     refeed = feed(target, cache, [fix] + more)
     kept_rows.append(refeed)
     overwritten = not np.array_equal(cache.k[:, :, :, p2:p1], k_stale[:, :, :, p2:p1])
-    steps.append(["4", "下一轮验证", f"修正 token {fix} + 草稿 {more}", f"{p2} → {cache.pos}", GAMMA1 + 1,
-                  f"全部接受；下标 {p2}..{p1 - 1} 的旧值" + ("被覆盖" if overwritten else "没有被覆盖！")])
-    print_table(["步", "操作", "喂进去的 token", "pos", "算了几行 logits", "说明"], steps)
+    steps.append(["4", "再验证", f"修正的 {fix} + 草稿 " + " ".join(map(str, more)), f"{p2} → {cache.pos}", GAMMA1 + 1,
+                  f"全部接受；{p2}..{p1 - 1} 的旧值" + ("被覆盖" if overwritten else "没有被覆盖！")])
+    print_table(["步", "操作", "喂进去的 token", "pos", "logits\n行数", "结果"], steps)
 
     full_seq = seq + more
     fresh = target.full_logits([full_seq])[0]                  # 从头一次算完：[len, V]
@@ -200,8 +200,8 @@ def pass_ledger(target, n_past, n_new):
 
 def demo2_one_round(target):
     print_header(f"演示 2：一轮验证花多少——缓存里已有 {CTX2} 个位置时的一次前向（{QCFG.name}，账本 vs 公式）")
-    cases = [("普通 decode 一步（带缓存）", CTX2, 1), (f"不用缓存重算一步（从头算 {CTX2 + 1} 个）", 0, CTX2 + 1)]
-    cases += [(f"投机一轮验证 γ = {g}（喂 γ + 1 = {g + 1} 个）", CTX2, g + 1) for g in GAMMAS]
+    cases = [("普通一步（带缓存）", CTX2, 1), ("重算一步（不用缓存）", 0, CTX2 + 1)]
+    cases += [(f"验证 γ = {g}", CTX2, g + 1) for g in GAMMAS]
     rows, res = [], {}
     base = None
     for label, n_past, n_new in cases:
@@ -217,9 +217,11 @@ def demo2_one_round(target):
                       "ledger_eq_analytic": same_ana, "closed_form_ok": closed}
         rows.append([label, n_new, fmt_num(fl), f"{fl / base[0]:.2f}×", fmt_num(at), fmt_bytes(w), f"{w / base[1]:.2f}×",
                      fmt_bytes(kv), f"{kv / base[2]:.2f}×", "✓" if same_ana and closed else "✗"])
-    print_table(["这次前向", "喂几个位置", "矩阵乘 FLOPs", "相对普通一步", "注意力核心 FLOPs", "读权重", "相对", "读 KV",
-                 "相对", "账 = analytic_ops = 公式"], rows)
-    v8 = res[f"投机一轮验证 γ = {GAMMAS[-1]}（喂 γ + 1 = {GAMMAS[-1] + 1} 个）"]
+    print_table(["这次前向", "喂的\n位置", "矩阵乘\nFLOPs", "相对", "注意力\nFLOPs", "读权重", "相对", "读 KV",
+                 "相对", "账 =\n公式"], rows)
+    print("（注意力 = 注意力核心：打分、softmax、加权和；\"相对\"：÷ 普通一步；")
+    print(" \"账 = 公式\"：账本 = analytic_ops = 观察 1 的闭式公式，逐项相等）")
+    v8 = res[f"验证 γ = {GAMMAS[-1]}"]
     rec = res[cases[1][0]]
     n_ok = sum(r["ledger_eq_analytic"] and r["closed_form_ok"] for r in res.values())
     g = GAMMAS[-1]
@@ -297,15 +299,20 @@ def demo3_generation(target):
                   "produced": produced, "tokens_per_pass": produced / R, "kept_per_pass": n / R}
     base = res["cached"]["ledger"]
     labels = [("cached", "普通 decode（带缓存）"), ("recompute", "每步重算前缀")] + [(g, f"投机 γ = {g}") for g in GAMMAS3]
+    rows2 = []
     for key, label in labels:
         r = res[key]
         led = r["ledger"]
         r["ledger_eq_closed"] = led == r["closed"]
-        rows.append([label, r["passes"], r["produced"], f"{r['produced'] / r['passes']:.2f}", r["positions"], r["rolled_back"], fmt_num(led[0]), f"{led[0] / base[0]:.2f}×",
-                     fmt_bytes(led[1]), f"{led[1] / base[1]:.2f}×", fmt_bytes(led[2]), f"{led[2] / base[2]:.2f}×",
-                     "✓" if r["ledger_eq_closed"] else "✗", "✓" if r["same_tokens"] else "✗"])
-    print_table(["做法", "目标前向次数", "各轮产出 token", "每次前向产出", "算过的位置", "其中回滚掉的", "矩阵乘 FLOPs", "相对", "读权重", "相对", "读 KV", "相对",
-                 "账 = 公式", "token = 贪心"], rows)
+        rows.append([label, r["passes"], r["produced"], f"{r['produced'] / r['passes']:.2f}", r["positions"],
+                     r["rolled_back"], "✓" if r["same_tokens"] else "✗"])
+        rows2.append([label, fmt_num(led[0]), f"{led[0] / base[0]:.2f}×", fmt_bytes(led[1]), f"{led[1] / base[1]:.2f}×",
+                      fmt_bytes(led[2]), f"{led[2] / base[2]:.2f}×", "✓" if r["ledger_eq_closed"] else "✗"])
+    print_table(["做法", "目标\n前向次数", "各轮产出\ntoken", "每次前向\n产出", "算过的\n位置", "其中\n回滚掉的",
+                 "token\n= 贪心"], rows)
+    print()
+    print("目标模型的账（\"相对\"：÷ 普通 decode；\"账 = 公式\"：账本和观察 1 的闭式公式逐项相等）：")
+    print_table(["做法", "矩阵乘 FLOPs", "相对", "读权重", "相对", "读 KV", "相对", "账 = 公式"], rows2)
     g8, g4 = res[GAMMAS3[-1]], res[4]
     n_ok = sum(res[k]["ledger_eq_closed"] for k, _ in labels)
     n_same = sum(res[k]["same_tokens"] for k, _ in labels)
