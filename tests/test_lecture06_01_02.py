@@ -216,7 +216,7 @@ ALPHA_BY_HAND = {
     "p == q": 1.0,
     "支撑不相交": 0.0,
     "q 在 p > 0 处为 0": 0.4 + 0.3,
-    "p one-hot（T = 0），q 为 T = 1": softmax_list([1.0, 1.5, 0.0, -0.5])[0],   # argmax LOGITS_P = 0
+    "p one-hot（T = 0）": softmax_list([1.0, 1.5, 0.0, -0.5])[0],   # argmax LOGITS_P = 0
 }
 
 
