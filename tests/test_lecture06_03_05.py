@@ -155,6 +155,24 @@ def test_03_no_test_rejects_the_correct_samplers(s03, r1):
     assert r1["max_dev"] == pytest.approx(dev, abs=1e-15) and dev < 0.05
 
 
+def test_03_histogram_chart_figures(s03, r1):
+    """图（issue 9 第 3 项）和它的观察：投机解码 8 种做法的第 1 个 token 合起来，和 p₁ 比；这里从样本重新数。"""
+    spec = [k for k in r1["runs"] if k[1] > 0]
+    assert len(spec) == 8 and r1["pooled_n"] == 8 * s03.N_RUNS
+    first = np.concatenate([r1["runs"][k][:, 0] for k in spec])
+    p1 = r1["p1"]
+    top8 = sorted(range(192), key=lambda t: (-p1[t], t))[:8]
+    assert list(r1["chart_tokens"]) == top8
+    counts = {t: int((first == t).sum()) for t in top8}
+    dev = {t: abs(counts[t] / len(first) - p1[t]) for t in top8}
+    worst = max(top8, key=lambda t: dev[t])
+    assert r1["pooled_worst_token"] == worst and r1["pooled_max_dev"] == pytest.approx(dev[worst], abs=1e-15)
+    z = abs(counts[worst] - len(first) * p1[worst]) / math.sqrt(len(first) * p1[worst] * (1 - p1[worst]))
+    assert r1["pooled_worst_z"] == pytest.approx(z, rel=1e-12) and z < 3
+    # 正态分布双侧尾概率：P(|Z| ≥ z) = 2(1 − Φ(z))，Φ 用 erf 写出来
+    assert r1["pooled_p_one"] == pytest.approx(2 * (1 - 0.5 * (1 + math.erf(z / math.sqrt(2)))), rel=1e-9)
+
+
 def _q1(s03, draft, prompt):
     """草稿在提示之后第 1 个 token 的分布（独立写：二元语法表查最后一个 token 那一行，transformer 新开一次前向）。"""
     logits = draft.table[int(prompt[-1])] if hasattr(draft, "table") else draft.forward(np.asarray(prompt)[None])[0, -1]
