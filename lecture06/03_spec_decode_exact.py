@@ -289,7 +289,7 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
 
 # -----------------------------------------------------------------------------
 def demo3_greedy(target, drafts):
-    print_header(f"演示 3：温度 T = 0（贪心）——投机解码的输出和目标模型的贪心输出逐个 token 相同"
+    print_header(f"演示 3：T = 0（贪心）——投机解码和目标模型的贪心输出逐个 token 相同"
                  f"（{GREEDY_PROMPTS} 个提示 × {GREEDY_NEW} 个新 token）")
     prompts = sample_tokens(target.params, QCFG, n_seq=GREEDY_PROMPTS, length=16, seed=11)
     ref = [autoregressive_generate(target, pr, GREEDY_NEW, 0.0, np.random.default_rng(0)) for pr in prompts]

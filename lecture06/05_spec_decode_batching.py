@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from decode_lab import expected_tokens, walltime_speedup  # noqa: E402
-from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_time, print_header, print_observations, print_plot, print_table, wrap_text  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
 from hw_specs import gang  # noqa: E402
@@ -53,6 +53,15 @@ GAMMAS = (1, 2, 4, 8)
 MAX_GAMMA = 16                           # 找最优 γ 的范围
 BATCHES = (1, 16, 64, 128, 192, 256, 320, 384, 512, 1024, 2048)
 CONTEXTS = (128, 512, 1024, 2048, 4096, 8192)
+
+
+BOUND_NAME = {"memory": "带宽", "compute": "算力"}
+
+
+def say(text):
+    """打印一段说明文字，在 100 列处折行（console.wrap_text）。"""
+    for line in wrap_text(text):
+        print(line)
 
 
 def round_cost(batch, gamma, context):
@@ -96,14 +105,15 @@ def demo1_verify_cost():
     rows, ratio = [], {}
     for b in BATCHES:
         s = decode_step(TARGET, CHIP, b, CONTEXT)
-        cells = [b, fmt_time(s["time"]), s["bound"]]
+        cells = [b, fmt_time(s["time"]), BOUND_NAME[s["bound"]]]
         for g in GAMMAS:
             v = decode_step(TARGET, CHIP, b, CONTEXT, n_tokens=g + 1)
             ratio[(b, g)] = v["time"] / s["time"]
-            cells.append(f"{ratio[(b, g)]:.2f}× ({v['bound'][0]})")
+            cells.append(f"{ratio[(b, g)]:.2f}×")
         rows.append(cells)
-    print_table(["批 B", "普通一步", "受什么限制"] + [f"验证 γ+1={g + 1} 个 / 普通" for g in GAMMAS], rows)
-    print("（括号里：m = 受带宽限制，c = 受算力限制）")
+    print("验证 γ 个草稿（一次前向算 γ + 1 个位置）的时间 ÷ 普通一步的时间：")
+    print_table(["批 B", "普通一步", "普通一步\n受限于"] + [f"验证\nγ = {g}" for g in GAMMAS], rows)
+    print("（普通一步受带宽限制时，验证 / 普通 > 1 就说明验证已经受算力限制：多算的位置不再免费）")
     b_star = compute_bound_batch(TARGET, CHIP, CONTEXT)
     g_hi = GAMMAS[-1]
     free_b = max(b for b in BATCHES if ratio[(b, g_hi)] < 1.0 + 1e-9)
@@ -147,12 +157,19 @@ def demo2_speedup():
     print_table(["批 B", "目标一步", "草稿一步", "c = 草稿 / 目标"] + [f"γ = {g}" for g in GAMMAS], rows)
     be = {g: break_even_batch(a, CONTEXT, gamma=g) for g in GAMMAS}
     bmax = max_batch(TARGET, CHIP, CONTEXT, others=(DRAFT,))
-    print(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
-          "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
+    say(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
+        "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
+    grid = sorted({int(round(x)) for x in [1.0] + [1.2 ** k for k in range(1, 60)] if x <= bmax} | set(BATCHES))
+    curves = {"加速比 = 1（不赚不赔）": (grid, [1.0] * len(grid), "-")}
+    for g in GAMMAS:
+        curves[f"γ = {g}"] = (grid, [speedup(a, g, b, CONTEXT) for b in grid], str(g))
+    print()
+    print_plot(curves, f"批大小 B（对数轴，1 到显存上限 {bmax}）", f"加速比（× 普通 decode），α = {a}", logx=True)
     g_hi = GAMMAS[-1]
     w_ratio = DRAFT.active_params() / TARGET.active_params()
     kv_ratio = DRAFT.kv_bytes(1, 2) / TARGET.kv_bytes(1, 2)
     c_peak = max(BATCHES, key=lambda b: c[b])
+    big_b = min(b for b in BATCHES if decode_step(TARGET, CHIP, b, CONTEXT)["bound"] == "compute")
     draft_bound = decode_step(DRAFT, CHIP, BATCHES[-1], CONTEXT)["bound"]
     print_observations([
         f"B = 1 时 c = {c[1]:.3f}（基本就是 8B 和 70B 读的权重之比 {w_ratio:.3f}），γ = {GAMMAS[2]} 快 "
@@ -164,9 +181,13 @@ def demo2_speedup():
         + ("到这里仍受带宽限制）。" if draft_bound == "memory" else "这时也受算力限制）。"),
         f"γ 越大，越早翻车：γ = {g_hi} 在 B = {be[g_hi]} 就比普通 decode 慢，γ = 1 到 B = {be[1]} 才翻车。"
         "验证的代价随 γ + 1 线性涨（演示 1），期望产出 E(α, γ) 却有上限 1 / (1 − α)。",
+        f"图里每条曲线穿过\"-\"线（加速比 = 1）的地方就是上面逐个整数找到的翻车点。B ≥ {big_b} 之后曲线又几乎是平的"
+        f"（γ = 1：{sp[(big_b, 1)]:.2f}× 到 {sp[(BATCHES[-1], 1)]:.2f}×；γ = {g_hi}：{sp[(big_b, g_hi)]:.2f}× 到 "
+        f"{sp[(BATCHES[-1], g_hi)]:.2f}×）：目标一步受算力限制以后，验证正好是普通一步的 γ + 1 倍（演示 1），"
+        "只剩 c 还在慢慢变。",
     ])
     return {"speedup": sp, "c": c, "break_even": be, "bmax": bmax, "w_ratio": w_ratio, "kv_ratio": kv_ratio,
-            "c_peak": c_peak, "draft_bound": draft_bound}
+            "c_peak": c_peak, "draft_bound": draft_bound, "big_b": big_b, "grid": grid, "curves": curves}
 
 
 # -----------------------------------------------------------------------------
@@ -212,9 +233,9 @@ def demo4_context():
             cells += ["-" if be is None else be, f"γ* = {g}，{s:.2f}×"]
         out[ctx] = {"bmax": bmax, "b_star": b_star}
         rows.append(cells)
-    heads = ["上下文", "显存装得下的最大批", "普通 decode 受算力限制的最小批"]
+    heads = ["上下文", "显存装得下\n的最大批", "普通 decode 受\n算力限制的批"]
     for a in ALPHAS:
-        heads += [f"α={a}：< 1 的最小批", "在最大批时"]
+        heads += [f"α = {a}\n< 1 的批", f"α = {a}\n最大批时"]
     print_table(heads, rows)
     print("（\"-\"：到显存上限都还划算）")
     long_ctx = [ctx for ctx in CONTEXTS if out[(ctx, ALPHAS[0])]["break_even"] is None]

@@ -324,6 +324,27 @@ def test_05_speedup_and_break_even(s05, capsys):
     assert r["bmax"] == int((640e9 - w) // ((327680 + 131072) * 512))
 
 
+def test_05_speedup_chart(s05, capsys):
+    """图（issue 9 第 4 项）：每个 γ 的加速比曲线 = 独立写的 roofline 加速比；"-" 线是 1；观察 4 的平坦段。"""
+    r = s05.demo2_speedup()
+    capsys.readouterr()
+    T, D = s05.TARGET, s05.DRAFT
+    grid = r["grid"]
+    assert grid[0] == 1 and grid[-1] <= r["bmax"] and all(b in grid for b in s05.BATCHES)
+    xs, ys, mark = r["curves"]["加速比 = 1（不赚不赔）"]
+    assert mark == "-" and list(ys) == [1.0] * len(grid)
+    for g in s05.GAMMAS:
+        xs, ys, mark = r["curves"][f"γ = {g}"]
+        assert mark == str(g) and list(xs) == grid
+        for b, y in zip(xs, ys):
+            assert y == pytest.approx(_speedup(0.8, g, b, 512, T, D), rel=1e-12)
+    # B* = 452.2：表里第一个受算力限制的批是 512；之后每个 γ 的加速比变化 < 0.03（前面从 2 多掉到 1 以下）
+    assert r["big_b"] == 512
+    for g in s05.GAMMAS:
+        vals = [_speedup(0.8, g, b, 512, T, D) for b in (512, 1024, 2048)]
+        assert max(vals) - min(vals) < 0.03
+
+
 def test_05_best_gamma(s05, capsys):
     r = s05.demo3_best_gamma()
     capsys.readouterr()
