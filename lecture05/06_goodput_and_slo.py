@@ -129,7 +129,8 @@ def demo1_goodput():
     s = SETUPS[0][3]
     print_table(["模型", "部署", "GPU", f"{s[0][0]} 中位", "三组", f"{s[1][0]} 中位", "三组"], rows)
     for m, _, _, slos in SETUPS:
-        print(f"SLO（假设）{m.name}：" + "；".join(f"{n} = TTFT ≤ {fmt_time(a)}、TPOT ≤ {fmt_time(b)}" for n, a, b in slos))
+        for n, a, b in slos:
+            print(f"SLO（假设）{m.name} {n}：TTFT ≤ {fmt_time(a)}、TPOT ≤ {fmt_time(b)}")
     r = {"gp": gp, "win": {}}
     lines, capped = [], []
     for model, g, grid, slos in SETUPS:
