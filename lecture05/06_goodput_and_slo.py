@@ -20,10 +20,11 @@ TPOT = (最后一个 token − 第一个 token) / (输出数 − 1)，每个请�
 等固定开销，混合迭代（decode + 一块 prefill）和纯 decode 一样高效（**假设**；真实系统做不到，见观察）。权重和 KV 都是 BF16。
 Llama-3.1-8B 一份模型放一块 H100 SXM5；Llama-3.1-70B 一份模型放 4 块 H100，按**理想张量并行**（hw_specs.gang：带宽、
 算力、容量乘 4，卡间通信不要钱——**假设**）。goodput 按 GPU 数归一：解耦 P:D 用 (P + D) 份模型的 GPU。
-工作负载（**假设**，同本讲 02，种子固定）：200 个请求，泊松到达（间隔 = −ln(1 − u) / 到达率，同一组 u 用于所有的到达率），
-提示长度在 [512, 4096) 均匀，输出长度在 [64, 512) 均匀。SLO 目标（**假设**，每个模型两组）：8B"TPOT 紧" = TTFT ≤ 1 s、
-TPOT ≤ 8 ms，"TTFT 紧" = TTFT ≤ 100 ms、TPOT ≤ 50 ms；70B"TPOT 紧" = TTFT ≤ 2 s、TPOT ≤ 15 ms，"TTFT 紧" = TTFT ≤ 250 ms、
-TPOT ≤ 100 ms；达标率的门槛 90%（DistServe 的例子）。解耦：KV 经 InfiniBand NDR 搬到 decode 机，每块 GPU 一个端口
+工作负载（**假设**，长度分布同本讲 02，种子固定）：每组 200 个请求，泊松到达（间隔 = −ln(1 − u) / 到达率，同一组 u 用于所有的到达率），
+提示长度在 [512, 4096) 均匀，输出长度在 [64, 512) 均匀。SLO 目标（**假设**，每个模型两组）：8B"TPOT 紧" = TTFT ≤ 0.5 s、
+TPOT ≤ 8 ms，"TTFT 紧" = TTFT ≤ 100 ms、TPOT ≤ 50 ms；70B"TPOT 紧" = TTFT ≤ 1 s、TPOT ≤ 15 ms，"TTFT 紧" = TTFT ≤ 250 ms、
+TPOT ≤ 100 ms；达标率的门槛 90%（DistServe 的例子）。goodput 还要求到达率低于 prefill 那一侧长期撑得住的上限
+（利用率 < 1，见演示 1）。三组随机数（种子不同）各找一次 goodput，表里给中位数和范围。解耦：KV 经 InfiniBand NDR 搬到 decode 机，每块 GPU 一个端口
 （单向 50 GB/s，见 hw_specs 的互联表；**假设**）；prefill 机一次一个提示、先来先服务；decode 机连续批处理。
 同机：一块（一组）GPU 既 prefill 又 decode；分块 prefill 每次迭代 decode 所有序列并顺带 prefill 排在最前面的提示的
 下 512 个 token（**假设**的块大小，演示 3 扫它）。显存：模拟不限制批大小，演示 1 的观察核对峰值 KV 装得下。
@@ -246,6 +247,8 @@ def demo3_chunk_sweep():
         f"拐点：按利特尔定律这个负载下平均约 {batch:.0f} 个序列在 decode、上下文约 {ctx:.0f}；这样一步 decode 受带宽限制，"
         f"顺带 prefill 不超过 {knee} 个 token 时这一步一点不变慢（serving_lab.knee_chunk），再大就变成 compute-bound、"
         "每多一个 token 多一份时间。所以块取在几百个 token。",
+        "Sarathi-Serve 的摘要：同样的尾延迟约束下，服务能力是 vLLM 的 2.6 倍（Mistral-7B，一块 A100）、最多 3.7 倍"
+        "（Yi-34B，两块 A100）。这里的块大小表是同一个道理的 roofline 版本，不是它的实验。",
     ])
     return r
 
