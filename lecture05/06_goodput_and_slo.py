@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_time, print_header, print_observations, print_plot, print_table  # noqa: E402
 from hw_specs import H100, IB_NDR, gang  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, max_batch  # noqa: E402
 from serving_lab import (fast_colocated, fast_disaggregated, find_goodput, knee_chunk, link_time,  # noqa: E402
@@ -195,6 +195,13 @@ def demo2_attainment_curve():
     curves = {c[0]: [slo_attainment(simulate(model, g, c, rate), ttft, tpot) for rate in grid] for c in CONFIGS}
     rows = [[f"{rate:g}"] + [f"{curves[c[0]][i]:.0%}" for c in CONFIGS] for i, rate in enumerate(grid)]
     print_table(["req/s/GPU"] + [c[0] for c in CONFIGS], rows)
+    print()
+    xs = np.linspace(grid[0], grid[-1], 72)                # 网格点之间按直线连起来，画成线
+    series = {f"{GOAL:.0%} 门槛": (xs, np.full(xs.size, GOAL * 100), ".")}
+    for name, mark in (("同机", "*"), (f"同机+分块{CHUNK}", "o"), ("解耦 1:2", "#")):
+        series[name] = (xs, np.interp(xs, grid, np.array(curves[name]) * 100), mark)
+    print_plot(series, "每块 GPU 每秒到达的请求数（req/s/GPU）；表里的点之间按直线连起来", "SLO 达标率（%）",
+               width=72, height=14)
     colo = curves["同机"]
     drop = next(rate for rate, a in zip(grid, colo) if a < GOAL)
     pd12 = next(c for c in CONFIGS if c[0] == "解耦 1:2")

@@ -26,7 +26,7 @@ CS349E · 第 5 讲 · 07_paged_kv_cache.py —— KV 内存去哪了：整段�
 出处：vLLM / PagedAttention（Kwon et al., SOSP 2023, arXiv 2309.06180）图 2 和 §1 的数字，对照了 arXiv 正文的转录本；
 "浪费不到 4%"出自 vLLM 的博客（2023-06-20），对照了它的转录本。
 
-【运行】python3 07_paged_kv_cache.py （约 1 秒）
+【运行】python3 07_paged_kv_cache.py （约 0.5 秒）
 
 【依赖】numpy；本目录的 serving_lab（simulate_kv_allocation、uniform_ints）；../lecture01 的 console、hw_specs、
 llm_math（max_batch、weight_bytes、decode_step）。
