@@ -10,8 +10,8 @@ Llama-3.1-8B（一块 H100）和 Llama-3.1-70B（4 块 H100 一组）：同机�
 演示 2：SLO 达标率随到达率怎么掉下来（8B，TPOT 目标紧）：一张表、一张图。
 演示 3：分块 prefill（Sarathi-Serve）的块大小从 256 扫到 4096：decode 最长卡顿和 TTFT 怎么变，拐点在哪。
 
-【怎么读输出】演示 1 的 goodput 单位是 每块 GPU 每秒的请求数（req/s/GPU）。"goodput"列是网格上达标的最高到达率，
-"上界"列是比它高、已经不达标的最低到达率：真值在两者之间（见演示 1 的观察 1）。TTFT = 第一个 token 出来的时刻 − 到达时刻；
+【怎么读输出】演示 1 的 goodput 单位是 每块 GPU 每秒的请求数（req/s/GPU）。三组随机数各找一次 goodput：
+"中位"列是三个值的中位数，"三组"列是最小到最大——范围重叠的两种部署分不出先后（网格本身的精度见演示 1 的观察 3）。TTFT = 第一个 token 出来的时刻 − 到达时刻；
 TPOT = (最后一个 token − 第一个 token) / (输出数 − 1)，每个请求一个数（DistServe 的定义）。
 演示 3 的"最长卡顿" = 一个请求相邻两个 token 之间最长的等待，取所有请求里最大的那个。
 
@@ -34,8 +34,8 @@ arXiv 正文的转录本（不是 PDF 本身）。
 
 【运行】python3 06_goodput_and_slo.py （约 2 秒）
 
-【依赖】numpy；本目录的 serving_lab（fast_colocated、fast_disaggregated、slo_attainment、find_goodput、knee_chunk、
-poisson_arrivals、uniform_ints、link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math（max_batch）。
+【依赖】numpy；本目录的 serving_lab（fast_colocated、fast_disaggregated、slo_attainment、find_goodput、
+prefill_capacity、knee_chunk、poisson_arrivals、uniform_ints、link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math（max_batch）。
 """
 import os
 import sys
@@ -159,6 +159,9 @@ def demo1_goodput():
                for m, g, _, slos in SETUPS for slo, _, _ in slos for c in CONFIGS
                for d in range(len(DRAWS)) for v in [gp[(m.name, slo, c[0])]] if v["runs"][d]["goodput"] > 0)
     r["peak_kv_frac"] = peak
+    chunk_name = next(c[0] for c in CONFIGS if c[1] == "chunk")
+    r["colo_vs_chunk"] = [gp[(m.name, slos[0][0], "同机")]["median"] / gp[(m.name, slos[0][0], chunk_name)]["median"]
+                          for m, _, _, slos in SETUPS]
     cap8 = prefill_capacity(LLAMA31_8B, H100, WORKLOADS[0][0])
     r["cap8"] = cap8
     print_observations(lines + [
@@ -168,8 +171,9 @@ def demo1_goodput():
         "所以只有范围不重叠的先后才算数。",
         f"只发 {N_REQ} 个请求的模拟会放过撑不住的负载：prefill 队列还没排长，请求就发完了。所以到达率还要低于 prefill 那一侧的"
         f"上限（利用率 < 1，serving_lab.prefill_capacity；8B 一块 H100 平均每秒 {cap8:.1f} 个提示）。被这个上限顶住的格子："
-        + "、".join(capped) + "——decode 机多的比例，goodput 卡在唯一那台 prefill 机上。",
-        "TPOT 紧时，同机 prefill 优先最差：每个新请求的整段 prefill 都让正在 decode 的所有用户停下来等。"
+        + "、".join(capped) + "——这些部署的 goodput 不是被 SLO、而是被那台 prefill 机的能力卡住的。",
+        f"TPOT 紧时，同机 prefill 优先的 goodput 只有同机分块 prefill 的 {r['colo_vs_chunk'][0]:.0%}（8B）和 "
+        f"{r['colo_vs_chunk'][1]:.0%}（70B）：每个新请求的整段 prefill 都让正在 decode 的所有用户停下来等。"
         "分块 prefill 把 prefill 摊进 decode 步，而在这个只算 roofline 的模型里，decode 步闲着的算力能白白装下"
         "几百个提示 token（演示 3），所以它几乎不拖慢 TPOT——这是模型对它最有利的地方。"
         "解耦的 decode 机上没有 prefill，但 P:D 比例要配得上两边的工作量：比例不对，多出来的那一侧就闲着，"
@@ -244,7 +248,8 @@ def demo3_chunk_sweep():
     batch = busy / span                                                  # 利特尔定律：平均同时在 decode 的序列数
     ctx = float(prompts.mean() + outs.mean() / 2)
     knee = knee_chunk(model, H100, max(1, round(batch)), round(batch) * round(ctx))
-    r = {"sweep": out, "batch": batch, "ctx": ctx, "knee": knee}
+    r = {"sweep": out, "batch": batch, "ctx": ctx, "knee": knee,
+         "growth": [out[b]["stall"] / out[a]["stall"] for a, b in zip(SWEEP_CHUNKS, SWEEP_CHUNKS[1:])]}
     small, big = out[SWEEP_CHUNKS[0]], out[SWEEP_CHUNKS[-1]]
     print_observations([
         f"块越大，最长卡顿越长：{SWEEP_CHUNKS[0]} 时 {fmt_time(small['stall'])}，{SWEEP_CHUNKS[-1]} 时 {fmt_time(big['stall'])}，"
@@ -253,7 +258,9 @@ def demo3_chunk_sweep():
         f"（{SWEEP_CHUNKS[0]}）——块大小是在 TPOT 和 TTFT 之间换。",
         f"拐点：按利特尔定律这个负载下平均约 {batch:.0f} 个序列在 decode、上下文约 {ctx:.0f}；这样一步 decode 受带宽限制，"
         f"顺带 prefill 不超过 {knee} 个 token 时这一步一点不变慢（serving_lab.knee_chunk），再大就变成 compute-bound、"
-        "每多一个 token 多一份时间。所以块取在几百个 token。",
+        "每多一个 token 多一份时间。表里也是这样：块从 "
+        f"{SWEEP_CHUNKS[0]} 到 {SWEEP_CHUNKS[1]}，最长卡顿只多 {r['growth'][0] - 1:.0%}；之后块每翻一倍，卡顿是前一格的 "
+        f"{min(r['growth'][1:]):.2f}–{max(r['growth'][1:]):.2f} 倍。所以块取在几百个 token。",
         "Sarathi-Serve 的摘要：同样的尾延迟约束下，服务能力是 vLLM 的 2.6 倍（Mistral-7B，一块 A100）、最多 3.7 倍"
         "（Yi-34B，两块 A100）。这里的块大小表是同一个道理的 roofline 版本，不是它的实验。",
     ])

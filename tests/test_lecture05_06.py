@@ -93,6 +93,11 @@ def test_table_medians_winners_and_precision(s06, d1):
     w = d1["win"][(M.name, "TPOT 紧")]
     assert w["win"] == ["同机+分块512"] and not w["rivals"] and w["colo"] < w["best"] / 2
     assert 0 < d1["peak_kv_frac"] < 1
+    for (m, slos), ratio in zip([(s06.SETUPS[0][0], s06.SETUPS[0][3]), (s06.SETUPS[1][0], s06.SETUPS[1][3])],
+                                d1["colo_vs_chunk"]):
+        slo = slos[0][0]
+        assert ratio == d1["gp"][(m.name, slo, "同机")]["median"] / d1["gp"][(m.name, slo, "同机+分块512")]["median"]
+        assert ratio < 0.5                                          # "只有……的 39%、41%"
 
 
 def test_capacity_used_for_the_memory_check():
@@ -121,6 +126,8 @@ def test_demo3_chunk_sweep(s06, capsys):
     stalls = [sw[c]["stall"] for c in chunks]
     assert stalls == sorted(stalls) and sw[None]["stall"] > stalls[-1]
     assert sw[chunks[0]]["ttft_p90"] > sw[chunks[-1]]["ttft_p90"]
+    assert r["growth"] == [sw[b]["stall"] / sw[a]["stall"] for a, b in zip(chunks, chunks[1:])]
+    assert r["growth"][0] < 1.5 and all(1.8 < g < 2.0 for g in r["growth"][1:])   # 拐点以下几乎不涨，以上约翻倍
     # 512 那一行 = 原来的模拟
     config = next(c for c in s06.CONFIGS if c[1] == "chunk")
     slow = _slow(s06, config, s06.SWEEP_RATE)
