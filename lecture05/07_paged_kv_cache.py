@@ -83,7 +83,7 @@ def demo1_allocators():
     for b in BLOCK_SIZES:
         s = simulate_kv_allocation(PROMPTS, OUTS, CAP_BF16, "paged", block=b)
         sizes[b] = s
-    print_table(["块大小（token）", "最后一块空着的位置", "每个请求平均空几个", "(块 − 1)/2", "平均并发"],
+    print_table(["块大小（token）", "最后一块空着（占已分配）", "每个请求平均空几个", "(块 − 1)/2", "平均并发"],
                 [[b, f"{s['waste_frac']:.2%}", f"{s['mean_waste']:.1f}",
                   f"{(b - 1) / 2:g}", f"{s['mean_running']:.0f}"] for b, s in sizes.items()])
     cap, mx, pg = (out[n] for n, _, _ in runs)
