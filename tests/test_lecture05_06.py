@@ -84,6 +84,7 @@ def test_table_medians_winners_and_precision(s06, d1):
         assert (v["median"], v["min"], v["max"]) == (vals[1], vals[0], vals[2])
         widths += [x["upper"] - x["goodput"] for x in v["runs"]]
     assert d1["width_max"] == max(widths) <= 4 / 5 + 1e-12          # 8B 粗网格最宽的一格 4 req/s，插 4 个点
+    assert d1["spread_max"] == max(v["max"] - v["min"] for v in d1["gp"].values()) > d1["width_max"]
     for (model, slo), w in d1["win"].items():
         med = {n: d1["gp"][(model, slo, n)]["median"] for n in names}
         assert w["best"] == max(med.values()) and set(w["win"]) == {n for n in names if med[n] == w["best"]}
