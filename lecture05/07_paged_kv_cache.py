@@ -150,18 +150,22 @@ def demo3_fp8_kv():
         ctx = round(s["mean_tokens"])
         batch = round(s["mean_running"])
         step = decode_step(MODEL, CHIP, batch, ctx, kv_bits=bits)
-        out[name] = {"sim": s, "cap": cap, "batch": batch, "ctx": ctx, "tpot": step["time"],
+        closed = max_batch(MODEL, CHIP, ctx, kv_bits=bits)
+        out[name] = {"sim": s, "cap": cap, "batch": batch, "ctx": ctx, "tpot": step["time"], "closed": closed,
                      "throughput": batch / step["time"], "kv_share": step["kv_bytes"] / (step["kv_bytes"] + step["w_bytes"])}
-        rows.append([name, fmt_bytes(MODEL.kv_bytes_per_token(bits / 8)), f"{cap:,}", batch, ctx, fmt_time(step["time"]),
-                     f"{batch / step['time']:,.0f}"])
+        rows.append([name, fmt_bytes(MODEL.kv_bytes_per_token(bits / 8)), f"{cap:,}", closed, batch, ctx,
+                     fmt_time(step["time"]), f"{batch / step['time']:,.0f}"])
     bf, f8 = out["BF16"], out["FP8"]
     same = decode_step(MODEL, CHIP, bf["batch"], bf["ctx"], kv_bits=8)["time"]
-    print_table(["KV 格式", "每个 token", "能放的 token", "平均并发", "平均上下文", "TPOT", "吞吐 tok/s"], rows)
+    print_table(["KV 格式", "每个 token", "能放的 token", "max_batch\n（平均上下文）", "平均并发", "平均上下文", "TPOT",
+                 "吞吐 tok/s"], rows)
     r = {"bf16": bf, "fp8": f8, "batch_gain": f8["batch"] / bf["batch"], "tpot_fp8_same_batch": same,
          "weights": weight_bytes(MODEL)}
     print_observations([
         f"权重占 {fmt_bytes(r['weights'])}，剩下的都给 KV：BF16 能放 {bf['cap']:,} 个 token，FP8 {f8['cap']:,} 个（两倍，"
-        f"各自向下取整）。平均并发从 {bf['batch']} 到 {f8['batch']}（{r['batch_gain']:.2f} 倍）。",
+        f"各自向下取整）。平均并发从 {bf['batch']} 到 {f8['batch']}（{r['batch_gain']:.2f} 倍），比按平均上下文算的闭式 "
+        f"max_batch（{bf['closed']} 和 {f8['closed']}）少 {1 - bf['batch'] / bf['closed']:.1%} 和 "
+        f"{1 - f8['batch'] / f8['closed']:.1%}：分页留了 1% 的水位线，每个请求的最后一块也有空位。",
         f"TPOT：批里 KV 的字节没变（请求多了一倍、每个 token 小了一半），每步读的字节差不多，TPOT 几乎不变（{fmt_time(bf['tpot'])} "
         f"和 {fmt_time(f8['tpot'])}，差 {abs(f8['tpot'] / bf['tpot'] - 1):.1%}），吞吐却是 {f8['throughput'] / bf['throughput']:.2f} 倍。"
         f"反过来保持 {bf['batch']} 个请求不变，FP8 让每步少读一半 KV：TPOT 从 {fmt_time(bf['tpot'])} 降到 {fmt_time(same)}"

@@ -77,3 +77,6 @@ def test_demo3_fp8_tpot_on_the_roofline(s07, capsys):
     assert f8["throughput"] / bf["throughput"] > 1.9
     assert bf["kv_share"] == pytest.approx(bf["batch"] * bf["ctx"] * 131072 / (W_8B + bf["batch"] * bf["ctx"] * 131072))
     assert r["weights"] == 2 * 8_030_261_248
+    for v, kv_tok in ((bf, 131072), (f8, 65536)):
+        assert v["closed"] == int(ROOM // (kv_tok * v["ctx"]))          # llm_math.max_batch 的闭式
+        assert 0 < 1 - v["batch"] / v["closed"] < 0.02                   # "少不到 2%"
