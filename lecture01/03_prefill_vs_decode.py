@@ -140,6 +140,11 @@ def demo3_prefill_vs_length():
     n_cross = 1
     while prefill_step(m, c, n_cross)["bound"] == "memory":
         n_cross += 1
+    # 拐点是 295，越过它却要 n_cross 个 token：读的字节含 lm_head，它的 FLOPs 却只在最后一个位置算一次
+    ridge = c.ridge_point("bf16")
+    head = m.vocab * m.d_model                                   # lm_head 的参数
+    body_share = (m.matmul_params() - head) / m.active_params()   # 强度 ≈ n × 这个比例（不算注意力）
+    n_no_attn = (ridge * m.active_params() - head) / (m.matmul_params() - head)   # 只看矩阵乘时的临界 n（实数）
     r4k = res[4096]
     dec1 = decode_step(m, c, 1, 4096)["time"]
     n_long = 65536
@@ -148,14 +153,17 @@ def demo3_prefill_vs_length():
     print_observations([
         f"提示长度 ≥ {n_cross} 个 token 时 prefill 受算力限制：所有 token 共用读一遍的权重，强度约等于提示长度"
         f"（提示很长时注意力的 FLOPs 再把它往上推：n = {n_long} 时 {res[n_long]['flops'] / res[n_long]['w_bytes']:.0f}）。"
-        f"更短的提示（比如多轮对话里新加的一句）也是读权重为主，和 decode 一样。",
+        f"更短的提示（比如多轮对话里新加的一句）也是读权重为主，和 decode 一样。"
+        f"{n_cross} 比拐点 {ridge:.0f} 大，是因为读的字节里有 lm_head 的 {head / 1e6:.0f}M 个参数（{fmt_bytes(2 * head)}），"
+        f"它的 FLOPs 却只在最后一个位置算一次：不算注意力时强度 ≈ {body_share:.3f} × n，要 n ≥ {n_no_attn:.1f} 才够；"
+        f"注意力的 FLOPs 再把它拉回到 {n_cross}。",
         f"prefill 4096 个 token 要 {fmt_time(r4k['time'])}，每个 token {fmt_time(r4k['time'] / 4096)}；"
         f"decode 一个 token（批大小 1、上下文 4096）要 {fmt_time(dec1)}，贵 {dec1 / (r4k['time'] / 4096):.0f} 倍。"
         f"同样是一个 token，prefill 里用上了算力，decode 里大部分时间在等内存。",
         f"提示很长时注意力（和 n² 成正比）开始占大头：n = {n_long} 时它占 prefill FLOPs 的 {100 * attn_share:.0f}%，"
         f"每 token 的时间也从 {fmt_time(res[1024]['time'] / 1024)}（n = 1024）涨到 {fmt_time(res[n_long]['time'] / n_long)}。",
     ])
-    return {"n_cross": n_cross, "t_4096": r4k["time"], "decode_b1": dec1,
+    return {"n_cross": n_cross, "n_cross_no_attn": n_no_attn, "body_share": body_share, "t_4096": r4k["time"], "decode_b1": dec1,
             "ratio_decode_prefill_per_token": dec1 / (r4k["time"] / 4096), "attn_share_64k": attn_share,
             "bounds": {n: r["bound"] for n, r in res.items()}}
 

@@ -135,17 +135,25 @@ def demo2_comparative_advantage():
     best_pre = max(res, key=lambda k: PROMPT / res[k]["prefill"] / power[k])
     best_dec = max(res, key=lambda k: BATCH / res[k]["decode"] / power[k])
     best_adv = max(res, key=lambda k: res[k]["adv"])
+    per_w = {k: (PROMPT / res[k]["prefill"] / power[k], BATCH / res[k]["decode"] / power[k]) for k in res}
+    a_vs_h = (per_w["A100"][0] / per_w["H100"][0], per_w["A100"][1] / per_w["H100"][1])   # A100 每瓦 ÷ H100 每瓦
+    beaten = [c.name for c in GPUS if per_w[short(c)][1] < per_w["A100"][1]]              # decode 每瓦比 A100 低的卡
     print_observations([
         f"prefill 受算力限制，快多少看算力之比；decode 受带宽限制，看带宽之比。两者之比（\"decode 优势\"）"
         f"正好是拐点之比：拐点越低的芯片，相对越适合 decode。",
-        f"H200 和 H100 算力相同：prefill {h['sp_pre']:.2f}×，decode 却快 {h['sp_dec']:.2f}×——多花在 H200 上的钱只在 decode 时有回报。"
-        f"A100 的 prefill 只有 H100 的 {a['sp_pre']:.2f}×，decode 还有 {a['sp_dec']:.2f}×：旧卡做 decode 比做 prefill 划算得多"
-        f"（Splitwise 就提出过用 H100 做 prefill、A100 做 decode）。",
-        f"按功耗算，prefill 每瓦最好的是 {best_pre}，decode 每瓦最好的是 {best_dec}"
-        f"{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。所以要看的不是绝对谁快，而是相对哪一样更强："
-        f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}）。",
+        f"H200 和 H100 算力相同：prefill {h['sp_pre']:.2f}×，decode 却快 {h['sp_dec']:.2f}×——H200 多出来的带宽只在 decode 时有回报。"
+        f"A100 的 prefill 只有 H100 的 {a['sp_pre']:.2f}×，decode 还有 {a['sp_dec']:.2f}×：和 H100 比，A100 在 decode 上落后得少得多"
+        f"（Splitwise 论文（arXiv 2311.18677）的 Splitwise-HA 就是 H100 做 prefill、A100 做 decode）。",
+        f"按功耗算，prefill 每瓦最好的是 {best_pre}（{per_w[best_pre][0]:.0f}），decode 每瓦最好的是 {best_dec}"
+        f"（{per_w[best_dec][1]:.2f}）{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。"
+        f"\"decode 优势\"回答的是另一个问题：一块卡两样工作里哪一样相对更强，不是谁的 decode 最省电。"
+        f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}），可它 decode 每瓦只有 {per_w['A100'][1]:.2f}，"
+        f"不如 B200（{per_w['B200'][1]:.2f}）和 H200（{per_w['H200'][1]:.2f}），表里只比 {'、'.join(beaten)} 高："
+        f"每瓦 decode 是 H100 SXM5 的 {a_vs_h[1]:.2f}×，prefill 只有 {a_vs_h[0]:.2f}×。所以已经有 A100 和 H100 时，让 A100 做 decode、"
+        "H100 做 prefill；要新买卡，按每瓦看是另一个答案。",
     ])
     res["best_prefill_per_w"], res["best_decode_per_w"], res["best_adv"] = best_pre, best_dec, best_adv
+    res["per_w"], res["a100_vs_h100_per_w"] = per_w, a_vs_h
     return res
 
 

@@ -138,6 +138,21 @@ def test_01_ridge_points(s01, capsys):
     assert f"H100 SXM5 的拐点是 {round(989.4 / 3.35)} FLOP/字节" in capsys.readouterr().out
 
 
+def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
+    """观察 2 以前说"越新的芯片越难喂饱"；同一张表里 H200、B200 的拐点都比 H100 低。数据手册的数直接算。"""
+    r = s01.demo1_chips()
+    bf16 = {"A100": 312 / 2.039, "H100": 989.4 / 3.35, "H200": 989.4 / 4.8, "B200": 2250 / 8.0}
+    low = {"A100": 624 / 2.039, "H100": 1978.9 / 3.35, "H200": 1978.9 / 4.8, "B200": 4500 / 8.0}
+    for key in bf16:
+        assert r["ridge"][key] == pytest.approx(bf16[key], rel=1e-9)
+        assert r["low_ridge"][key] == pytest.approx(low[key], rel=1e-9)
+    assert bf16["A100"] < bf16["H100"] and bf16["H200"] < bf16["B200"] < bf16["H100"]
+    assert low["H200"] < low["B200"] < low["H100"]
+    assert r["b200_fp4_ridge"] == pytest.approx(9000 / 8.0) and r["b200_fp4_ridge"] > low["H100"]
+    out = capsys.readouterr().out
+    assert "越新的芯片越难喂饱" not in out and "= 1125）比 H100 的 FP8 高" in out
+
+
 def test_01_time_vs_intensity(s01, capsys):
     r = s01.demo2_time_vs_intensity()
     assert r["t_h100_i1"] == pytest.approx(1e9 / 3.35e12)
@@ -267,6 +282,11 @@ def test_03_prefill(s03, capsys):
     # 受算力限制的最短提示：F(n)/P ≥ W/BW，n − 1 时不成立
     assert prefill_flops_8b(n) / P_H100 >= W_STEP_8B / BW_H100 > prefill_flops_8b(n - 1) / P_H100
     assert r["t_4096"] == pytest.approx(prefill_time_8b(4096), rel=1e-12)
+    # 为什么 316 > 拐点 295：不算注意力时 2(M − V·d)·n + 2·V·d ≥ 拐点 × W  ⟺  n ≥ (拐点·W/2 − V·d) / (M − V·d)
+    n_mm = (P_H100 / BW_H100 * W_STEP_8B / 2 - V8 * D8) / (MATMUL_8B - V8 * D8)
+    assert r["n_cross_no_attn"] == pytest.approx(n_mm, rel=1e-12)
+    assert r["body_share"] == pytest.approx((MATMUL_8B - V8 * D8) / (W_STEP_8B / 2), rel=1e-12)
+    assert P_H100 / BW_H100 < r["n_cross"] <= math.ceil(n_mm)
     assert r["bounds"][16] == "memory" and r["bounds"][4096] == "compute"
     assert r["ratio_decode_prefill_per_token"] == pytest.approx(
         decode_time_8b_memory_bound(1, 4096) / (prefill_time_8b(4096) / 4096))
@@ -307,6 +327,16 @@ def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
     assert r["H200"]["sp_pre"] == pytest.approx(1.0) and r["H200"]["sp_dec"] == pytest.approx(4.8 / 3.35)
     assert r["best_adv"] == "A100"
     assert r["best_prefill_per_w"] == "B200" and r["best_decode_per_w"] == "B200"
+    # decode 优势最大的 A100，decode 每瓦并不好：受带宽限制时 token/s/W = B / ((W + B·KV) / 带宽) / 功耗
+    chips = {"A100": A100, "H100": H100, "H200": H200, "B200": B200}
+    per_w = {k: 64 / (decode_time_8b_memory_bound(64, 4096 + 128) * BW_H100 / c.mem_bw) / c.power_w
+             for k, c in chips.items()}
+    assert r["per_w"]["A100"][1] == pytest.approx(per_w["A100"], rel=1e-9)
+    assert per_w["A100"] < per_w["H200"] < per_w["B200"] and per_w["A100"] > per_w["H100"]
+    pre_w = {k: 4096 / (prefill_flops_8b(4096) / chips[k].peak_flops("bf16")) / chips[k].power_w for k in ("A100", "H100")}
+    assert r["a100_vs_h100_per_w"][0] == pytest.approx(pre_w["A100"] / pre_w["H100"], rel=1e-9)
+    assert r["a100_vs_h100_per_w"][1] == pytest.approx(per_w["A100"] / per_w["H100"], rel=1e-9)
+    assert "所以要看的不是绝对谁快" not in capsys.readouterr().out
 
 
 def test_04_kv_transfer(s04, capsys):
