@@ -180,7 +180,7 @@ def demo3_llm_ops():
         f"B = 1（decode 一个序列）时矩阵乘的强度是 {i1:.3f}：每读一个 BF16 权重（2 字节）只做一次乘加（2 FLOPs）。"
         f"B 不大时强度约等于 B（B = 64 时 {i64:.1f}）：同一份权重被 B 个 token 共用——这就是 decode 要攒大批的原因。",
         f"H100 上 B ≥ {cross['H100']} 时这个矩阵乘才受算力限制，A100 上 B ≥ {cross['A100']}，H200 上 B ≥ {cross['H200']}："
-        f"拐点越高，要攒的批越大。prefill 一次处理整个提示（几千个 token），天然在拐点之上。"
+        f"拐点越高，要攒的批越大。prefill 一次处理整个提示：几千个 token 的提示在每块 GPU 上都越过了拐点（表里 B = 4096 一行）。"
         f"（这里的字节含读输入激活、写输出（llm_math.matmul_intensity），所以比只算权重字节的 decode 整步的结论"
         f"（⌈B*⌉ = {math.ceil(ridge(H100))} 左右，第 1 讲 03、第 2 讲 03）大一些。）",
         f"decode 时注意力核心的强度是 {attn_i:.2f}（= GQA 组大小 {m.group}：每个 KV 头被 {m.group} 个 query 头共用），"

@@ -92,7 +92,7 @@ def demo1_cache_size():
         f"KV cache 和批大小、上下文都成正比：B × 上下文 超过约 {r70['break_even_ctx']:,.0f} 个 token，{m.name} 的 KV 就比权重"
         f"（{fmt_bytes(r70['weights'])}）还大。B = 32、上下文 32768 时 KV 有 {fmt_bytes(grid[(32, 32768)])}。"
         "服务时能开多大的批，常常是 KV cache 的容量说了算。",
-        f"decode 每一步都要把整个缓存读一遍：账本（analytic_ops）里上下文 8192 时一步读的 KV = {ledger_kv:,} 字节，"
+        f"decode 每一步都要把整个缓存读一遍：公式记的账（analytic_ops）里上下文 8192 时一步读的 KV = {ledger_kv:,} 字节，"
         f"正好等于缓存的大小 {int(m.kv_bytes(8192)):,} 字节——" + ("一致" if ledger_kv == m.kv_bytes(8192) else "不一致！") + "。",
         f"三个模型的 KV 头都是 8 个、head_dim 都是 128，每 token 的 KV 只和层数成正比；405B 的参数是 8B 的 "
         f"{LLAMA31_405B.params() / LLAMA31_8B.params():.0f} 倍，每 token 的 KV 只是 "

@@ -109,13 +109,13 @@ def demo1_layouts():
         f"{r['FP16']['epsilon']:.3g}）但最大只到 {r['FP16']['max']:.0f}；BF16 的指数和 FP32 一样是 8 位，最大值 "
         f"{r['BF16']['max']:.3g} 和 FP32 的 {r['FP32']['max']:.3g} 同一个量级，代价是 ε = {r['BF16']['epsilon']:.3g}"
         f"（有效位 = {r['BF16']['man_bits']} 位尾数 + 隐含的 1 位 = {r['BF16']['man_bits'] + 1} 位二进制，约 {r['BF16']['digits']:.1f} 位十进制有效数字；"
-        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。训练和推理用 BF16 不用担心溢出，这是它流行的原因。",
+        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。从 FP32 转成 BF16 不会溢出（FP16 超过 65504 就溢出）：这是训练和推理常选 BF16 的一个原因。",
         f"E4M3 的最大值是 {r['FP8-E4M3']['max']:.0f} 而不是 1.875 × 2^8 = {1.875 * 2 ** 8:.0f}：它没有 inf，把最大的指数码也拿来"
         f"表示数，只留 S.1111.111 当 NaN，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
         f"最大指数码给 inf 和 NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
         f"同是 8 位，E4M3 精度高一倍（ε = {r['FP8-E4M3']['epsilon']:g} vs {r['FP8-E5M2']['epsilon']:g}），E5M2 范围大得多"
         f"（从最小次正规数到最大值跨 {r['FP8-E5M2']['binades']} 个 2 的幂 vs {r['FP8-E4M3']['binades']} 个）。"
-        "所以常见的用法是 E4M3 存权重和激活、E5M2 存训练时的梯度。",
+        "所以 FP8 格式的提出者建议 E4M3 存权重和激活、E5M2 存训练时的梯度（Micikevicius 等 2022，arXiv 2209.05433）。",
         f"FP4-E2M1 只有 4 位：最大 {r['FP4-E2M1']['max']:g}、最小次正规数 {r['FP4-E2M1']['min_subnormal']:g}、ε = "
         f"{r['FP4-E2M1']['epsilon']:g}。它单独没法表示权重（范围太小），必须配一个 scale 用（下一个脚本的 MXFP4）。",
     ])

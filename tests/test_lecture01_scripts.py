@@ -246,6 +246,11 @@ def test_03_decode_vs_batch(s03, capsys):
     at, below = decode_step(LLAMA31_8B, H100, b, 4096), decode_step(LLAMA31_8B, H100, b - 1, 4096)
     assert at["kv_bytes"] > at["w_bytes"] and not below["kv_bytes"] > below["w_bytes"]
     assert b == math.floor(W_STEP_8B / kv) + 1 == 28
+    # 为什么批再大也受带宽限制：每个序列读 KV 的时间 > 它的计算时间；吞吐的上限 = 带宽 / 每个序列的 KV
+    f_tok = 2 * MATMUL_8B + 4 * H8 * DH8 * L8 * 4096
+    assert r["kv_time_per_seq"] == pytest.approx(kv / BW_H100) and r["compute_per_seq"] == pytest.approx(f_tok / P_H100)
+    assert kv / BW_H100 > f_tok / P_H100
+    assert r["throughput_cap"] == pytest.approx(BW_H100 / kv) and round(BW_H100 / kv) == 6240
 
 
 def test_03_compute_bound_batch(s03, capsys):
