@@ -61,18 +61,17 @@ def ridge(chip):
 # 演示 1：算力、带宽、拐点
 # ---------------------------------------------------------------------------
 def demo1_chips():
-    print_header("演示 1：六块芯片的峰值算力、带宽和 roofline 拐点（稠密峰值）")
+    print_header("演示 1：六块芯片的峰值算力（稠密）、带宽和 roofline 拐点（= 峰值 ÷ 带宽，FLOP/字节）")
     rows = []
     for c in CHIPS:
         dt, lo = MAIN_DTYPE[c.name], LOW_DTYPE[c.name]
-        rows.append([c.name, fmt_bytes(c.mem_bytes), f"{fmt_bytes(c.mem_bw)}/s",
-                     f"{fmt_num(c.peak_flops(dt))}FLOP/s（{dt}）", f"{ridge(c):.0f}",
-                     f"{fmt_num(c.peak_flops(lo))}FLOP/s（{lo}）", f"{c.ridge_point(lo):.0f}",
-                     f"{c.power_w:.0f} W" if c.power_w else "—"])
+        rows.append([c.name, f"{c.mem_bytes / 1e9:g}", fmt_sig(c.mem_bw / 1e12), dt, f"{c.peak_flops(dt) / 1e12:.0f}",
+                     f"{ridge(c):.0f}", lo, f"{c.peak_flops(lo) / 1e12:.0f}", f"{c.ridge_point(lo):.0f}",
+                     f"{c.power_w:.0f}" if c.power_w else "—"])
     cap_ridge = CORSAIR.peak_flops("mxint8") / CORSAIR.capacity_bw
-    rows.append(["Corsair 的容量层 LPDDR5X", fmt_bytes(CORSAIR.capacity_bytes), f"{fmt_bytes(CORSAIR.capacity_bw)}/s",
-                 f"{fmt_num(CORSAIR.peak_flops('mxint8'))}FLOP/s（mxint8）", f"{cap_ridge:.0f}", "—", "—", "—"])
-    print_table(["芯片", "容量（快层）", "带宽", "峰值算力", "拐点 FLOP/B（主类型）", "低精度峰值", "拐点 FLOP/B（低精度）", "功耗"], rows)
+    rows.append(["Corsair 的 LPDDR5X 层", f"{CORSAIR.capacity_bytes / 1e9:g}", fmt_sig(CORSAIR.capacity_bw / 1e12), "mxint8",
+                 f"{CORSAIR.peak_flops('mxint8') / 1e12:.0f}", f"{cap_ridge:.0f}", "—", "—", "—", "—"])
+    print_table(["芯片", "容量 GB", "带宽 TB/s", "主类型", "TFLOP/s", "拐点", "低精度", "TFLOP/s", "拐点", "功耗 W"], rows)
 
     r = {short(c): ridge(c) for c in CHIPS}
     r["Corsair LPDDR"] = cap_ridge
