@@ -68,7 +68,7 @@ def demo1_symmetric_int():
     max_err = float(np.abs(wq - w).max())
     int8, s8 = quantize_int(w.reshape(8, 1), 8, "tensor")
     print_observations([
-        f"INT4 对称量化只有 {2 * qmax + 1} 个等间距的值（−{qmax}…{qmax}，−8 不用，保证对称），间隔就是 scale = {s:.4g}；"
+        f"INT4 对称量化只有 {2 * qmax + 1} 个等间距的值（-{qmax}…{qmax}，-8 不用，保证对称），间隔就是 scale = {s:.4g}；"
         f"最大的数 {w[np.argmax(np.abs(w))]:.4f} 对到 q = {q[np.argmax(np.abs(w))]}。",
         f"每个数的误差不超过 scale / 2 = {s / 2:.4g}：实测最大 {max_err:.4g}。np.round 是平局取偶的就近舍入。",
         f"同样 8 个数用 INT8（qmax = {INT_QMAX[8]}）：scale = {float(s8[0]):.4g}，最大误差 "
@@ -162,8 +162,9 @@ def demo3_granularity_outlier():
             res[(bits, gran)] = r
             rows.append([f"INT{bits} {label}", f"{r['bits_per_value']:.4f}", f"{r['clean']:.4f}", f"{r['rest']:.4f}",
                          f"{r['col']:.4f}", f"{r['grp']:.4f}", f"{r['zero_frac']:.1%}"])
-    print_table(["方案", "位/数（含 scale）", "没有离群值", "有离群值：其余的数", "离群值那一列的其他数",
-                 "离群值那一组的其他数", "其余的数被量化成 0 的比例"], rows)
+    print("相对误差。有离群值时：其余 = 离群值以外的所有数；同列 / 同组 = 和离群值同一列 / 同一组的其他数；")
+    print("变成 0 = 其余的数里被量化成 0 的比例")
+    print_table(["方案", "位/数（含 scale）", "没有离群值", "有：其余", "同列", "同组", "变成 0"], rows)
     t4, c4, g4 = res[(4, "tensor")], res[(4, "channel")], res[(4, "group")]
     t8 = res[(8, "tensor")]
     print_observations([
@@ -189,7 +190,7 @@ def e2m1_fp16_groups(w, group=GROUP):
     E2M1 元素 + 每组一个 FP16 scale（不是任何标准格式，只为把"网格"和"scale"分开比）-> w'。
 
     【推导】和 INT4-g32 同样的 scale 精度和个数：scale = round_to(max|v| / 6, FP16)（块的最大值对到 E2M1 的最大值 6），
-    元素 = round_to(v / scale, E2M1)。它和 INT4-g32 只差网格（E2M1 的不均匀网格 vs 等间距的 −7…7），
+    元素 = round_to(v / scale, E2M1)。它和 INT4-g32 只差网格（E2M1 的不均匀网格 vs 等间距的 -7…7），
     和 MXFP4 只差 scale（FP16 vs 2 的幂）。全 0 的组反量化为 0。
     """
     n_in, n_out = w.shape
@@ -217,8 +218,8 @@ def demo4_mxfp4():
         rows.append([int(k), f"{v:+.4f}", f"{v / X:+.3f}", f"{mq[k, 0] / X:+g}", f"{mq[k, 0]:+.4f}",
                      f"{iq[k, 0]:+.4f}"])
     print(f"一个块（32 个数）：max|v| = {amax:.4f}，⌊log₂ max|v|⌋ = {int(np.floor(np.log2(amax)))}，共享 scale X = 2^"
-          f"({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（存成 8 位指数码 {e_shared + 127}）；"
-          f"INT4-g32 的 scale = {float(iscale.ravel()[0]):.6g}（FP16）")
+          f"({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（存成 8 位指数码 {e_shared + 127}）；")
+    print(f"同一块 INT4-g32 的 scale = {float(iscale.ravel()[0]):.6g}（FP16）")
     print_table(["块内下标", "v", "v / X", "E2M1 元素", "MXFP4 反量化", "INT4-g32 反量化"], rows)
     blk_err = np.abs(mq[:, 0] - block)
     worst_k = int(np.argmax(blk_err))
@@ -251,7 +252,7 @@ def demo4_mxfp4():
         f"max|v| / X ≥ 7 的块最大的数被饱和截断——这个矩阵里 {sat:.0%} 的块如此（这个块 max|v| / X = {amax / X:.2f}）。"
         f"这个块里 MXFP4 误差最大的是{'块最大的数' if worst_is_max else '第 ' + str(worst_k) + ' 个数'}"
         f"（误差 {worst_err:.3f}）：它的 v / X = {block[worst_k] / X:+.3f} 落在 E2M1 的 4 和 6 之间的空档里。",
-        "E2M1 的 8 个非负值（0, 0.5, 1, 1.5, 2, 3, 4, 6）在 0 附近密、在大处稀；INT4 的 15 个值（−7…7）等间距。"
+        "E2M1 的 8 个非负值（0, 0.5, 1, 1.5, 2, 3, 4, 6）在 0 附近密、在大处稀；INT4 的 15 个值（-7…7）等间距。"
         f"在 N(0, 1) 权重上，不均匀的网格并不占便宜：同样每 {GROUP} 个一个 FP16 scale（块的最大值对到 6 或 7），"
         f"E2M1 元素的相对误差 {e2['rel_err']:.4f}，比 INT4-g32 的 {g32['rel_err']:.4f} "
         + ("略高" if e2["rel_err"] > g32["rel_err"] else "低") + "。"
@@ -288,8 +289,7 @@ def demo5_bits_per_value():
         res[name] = total
         rows.append([name, eb, sfmt, sb, per if per else "—", f"{(sb / per) if per else 0:.4g}", f"{total:.4g}",
                      f"{16 / total:.2f}×"])
-    print_table(["格式", "元素位数", "scale 格式", "scale 位数", "一个 scale 管几个数", "scale 摊到每个数", "位/数",
-                 "比 BF16 小"], rows)
+    print_table(["格式", "元素位数", "scale", "scale 位数", "管几个数", "摊到每个数", "位/数", "比 BF16 小"], rows)
     print_observations([
         f"INT4-g32 带一个 FP16 scale：4 + 16/32 = {res['INT4-g32']:g} 位；MXFP4 的 scale 只有 8 位（E8M0，只有指数）："
         f"4 + 8/32 = {res['MXFP4（E2M1 元素）']:g} 位。第 5 讲脚本 05 把 gpt-oss-120b 的权重按 T_BITS = 4.25 位算，就是 MXFP4"
