@@ -218,8 +218,8 @@ def demo4_mxfp4():
         rows.append([int(k), f"{v:+.4f}", f"{v / X:+.3f}", f"{mq[k, 0] / X:+g}", f"{mq[k, 0]:+.4f}",
                      f"{iq[k, 0]:+.4f}"])
     print(f"一个块（32 个数）：max|v| = {amax:.4f}，⌊log₂ max|v|⌋ = {int(np.floor(np.log2(amax)))}，")
-    print(f"共享 scale X = 2^({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（存成 8 位指数码 {e_shared + 127}）；"
-          f"同一块 INT4-g32 的 scale = {float(iscale.ravel()[0]):.6g}（FP16）")
+    print(f"共享 scale X = 2^({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（8 位指数码 {e_shared + 127}）；"
+          f"INT4-g32 的 scale = {float(iscale.ravel()[0]):.6g}（FP16）")
     print_table(["块内下标", "v", "v / X", "E2M1 元素", "MXFP4 反量化", "INT4-g32 反量化"], rows)
     blk_err = np.abs(mq[:, 0] - block)
     worst_k = int(np.argmax(blk_err))
