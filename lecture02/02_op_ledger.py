@@ -44,7 +44,7 @@ CFG = LEC2_CFG
 SEED, PROMPT_SEED = 0, 1
 B, N_PROMPT = 2, 32
 OTHER_OPS = tuple(op for op in ALL_OPS if op not in MATMUL_OPS and op not in ATTN_CORE_OPS)
-GROUPS = (("权重矩阵乘", MATMUL_OPS), ("注意力核心", ATTN_CORE_OPS), ("其余（norm、RoPE、激活、残差、查表）", OTHER_OPS))
+GROUPS = (("权重矩阵乘", MATMUL_OPS), ("注意力核心", ATTN_CORE_OPS), ("其余", OTHER_OPS))   # 其余：norm、RoPE、激活、残差、查表
 
 
 def run_prefill_and_decode():
@@ -75,7 +75,8 @@ def side_by_side(counted, analytic):
     return rows, same - len(missing), cells + len(missing)
 
 
-HEADERS = ["算子", "FLOPs 账本", "公式", "有用 账本", "公式", "权重字节 账本", "公式", "KV 字节 账本", "公式", "相等"]
+HEADERS = ["算子", "FLOPs 账本", "公式", "有用 账本", "公式", "权重 账本", "公式", "KV 账本", "公式", "相等"]
+UNITS_NOTE = "FLOPs 和有用 FLOPs 是次数；权重、KV 是读的字节（按 BF16）"
 
 
 # ---------------------------------------------------------------------------
@@ -86,6 +87,7 @@ def demo1_prefill_ledger():
     c_pre, _ = run_prefill_and_decode()
     ana = analytic_ops(CFG, B, N_PROMPT, 0, last_only=False)
     rows, same, cells = side_by_side(c_pre, ana)
+    print(UNITS_NOTE)
     print_table(HEADERS, rows)
     tot = {f: c_pre.total(f) for f in FIELDS}
     w_mm = c_pre.total("w", MATMUL_OPS)   # 权重矩阵的字节（词嵌入查表读的行数随 token 数变，不算在内）
@@ -116,6 +118,7 @@ def demo2_decode_ledger():
     c_pre, c_dec = run_prefill_and_decode()
     ana = analytic_ops(CFG, B, 1, N_PROMPT, last_only=False)
     rows, same, cells = side_by_side(c_dec, ana)
+    print(UNITS_NOTE)
     print_table(HEADERS, rows)
     print(f"\n核对：{len(rows)} 个算子 × {len(FIELDS)} 个字段 = {cells} 个数，账本 == 公式的有 {same} 个："
           + ("全部相等" if same == cells else "有不相等的！"))
@@ -171,7 +174,8 @@ def demo3_where_it_goes():
             name = ""
         out[label] = {"shares": shares, "intensity": U / By, "useful": U, "bytes": By,
                       "lm_head_w_share": sum_rows(rr, "w", ("lm_head",)) / sum_rows(rr, "w", MATMUL_OPS)}
-    print_table(["场景", "部分", "执行 FLOPs 占比", "有用 FLOPs 占比", "读的字节（权重 + KV）占比"], rows)
+    print("其余 = norm、RoPE、激活、残差、查表；读的字节 = 权重 + KV")
+    print_table(["场景", "部分", "执行 FLOPs 占比", "有用 FLOPs 占比", "读的字节占比"], rows)
     print("\n每个场景的总量和算术强度（有用 FLOPs ÷ 读的字节）：")
     print_table(["场景", "有用 FLOPs", "读的字节", "强度 FLOP/字节"],
                 [[k, fmt_num(v["useful"]), fmt_bytes(v["bytes"]), f"{v['intensity']:.1f}"] for k, v in out.items()])

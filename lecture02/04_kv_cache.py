@@ -65,13 +65,13 @@ def demo1_cache_size():
                        "per_seq": {c: m.kv_bytes(c) for c in ctxs}}
         rows.append([m.name, m.n_layers, f"{m.n_kv_heads} × {m.head_dim}", f"{per_tok:,} B"]
                     + [fmt_bytes(m.kv_bytes(c)) for c in ctxs] + [fmt_bytes(w), f"{w / per_tok:,.0f}"])
-    print_table(["模型", "层", "KV 头 × head_dim", "每个 token 的 KV"] + [f"一个序列 @ {c}" for c in ctxs]
-                + ["权重（BF16）", "KV = 权重时的 token 数"], rows)
+    print("@ L：一个长 L 的序列的 KV；KV = 权重：KV 要存多少个 token 才和 BF16 权重一样大")
+    print_table(["模型", "层", "KV 头 × hd", "KV/token"] + [f"@ {c}" for c in ctxs] + ["权重", "KV = 权重"], rows)
 
     m = LLAMA31_70B
     batches, ctxs2 = (1, 8, 32, 128), (4096, 32768, 131072)
-    print(f"\n{m.name}：批大小 × 上下文 → KV cache 总量（括号里：只放 KV 就要几块 80 GB 的 H100；权重另需 "
-          f"{fmt_bytes(2 * m.params())}）")
+    print(f"\n{m.name}：批大小 × 上下文 → KV cache 总量")
+    print(f"（括号里：只放 KV 就要几块 80 GB 的 H100；权重另需 {fmt_bytes(2 * m.params())}）")
     grid, rows2 = {}, []
     for B in batches:
         cells = [B]
@@ -108,7 +108,7 @@ def demo2_mha_gqa_mqa():
     B, ctx = 32, 8192
     print_header(f"演示 2：MHA vs GQA vs MQA——Llama-3.1-70B 的三个变体（decode，B = {B}，上下文 {ctx}，{H100.name}）")
     variants = [("MHA（假想）", replace(LLAMA31_70B, name="70B-MHA", n_kv_heads=64)),
-                ("GQA（真实的 Llama-3.1-70B）", LLAMA31_70B),
+                ("GQA（真实）", LLAMA31_70B),
                 ("MQA（假想）", replace(LLAMA31_70B, name="70B-MQA", n_kv_heads=1))]
     rows, res = [], {}
     for label, m in variants:
@@ -121,8 +121,9 @@ def demo2_mha_gqa_mqa():
                       "t_attn": ta, "t_proj": tp}
         rows.append([label, m.n_kv_heads, m.group, f"{m.params() / 1e9:.2f} B", fmt_bytes(m.kv_bytes_per_token()),
                      fmt_bytes(ka), f"{fa / ka:g}", fmt_time(ta), fmt_time(tp), f"{100 * ta / (ta + tp):.0f}%"])
-    print_table(["变体", "KV 头", "组大小 G", "参数量", "每 token 的 KV", "KV 总量", "注意力强度", "读 KV 时间",
-                 "投影+FFN 时间", "注意力占比"], rows)
+    print("时间 = H100 上的 roofline 下界；注意力占 = 读 KV 的时间 ÷（读 KV + 投影 + FFN）")
+    print_table(["变体", "KV 头", "组大小 G", "参数量", "KV/token", "KV 总量", "注意力强度", "读 KV", "投影+FFN",
+                 "注意力占"], rows)
     mha, gqa, mqa = (res[v[0]] for v in variants)
     print_observations([
         f"KV cache 和 KV 头数成正比：MHA 的 KV 是 GQA 的 {mha['kv_total'] / gqa['kv_total']:g} 倍"
@@ -218,8 +219,11 @@ def demo3_cache_vs_recompute():
         rows.append([n, f"{a['useful']:,}", f"{b['useful']:,}", f"{b['useful'] / a['useful']:.1f}×",
                      f"{cf_a:,}", f"{cf_b:,}", "✓" if ok else "✗", f"{b['flops'] / a['flops']:.1f}×",
                      f"{b['w'] / a['w']:.2f}×", f"{b['kv'] / a['kv']:.2f}×"])
-    print_table(["生成 n 个", "有用 FLOPs：带缓存", "重算", "重算 ÷ 缓存", "公式：带缓存", "重算", "账 = 公式",
-                 "执行 FLOPs 之比", "读权重矩阵之比", "读 KV 之比"], rows)
+    print("有用 FLOPs（账本 = 运行时按数组形状记的账；公式 = 闭式）：")
+    print_table(["生成 n 个", "账本：带缓存", "重算", "公式：带缓存", "重算", "账 = 公式"],
+                [[r[0], r[1], r[2], r[4], r[5], r[6]] for r in rows])
+    print("\n重算 ÷ 带缓存（账本）：")
+    print_table(["生成 n 个", "有用 FLOPs", "执行 FLOPs", "读权重矩阵", "读 KV"], [[r[0], r[3], r[7], r[8], r[9]] for r in rows])
     same_tokens = bool((tokens_cache == tokens_re).all())
 
     # Llama-3.1-70B：只用公式，按真实引擎的口径（每次前向只在最后一个位置算 lm_head）
@@ -236,9 +240,9 @@ def demo3_cache_vs_recompute():
         t_cached, t_re = step["time"], re["time"]
         rows2.append([n, fmt_num(cf_a), fmt_num(cf_b), f"{cf_b / cf_a:.0f}×", fmt_time(t_cached), fmt_time(t_re),
                       fmt_bytes(m.kv_bytes(ctx))])
-    print(f"\n{m.name}（公式；每次前向只在最后一个位置算 lm_head），提示 {p} 个 token：")
-    print_table(["生成 n 个", "有用 FLOPs：带缓存", "重算", "重算 ÷ 缓存", "最后一步：带缓存（H100）", "重算（H100）",
-                 "缓存的代价：KV 字节"], rows2)
+    print(f"\n{m.name}（公式；每次前向只在最后一个位置算 lm_head），提示 {p} 个 token；")
+    print("最后一步的时间是 H100 上的 roofline 下界：")
+    print_table(["生成 n 个", "有用：带缓存", "重算", "重算 ÷ 缓存", "最后一步：带缓存", "重算", "缓存的 KV"], rows2)
     r96 = res[n_max]
     print_observations([
         f"账本和闭式公式逐格相等（{sum(v['closed_ok'] for v in res.values())}/{len(res)} 行 × 两种做法）；两种做法贪心生成的 "
