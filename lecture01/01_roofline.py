@@ -8,6 +8,7 @@ CS349E · 第 1 讲 · 01_roofline.py —— roofline：一块芯片能算多快
 （算力 ÷ 带宽，单位 FLOP/字节）：一个算子每搬一个字节要做多少次运算，才能把算力用满。
 演示 2：一个搬 1 GB 数据、算术强度为 I 的算子在每块芯片上要多久，受算力还是带宽限制，用上了峰值算力的百分之几。
 演示 3：大模型里的典型算子落在哪里：矩阵乘的强度随"一次处理的 token 数"增长，decode 时注意力的强度停在 GQA 组大小。
+演示 4：把 A100、H100、B200 的 roofline 画出来（对数轴），标出 decode（批 1、批 64）和 4096 个 token 的 prefill 的强度。
 
 【怎么读输出】roofline：时间下界 = max(FLOPs / 峰值算力, 字节 / 带宽)；演示 2 的时间表统一用 µs，方便逐格比较。强度 I = FLOPs / 字节 低于拐点时
 受带宽限制（表里记"带宽"），时间只取决于搬了多少字节；高于拐点时受算力限制（记"算力"）。
@@ -30,9 +31,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_bytes, fmt_num, fmt_sig, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import (fmt_bytes, fmt_num, fmt_sig, fmt_time, print_header, print_observations, print_plot,  # noqa: E402
+                     print_table)
 from hw_specs import A100, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
-from llm_math import LLAMA31_8B, matmul_intensity  # noqa: E402
+from llm_math import LLAMA31_8B, decode_step, matmul_intensity, prefill_step  # noqa: E402
 
 # 每块芯片比较时用的数据类型：GPU 用 BF16（稠密）；Corsair 只有 MX 整数格式，用 MXINT8。
 GPUS = (A100, H100_PCIE, H100, H200, B200)
@@ -44,6 +46,8 @@ LOW_DTYPE = {A100.name: "int8", H100_PCIE.name: "fp8", H100.name: "fp8", H200.na
 OP_BYTES = 1e9                                   # 演示 2：每个算子搬 1 GB（一个示意的量）
 INTENSITIES = (0.25, 1, 4, 8, 16, 64, 128, 256, 512, 1024, 4096)
 BOUND_ZH = {"compute": "算力", "memory": "带宽"}
+PLOT_CHIPS = (A100, H100, B200)                  # 演示 4 画 roofline 的三块芯片
+PLOT_CONTEXT, PLOT_PROMPT = 4096, 4096           # 演示 4：decode 的上下文、prefill 的提示长度（示意）
 
 
 def short(chip):
@@ -188,7 +192,53 @@ def demo3_llm_ops():
     return {"crossover": cross, "i_b1": i1, "i_b64": i64, "attn_intensity": attn_i, "group": m.group}
 
 
+# ---------------------------------------------------------------------------
+# 演示 4：roofline 画出来
+# ---------------------------------------------------------------------------
+def roofline_curve(chip, intensities):
+    """一块芯片 BF16 的 roofline：每个强度 I 上可达的算力 min(峰值, I × 带宽)（FLOP/s）。"""
+    return [min(chip.peak_flops("bf16"), i * chip.mem_bw) for i in intensities]
+
+
+def demo4_roofline_plot():
+    m = LLAMA31_8B
+    print_header(f"演示 4：A100、H100、B200 的 roofline（BF16），和 {m.name} 的 decode / prefill 落在哪里")
+    ops = {}
+    for b in (1, 64):
+        r = decode_step(m, H100, b, PLOT_CONTEXT)
+        ops[f"decode 批 {b}"] = r["flops"] / (r["w_bytes"] + r["kv_bytes"])
+    r = prefill_step(m, H100, PLOT_PROMPT)
+    ops[f"prefill {PLOT_PROMPT}"] = r["flops"] / r["w_bytes"]
+    x_lo, x_hi = 0.5, 2e4                                        # 强度的范围（FLOP/字节）
+    n = 121
+    xs = [x_lo * (x_hi / x_lo) ** (k / (n - 1)) for k in range(n)]   # 对数均匀的强度
+    y_lo = x_lo * min(c.mem_bw for c in PLOT_CHIPS) / 1e12
+    y_hi = max(c.peak_flops("bf16") for c in PLOT_CHIPS) / 1e12
+    ys_v = [y_lo * (y_hi / y_lo) ** (k / 17) for k in range(18)]     # 竖线：每行一个点
+    series = {}
+    for (name, i), mark in zip(ops.items(), "dDP"):
+        series[name] = ([i] * len(ys_v), ys_v, mark)
+    for c, mark in zip(PLOT_CHIPS, "*o+"):
+        series[short(c)] = (xs, [y / 1e12 for y in roofline_curve(c, xs)], mark)
+    print(f"竖线：{m.name}（BF16）一整步的强度 = FLOPs ÷ 读的字节（权重 + KV cache）；decode 的上下文 {PLOT_CONTEXT}")
+    print_plot(series, "算术强度 I（FLOP/字节，对数轴）", "可达算力 min(峰值, I × 带宽)（TFLOP/s，对数轴）",
+               logx=True, logy=True, xlim=(x_lo, x_hi), ylim=(y_lo, y_hi))
+    util = {(k, short(c)): min(1.0, i / ridge(c)) for k, i in ops.items() for c in PLOT_CHIPS}
+    d1, d64, pre = list(ops)
+    print_observations([
+        "每条折线的斜线段受带宽限制（可达算力 = I × 带宽：对数轴上斜率都是 1，带宽越大线越高），平线段受算力限制（= 峰值），"
+        "拐角正好在拐点：" + "、".join(f"{short(c)} {ridge(c):.0f}" for c in PLOT_CHIPS) + "。B200 的斜线段和平线段都最高。",
+        f"{d1}（强度 {ops[d1]:.2f}）和 {d64}（{ops[d64]:.1f}）都落在三块芯片的斜线段上：H100 上只能用到峰值的 "
+        f"{100 * util[(d1, 'H100')]:.2f}% 和 {100 * util[(d64, 'H100')]:.1f}%；这里换芯片，快多少看带宽"
+        f"（B200 / H100 = {B200.mem_bw / H100.mem_bw:.2f}×）。",
+        f"{pre}（强度 {ops[pre]:.0f}）落在三块芯片的平线段上，用满峰值：快多少看算力"
+        f"（B200 / H100 = {B200.peak_flops('bf16') / H100.peak_flops('bf16'):.2f}×）。",
+    ])
+    return {"intensity": ops, "util": util}
+
+
 if __name__ == "__main__":
     demo1_chips()
     demo2_time_vs_intensity()
     demo3_llm_ops()
+    demo4_roofline_plot()

@@ -3,6 +3,7 @@
 加的补充函数：每个观察里引用的数，用独立的闭式或公开的数据重新算一遍再比。
 """
 import math
+import re
 
 import pytest
 
@@ -149,7 +150,7 @@ def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
     assert bf16["A100"] < bf16["H100"] and bf16["H200"] < bf16["B200"] < bf16["H100"]
     assert low["H200"] < low["B200"] < low["H100"]
     assert r["b200_fp4_ridge"] == pytest.approx(9000 / 8.0) and r["b200_fp4_ridge"] > low["H100"]
-    out = capsys.readouterr().out
+    out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察在 100 列处折行：先接回一行
     assert "越新的芯片越难喂饱" not in out and "= 1125）比 H100 的 FP8 高" in out
 
 
@@ -172,6 +173,21 @@ def test_01_matmul_crossover_closed_form(s01, capsys):
         # 2Bkn / (2(Bk + kn + Bn)) ≥ ridge  ⟺  B ≥ ridge·kn / (kn − ridge(k + n))
         assert r["crossover"][key] == math.ceil(ridge * k * n / (k * n - ridge * (k + n)))
     assert r["attn_intensity"] == pytest.approx(4.0) and r["group"] == 4
+
+
+def test_01_roofline_plot_marks(s01, capsys):
+    """演示 4 的竖线：Llama-3.1-8B 一整步的强度（闭式），和它们在 H100 上用到的峰值比例。"""
+    r = s01.demo4_roofline_plot()
+    f_tok = 2 * MATMUL_8B + 4 * H8 * DH8 * L8 * 4096
+    for b in (1, 64):
+        want = b * f_tok / (W_STEP_8B + b * KV_TOK_8B * 4096)
+        assert r["intensity"][f"decode 批 {b}"] == pytest.approx(want, rel=1e-12)
+        assert r["util"][(f"decode 批 {b}", "H100")] == pytest.approx(want / (P_H100 / BW_H100), rel=1e-12)
+    assert r["intensity"]["prefill 4096"] == pytest.approx(prefill_flops_8b(4096) / W_STEP_8B, rel=1e-12)
+    assert all(r["util"][("prefill 4096", c)] == 1.0 for c in ("A100", "H100", "B200"))
+    assert r["intensity"]["decode 批 64"] < 312 / 2.039          # 批 64 仍在每块芯片的斜线段上（A100 的拐点最低）
+    ys = s01.roofline_curve(H100, [1.0, 295.0, 1e4])
+    assert ys == [3.35e12, 295.0 * 3.35e12, 989.4e12]
 
 
 # ---------------------------------------------------------------------------
