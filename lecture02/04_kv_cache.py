@@ -6,7 +6,7 @@ CS349E · 第 2 讲 · 04_kv_cache.py —— KV cache：有多大、GQA 省了�
 【这个脚本要回答的问题】
 演示 1：Llama 3.1 8B / 70B / 405B 的 KV cache 随上下文和批大小有多大，和权重比、和一块 H100 的 80 GB 比。
 演示 2：多头（MHA）、分组（GQA，Llama 3.1 的做法）、多查询（MQA）注意力：把 Llama-3.1-70B 的 KV 头数换成 64 / 8 / 1，
-KV cache、注意力的算术强度、H100 上读 KV 的时间各变成多少。
+KV cache、注意力的算术强度、H100 上读 KV 的时间各变成多少；再画出三者的 KV cache 随上下文的增长，和权重比。
 演示 3：缓存 vs 重算：在 numpy 小模型上贪心生成 n 个 token，带缓存（每步只喂 1 个 token）和不带缓存（每步把整个前缀重算一遍）
 的账本 FLOPs，和闭式公式逐个核对；再用公式看 Llama-3.1-70B 上差多少。
 
@@ -37,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture01", "lecture02"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import (fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_plot,  # noqa: E402
+                     print_table)
 from hw_specs import H100, roofline_time  # noqa: E402
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, decode_step, prefill_step  # noqa: E402
 from transformer_lab import (ATTN_CORE_OPS, LEC2_CFG, MATMUL_OPS, Counter, NumpyTransformer,  # noqa: E402
@@ -125,6 +126,16 @@ def demo2_mha_gqa_mqa():
     print_table(["变体", "KV 头", "组大小 G", "参数量", "KV/token", "KV 总量", "注意力强度", "读 KV", "投影+FFN",
                  "注意力占"], rows)
     mha, gqa, mqa = (res[v[0]] for v in variants)
+    # 图：批 B 个序列的 KV 总量随上下文增长，旁边是（GQA 的）BF16 权重
+    ctxs = [1024 * 2 ** (k / 4) for k in range(29)]                  # 1024 … 131072，对数均匀
+    w_gqa = 2 * LLAMA31_70B.params()
+    series = {label.split("（")[0]: (ctxs, [B * m.kv_bytes(c) / 1e9 for c in ctxs], mark)
+              for (label, m), mark in zip(variants, "*o+")}
+    series["权重（GQA，BF16）"] = (ctxs, [w_gqa / 1e9] * len(ctxs), "-")
+    print(f"\n批 {B} 个序列的 KV cache 总量 vs 上下文：")
+    print_plot(series, "上下文（token，对数轴）", "KV cache 总量（GB，对数轴）", logx=True, logy=True,
+               xlim=(1000, 1.5 * ctxs[-1]))
+    cross = {label: w_gqa / (B * m.kv_bytes_per_token()) for label, m in variants}   # KV 总量 = 权重 时的上下文
     print_observations([
         f"KV cache 和 KV 头数成正比：MHA 的 KV 是 GQA 的 {mha['kv_total'] / gqa['kv_total']:g} 倍"
         f"（{fmt_bytes(mha['kv_total'])} vs {fmt_bytes(gqa['kv_total'])}），MQA 是 GQA 的 1/{gqa['kv_total'] / mqa['kv_total']:g}。",
@@ -135,9 +146,14 @@ def demo2_mha_gqa_mqa():
         f"参数量变化不大：只有 k/v 投影跟着 KV 头数变（MHA {mha['params'] / 1e9:.2f} B，比 GQA 多 "
         f"{100 * (mha['params'] / gqa['params'] - 1):.0f}%；MQA {mqa['params'] / 1e9:.2f} B，少 "
         f"{100 * (1 - mqa['params'] / gqa['params']):.1f}%），KV cache 却差 "
-        f"{mha['kv_total'] / mqa['kv_total']:g} 倍（MHA vs MQA）。代价在质量：共享 KV 头的表达力更弱——MQA 来自 Shazeer 2019，GQA 来自 Ainslie 等 2023，"
+        f"{mha['kv_total'] / mqa['kv_total']:g} 倍（MHA vs MQA）。代价在质量：共享 KV 头的表达力更弱——MQA 来自 Shazeer 2019（arXiv 1911.02150），GQA 来自 Ainslie 等 2023（arXiv 2305.13245），"
         "它们的质量对比要看论文里的实验，这个脚本只算账。",
+        f"图里三条线平行（KV 都和上下文成正比），相邻两条差 {mha['kv_total'] / gqa['kv_total']:g} 倍（KV 头数之比）。"
+        f"批 {B} 时 KV 总量追上权重（"
+        f"{fmt_bytes(w_gqa)}）的上下文：MHA {cross[variants[0][0]]:,.0f}、GQA {cross[variants[1][0]]:,.0f}、"
+        f"MQA {cross[variants[2][0]]:,.0f} 个 token。",
     ])
+    res["crossover_ctx"] = cross
     return res
 
 
