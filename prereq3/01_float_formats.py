@@ -6,7 +6,8 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 【这个脚本要回答的问题】
 演示 1：FP32 / FP16 / BF16 / FP8-E4M3 / FP8-E5M2 / FP4-E2M1 各用几位做符号、指数、尾数，偏置多少；最大值、最小正规数、
 最小次正规数、相对精度各是多少——全部由位数算出来，和规范对得上。
-演示 2：把 FP4-E2M1 的 16 个码全部列出来（按位解码），再数一数两种 FP8 各有多少个有限值：小格式的"数轴"长什么样。
+演示 2：把 FP4-E2M1 的 16 个码全部列出来（按位解码），再数一数两种 FP8 各有多少个有限值，并把 E2M1 和 E4M3 画在同一条数轴上：
+小格式的"数轴"长什么样，哪里密、哪里稀。
 演示 3：就近舍入、一样近时取偶数（RNE）在边界上怎么走：平局、溢出（IEEE 格式变 inf，E4M3 / E2M1 饱和）、下溢到 ±0、次正规数。
 演示 4：几个数在各格式里的位串（encode_bits），BF16 和 FP32 的关系，0.1 在各格式里变成多少。
 演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^-(尾数位数+1)，平均约是它的 36%。
@@ -33,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import print_header, print_observations, print_table  # noqa: E402
+from console import print_header, print_observations, print_plot, print_table  # noqa: E402
 from numfmt import (BF16, FLOAT_FORMATS, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat,  # noqa: E402
                     encode_bits, round_to)
 
@@ -151,6 +152,15 @@ def demo2_small_formats_enumerated():
     print("不同的有限值：+0 和 -0 算一个；舍入后不变：round_to 把每个有限值映到它自己")
     gaps = np.diff([0.0] + pos)
     c4, c5 = counts["FP8-E4M3"], counts["FP8-E5M2"]
+    # 数轴：E2M1 的全部非负值，和 E4M3 落在同一段 [0, 6] 里的非负值
+    e2m1 = [0.0] + pos
+    e4m3 = sorted({v for *_, v in all_codes(FP8_E4M3) if v is not None and 0 <= v <= FP4_E2M1.max_value})
+    print(f"\n数轴 [0, {FP4_E2M1.max_value:g}]：每个可表示的非负值画一个记号（落在同一格的值重叠）")
+    print_plot({"FP4-E2M1（上面一行）": (e2m1, [2.0] * len(e2m1), "o"),
+                "FP8-E4M3（下面一行）": (e4m3, [1.0] * len(e4m3), "|")},
+               "值（线性轴）", "2 = E2M1，1 = E4M3", xlim=(0.0, FP4_E2M1.max_value), ylim=(0.5, 2.5), height=5)
+    e4_small = sum(1 for v in e4m3 if v < 0.5)
+    per_binade = {f.name: 2 ** f.man_bits for f in (FP4_E2M1, FP8_E4M3)}   # 每个正规数的 2 的幂区间里有几个值
     ieee_e4m3 = FloatFormat("E4M3（假如 IEEE 风格）", 4, 3, True)   # 对比用：最大的指数码留给 inf / NaN
     print_observations([
         f"E2M1 的正数只有 {len(pos)} 个：{', '.join(f'{v:g}' for v in pos)}。相邻两个的间隔从 {gaps.min():g} 涨到 "
@@ -163,8 +173,13 @@ def demo2_small_formats_enumerated():
         f"整个留给 inf / NaN，最大值只有 1.875 × 2^{ieee_e4m3.emax} = {ieee_e4m3.max_value:g}；OFP8 让这个指数码里的 7 个尾数码"
         f"都当正规数，最大值到 {c4['max']:g}，多出 2^{FP8_E4M3.emax} = {2.0 ** FP8_E4M3.emax:g} 到 {c4['max']:g} 这一整段"
         f"（OCP OFP8 规范）。只有 4 位指数时，多一个 2 的幂的范围比省下的几个码要紧；E5M2 范围够大，保留了 IEEE 的 inf。",
+        f"数轴上两种格式都是靠近 0 密、越往大越稀：每个 2 的幂区间（[1, 2)、[2, 4)、…）里的值一样多——E2M1 "
+        f"{per_binade['FP4-E2M1']} 个、E4M3 {per_binade['FP8-E4M3']} 个——区间越往右越长，间隔就越大。"
+        f"[0, {FP4_E2M1.max_value:g}] 里 E2M1 只有 {len(e2m1)} 个值，E4M3 有 {len(e4m3)} 个，其中 {e4_small} 个挤在 [0, 0.5) 里"
+        f"（图的最左边重叠成一片）。",
     ])
     return {"e2m1_positive": pos, "e2m1_gaps": gaps.tolist(), "counts": counts, "ieee_style_e4m3_max": ieee_e4m3.max_value,
+            "e4m3_in_e2m1_range": len(e4m3), "e4m3_below_half": e4_small, "per_binade": per_binade,
             "encode_matches": all(r[3] for r in rows)}
 
 

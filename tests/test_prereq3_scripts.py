@@ -127,6 +127,16 @@ def test_01_e2m1_values_and_fp8_code_counts(s1):
     assert all(v["all_fixed_points"] for v in c.values())
 
 
+def test_01_number_line_counts(s1):
+    """演示 2 的数轴：E4M3 在 [0, 6] 里的非负值（从位的定义数，不经过脚本），每个正规数区间的个数 = 2^尾数位。"""
+    r = s1[1]["demo2_small_formats_enumerated"]
+    grid, _ = _e4m3_grid()
+    assert r["e4m3_in_e2m1_range"] == int(np.sum(grid <= 6)) == 77
+    assert r["e4m3_below_half"] == int(np.sum(grid < 0.5)) == 48
+    assert int(np.sum((grid >= 1) & (grid < 2))) == r["per_binade"]["FP8-E4M3"] == 8
+    assert int(np.sum((E2M1_GRID >= 1) & (E2M1_GRID < 2))) == r["per_binade"]["FP4-E2M1"] == 2
+
+
 def test_01_rounding_edge_cases(s1):
     y = s1[1]["demo3_rounding_edges"]["by_case"]
     want = {
