@@ -65,7 +65,7 @@ def ridge(chip):
 # 演示 1：算力、带宽、拐点
 # ---------------------------------------------------------------------------
 def demo1_chips():
-    print_header("演示 1：六块芯片的峰值算力（稠密）、带宽和 roofline 拐点（= 峰值 ÷ 带宽，FLOP/字节）")
+    print_header("演示 1：六块芯片的峰值算力（稠密）、带宽和 roofline 拐点（= 峰值 ÷ 带宽）")
     rows = []
     for c in CHIPS:
         dt, lo = MAIN_DTYPE[c.name], LOW_DTYPE[c.name]
@@ -75,7 +75,8 @@ def demo1_chips():
     cap_ridge = CORSAIR.peak_flops("mxint8") / CORSAIR.capacity_bw
     rows.append(["Corsair 的 LPDDR5X 层", f"{CORSAIR.capacity_bytes / 1e9:g}", fmt_sig(CORSAIR.capacity_bw / 1e12), "mxint8",
                  f"{CORSAIR.peak_flops('mxint8') / 1e12:.0f}", f"{cap_ridge:.0f}", "—", "—", "—", "—"])
-    print_table(["芯片", "容量 GB", "带宽 TB/s", "主类型", "TFLOP/s", "拐点", "低精度", "TFLOP/s", "拐点", "功耗 W"], rows)
+    print_table(["芯片", "容量\nGB", "带宽\nTB/s", "主类型", "峰值\nTFLOP/s", "拐点\nFLOP/B", "低精度", "峰值\nTFLOP/s",
+                 "拐点\nFLOP/B", "功耗\nW"], rows)
 
     r = {short(c): ridge(c) for c in CHIPS}
     r["Corsair LPDDR"] = cap_ridge

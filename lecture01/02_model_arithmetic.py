@@ -236,7 +236,7 @@ def demo4_gpus_needed():
             n_dep = 2 ** math.ceil(math.log2(n_min))
             res[(m.name, f)] = (n_w, n_dep)
             rows.append([m.name, FMT_SHORT.get(f, FMT_ZH[f]), fmt_bytes(w), fmt_bytes(kv), n_w, n_min, n_dep])
-    print_table(["模型", "权重格式", "权重", "KV cache", "卡数：只放权重", "权重 + KV", "取 2 的幂"], rows)
+    print_table(["模型", "权重格式", "权重", "KV cache", "卡数：\n只放权重", "卡数：\n权重 + KV", "卡数：\n取 2 的幂"], rows)
     n405, n405f = res[(LLAMA31_405B.name, "bf16")], res[(LLAMA31_405B.name, "fp8")]
     oss = res[(GPT_OSS_120B.name, "native")]
     print_observations([

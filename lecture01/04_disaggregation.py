@@ -91,9 +91,8 @@ def demo1_intensity_vs_ridge():
     for name, i in cases:
         rows.append([name, f"{i:.1f}"] + [f"{BOUND_ZH['compute' if i >= c.ridge_point('bf16') else 'memory']} "
                                           f"{100 * min(1.0, i / c.ridge_point('bf16')):.3g}%" for c in GPUS])
-    print("拐点（FLOP/B）：" + "、".join(f"{short(c)} {c.ridge_point('bf16'):.0f}" for c in GPUS))
-    print("每块芯片一列：受什么限制、用上峰值算力的百分之几")
-    print_table(["阶段", "强度 FLOP/B"] + [short(c) for c in GPUS], rows)
+    print("每块芯片一列（表头里是它的拐点，FLOP/B）：受什么限制、用上峰值算力的百分之几")
+    print_table(["阶段", "强度\nFLOP/B"] + [f"{short(c)}\n拐点 {c.ridge_point('bf16'):.0f}" for c in GPUS], rows)
     intens = dict(cases)
     i_pre = intens[f"prefill，提示 {PROMPT}"]
     i_dec = intens["decode，批 64"]
@@ -129,8 +128,9 @@ def demo2_comparative_advantage():
         res[short(c)] = {"prefill": tp, "decode": td, "sp_pre": sp, "sp_dec": sd, "adv": sd / sp}
         rows.append([c.name, fmt_time(tp), f"{sp:.2f}×", fmt_time(td), f"{sd:.2f}×", f"{sd / sp:.2f}",
                      f"{H100.ridge_point('bf16') / c.ridge_point('bf16'):.2f}"])
-    print_table(["芯片", "prefill", "相对 H100", "decode 一步", "相对 H100", "decode 优势", "拐点之比"], rows)
-    print("decode 优势 = decode 相对 H100 ÷ prefill 相对 H100；拐点之比 = H100 的拐点 ÷ 本芯片的拐点\n")
+    print_table(["芯片", "prefill", "相对\nH100", "decode\n一步", "相对\nH100", "decode 优势\n（两者之比）",
+                 "H100 拐点 ÷\n本芯片拐点"], rows)
+    print()
     print_table(["芯片", "功耗 W", "prefill token/s/W", "decode token/s/W"],
                 [[c.name, f"{c.power_w:.0f}", f"{PROMPT / res[short(c)]['prefill'] / c.power_w:.0f}",
                   f"{BATCH / res[short(c)]['decode'] / c.power_w:.2f}"] for c in GPUS])
@@ -220,7 +220,8 @@ def demo4_ledger():
                      fmt_time(t_dec), f"1 + {n_pre:.2f}", f"{thr / (1 + n_pre):.0f}", f"{thr / (watts / 1e3):.0f}"])
     print("同机：一块 H100 既 prefill 又 decode；分开：prefill 卡 → decode 卡")
     print("卡数 = 1 块 decode 卡 + 配给它的 prefill 卡（可以是小数）")
-    print_table(["部署", "TTFT", "平均 TPOT", "最长间隔", "decode + prefill 卡", "token/s/卡", "token/s/kW"], rows)
+    print_table(["部署", "TTFT", "平均\nTPOT", "最长的\ntoken 间隔", "卡数\ndecode + prefill", "每块卡\ntoken/s",
+                 "每 kW\ntoken/s"], rows)
     co, hh, h2, a1 = res["colocated"], res["H100→H100"], res["H100→H200"], res["H100→A100"]
     print_observations([
         f"同机时，每个请求的 prefill（{fmt_time(t_pre)}）都插在别人的 decode 之间：平均 TPOT 从纯 decode 的 {fmt_time(hh['tpot'])} "
