@@ -66,8 +66,8 @@ def demo1_cache_size():
                        "per_seq": {c: m.kv_bytes(c) for c in ctxs}}
         rows.append([m.name, m.n_layers, f"{m.n_kv_heads} × {m.head_dim}", f"{per_tok:,} B"]
                     + [fmt_bytes(m.kv_bytes(c)) for c in ctxs] + [fmt_bytes(w), f"{w / per_tok:,.0f}"])
-    print("@ L：一个长 L 的序列的 KV；KV = 权重：KV 要存多少个 token 才和 BF16 权重一样大")
-    print_table(["模型", "层", "KV 头 × hd", "KV/token"] + [f"@ {c}" for c in ctxs] + ["权重", "KV = 权重"], rows)
+    print_table(["模型", "层", "KV 头\n× head_dim", "每个 token\n的 KV"] + [f"一个序列\n@ {c}" for c in ctxs]
+                + ["权重\n（BF16）", "KV = 权重时\n的 token 数"], rows)
 
     m = LLAMA31_70B
     batches, ctxs2 = (1, 8, 32, 128), (4096, 32768, 131072)

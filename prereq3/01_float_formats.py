@@ -307,9 +307,9 @@ def demo5_relative_error():
         rows.append([f.name, f.man_bits, f"{f.epsilon / 2:.3g}", f"{res[f.name]['sup']:.3g}", f"{rel.max():.3g}",
                      f"{rel.max() / (f.epsilon / 2):.4f}",
                      f"{rel.mean():.3g}", f"{res[f.name]['mean_ratio']:.2f}", f"{res[f.name]['digits']:.1f}"])
-    print("误差都是相对误差；上确界 = (ε/2)/(1 + ε/2)；十进制位数 = log10(2^(尾数位+1))")
-    print_table(["格式", "尾数位", "ε/2（界）", "上确界", "实测最大", "最大/(ε/2)", "平均", "平均/(ε/2)", "十进制位数"],
-                rows)
+    print("误差都是相对误差；十进制位数 = log10(2^(尾数位+1))")
+    print_table(["格式", "尾数位", "ε/2\n（界）", "上确界\n(ε/2)/(1+ε/2)", "实测\n最大", "最大\n/ (ε/2)", "实测\n平均",
+                 "平均\n/ (ε/2)", "十进制\n位数"], rows)
     worst = max(r["ratio"] for r in res.values())
     mean_ratios = [r["mean_rel"] / r["half_eps"] for r in res.values()]
     lo, hi = min(mean_ratios), max(mean_ratios)

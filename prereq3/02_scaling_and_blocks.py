@@ -105,8 +105,8 @@ def demo2_clipping():
         wq = clipped_int(w, 4, r)
         clipped[r] = float(np.mean(np.abs(w) > r * amax))     # 超过阈值、被截到 ±阈值的数
         errs[r] = rel_err(wq, w)
-        rows.append([f"{r:.2f}", f"{r * amax:.2f}σ", f"{clipped[r]:.3%}", f"{errs[r]:.4f}"])
-    print_table(["截断比例", "截断阈值 T（σ = 1）", "|w| > T 的比例", "相对误差"], rows)
+        rows.append([f"{r:.2f}", f"{r * amax:.2f}", f"{clipped[r]:.3%}", f"{errs[r]:.4f}"])
+    print_table(["截断比例", "截断阈值 T\n（单位 σ = 1）", "|w| > T\n的比例", "相对误差"], rows)
     best = min(errs, key=errs.get)
     flat = [r for r in ratios if errs[r] <= FLAT_TOL * errs[best]]       # 误差和最小值差不到 1% 的比例
     lo, hi = min(flat), max(flat)
@@ -162,9 +162,9 @@ def demo3_granularity_outlier():
             res[(bits, gran)] = r
             rows.append([f"INT{bits} {label}", f"{r['bits_per_value']:.4f}", f"{r['clean']:.4f}", f"{r['rest']:.4f}",
                          f"{r['col']:.4f}", f"{r['grp']:.4f}", f"{r['zero_frac']:.1%}"])
-    print("相对误差。有离群值时：其余 = 离群值以外的所有数；同列 / 同组 = 和离群值同一列 / 同一组的其他数；")
-    print("变成 0 = 其余的数里被量化成 0 的比例")
-    print_table(["方案", "位/数（含 scale）", "没有离群值", "有：其余", "同列", "同组", "变成 0"], rows)
+    print("前四列是相对误差；有离群值时分开看：离群值以外的所有数、和它同一列 / 同一组的其他数")
+    print_table(["方案", "位/数\n（含 scale）", "没有\n离群值", "有离群值：\n其余的数", "离群值\n那一列", "离群值\n那一组",
+                 "其余的数\n量化成 0"], rows)
     t4, c4, g4 = res[(4, "tensor")], res[(4, "channel")], res[(4, "group")]
     t8 = res[(8, "tensor")]
     print_observations([
@@ -289,7 +289,8 @@ def demo5_bits_per_value():
         res[name] = total
         rows.append([name, eb, sfmt, sb, per if per else "—", f"{(sb / per) if per else 0:.4g}", f"{total:.4g}",
                      f"{16 / total:.2f}×"])
-    print_table(["格式", "元素位数", "scale", "scale 位数", "管几个数", "摊到每个数", "位/数", "比 BF16 小"], rows)
+    print_table(["格式", "元素\n位数", "scale\n格式", "scale\n位数", "一个 scale\n管几个数", "scale 摊到\n每个数", "位/数",
+                 "比 BF16\n小"], rows)
     print_observations([
         f"INT4-g32 带一个 FP16 scale：4 + 16/32 = {res['INT4-g32']:g} 位；MXFP4 的 scale 只有 8 位（E8M0，只有指数）："
         f"4 + 8/32 = {res['MXFP4（E2M1 元素）']:g} 位。第 5 讲脚本 05 把 gpt-oss-120b 的权重按 T_BITS = 4.25 位算，就是 MXFP4"
