@@ -20,7 +20,7 @@ INT 量化是对称的（没有零点），scale 存成 FP16（numfmt 的约定�
 共享 scale X = 2^(⌊log₂ max|v|⌋ − 2)（E2M1 最大正规数的指数是 2），元素舍入到 E2M1、超出的饱和到 ±6。
 NVFP4 按 NVIDIA 对 Blackwell 的 NVFP4 的描述：E2M1 元素、每 16 个一个 E4M3 scale、整个张量再一个 FP32 scale（numfmt.quantize_nvfp4）。
 
-【运行】python3 02_scaling_and_blocks.py （约 0.3 秒）
+【运行】python3 02_scaling_and_blocks.py （约 0.4 秒）
 
 【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、round_to、bits_per_value、INT_QMAX）；
 ../lecture01 的 console。
