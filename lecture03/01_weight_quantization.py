@@ -211,8 +211,11 @@ def demo3_outliers():
         f"{r['int8']['row_ratio']:.1f} 倍：每通道的 scale 挡不住这种离群值。",
         f"分组把它关在一组里：int4-g128 变成 {r['int4-g128']['row_ratio']:.2f} 倍，int4-g32 {r['int4-g32']['row_ratio']:.2f} 倍，"
         f"mxfp4（每 32 个一个 scale）{r['mxfp4']['row_ratio']:.2f} 倍——每列只有离群值所在的那一组变粗。",
-        f"fp8-e4m3 虽然也是每通道一个 scale，却只变成 {r['fp8-e4m3']['row_ratio']:.3f} 倍：浮点元素的相对精度和数的大小无关，"
-        "scale 变大只是让其余的数用更小的指数，只要不掉进次正规数区间，精度就不变。这是 FP8 对离群值更宽容的原因。",
+        f"fp8-e4m3 虽然也是每通道一个 scale，其余权重的误差却只变成 {r['fp8-e4m3']['row_ratio']:.3f} 倍：浮点元素的相对精度"
+        "和数的大小无关，scale 变大只是让其余的数用更小的指数，只要不掉进次正规数区间，精度就不变。但这只是'变了多少倍'："
+        f"按误差本身，被离群值撑大以后的 int8 每通道（{r['int8']['row_rest']:.4f}）仍比 fp8-e4m3（{r['fp8-e4m3']['row_rest']:.4f}）"
+        f"{'准' if r['int8']['row_rest'] < r['fp8-e4m3']['row_rest'] else '差'}——int8 的误差即使大了 "
+        f"{r['int8']['row_ratio']:.2f} 倍，也还比 E4M3 的 3 位尾数细。FP8 对离群值的'宽容'是误差不随它变，不是更准。",
     ])
     return res
 

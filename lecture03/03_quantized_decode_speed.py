@@ -154,11 +154,15 @@ def demo2_batch():
     print_header(f"演示 2：{m.name}、上下文 {CONTEXT}：批大小变大以后，只量化权重的好处消失，W8A8 的留下")
     batches = (1, 16, 64, 128, 256, 512, 1024, 2048)
     rows = []
-    res = {"speedup_w4": {}, "speedup_fp8": {}}
+    res = {"speedup_w4": {}, "speedup_fp8": {}, "both_memory": [], "kv_bytes": {}, "w4_w_bytes": None}
     for b in batches:
         r16, r4, r8 = step(m, "BF16", b, CONTEXT), step(m, W4, b, CONTEXT), step(m, FP8, b, CONTEXT)
         res["speedup_w4"][b] = r16["time"] / r4["time"]
         res["speedup_fp8"][b] = r16["time"] / r8["time"]
+        res["kv_bytes"][b] = r4["kv_bytes"]
+        res["w4_w_bytes"] = r4["w_bytes"]
+        if r16["bound"] == r4["bound"] == "memory":
+            res["both_memory"].append(b)
         rows.append([b, fmt_time(r16["time"]), BOUND_ZH[r16["bound"]], fmt_time(r4["time"]), BOUND_ZH[r4["bound"]],
                      f"{r16['time'] / r4['time']:.2f}×", fmt_time(r8["time"]), BOUND_ZH[r8["bound"]],
                      f"{r16['time'] / r8['time']:.2f}×"])
@@ -187,11 +191,20 @@ def demo2_batch():
     ridge_ratio = CHIP.peak_flops("fp8") / CHIP.peak_flops("bf16")
     res.update({"b_bf16": b16, "b_w4": b4, "b_fp8": b8, "fp8_min": fp8_min, "fp8_min_batch": fp8_min_b, "ridge_ratio": ridge_ratio})
     r0 = {name: cross[(m.name, 0, name)] for name in SETUPS}
+    sw, mem_b = res["speedup_w4"], res["both_memory"]
+    kv_last = res["kv_bytes"][mem_b[-1]]
+    mid_b = [b for b in batches if b4 <= b < b16]          # 只有 INT4 受算力限制的批
+    res.update({"w4_only_compute": mid_b})
     w4_bits = read_bits(m, SETUPS[W4][0])
     print_observations([
-        f"W4A16 在批小的时候快 {res['speedup_w4'][1]:.2f}×；批大小 {b4} 起 INT4 模型先变成受算力限制（它读的字节少，更早喂饱算力），"
-        f"好处开始缩小；批大小 {b16} 起 BF16 也受算力限制，两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失"
-        f"（B = {big}：{res['speedup_w4'][big]:.2f}×）。只量化权重省的是字节，不省 FLOPs。",
+        f"W4A16 在 B = 1 时快 {sw[1]:.2f}×。两者都还受带宽限制时，好处就已经在缩小（"
+        + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mem_b[1:]) + "）：每个序列还要读自己的 KV cache，"
+        f"它仍是 BF16，W4A16 和 BF16 读得一样多，而且随 B 线性增长（B = {mem_b[-1]} 时 {fmt_bytes(kv_last)}，"
+        f"W4A16 的权重才 {fmt_bytes(res['w4_w_bytes'])}）。批大小 {b4} 起 INT4 模型变成受算力限制（它读的字节少，"
+        f"更早喂饱算力），好处缩小得更快（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
+        f"批大小 {b16} 起 BF16 也受算力限制，"
+        f"两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失（B = {big}：{sw[big]:.2f}×）。"
+        "只量化权重省的是字节，不省 FLOPs。",
         f"W8A8 FP8 用 FP8 张量核，峰值是 BF16 的 {ridge_ratio:.0f} 倍：批小时和 W8A16 一样靠少读字节快 "
         f"{res['speedup_fp8'][1]:.2f}×，批大（B = {big}）时靠算得快，仍然快 {res['speedup_fp8'][big]:.2f}×。中间最低（表里 B = {fp8_min_b} 时 "
         f"{fp8_min:.2f}×）：BF16 已经受算力限制，W8A8 还受带宽限制——它的 KV cache 仍是 BF16，读的字节没有减半。",

@@ -226,6 +226,31 @@ def test_demo2_crossovers(s03, capsys):
     assert H100.peak_flops("fp8") == 1978.9e12 and H100.peak_flops("int8") == 1978.9e12
 
 
+def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
+    """
+    issue 8 第 2 条：W4A16 的好处在两者都受带宽限制时就已经缩小（BF16 的 KV 随 B 增长），不是从 INT4 受算力限制才开始。
+    闭式：受带宽限制时加速比 = (W16 + B·KV) / (W4 + B·KV)，W 由矩阵形状算出，KV = 2·层·KV 头·head_dim·上下文·2 字节。
+    """
+    d = s03.demo2_batch()
+    m, ctx = LLAMA31_70B, s03.CONTEXT
+    lin = _lin_params(m)
+    w16 = m.active_params() * 2
+    w4 = lin * 4.125 / 8 + (m.active_params() - lin) * 2
+    kv = 2 * m.n_layers * m.n_kv_heads * m.head_dim * ctx * 2
+    flops = 2 * m.matmul_params() + 4 * m.n_heads * m.head_dim * m.n_layers * ctx
+    both = [b for b in (1, 16, 64, 128, 256, 512, 1024, 2048)
+            if b * flops / 989.4e12 < (w4 + b * kv) / H100.mem_bw]      # W4（读得少）受带宽限制时 BF16 一定也是
+    assert d["both_memory"] == both == [1, 16, 64]
+    closed = [(w16 + b * kv) / (w4 + b * kv) for b in both]
+    assert [d["speedup_w4"][b] for b in both] == pytest.approx(closed, rel=1e-9)
+    assert closed[0] > closed[1] > closed[2] and closed[2] < 0.9 * closed[0]   # 3.70 → 3.11：缩小了一成多
+    assert d["kv_bytes"][64] == pytest.approx(64 * kv) and d["w4_w_bytes"] == pytest.approx(w4)
+    # INT4 受算力限制、BF16 还没有的批：加速比掉得更快（每个批上比上一个表里的批掉得多）
+    assert d["w4_only_compute"] == [128, 256]
+    assert d["speedup_w4"][256] < d["speedup_w4"][128] < d["speedup_w4"][64]
+    assert d["speedup_w4"][64] - d["speedup_w4"][128] > d["speedup_w4"][16] - d["speedup_w4"][64]
+
+
 def test_demo3_context(s03, capsys):
     d = s03.demo3_context()
     m, B = LLAMA31_8B, s03.BATCH3
