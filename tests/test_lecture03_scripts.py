@@ -361,3 +361,64 @@ def test_demo3_moe_decode_bytes(s04, capsys):
     assert d["b_compute_dense"] == math.ceil(t1 / (2 * m.matmul_params() / H100.peak_flops("bf16")))
     assert d["b_compute_dense"] < d["n99"] < b
     assert d["t_token_compute"] == pytest.approx(2 * m.matmul_params() / 989.4e12)
+
+
+def test_demo3_moe_with_kv_cache_and_memory(s04, capsys):
+    """
+    issue 8 第 4 条：B ≥ 1845 是上下文 0 的数。用闭式重算第二张表：gpt-oss-120b 每个位置看的位置数
+    a(c) = 18·min(c, 128) + 18·c（一半的层是 128 的滑动窗口），每序列 KV = 2·a·8·64·2 字节，
+    每 token FLOPs = 2·matmul + 4·64·64·a；显存 80 GB 减去 checkpoint 放 KV。
+    """
+    d = s04.demo3_decode_bytes()
+    m = GPT_OSS_120B
+    M, P, BW = m.matmul_params(), 989.4e12, 3.35e12
+    room = 80e9 - 60.8 * GIB                        # 模型卡的 checkpoint 大小（60.8 GiB，取到 0.05 GiB）
+    assert d["ckpt_bytes"] == pytest.approx(60.8 * GIB, abs=0.05 * GIB)
+
+    def a(c):
+        return 18 * min(c, 128) + 18 * c
+
+    for c, r in d["by_context"].items():
+        kv, f = 2 * a(c) * 8 * 64 * 2, 2 * M + 4 * 64 * 64 * a(c)
+        assert r["kv_bytes"] == kv
+        if c == 0:
+            assert r["max_batch"] is None and r["b_compute"] == d["b_compute_moe"]
+            continue
+        assert r["intensity_cap"] == pytest.approx(f / kv, rel=1e-12)
+        assert abs(r["max_batch"] - room / kv) < 1 + 0.06 * GIB / kv          # 向下取整，checkpoint 取到 0.05 GiB
+        if f / P <= kv / BW:
+            assert r["b_compute"] is None
+        else:                                   # 最小：B 受算力限制、B − 1 受带宽限制（闭式，含 KV）
+            def gap(b):
+                touched = expected_touched_experts(128, 4, b)
+                e = m.expert_params()
+                e_bytes = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
+                w = (m.active_params() - 36 * 4 * e) * 2 + 36 * touched * e_bytes
+                return b * f / P - (w + b * kv) / BW
+            assert gap(r["b_compute"]) >= 0 > gap(r["b_compute"] - 1)
+    caps = {c: round(d["by_context"][c]["intensity_cap"]) for c in (512, 1024, 4096)}
+    assert caps == {512: 443, 1024: 250, 4096: 74}                     # issue 8 的数
+    # 临界上下文：a* = (2M / P) / (2·8·64·2 / BW − 4·64·64 / P)，c* = ⌈a* / 18 − 128⌉（c > 128 的一段）
+    a_star = (2 * M / P) / (2048 / BW - 16384 / P)
+    assert d["critical_context"] == math.ceil(a_star / 18 - 128)
+    assert 800 < d["critical_context"] < 900                            # "约 850"
+    # b_compute_moe 个序列放得下的最长上下文（c ≤ 128 时 a = 36c）
+    b = d["b_compute_moe"]
+    assert d["max_ctx_fitting_b_moe"] == pytest.approx(room / (2048 * 36 * b), abs=1)
+    assert d["by_context"][512]["max_batch"] < d["by_context"][512]["b_compute"]
+    assert d["by_context"][64]["b_compute"] <= d["by_context"][64]["max_batch"]
+    assert 64 <= d["max_ctx_compute_and_fit"] < 128
+
+
+def test_demo3_batch1_vs_dense_bf16(s04, capsys):
+    """issue 8 第 5 条：5.13B 参数的稠密 BF16 模型读 ≈ 10.3 GB ≈ 3.1 ms；gpt-oss 的 1.49 ms 来自 MXFP4 的专家。"""
+    d = s04.demo3_decode_bytes()
+    m = GPT_OSS_120B
+    assert d["dense_bf16_bytes"] == 2 * 5_132_849_472
+    assert d["dense_bf16_time"] == pytest.approx(2 * 5_132_849_472 / 3.35e12) and 3.0e-3 < d["dense_bf16_time"] < 3.1e-3
+    assert d["steps"][1]["time"] == pytest.approx(1.49e-3, abs=0.005e-3)
+    assert d["expert_active_share"] == pytest.approx(36 * 4 * m.expert_params() / 5_132_849_472)
+    # 专家按 BF16 存的话，批大小 1 也要读约 10.3 GB：差别全在专家的格式
+    e = m.expert_params()
+    e_mx = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
+    assert d["steps"][1]["w_bytes"] == pytest.approx(d["dense_bf16_bytes"] - 36 * 4 * (2 * e - e_mx), rel=1e-12)
