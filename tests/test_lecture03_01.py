@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import load_script
+from indep_formats import E2M1_GRID, E2M1_LSB, e4m3_grid, nearest_even
 from quant_lab import LAYER_MATRICES, QCFG
 from transformer_lab import init_params
 
@@ -37,28 +38,6 @@ def int_sym(w, bits, group=None):
     return q.reshape(n_out, n_in).T
 
 
-def e4m3_grid():
-    """E4M3 的全部非负有限值（从位的定义枚举）和每个值的尾数最低位。"""
-    vals, lsb = [], []
-    for E in range(16):
-        for M in range(8):
-            if E == 15 and M == 7:
-                continue                                     # NaN
-            vals.append(M / 8 * 2.0 ** -6 if E == 0 else (1 + M / 8) * 2.0 ** (E - 7))
-            lsb.append(M & 1)
-    return np.array(vals), np.array(lsb)
-
-
-def nearest_even(v, grid, lsb):
-    """|v| 在 grid 上就近取，平局取尾数最低位为 0 的那个，超过最大值饱和；保留符号。"""
-    a = np.minimum(np.abs(v), grid[-1])
-    i = np.clip(np.searchsorted(grid, a), 1, len(grid) - 1)
-    lo, hi = grid[i - 1], grid[i]
-    dlo, dhi = a - lo, hi - a
-    pick = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lsb[i - 1] == 0, lo, hi)))
-    return np.sign(v) * pick
-
-
 def fp8_channel(w):
     grid, lsb = e4m3_grid()
     s = (np.abs(w).max(axis=0, keepdims=True) / 448.0).astype(np.float32).astype(np.float64)  # FP32 的 scale
@@ -66,8 +45,7 @@ def fp8_channel(w):
 
 
 def mxfp4(w):
-    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6.0])
-    lsb = np.array([0, 1, 0, 1, 0, 1, 0, 1])
+    grid, lsb = E2M1_GRID, E2M1_LSB
     n_in, n_out = w.shape
     b = w.T.reshape(-1, 32)
     X = np.exp2(np.floor(np.log2(np.abs(b).max(axis=1, keepdims=True))) - 2)
