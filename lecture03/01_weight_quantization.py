@@ -36,7 +36,7 @@ for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import INT_QMAX  # noqa: E402
+from numfmt import INT_QMAX, bits_per_value  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, SCHEMES, quantize_matrix, quantize_params  # noqa: E402
 from transformer_lab import init_params  # noqa: E402
 
@@ -113,8 +113,10 @@ def demo1_qcfg():
         f"同一种方案里，scale 管的数越多误差越大：int4 每通道时 w_down（一个 scale 管 {QCFG.d_ff} 个数）的误差 {ch_down:.4f}，"
         f"比 wq（管 {QCFG.d_model} 个）的 {ch_q:.4f} 大。fp8 的误差几乎不随矩阵变（{min(r['fp8-e4m3']['per_type'].values()):.4f}–"
         f"{max(r['fp8-e4m3']['per_type'].values()):.4f}）：浮点的相对精度和 scale 关系不大（预备 01 脚本演示 5）。",
-        f"在这个小模型上 scale 很贵：int8 每通道要 {r['int8']['bits']:.3f} 位，fp8-e4m3（每个输出通道一个 FP32 scale）要 "
-        f"{r['fp8-e4m3']['bits']:.3f} 位，int4-g32 要 {r['int4-g32']['bits']:.3f} 位。"
+        f"在这个小模型上，每通道的 scale 也不便宜：一个 scale 只摊到 {QCFG.d_model} 或 {QCFG.d_ff} 个数上，int8 每通道要 "
+        f"{r['int8']['bits']:.3f} 位（输入维 4096 时只要 {bits_per_value('int8', n_in=4096):.3f} 位），fp8-e4m3（每个输出通道"
+        f"一个 FP32 scale）要 {r['fp8-e4m3']['bits']:.3f} 位；分组的 scale 和矩阵大小无关，int4-g32 在哪都是 "
+        f"{r['int4-g32']['bits']:.3f} 位。"
         "int4-g128 根本用不了——输入维 64 不能被 128 整除（上面 quant_lab 报的错）。所以 g128 放到演示 2 的大矩阵上看。",
     ])
     return res
@@ -162,7 +164,8 @@ def demo2_llama_sized():
         f"{1 - q['int4-g128'] / q['int4']:.0%}。",
         f"整数方案的误差和\"均匀舍入误差\"估计 √(间隔²/12) / RMS(w) 最多差 {worst_est:.1%}：误差几乎完全由间隔（= 块的 max|w| / qmax）决定。",
         f"同样 4.25 位：mxfp4 {q['mxfp4']:.4f} vs int4-g64 {q['int4-g64']:.4f}"
-        + ("（int4-g64 更准：MX 的 scale 只能取 2 的幂，见预备 02 脚本演示 4）" if q["int4-g64"] < q["mxfp4"] else "") + "；"
+        + ("（int4-g64 更准：E2M1 不等间距的格子本身就比等间距的 INT4 略差，MX 的 scale 只能取 2 的幂又添了更多误差；"
+           "02 脚本演示 1 把这两处分开量）" if q["int4-g64"] < q["mxfp4"] else "") + "；"
         f"8 位里 int8 每通道 {q['int8']:.4f}（{res['int8']['bits']:.4f} 位）比 fp8-e4m3 {q['fp8-e4m3']:.4f}"
         f"（{res['fp8-e4m3']['bits']:.4f} 位，FP32 scale）" + ("准" if q["int8"] < q["fp8-e4m3"] else "差") + "——对这种没有离群值的正态权重，"
         "等间距的整数格式更合适（演示 3 看有离群值时）。",

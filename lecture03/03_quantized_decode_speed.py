@@ -137,7 +137,10 @@ def demo1_bytes_per_step():
         f"为什么不是 16 / 4 = {ideal:.0f}×：INT4-g128 块里的矩阵每个参数 {res['block_bits_int4']:.3f} 位"
         f"（scale 摊下来 {res['block_bits_int4'] - WEIGHT_FORMATS['int4-g128'][0]:.3f} 位），"
         f"但 lm_head 留在 BF16——它占 8B 每步读的参数的 {100 * lm_share:.1f}%，把平均位数拉到 {res[k8]['read_bits']:.2f}；"
-        f"70B 里 lm_head 只占 {100 * lm_share70:.1f}%，平均 {res[k70]['read_bits']:.2f} 位，更接近 4 倍。",
+        f"70B 里 lm_head 只占 {100 * lm_share70:.1f}%，平均 {res[k70]['read_bits']:.2f} 位，更接近 4 倍。"
+        f"每步还要读上下文 {CONTEXT} 的 KV cache（BF16，8B 是 {fmt_bytes(LLAMA31_8B.kv_bytes(CONTEXT))}），"
+        f"它不随权重变小，又把加速比拉低一点：8B 只算权重是 {16 / res[k8]['read_bits']:.2f}×，加上 KV 是 "
+        f"{res[k8]['speedup']:.2f}×。",
         f"W8A8（FP8 或 INT8）和 W8A16 在批大小 1 时几乎一样快（{res[(LLAMA31_8B.name, FP8)]['speedup']:.2f}×）：这时算力闲着，"
         "用不用 FP8 张量核无所谓，只看读了多少字节。它们的区别在批大的时候（演示 2）。",
         f"容量也跟着变：70B 的 BF16 权重 {fmt_bytes(r70b['total_bytes'])}，一块 H100（{fmt_bytes(CHIP.mem_bytes)}）放不下；"

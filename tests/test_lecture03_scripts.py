@@ -277,6 +277,11 @@ def test_demo1_bytes_and_speed(s03, capsys):
     assert not d[(LLAMA31_70B.name, "BF16")]["fits"] and d[(LLAMA31_70B.name, s03.W4)]["fits"]
     assert d["lm_head_share_8b"] == pytest.approx(128256 * 4096 / LLAMA31_8B.active_params())
     assert 3 < d[(LLAMA31_8B.name, s03.W4)]["speedup"] < d[(LLAMA31_70B.name, s03.W4)]["speedup"] < 4
+    # 观察 2：只算权重时加速比 = 16 / 平均位数 = 字节之比；加上 BF16 的 KV 以后小一点
+    m = LLAMA31_8B
+    w4 = _lin_params(m) * 4.125 / 8 + (m.active_params() - _lin_params(m)) * 2
+    assert 16 / d[(m.name, s03.W4)]["read_bits"] == pytest.approx(m.active_params() * 2 / w4, rel=1e-12)
+    assert d[(m.name, s03.W4)]["speedup"] < 16 / d[(m.name, s03.W4)]["read_bits"]
 
 
 def test_demo2_crossovers(s03, capsys):
