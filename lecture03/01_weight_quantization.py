@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_observations, print_table  # noqa: E402
+from console import print_header, print_observations, print_plot, print_table, wrap_text  # noqa: E402
 from numfmt import INT_QMAX, bits_per_value  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, SCHEMES, quantize_matrix, quantize_params  # noqa: E402
 from transformer_lab import init_params  # noqa: E402
@@ -51,6 +51,8 @@ OUTLIER_GAIN = 10.0                        # 演示 3：离群通道放大几倍
 OUTLIER_ROW, OUTLIER_COL = 123, 45         # 演示 3：哪个输入通道 / 输出通道
 OUT_SCHEMES = ("int8", "int4", "int4-g128", "int4-g32", "fp8-e4m3", "mxfp4")
 MATRIX_TYPES = LAYER_MATRICES + ("lm_head",)
+# 演示 2 的图：每个方案一个记号（ASCII，任何终端里都占一列）
+MARKS = {"int8": "8", "int4": "c", "int4-g128": "L", "int4-g64": "M", "int4-g32": "S", "fp8-e4m3": "F", "mxfp4": "X"}
 
 
 def rel_err(wq, w):
@@ -76,7 +78,7 @@ def demo1_qcfg():
     print_header(f"演示 1：量化 QCFG 的权重（{QCFG.n_layers} 层 × 7 个矩阵 + lm_head；d_model {QCFG.d_model}，d_ff {QCFG.d_ff}）")
     shapes = {m: P["layers"][0][m].shape for m in LAYER_MATRICES}
     shapes["lm_head"] = P["lm_head"].shape
-    print("矩阵的形状 [输入维, 输出维]：" + "，".join(f"{m} {s[0]}×{s[1]}" for m, s in shapes.items()))
+    print("每列的相对误差（表头第二行是矩阵的形状 [输入维, 输出维]）：")
     rows, res = [], {}
     for scheme in QCFG_SCHEMES:
         Pq, rep = quantize_params(P, scheme, include_lm_head=True)
@@ -93,7 +95,7 @@ def demo1_qcfg():
         res[scheme] = {"bits": rep["bits_per_param"], "n_params": rep["n_params"], "per_type": per, "overall": overall,
                        "max_matrix_rel_err": max(x["rel_err"] for x in rep["matrices"])}
         rows.append([scheme, f"{rep['bits_per_param']:.4f}"] + [f"{per[m]:.4f}" for m in MATRIX_TYPES] + [f"{overall:.4f}"])
-    print_table(["方案", "位/参数"] + list(MATRIX_TYPES) + ["全部"], rows)
+    print_table(["方案", "位/参数"] + [f"{m}\n{shapes[m][0]}×{shapes[m][1]}" for m in MATRIX_TYPES] + ["全部"], rows)
     try:
         quantize_params(P, "int4-g128", include_lm_head=True)
         g128_msg = "（没有报错）"
@@ -140,7 +142,7 @@ def int_step_estimate(w, scheme):
 
 def demo2_llama_sized():
     n_in, n_out = BIG_SHAPE
-    print_header(f"演示 2：一个 Llama 大小的矩阵（{n_in}×{n_out}，N(0, {BIG_STD}²)；输入维和 Llama-3.1-8B 的 q/k/v/o/gate/up 投影一样）")
+    print_header(f"演示 2：一个 Llama 大小的矩阵（{n_in}×{n_out}，N(0, {BIG_STD}²)；输入维 = Llama-3.1-8B 的 d_model）")
     w = big_matrix()
     rows, res = [], {}
     for scheme in BIG_SCHEMES:
@@ -149,11 +151,17 @@ def demo2_llama_sized():
         est = int_step_estimate(w, scheme) if SCHEMES[scheme][0] == "int" else None
         res[scheme] = {"bits": bits, "rel_err": e, "estimate": est}
         rows.append([scheme, f"{bits:.4f}", f"{e:.4f}", f"{est:.4f}" if est is not None else "—",
-                     f"{16 / bits:.2f}×", f"{n_in * n_out * bits / 8 / 2 ** 20:.2f} MiB"])
-    print_table(["方案", "位/参数", "相对误差", "估计 √(间隔²/12) / RMS", "比 BF16 小", "这个矩阵的大小"], rows)
+                     f"{16 / bits:.2f}×", f"{n_in * n_out * bits / 8 / 1e6:.2f}"])
+    print_table(["方案", "位/参数", "相对误差", "估计\n√(间隔²/12)/RMS", "比 BF16 小", "矩阵大小\n（MB）"], rows)
+    print()
+    print_plot({s: ([res[s]["bits"]], [res[s]["rel_err"]], MARKS[s]) for s in BIG_SCHEMES},
+               "每个参数的位数（含 scale）", "相对误差", xlim=(3.5, 8.5), ylim=(0, 0.16))
     q = {s: r["rel_err"] for s, r in res.items()}
     short64 = rel_err(quantize_matrix(w[:64], "int4")[0], w[:64])
     res["int4_first64_rows"] = short64
+    four = [s for s in BIG_SCHEMES if res[s]["bits"] < 6]
+    four_b, four_e = [res[s]["bits"] for s in four], [q[s] for s in four]
+    eight_e = [q[s] for s in BIG_SCHEMES if s not in four]
     worst_est = max(abs(r["estimate"] / r["rel_err"] - 1) for r in res.values() if isinstance(r, dict) and r["estimate"] is not None)
     print_observations([
         f"输入维 {n_in} 时，每通道的 scale 要管 {n_in} 个数：int4 每通道的误差 {q['int4']:.4f}；同一个矩阵只取前 64 行"
@@ -169,6 +177,10 @@ def demo2_llama_sized():
         f"8 位里 int8 每通道 {q['int8']:.4f}（{res['int8']['bits']:.4f} 位）比 fp8-e4m3 {q['fp8-e4m3']:.4f}"
         f"（{res['fp8-e4m3']['bits']:.4f} 位，FP32 scale）" + ("准" if q["int8"] < q["fp8-e4m3"] else "差") + "——对这种没有离群值的正态权重，"
         "等间距的整数格式更合适（演示 3 看有离群值时）。",
+        f"图上看：4 位的方案（{min(four_b):.2f}–{max(four_b):.2f} 位）误差在 {min(four_e):.4f}–{max(four_e):.4f} 之间，"
+        f"最差是最好的 {max(four_e) / min(four_e):.2f} 倍——同样约 4 位，分组的粒度和格式让误差差别很大；"
+        f"8 位的两种（{min(eight_e):.4f}、{max(eight_e):.4f}）里误差大的那个也只有 4 位里最好的 "
+        f"{max(eight_e) / min(four_e):.0%}。",
     ])
     return res
 
@@ -204,7 +216,11 @@ def demo3_outliers():
         res[scheme] = r
         rows.append([scheme, f"{bits:.4f}", f"{r['clean']:.4f}", f"{r['row_rest']:.4f}", f"{r['row_ratio']:.2f}×",
                      f"{r['col_rest']:.4f}", f"{r['col_ratio']:.2f}×"])
-    print_table(["方案", "位/参数", "没有离群值", "输入通道放大：其余权重", "变坏（同一批权重比）", "输出通道放大：其余权重", "变坏（同一批权重比）"], rows)
+    print("\n".join(wrap_text(f"行放大 = 输入通道 {i0}（W 的一行）× {OUTLIER_GAIN:g}；列放大 = 输出通道 {j0}"
+                               f"（W 的一列）× {OUTLIER_GAIN:g}。表里是其余权重的相对误差；变坏 = 它和没有离群值时"
+                               "同一批权重的误差之比。")))
+    print_table(["方案", "位/参数", "没有\n离群值", "行放大：\n其余权重", "行放大：\n变坏", "列放大：\n其余权重",
+                 "列放大：\n变坏"], rows)
     r = res
     print_observations([
         f"一个输出通道（W 的一列）放大 {OUTLIER_GAIN:g} 倍：每通道和分组的方案都不受影响（其余权重的误差比最大是 "

@@ -83,8 +83,9 @@ FP4_CONTROLS = {
 
 
 # 演示 1 第二张表：每个方案的元素格式和 scale
-FP4_PARTS = {"int4-g32": ("INT4 等间距", "FP16 / 32 个"), "e2m1-fp16-g32": ("E2M1", "FP16 / 32 个"),
-             "mxfp4": ("E2M1", "E8M0 / 32 个"), "nvfp4": ("E2M1", "E4M3 / 16 个")}
+FP4_PARTS = {"int4-g32": ("INT4-g32", "INT4 等间距", "FP16 / 32 个"),
+             "e2m1-fp16-g32": ("E2M1 + FP16 scale", "E2M1", "FP16 / 32 个"),
+             "mxfp4": ("MXFP4", "E2M1", "E8M0 / 32 个"), "nvfp4": ("NVFP4", "E2M1", "E4M3 / 16 个")}
 
 
 def quantize_blocks(P, fn):
@@ -247,11 +248,11 @@ def demo1_block_weights(ev):
     rows = []
     for name in ("int4-g32", "e2m1-fp16-g32", "mxfp4", "nvfp4"):
         c = ctl[name]
-        elem, scale = FP4_PARTS[name]
+        label, elem, scale = FP4_PARTS[name]
         diff = "—" if c["kl_diff"] is None else f"{1e3 * c['kl_diff'][0]:+.2f} ± {1e3 * c['kl_diff'][1]:.2f}"
-        rows.append([name, elem, scale, f"{c['bits']:.2f}", f"{100 * c['rel_err']:.2f}%", f"{c['kl']:.5f}", diff])
+        rows.append([label, elem, scale, f"{c['bits']:.2f}", f"{100 * c['rel_err']:.2f}%", f"{c['kl']:.5f}", diff])
     print("\nMXFP4 比 INT4-g32 差在哪：元素的格子和 scale 一次只换一处（只量化块）：")
-    print_table(["方案", "元素", "scale", "位/参数", "权重误差", "KL（nats）", "KL − INT4-g32（10⁻³）"], rows)
+    print_table(["方案", "元素", "scale", "位/参数", "权重误差", "KL（nats）", "KL − INT4-g32\n（10⁻³）"], rows)
     res["fp4_controls"] = ctl
 
     i8, f8 = res["int8"], res["fp8-e4m3"]
@@ -404,8 +405,8 @@ def demo3_significance(ev):
             cells.append(fmt.format(scale * mean, scale * se))
             cells.append(f"{z[key][p]:.1f}" if se > 0 else "—")
         rows.append(cells)
-    print_table(["差（前 − 后）", "KL 之差（10⁻³ nats）", "几倍标准误", "top-1 之差（百分点）", "几倍标准误",
-                 "log 困惑度之差（10⁻³）", "几倍标准误"], rows)
+    print_table(["差（前 − 后）", "KL 之差\n（10⁻³ nats）", "几倍\n标准误", "top-1 之差\n（百分点）", "几倍\n标准误",
+                 "log 困惑度之差\n（10⁻³）", "几倍\n标准误"], rows)
 
     kl_z, ag_z, nll_z = z["kl"], z["agree"], z["nll"]
     se_ratio = [diff[p]["nll"][1] / diff[p]["kl"][1] for p in PAIRS]

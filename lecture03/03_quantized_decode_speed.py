@@ -12,6 +12,7 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
 
 【怎么读输出】所有时间都是 roofline 下界：max(FLOPs / 峰值算力, 字节 / 带宽)（llm_math.decode_step，一块 H100 SXM5）。
 "相对 BF16" = BF16 一步的时间 / 这种格式一步的时间。"受限于"说两项里哪一项大。
+演示 1 的"平均位数" = decode 一步读到的参数平均每个几位（含 scale；lm_head 等没量化的参数按 BF16 算）。
 
 【模型的假设（务必看）】
 - 量化的只是 transformer 块里的权重矩阵（q/k/v/o、gate/up/down）；词嵌入、lm_head、norm 留在 BF16
@@ -60,6 +61,7 @@ SETUPS = {
     "W8A8 FP8": ("fp8", "fp8"),
     "W8A8 INT8": ("int8", "int8"),
 }
+SHORT = {name: name.replace(" 仅权重", "").replace(" ", "\n", 1) for name in SETUPS}   # 演示 2 第二张表的两行表头
 W4 = "W4A16 INT4-g128 仅权重"
 FP8 = "W8A8 FP8"
 
@@ -119,8 +121,8 @@ def demo1_bytes_per_step():
             rows.append([m.name, name, f"{read_bits(m, fmt):.3f}", fmt_bytes(total), "是" if ok else "否",
                          fmt_bytes(r["w_bytes"] + r["kv_bytes"]), fmt_time(r["time"]), f"{1 / r['time']:.0f}",
                          f"{base['time'] / r['time']:.2f}×"])
-    print_table(["模型", "方案", "读到的参数平均位数", "权重总字节", "一块 H100 放得下？", "每步读的字节", "一步（下界）",
-                 "token/s", "相对 BF16"], rows)
+    print_table(["模型", "方案", "平均\n位数", "权重\n总字节", "一块卡\n放得下", "每步\n读的字节",
+                 "一步\n（下界）", "token/s", "相对\nBF16"], rows)
 
     k8 = (LLAMA31_8B.name, W4)
     k70 = (LLAMA31_70B.name, W4)
@@ -169,8 +171,8 @@ def demo2_batch():
         rows.append([b, fmt_time(r16["time"]), BOUND_ZH[r16["bound"]], fmt_time(r4["time"]), BOUND_ZH[r4["bound"]],
                      f"{r16['time'] / r4['time']:.2f}×", fmt_time(r8["time"]), BOUND_ZH[r8["bound"]],
                      f"{r16['time'] / r8['time']:.2f}×"])
-    print_table(["批大小 B", "BF16 一步", "受限于", "W4A16 一步", "受限于", "W4A16 相对 BF16", "W8A8 FP8 一步", "受限于",
-                 "W8A8 相对 BF16"], rows)
+    print_table(["批大小 B", "BF16\n一步", "受限于", "W4A16\n一步", "受限于", "W4A16\n相对 BF16", "W8A8 FP8\n一步",
+                 "受限于", "W8A8 FP8\n相对 BF16"], rows)
 
     print(f"\n各方案 decode 变成受算力限制的最小批大小（{CHIP.name}；拐点 BF16 {CHIP.ridge_point('bf16'):.0f}、"
           f"FP8/INT8 {CHIP.ridge_point('fp8'):.0f} FLOP/字节）：")
@@ -184,7 +186,7 @@ def demo2_batch():
                 cross[(mm.name, ctx, name)] = b
                 cells.append("永远不会" if b is None else b)
             rows.append(cells)
-    print_table(["模型", "上下文"] + list(SETUPS), rows)
+    print_table(["模型", "上下文"] + [SHORT[name] for name in SETUPS], rows)
     res["cross"] = cross
     b16, b4, b8 = cross[(m.name, CONTEXT, "BF16")], cross[(m.name, CONTEXT, W4)], cross[(m.name, CONTEXT, FP8)]
     big = batches[-1]
@@ -243,8 +245,8 @@ def demo3_context():
         rows.append([ctx, fmt_bytes(r16["w_bytes"]), fmt_bytes(r16["kv_bytes"]), f"{100 * share:.0f}%", fmt_time(r16["time"]),
                      f"{r16['time'] / r4['time']:.2f}×", f"{r16['time'] / r4k['time']:.2f}×",
                      "是" if res["fits"][ctx] else "否"])
-    print_table(["上下文", "BF16：读权重", "读 KV（BF16）", "KV 占的字节", "BF16 一步", "W4A16（KV BF16）相对 BF16",
-                 "W4A16 + FP8 KV 相对 BF16", "W4A16 + FP8 KV 放得下？"], rows)
+    print_table(["上下文", "读权重\n（BF16）", "读 KV\n（BF16）", "KV 占\n的字节", "BF16\n一步",
+                 "W4A16 相对 BF16\n（KV BF16）", "W4A16 相对 BF16\n（KV FP8）", "W4A16 + FP8 KV\n放得下？"], rows)
     ctxs = sorted(res["w4"])
     cross = next(c for c in ctxs if res["kv_share"][c] > 0.5)
     eq_ctx = step(m, "BF16", 1, 0)["w_bytes"] / m.kv_bytes(1) / BATCH3     # 读 KV = 读 BF16 权重 的上下文

@@ -185,3 +185,31 @@ def test_demo2_mxfp4_gap_is_grid_plus_power_of_two_scale(run):
     assert e_g32 < e_grid < e_mx
     assert e_grid - e_g32 < e_mx - e_grid                          # 格子那一份小，scale 那一份大
     assert out["demo2_llama_sized"]["mxfp4"]["rel_err"] == pytest.approx(e_mx, rel=1e-9)
+
+
+def test_demo2_page_decimal_sizes_and_chart(run):
+    """
+    issue 9：演示 2 的矩阵大小用十进制 MB（不是 MiB），图里每个方案的记号都看得见（没有两个点落进同一格被盖住），
+    观察 4 引的 4 位 / 8 位误差范围和表里一致。
+    """
+    mod, _ = run
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        r = mod.demo2_llama_sized()
+    text = buf.getvalue()
+    assert "MiB" not in text
+    n_in, n_out = mod.BIG_SHAPE
+    for scheme in mod.BIG_SCHEMES:
+        row = next(line for line in text.splitlines() if line.startswith(scheme + " "))
+        assert row.rstrip().endswith(f"{n_in * n_out * bits_closed_form(scheme, n_in) / 8 / 1e6:.2f}"), scheme
+    lines = text.splitlines()
+    top = lines.index("相对误差")
+    legend = next(i for i, line in enumerate(lines) if line.startswith("图例："))
+    grid = "".join(line.split("|", 1)[-1] if "|" in line else line.split("+", 1)[-1] for line in lines[top + 1:legend - 3])
+    for scheme, mark in mod.MARKS.items():
+        assert grid.count(mark) == 1, (scheme, mark)             # 每个方案一个点，正好一个
+        assert f"{mark} {scheme}" in lines[legend]
+    four = [r[s]["rel_err"] for s in mod.BIG_SCHEMES if r[s]["bits"] < 6]
+    eight = [r[s]["rel_err"] for s in mod.BIG_SCHEMES if r[s]["bits"] > 6]
+    assert len(four) == 5 and len(eight) == 2
+    assert 1.5 < max(four) / min(four) < 1.7 and max(eight) / min(four) < 0.3
