@@ -30,7 +30,7 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
   和 INT4-g32 一样）；NVFP4 = E2M1 + 每 16 个一个 E4M3 scale + 整个张量一个 FP32 scale（4.5 位，张量 scale 摊下来忽略）。
 - 演示 3 的抽样误差把 32 条序列当成 32 个独立样本（同一条序列里的位置可能相关，所以不按位置数算）。
 
-【运行】python3 02_quantized_model_quality.py （约 1.5 秒）
+【运行】python3 02_quantized_model_quality.py （约 2 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、LAYER_MATRICES、quantize_params、sample_tokens）；
 ../prereq3 的 numfmt（FP4_E2M1、FP16、round_to、quantize_nvfp4：演示 1 的对照方案）；

@@ -273,11 +273,12 @@ def demo3_decode_bytes():
         by_ctx[c] = {"intensity_cap": ceil_i, "b_compute": b_c, "max_batch": fit, "kv_bytes": kv}
         ctx_rows.append([c, fmt_bytes(kv) if c else "0 B", f"{ceil_i:.0f}" if c else "—",
                          "永远不会" if b_c is None else b_c, "—" if fit is None else fit])
-    # 上下文多长时，受算力限制的最小批还放得进显存
-    fit_and_compute = [c for c in range(1, l_crit)
-                       if min_compute_batch(m, c) <= max_batch(m, CHIP, c, "bf16", expert_fmt=EXPERT_FMT)]
+    # 上下文多长时，受算力限制的最小批还放得进显存（上下文越长，要的批越大、放得下的越少：第一次放不下就停）
+    c_ok = 0
+    while min_compute_batch(m, c_ok + 1) <= max_batch(m, CHIP, c_ok + 1, "bf16", expert_fmt=EXPERT_FMT):
+        c_ok += 1
     res.update({"by_context": by_ctx, "critical_context": l_crit, "ckpt_bytes": ckpt,
-                "max_ctx_fitting_b_moe": l_fit, "max_ctx_compute_and_fit": max(fit_and_compute)})
+                "max_ctx_fitting_b_moe": l_fit, "max_ctx_compute_and_fit": c_ok})
     print()
     print("\n".join(wrap_text(f"有 KV cache 时：每个序列每步读自己的 KV（{CHIP.name} 拐点 {CHIP.ridge_point('bf16'):.0f} "
                                f"FLOP/字节）；显存 {fmt_bytes(CHIP.mem_bytes)} 减去 checkpoint {fmt_bytes(ckpt)} 放 KV。"

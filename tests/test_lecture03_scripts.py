@@ -461,6 +461,21 @@ def test_demo3_moe_with_kv_cache_and_memory(s04, capsys):
     def a(c):
         return 18 * min(c, 128) + 18 * c
 
+    def gap_at(c, b):                           # 闭式：t_compute − t_memory（上下文 c、批 b，含 KV）
+        kv, f = 2 * a(c) * 8 * 64 * 2, 2 * M + 4 * 64 * 64 * a(c)
+        e = m.expert_params()
+        e_bytes = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
+        w = (m.active_params() - 36 * 4 * e) * 2 + 36 * expected_touched_experts(128, 4, b) * e_bytes
+        return b * f / P - (w + b * kv) / BW
+
+    def fits(c, b):
+        return b * 2 * a(c) * 8 * 64 * 2 <= 80e9 - d["ckpt_bytes"]
+
+    # 受算力限制的批放得进显存的最长上下文：它可以，下一个不行
+    c_ok = d["max_ctx_compute_and_fit"]
+    b_ok = next(b for b in range(1, 4000) if gap_at(c_ok, b) >= 0)
+    b_next = next(b for b in range(1, 4000) if gap_at(c_ok + 1, b) >= 0)
+    assert fits(c_ok, b_ok) and not fits(c_ok + 1, b_next)
     for c, r in d["by_context"].items():
         kv, f = 2 * a(c) * 8 * 64 * 2, 2 * M + 4 * 64 * 64 * a(c)
         assert r["kv_bytes"] == kv
@@ -472,13 +487,7 @@ def test_demo3_moe_with_kv_cache_and_memory(s04, capsys):
         if f / P <= kv / BW:
             assert r["b_compute"] is None
         else:                                   # 最小：B 受算力限制、B − 1 受带宽限制（闭式，含 KV）
-            def gap(b):
-                touched = expected_touched_experts(128, 4, b)
-                e = m.expert_params()
-                e_bytes = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
-                w = (m.active_params() - 36 * 4 * e) * 2 + 36 * touched * e_bytes
-                return b * f / P - (w + b * kv) / BW
-            assert gap(r["b_compute"]) >= 0 > gap(r["b_compute"] - 1)
+            assert gap_at(c, r["b_compute"]) >= 0 > gap_at(c, r["b_compute"] - 1)
     caps = {c: round(d["by_context"][c]["intensity_cap"]) for c in (512, 1024, 4096)}
     assert caps == {512: 443, 1024: 250, 4096: 74}                     # issue 8 的数
     # 临界上下文：a* = (2M / P) / (2·8·64·2 / BW − 4·64·64 / P)，c* = ⌈a* / 18 − 128⌉（c > 128 的一段）
