@@ -7,7 +7,7 @@ CS349E · 第 3 讲 · 01_weight_quantization.py —— 权重量化：每种方
 演示 1：把第 3 讲的模型（QCFG）的权重用 int8 / int4（每通道、g64、g32）/ fp8-e4m3 / mxfp4 量化：每种矩阵的相对误差、
 每个参数占几位（含 scale）；int4-g128 为什么在这个小模型上用不了。
 演示 2：换一个 Llama 大小的矩阵（输入维 4096 = Llama-3.1-8B 的 d_model，取 512 个输出通道）：同样的方案加上 int4-g128，
-误差和位数；整数方案的误差和"间隔 / √12"的估计对得上。
+误差和位数（再画成一张"相对误差 vs 每个参数的位数"的图）；整数方案的误差和"间隔 / √12"的估计对得上。
 演示 3：离群值：把一个输入通道（W 的一行）或一个输出通道（W 的一列）放大 10 倍，每种方案其余权重的误差变成多少。
 
 【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的权重；几个矩阵合在一起时把平方和加起来再开方）。
@@ -23,7 +23,7 @@ Dettmers 等 2022，arXiv 2208.07339；SmoothQuant，Xiao 等 2022，arXiv 2211.
 【运行】python3 01_weight_quantization.py （约 1 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、SCHEMES、quantize_matrix、quantize_params，需要 ../prereq3 的 numfmt）；
-../lecture02 的 transformer_lab（init_params）；../lecture01 的 console。
+../lecture02 的 transformer_lab（init_params）；../lecture01 的 console（表格、观察、print_plot 画图）。
 """
 import os
 import sys
