@@ -49,7 +49,7 @@ for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
 
 from console import print_header, print_observations, print_table  # noqa: E402
 from decode_lab import acceptance_beta  # noqa: E402
-from numfmt import FP4_E2M1, FP16, quantize_nvfp4, round_to  # noqa: E402
+from numfmt import quantize_e2m1_fp16, quantize_nvfp4  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import NumpyTransformer, init_params  # noqa: E402
 
@@ -62,22 +62,10 @@ NAME_ZH = {"int8": "INT8 每通道", "fp8-e4m3": "FP8 每通道", "int4": "INT4 
            "int4-g64": "INT4-g64", "int4-g32": "INT4-g32", "mxfp4": "MXFP4"}
 
 
-def e2m1_fp16_scale(w, block=32):  # [输入维, 输出维] -> 同形状
-    """
-    对照方案：元素 E2M1（和 MXFP4 一样），但每 block 个数一个 FP16 scale = max|v| / 6（和 INT4-g32 一样的 scale）。
-    每个数 4 + 16/32 = 4.5 位，和 INT4-g32 一模一样——两者只差元素的格子（E2M1 不等间距，INT4 等间距）。
-    """
-    n_in, n_out = w.shape
-    blocks = w.T.reshape(-1, block)
-    scale = round_to(np.abs(blocks).max(axis=1, keepdims=True) / FP4_E2M1.max_value, FP16)
-    scale = np.where(scale > 0, scale, 1.0)                    # 全 0 的块：元素全 0，scale 随便取
-    return (round_to(blocks / scale, FP4_E2M1) * scale).reshape(n_out, n_in).T
-
-
 # MXFP4 为什么比 INT4-g32 差：把"元素的格子"和"scale"两处不同拆开的对照方案（只量化块，lm_head 不动）
 # 名字 -> (每个矩阵的量化函数, 每个数的位数（含 scale）)
 FP4_CONTROLS = {
-    "e2m1-fp16-g32": (e2m1_fp16_scale, 4 + 16 / 32),
+    "e2m1-fp16-g32": (lambda w: quantize_e2m1_fp16(w)[0], 4 + 16 / 32),
     "nvfp4": (lambda w: quantize_nvfp4(w)[0], 4 + 8 / 16),     # E4M3 scale 每 16 个；整个张量的 FP32 scale 摊下来忽略
 }
 

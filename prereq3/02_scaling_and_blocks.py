@@ -22,7 +22,7 @@ NVFP4 按 NVIDIA 对 Blackwell 的 NVFP4 的描述：E2M1 元素、每 16 个一
 
 【运行】python3 02_scaling_and_blocks.py （约 0.4 秒）
 
-【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、round_to、bits_per_value、INT_QMAX）；
+【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、quantize_e2m1_fp16、round_to、bits_per_value、INT_QMAX）；
 ../lecture01 的 console。
 """
 import os
@@ -35,7 +35,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import FP16, FP4_E2M1, INT_QMAX, bits_per_value, quantize_int, quantize_mx, quantize_nvfp4, round_to  # noqa: E402
+from numfmt import (FP16, FP4_E2M1, INT_QMAX, bits_per_value, quantize_e2m1_fp16, quantize_int, quantize_mx,  # noqa: E402
+                    quantize_nvfp4, round_to)
 
 SEED = 0
 N_IN, N_OUT = 512, 256        # 演示 2、3 的矩阵（[输入维, 输出维]）
@@ -185,22 +186,6 @@ def demo3_granularity_outlier():
 # ---------------------------------------------------------------------------
 # 演示 4：MXFP4
 # ---------------------------------------------------------------------------
-def e2m1_fp16_groups(w, group=GROUP):
-    """
-    E2M1 元素 + 每组一个 FP16 scale（不是任何标准格式，只为把"网格"和"scale"分开比）-> w'。
-
-    【推导】和 INT4-g32 同样的 scale 精度和个数：scale = round_to(max|v| / 6, FP16)（块的最大值对到 E2M1 的最大值 6），
-    元素 = round_to(v / scale, E2M1)。它和 INT4-g32 只差网格（E2M1 的不均匀网格 vs 等间距的 -7…7），
-    和 MXFP4 只差 scale（FP16 vs 2 的幂）。全 0 的组反量化为 0。
-    """
-    n_in, n_out = w.shape
-    blocks = w.T.reshape(-1, group)
-    scale = round_to(np.abs(blocks).max(axis=1, keepdims=True) / FP4_E2M1.max_value, FP16)
-    safe = np.where(scale > 0, scale, 1.0)
-    deq = np.where(scale > 0, round_to(blocks / safe, FP4_E2M1) * scale, 0.0)
-    return deq.reshape(n_out, n_in).T
-
-
 def demo4_mxfp4():
     print_header("演示 4：MXFP4——每 32 个数共享一个 E8M0 scale（2 的幂），元素是 E2M1")
     rng = np.random.default_rng(SEED)
@@ -233,7 +218,7 @@ def demo4_mxfp4():
                ("INT4-g64", lambda a: quantize_int(a, 4, "group", 64)[0], bits_per_value("int4", group=64)),
                ("MXFP4", lambda a: w_mx, bits_per_value("mxfp4")),
                ("INT4-g32", lambda a: quantize_int(a, 4, "group", 32)[0], bits_per_value("int4", group=32)),
-               ("E2M1-g32（FP16 scale）", e2m1_fp16_groups, bits_per_value("int4", group=32)),
+               ("E2M1-g32（FP16 scale）", lambda w: quantize_e2m1_fp16(w, GROUP)[0], bits_per_value("int4", group=32)),
                ("NVFP4（E4M3 scale / 16）", lambda a: quantize_nvfp4(a)[0], bits_per_value("nvfp4"))]
     rows2, res = [], {}
     for name, fn, bits in schemes:
