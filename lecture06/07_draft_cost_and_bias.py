@@ -251,6 +251,7 @@ def demo4_flop_ratio(target, drafts):
           f"目标每轮算 γ + 1 个位置）。真跑的 {len(acc)} 轮给出 α̂ = {alpha_hat:.3f}（±{se:.3f}），模拟用它；"
           f"\"推算\" = 精确的均值（更新方程）和按 1/√提示数 缩小的标准差，正态近似")
     print_table(["来源", "提示 × token", "次数", "比值平均", "标准差", f"落在 {lo}–{hi}"], rows)
+    shrink = one.std(ddof=1) / seed_set.std(ddof=1)
     z = (ratios.mean() - one.mean()) / (one.std(ddof=1) / math.sqrt(N_DRAWS))
     sd_ratio = ratios.std(ddof=1) / one.std(ddof=1)
     need = next((p for p in range(1, 10 ** 6) if normal_within(mu_cap, sd1 / math.sqrt(p), lo, hi) >= 0.95), None)
@@ -264,16 +265,19 @@ def demo4_flop_ratio(target, drafts):
            else "模拟和真模型有差别，下面的推算要打折扣。"),
         f"04 的设置（{SEED04_PROMPTS} 个提示 × {N_NEW}）下比值的标准差约 {seed_set.std(ddof=1):.2f}，只有 "
         f"{np.mean((seed_set >= lo) & (seed_set <= hi)):.0%} 的抽样落在 {lo}–{hi}：04 打印的\"约 90%\"是一次抽样，"
-        "换一组种子常常不成立。",
-        f"标准差按 1/√(轮数) 缩小，但均值不动：每个提示 {CAP_NEW} 个 token（γ = 8 时上下文 {QCFG.max_seq} 的上限）时均值是 "
-        f"{mu_cap:.3f}，离区间下沿 {lo} 只有 {mu_cap - lo:.3f}。"
+        f"换一组种子有 {np.mean((seed_set < lo) | (seed_set > hi)):.0%} 的机会不成立。",
+        f"标准差按 1/√(轮数) 缩小（表里从 {DRAW_PROMPTS} 个提示到 {SEED04_PROMPTS} 个：{shrink:.2f} 倍，"
+        f"√{SEED04_PROMPTS // DRAW_PROMPTS} = {math.sqrt(SEED04_PROMPTS / DRAW_PROMPTS):.2f}），均值却几乎不动（只随演示 3 的截断偏差略降）："
+        f"每个提示 {CAP_NEW} 个 token（γ = 8 时上下文 {QCFG.max_seq} 的上限）时均值是 {mu_cap:.3f}，离区间下沿 {lo} 只有 "
+        f"{mu_cap - lo:.3f}。"
         + (f"按正态近似要 {need} 个提示（{need * CAP_NEW} 个 token）才能 95% 落在区间里。" if need
            else "没有多少个提示能让它 95% 落在区间里。")
-        + f"而 α̂ 自己有 ±{2 * se:.3f} 的不确定（两个标准误），均值就在 {mu_lo:.3f}–{mu_hi:.3f} 之间：跨过了 {lo}，"
-        "也就是说\"约 90%\"在这个模型上是不是对的，要看均值落在区间的哪一边——加大样本只能回答这一点，不能让它更对。",
+        + f"但 α̂ 自己有 ±{2 * se:.3f} 的不确定（两个标准误），均值因此在 {mu_lo:.3f}–{mu_hi:.3f} 之间"
+        + (f"，跨过了 {lo}：均值本身就贴着区间的边，落在哪一边，这 {len(acc)} 轮真跑分不出来；要是在 {lo} 以下，"
+           "多少个提示都不能让\"约 90%\"在 95% 的抽样里成立。" if mu_lo < lo < mu_hi else f"，没有跨过 {lo}。"),
     ])
     return {"ratios": ratios, "accepted": acc, "alpha_hat": alpha_hat, "se": se, "one": one, "seed_set": seed_set,
-            "cap1": cap1, "mu_cap": mu_cap, "z": z, "sd_ratio": sd_ratio, "sd1": sd1, "scale": scale, "need": need, "mu_range": (mu_lo, mu_hi)}
+            "cap1": cap1, "mu_cap": mu_cap, "z": z, "sd_ratio": sd_ratio, "shrink": shrink, "sd1": sd1, "scale": scale, "need": need, "mu_range": (mu_lo, mu_hi)}
 
 
 if __name__ == "__main__":
