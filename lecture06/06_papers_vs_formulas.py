@@ -121,7 +121,8 @@ def demo2_table3(target, drafts):
     toy = alphas_on_text(target, drafts, toks, (0.0, 1.0))
     for name, (a0, a1) in toy.items():
         rows.append(["04 的玩具（QCFG）", name, f"{a0:.3f}", f"{a1:.3f}", f"{a0 - a1:+.3f}"])
-    print("上面 12 行是论文表 3（抄来的）；下面 4 行是在 04 的目标模型自己采样的 8 × 64 个 token 上量的 E[Σ min(p, q)]")
+    print(f"上面 {len(LEVIATHAN_TABLE3)} 行是论文表 3（抄来的）；下面 {len(drafts)} 行是 04 的玩具：")
+    print(f"在 04 的目标模型自己采样的 {toks.shape[0]} × {toks.shape[1]} 个 token 上量的 E[Σ min(p, q)]")
     print_table(["目标", "草稿", "α（T=0）", "α（T=1）", "差"], rows)
     lp = np.sort(target.full_logits(toks).reshape(-1, QCFG.vocab), axis=-1)   # [位置, V]，每行从小到大
     gap = lp[:, -1] - lp[:, -2]                                                 # 最大和第二大的 logit 之差

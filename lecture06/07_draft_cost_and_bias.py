@@ -110,21 +110,23 @@ def demo1_costs(target, drafts):
         res[name] = {"c_hat": c_hat, "c": c, "alpha": alpha, "best": (g, s), "flops": f, "bytes": b}
         rows.append([name, f"{alpha:.3f}", fmt_num(f), f"{c_hat:.2f}", fmt_bytes(b), f"{c:.4f}",
                      "不划算" if g == 0 else f"γ={g}, {s:.2f}×"])
-    print(f"目标：每 token {fmt_num(t_flops)} FLOPs、每步读权重 {fmt_bytes(t_bytes)}（只数矩阵乘法，含 lm_head，按 BF16）；"
-          f"INT4-g32 按 {int4_bits} 位记")
+    print(f"目标：每 token {fmt_num(t_flops)} FLOPs、每步读权重 {fmt_bytes(t_bytes)}（只数矩阵乘法，含 lm_head，按 BF16）")
+    print(f"INT4-g32 按 {int4_bits} 位记；α 在 04 量 α 的文本上量（温度 1）")
     print_table(["草稿", "α", "FLOPs/token", "ĉ", "读权重/步", "c", "定理 3.8 的最优"], rows)
     int4, l3, l1, bg = (res[n] for n in drafts)
     pay = [n for n in drafts if res[n]["best"][0] > 0]
+    order = sorted(pay, key=lambda n: -res[n]["best"][1])
     print_observations([
         f"ĉ 和 c 不是一回事：INT4 草稿的运算和目标一样多（ĉ = {int4['c_hat']:.2f}，反量化之后做同样的乘法），"
         f"读的字节却只有 {int4['c']:.2f}（{int4_bits} / 16）；受带宽限制时决定速度的是 c。",
         f"跳层草稿两样都按层数缩：前 3 层 ĉ = {l3['c_hat']:.2f}、c = {l3['c']:.2f}，前 1 层 ĉ = {l1['c_hat']:.2f}、"
         f"c = {l1['c']:.2f}（lm_head 照算，所以比 3/4、1/4 大）。二元语法表几乎免费：c = {bg['c']:.4f}。",
-        f"按定理 3.8，值得用的草稿：{'、'.join(pay)}；最好的是 INT4（γ = {int4['best'][0]} 时 {int4['best'][1]:.2f}×）。"
-        f"前 3 层草稿最多 {l3['best'][1]:.2f}×（γ = {l3['best'][0]}），α = {l3['alpha']:.3f} 只比 c = {l3['c']:.2f} 高一点，"
-        "几乎白忙——04 演示 4 说它\"太贵\"，这里是具体的数。",
-        f"二元语法表 α 最低（{bg['alpha']:.3f}），但几乎免费，最优 γ = {bg['best'][0]}、{bg['best'][1]:.2f}×，"
-        f"比前 1 层草稿（{l1['best'][1]:.2f}×）还快：草稿好不好要看 α 和 c 两个数。",
+        f"按定理 3.8，{len(pay)} 个草稿在最优的 γ 下比普通 decode 快，从快到慢："
+        + "、".join(f"{n} {res[n]['best'][1]:.2f}×（γ = {res[n]['best'][0]}）" for n in order) + "。"
+        f"前 3 层草稿的 α = {l3['alpha']:.3f} 只比 c = {l3['c']:.2f} 高一点（推论 3.9：α > c 才有加速），"
+        "几乎白忙：04 演示 4 说它\"太贵\"，这里是具体的数。",
+        f"二元语法表的 α 最低（{bg['alpha']:.3f}），却" + ("排在第一" if order[0] == "二元语法表" else f"排在第 {order.index('二元语法表') + 1}")
+        + f"：它几乎免费（这里没算 kernel 启动等固定开销），γ 可以取到 {bg['best'][0]}。草稿好不好要同时看 α 和 c。",
     ])
     return res
 
@@ -144,8 +146,8 @@ def demo2_real_loop(target, drafts, costs):
             res[(name, g)] = {"calls": calls, "accepted": acc, "e": e_meas, "speedup": sp, "speedup_thm": sp_thm,
                               "ops": ops, "ops_thm": ops_thm}
             rows.append([name, g, calls, f"{e_meas:.2f}", f"{sp:.2f}×", f"{sp_thm:.2f}×", f"{ops:.2f}×", f"{ops_thm:.2f}×"])
-    print("每次目标前向的 token = 提示数 × 新 token ÷ 目标前向次数（04 的算法）；实测加速 = 它 ÷ (γc + 1)；"
-          "实测运算 = 每轮 (γ + 1 + γĉ) 个目标 token 的运算 × 轮数 ÷ 新 token 数")
+    print("token/前向 = 提示数 × 新 token ÷ 目标前向次数（04 的算法）；实测加速 = 它 ÷ (γc + 1)；")
+    print("实测总运算 = 每轮 (γ + 1 + γĉ) 个目标 token 的运算 × 轮数 ÷ 新 token 数（以普通 decode 为 1）")
     print_table(["草稿", "γ", "轮数", "token/前向", "实测加速", "定理 3.8", "实测总运算", "定理 3.11"], rows)
     best = {n: max(GAMMAS, key=lambda g: res[(n, g)]["speedup"]) for n in drafts}
     best_thm = {n: max(GAMMAS, key=lambda g: res[(n, g)]["speedup_thm"]) for n in drafts}
@@ -188,8 +190,9 @@ def demo3_estimator_bias(costs, real):
                            "seed_sd": float(np.std(seed_all, ddof=1))}
             rows.append([g, n, f"{e:.3f}", f"{seed_est:.3f}", f"{100 * (seed_est / e - 1):+.1f}%",
                          f"{100 * (exact / e - 1):+.1f}%", f"{per_round:.3f}", f"{100 * (per_round / e - 1):+.1f}%"])
-    print("式 (1) 是真值（模拟里每个草稿就是以概率 α 被接受）；\"提示×n÷前向\" = 04 的估计（每次重复一个值，取平均）；"
-          "\"精确\" = n ÷ 期望轮数（更新方程，不抽样）；\"每轮平均\" = mean(被接受的个数) + 1")
+    print("式 (1) 是真值（模拟里每个草稿就是以概率 α 被接受）；04 的估计 = 提示数 × n_new ÷ 目标前向次数")
+    print("（每次重复一个值，取平均）；精确 = n_new ÷ 期望轮数（更新方程，不抽样）；")
+    print("每轮平均 = mean(被接受的个数) + 1")
     print_table(["γ", "n_new", "式 (1)", "04 的估计", "偏差", "精确的偏差", "每轮平均", "偏差"], rows)
     # 真跑的轮次：演示 2 的 16 格，两种估计之比
     rel = [r["e"] / (np.mean(r["accepted"]) + 1) - 1 for r in real.values()]
@@ -247,9 +250,10 @@ def demo4_flop_ratio(target, drafts):
         sd = sd1 / math.sqrt(p)
         scale[p] = (sd, normal_within(mu_cap, sd, lo, hi))
         rows.append(["推算", f"{p} × {CAP_NEW}", "-", f"{mu_cap:.3f}", f"{sd:.3f}", f"{scale[p][1]:.0%}"])
-    print(f"比值 = 目标模型的运算量 ÷ 普通 decode 的 = (γ + 1) × 轮数 ÷ 新 token 数（提示的预填充两边相同、已扣掉；"
-          f"目标每轮算 γ + 1 个位置）。真跑的 {len(acc)} 轮给出 α̂ = {alpha_hat:.3f}（±{se:.3f}），模拟用它；"
-          f"\"推算\" = 精确的均值（更新方程）和按 1/√提示数 缩小的标准差，正态近似")
+    print("比值 = 目标模型的运算量 ÷ 普通 decode 的 = (γ + 1) × 轮数 ÷ 新 token 数")
+    print("（目标每轮算 γ + 1 个位置；提示的预填充两边相同，已扣掉）。")
+    print(f"真跑的 {len(acc)} 轮给出 α̂ = {alpha_hat:.3f}（标准误 {se:.3f}），模拟用它；")
+    print("推算 = 精确的均值（更新方程）和按 1/√提示数 缩小的标准差，正态近似。")
     print_table(["来源", "提示 × token", "次数", "比值平均", "标准差", f"落在 {lo}–{hi}"], rows)
     shrink = one.std(ddof=1) / seed_set.std(ddof=1)
     z = (ratios.mean() - one.mean()) / (one.std(ddof=1) / math.sqrt(N_DRAWS))
