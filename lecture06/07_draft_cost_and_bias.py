@@ -22,7 +22,7 @@ CS349E · 第 6 讲 · 07_draft_cost_and_bias.py —— 把草稿的账算进去
   演示 3 和演示 4 后半的几千次重复是**模拟**：每个草稿独立地以概率 α 被接受（式 (1) 的假设），只用均匀随机数，不跑模型。
   模拟用的 α 来自真跑的轮次；演示 4 核对模拟的均值、标准差和真跑的一致。
 
-【运行】python3 07_draft_cost_and_bias.py （约 3 秒）
+【运行】python3 07_draft_cost_and_bias.py （约 2.5 秒）
 
 【依赖】numpy；本目录的 decode_lab（生成器、公式、simulate_rounds、expected_rounds、build_seed04_models）；
 ../lecture02 的 transformer_lab（账本）；../lecture03 的 quant_lab（QCFG、sample_tokens）；../prereq3 的 numfmt（INT4 的位数）。
