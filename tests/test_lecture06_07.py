@@ -104,6 +104,12 @@ def test_07_real_loop_small(s07, models, costs, monkeypatch):
             assert r["ops"] == pytest.approx((g + 1 + g * k["c_hat"]) * st["target_calls"] / 24, rel=1e-12)
             assert r["ops_thm"] == pytest.approx((g * k["c_hat"] + g + 1) / sum(k["alpha"] ** i for i in range(g + 1)),
                                                  rel=1e-12)
+            a = k["alpha"]
+            x = [(j, a ** (j - 1) * (1 - a) if j <= g else a ** g) for j in range(1, g + 2)]   # 每轮产出 j 个的概率
+            mean = sum(j * p for j, p in x)
+            var = sum(j * j * p for j, p in x) - mean ** 2
+            assert r["z"] == pytest.approx((24 / st["target_calls"] - mean) / math.sqrt(var / st["target_calls"]),
+                                           rel=1e-9)
 
 
 def _rounds(alpha, gamma, n):
