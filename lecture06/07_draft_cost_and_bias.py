@@ -41,7 +41,7 @@ for sub in ("lecture03", "prereq3"):
 from decode_lab import (NGramLM, alphas_on_text, best_gamma, build_seed04_models, expected_rounds,  # noqa: E402
                         expected_tokens, ops_factor, simulate_rounds, speculative_generate, truncated_geometric,
                         walltime_speedup)
-from console import fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bytes, fmt_num, print_bars, print_header, print_observations, print_table  # noqa: E402
 from numfmt import bits_per_value  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import MATMUL_OPS, Counter  # noqa: E402
@@ -62,6 +62,7 @@ BIAS_NEW = (16, N_NEW, CAP_NEW)                # 演示 3：n_new 取这几个
 BIAS_PROMPTS = 8                               # 演示 3：04 演示 3 的提示数
 BIAS_REPS = 2000                               # 演示 3：模拟的重复次数
 SCALE_PROMPTS = (4, 16, 64, 256, 1024)         # 演示 4：提示数（每个 CAP_NEW 个新 token）
+HIST_LO, HIST_HI, HIST_STEP = 1.5, 2.3, 0.1    # 演示 4 的直方图：格的范围和宽度
 
 
 def the_text(target):
@@ -264,6 +265,15 @@ def demo4_flop_ratio(target, drafts):
     print("推算 = 精确的均值（更新方程）和按 1/√提示数 缩小的标准差，正态近似。")
     print_table(["来源", "提示 × token", "次数", "比值平均", "标准差", f"落在 {lo}–{hi}"], rows)
     shrink = one.std(ddof=1) / seed_set.std(ddof=1)
+    edges = np.round(np.arange(HIST_LO, HIST_HI + 1e-9, HIST_STEP), 2)     # 直方图的格：[a, b)，两端各一格兜底
+    counts = [int(np.sum(seed_set < edges[0]))]
+    counts += [int(np.sum((seed_set >= a) & (seed_set < b))) for a, b in zip(edges[:-1], edges[1:])]
+    counts += [int(np.sum(seed_set >= edges[-1]))]
+    labels = [f"< {edges[0]:.1f}"] + [f"{a:.1f}–{b:.1f}" + (" *" if lo <= a and b <= hi else "")
+                                      for a, b in zip(edges[:-1], edges[1:])] + [f"≥ {edges[-1]:.1f}"]
+    hist = [round(100 * c / SIM_REPS, 1) for c in counts]
+    print(f"\n04 的设置（{SEED04_PROMPTS} × {N_NEW}）下 {SIM_REPS} 次模拟的比值分布（* = 落在 {lo}–{hi} 的格）：")
+    print_bars(labels, hist, unit="%")
     z = (ratios.mean() - one.mean()) / (one.std(ddof=1) / math.sqrt(N_DRAWS))
     sd_ratio = ratios.std(ddof=1) / one.std(ddof=1)
     need = next((p for p in range(1, 10 ** 6) if normal_within(mu_cap, sd1 / math.sqrt(p), lo, hi) >= 0.95), None)
@@ -289,7 +299,8 @@ def demo4_flop_ratio(target, drafts):
            "多少个提示都不能让\"约 90%\"在 95% 的抽样里成立。" if mu_lo < lo < mu_hi else f"，没有跨过 {lo}。"),
     ])
     return {"ratios": ratios, "accepted": acc, "alpha_hat": alpha_hat, "se": se, "one": one, "seed_set": seed_set,
-            "cap1": cap1, "mu_cap": mu_cap, "z": z, "sd_ratio": sd_ratio, "shrink": shrink, "sd1": sd1, "scale": scale, "need": need, "mu_range": (mu_lo, mu_hi)}
+            "cap1": cap1, "mu_cap": mu_cap, "z": z, "sd_ratio": sd_ratio, "shrink": shrink,
+            "hist": (labels, counts), "sd1": sd1, "scale": scale, "need": need, "mu_range": (mu_lo, mu_hi)}
 
 
 if __name__ == "__main__":

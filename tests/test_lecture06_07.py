@@ -173,3 +173,16 @@ def test_07_flop_ratio_small(s07, models, monkeypatch):
     assert r["need"] == need
     assert r["mu_range"][0] < mu < r["mu_range"][1]
     assert r["shrink"] == pytest.approx(np.std(r["one"], ddof=1) / np.std(r["seed_set"], ddof=1), rel=1e-12)
+
+
+def test_07_histogram_counts_every_simulated_ratio_once(s07, models, monkeypatch):
+    """演示 4 的直方图：各格的次数加起来 = 模拟次数；带 * 的格加起来 = 落在 1.8–2.0 的次数（独立地数）。"""
+    for k, v in (("N_DRAWS", 2), ("DRAW_PROMPTS", 1), ("N_NEW", 24), ("SIM_REPS", 300)):
+        monkeypatch.setattr(s07, k, v)
+    r = _quiet(s07.demo4_flop_ratio, *models)
+    labels, counts = r["hist"]
+    x = r["seed_set"]
+    assert sum(counts) == len(x) == 300
+    starred = sum(c for lab, c in zip(labels, counts) if lab.endswith("*"))
+    assert starred == int(np.sum((x >= 1.8) & (x <= 2.0)))
+    assert counts[0] == int(np.sum(x < 1.5)) and counts[-1] == int(np.sum(x >= 2.3))
