@@ -18,14 +18,18 @@ CS349E · 第 6 讲 · 07_draft_cost_and_bias.py —— 把草稿的账算进去
 - c 按 roofline 的带宽一侧算（**假设**：batch 1 的 decode 受带宽限制，验证 γ + 1 个位置和一步一样快——05 脚本看它什么时候不成立）；
   INT4-g32 的权重按 4.5 位（4 位 + 每 32 个一个 FP16 scale）、其余按 BF16 记字节；二元语法表每步读一行 V 个数（按 BF16 记）。
   kernel 启动等固定开销不算：真实系统里小草稿的 c 比这里大。
-- 哪些是真跑、哪些是模拟：演示 1 的账本、演示 2 的 16 格、演示 4 的 20 组采样种子是**真的跑模型**（speculative_generate）；
-  演示 3 和演示 4 后半的几千次重复是**模拟**：每个草稿独立地以概率 α 被接受（式 (1) 的假设），只用均匀随机数，不跑模型。
-  模拟用的 α 来自真跑的轮次；演示 4 核对模拟的均值、标准差和真跑的一致。
+- 哪些是真跑、哪些是模拟：演示 1 的账本、演示 2 的 16 格（每格 2 个提示）、演示 4 的 20 组采样种子（每组 2 个提示，
+  不是 04 的 4 个：整个脚本要比 04 快）是**真的跑模型**（speculative_generate）；演示 3 和演示 4 后半的几千次重复是
+  **模拟**：每个草稿独立地以概率 α 被接受（式 (1) 的假设），只用均匀随机数，不跑模型。演示 4 的模拟用真跑的轮次估的 α̂，
+  并在同样大小下核对模拟的均值、标准差和真跑的一致。运算量比只取决于轮数（目标每轮算 γ + 1 个位置），所以模拟轮数就够了。
+- 每个提示最多 233 个新 token：γ = 8、提示 16 个时，目标模型要喂 16 + n_new − 1 + 8 ≤ 256（QCFG 的上下文）个位置。
+  更长的生成里 α 会不会变，这里没有量（模拟假设不变）。
 
 【运行】python3 07_draft_cost_and_bias.py （约 2.5 秒）
 
-【依赖】numpy；本目录的 decode_lab（生成器、公式、simulate_rounds、expected_rounds、build_seed04_models）；
-../lecture02 的 transformer_lab（账本）；../lecture03 的 quant_lab（QCFG、sample_tokens）；../prereq3 的 numfmt（INT4 的位数）。
+【依赖】numpy；本目录的 decode_lab（生成器、公式、simulate_rounds、expected_rounds、build_seed04_models、alphas_on_text）；
+../lecture01 的 console；../lecture02 的 transformer_lab（账本）；../lecture03 的 quant_lab（QCFG、sample_tokens）；
+../prereq3 的 numfmt（INT4 的位数）。
 """
 import math
 import os
