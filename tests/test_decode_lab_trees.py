@@ -252,7 +252,7 @@ class _ShadowCache(KVCache):
 def test_every_node_scored_in_generation_equals_a_fresh_pass_over_its_path(wide_models, branching):
     """
     生成过程中每次前向（目标的整棵树、草稿的每一层）的每一行 logits == 把"缓存里它能看到的 token"当普通序列从头喂（< 1e-12）；
-    而且每轮开始时目标模型缓存里的 token 正好是已确定的序列（留下的是被接受的那条路径）。
+    而且每轮开始时两个模型缓存里的 token 都正好是已确定的序列（留下的是被接受的那条路径）。
     """
     base, drafts = wide_models
     target, draft = _Recording(base), _Recording(drafts["另一个模型"])
@@ -264,6 +264,9 @@ def test_every_node_scored_in_generation_equals_a_fresh_pass_over_its_path(wide_
     for r, (before, new, mask, logits) in enumerate(target.calls):
         assert len(before) == (0 if r == 0 else len(prompt) + done - 1) and before == seq[:len(before)]
         done += st["accepted"][r] + 1
+    # 草稿每轮第一次前向（没有遮罩，接着已确定的序列往下喂）之前，缓存里也只有已确定的 token
+    starts = [before for before, new, mask, logits in draft.calls if mask is None]
+    assert len(starts) == st["target_calls"] and all(b == seq[:len(b)] for b in starts)
     for model in (target, draft):
         assert model.calls
         for before, new, mask, logits in model.calls:
