@@ -36,7 +36,7 @@ __all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "spe
            "expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
            "chi2_sf", "chi2_gof",
            "multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
-           "tree_parents", "tree_speculative_generate"]
+           "tree_parents", "tree_speculative_generate", "seed04_models"]
 
 
 # ---------------------------------------------------------------------------
@@ -597,6 +597,29 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
         _keep_path(t_sess, L, path)
         _keep_path(d_sess, L, [c for c in path if c < starts[D - 1]])
     return np.asarray(seq[n0:n0 + n_new], dtype=np.int64), {"target_calls": calls, "accepted": accepted}
+
+
+def seed04_models():
+    """
+    04 脚本（和 03 脚本）的目标模型和四个草稿 -> (target, drafts)，构造和它们的 build_models 一模一样（测试逐个数组核对）。
+
+    目标 = 第 3 讲的 QCFG 模型（init_params 种子 0）；草稿 = INT4-g32 量化的自己（含 lm_head）、只用前 3 层、只用前 1 层、
+    在目标模型的 64 × 128 个样本上拟合的二元语法表。给 04 之后的脚本用，免得再抄一遍同样的构造。
+    【依赖】../lecture03 的 quant_lab（需要 ../prereq3）：调用时才导入。
+    """
+    for sub in ("lecture03", "prereq3"):
+        path = os.path.join(_HERE, "..", sub)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from quant_lab import QCFG, quantize_params, sample_tokens
+    from transformer_lab import config_like, init_params
+    P = init_params(QCFG, seed=0)
+    target = TransformerLM(P, QCFG, "目标")
+    drafts = {"INT4 量化的自己": TransformerLM(quantize_params(P, "int4-g32", include_lm_head=True)[0], QCFG, "int4")}
+    for k in (3, 1):
+        drafts[f"只用前 {k} 层"] = TransformerLM(dict(P, layers=P["layers"][:k]), config_like(QCFG, n_layers=k), f"前{k}层")
+    drafts["二元语法表"] = NGramLM.fit(sample_tokens(P, QCFG, n_seq=64, length=128, seed=1), QCFG.vocab)
+    return target, drafts
 
 
 def _tree_rows(sess, toks, mask, pos, counter=None):  # -> [len(toks), V]
