@@ -24,7 +24,7 @@ E = 1 + Σ_d (a₁·a₂·…·a_d)，a_j = 第 j 层的接受率 α_{k_j}（k_j
 长不规则的树，这里不模拟。模型和草稿同 04 脚本（第 3 讲的随机模型，不是训练出来的语言模型）；
 α_k 在目标模型自己采样的 8 × 64 个 token 上测（同 04 脚本的 α），温度 1。演示 4 的实测是一次抽样（固定种子）。
 
-【运行】python3 09_token_trees.py （约 3 秒）
+【运行】python3 09_token_trees.py （约 2 秒）
 
 【依赖】numpy；本目录的 decode_lab（multi_draft_step_probs、multi_draft_acceptance、tree_expected_tokens、tree_parents、
 tree_speculative_generate、seed04_models 等）；../lecture02 的 transformer_lab（tree_mask、KVCache.keep）；
