@@ -44,7 +44,7 @@ from decode_lab import (NGramLM, acceptance_rate, adjust, autoregressive_generat
                         multi_draft_acceptance, multi_draft_step_probs, residual_distribution, seed04_models,
                         speculative_generate, speculative_step_probs, tree_expected_tokens, tree_parents,
                         tree_speculative_generate)
-from console import fmt_bound, print_header, print_observations, print_table, wrap_text  # noqa: E402
+from console import fmt_bound, fmt_bytes, print_header, print_observations, print_table, wrap_text  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import MATMUL_OPS, Counter, sample_inverse_cdf, tree_mask  # noqa: E402
 
@@ -207,7 +207,7 @@ def demo2_tree_attention(target):
         f"节点在缓存里按节点顺序占第 {n0}..{n0 + N - 1} 个槽，被接受的路径不相邻（槽 {', '.join(str(s) for s in slots)}）。"
         f"KVCache.keep 把它们按顺序挪到一起之后，缓存和从头算的差 {fmt_bound(kv_gap, TREE_BOUND)}，接着 decode 也一样："
         "K 在写入时已经按深度转过 RoPE，挪到\"提示长 + 深度 − 1\"号槽正好是从头算时它该在的地方。",
-        f"账本：树一次前向算 {N} 个位置、读一遍目标权重（{w_tree / 1e6:.2f} MB，BF16）；不用树形注意力、每个叶子的路径"
+        f"账本：树一次前向算 {N} 个位置、读一遍目标权重（{fmt_bytes(w_tree)}，BF16）；不用树形注意力、每个叶子的路径"
         f"单独一次前向，要 {len(leaves)} 次前向、算 {pos_paths} 个位置（共享的前缀重复算）、读 {w_paths / w_tree:.0f} 遍权重。",
     ])
     return {"max_delta": worst, "kv_gap": kv_gap, "step_gap": step_gap, "n_nodes": N, "slots": slots,
@@ -321,7 +321,7 @@ def demo4_chain_vs_tree(target, drafts, A):
         "哪种形状每次前向产出得多，它就更省。另一面是草稿：每轮的草稿前向次数 = 深度，"
         f"同样 {big + 1} 个位置，链要 {big} 次、树 (2, 1, …) 要 {len(tree2)} 次，草稿不免费时树省下的是这一半。",
         f"实测和预测最多差 {zmax:.1f} 个标准误：预测假设各层独立、每层的接受率就是 α_k（和 04 脚本的式 (1) 一样），"
-        "这个随机模型里相邻位置几乎不相关，所以对得上。这里的树是最简单的形状、候选独立地抽；"
+        "04 脚本说过，这个随机模型里相邻位置的难度几乎不相关，所以对得上。这里的树是最简单的形状、候选独立地抽；"
         "EAGLE-2（arXiv 2406.16858）用草稿的置信度近似接受率，为每个上下文长不同形状的树，这里没有模拟。",
     ])
     return {"pred": pred, "meas": meas, "wins": wins, "lim_tree": lim_tree, "win_ratio": win_ratio, "zmax": zmax}
