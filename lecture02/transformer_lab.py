@@ -337,11 +337,12 @@ def tree_mask(parents, n_past):  # [n] -> [n, n_past + n] bool, [n] int
     mask[i, j] = True 表示新位置 i 能看第 j 个位置：缓存里的 n_past 个位置全都能看，新位置里只看自己的祖先和自己。
     positions[i] = n_past + depth(i) − 1，depth = 到缓存的步数（父节点是 -1 的节点深度为 1）：兄弟节点位置相同。
     【边界】链 parents = [-1, 0, 1, …] 得到普通的因果遮罩和位置 n_past, n_past + 1, …；
-    空的 parents、parents[i] 不在 -1..i−1 里、n_past < 0 抛 ValueError。
+    空的或不是一维的 parents、parents[i] 不在 -1..i−1 里、n_past < 0 抛 ValueError。
     """
-    par = list(np.asarray(parents).ravel()) if np.ndim(parents) else [parents]
-    if not par:
-        raise ValueError("树至少要有 1 个节点（parents 是空的）")
+    arr = np.asarray(parents)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"parents 必须是非空的一维整数列表（收到 {parents!r}）")
+    par = list(arr)
     if not (isinstance(n_past, (int, np.integer)) and not isinstance(n_past, bool) and n_past >= 0):
         raise ValueError(f"n_past 必须是 ≥ 0 的整数（收到 {n_past!r}）")
     n = len(par)

@@ -161,7 +161,7 @@ def test_keep_rejects_bad_arguments(start, offsets):
 
 
 @pytest.mark.parametrize("parents,n_past", [([], 0), ([0], 0), ([-1, 1], 0), ([-1, -2], 0), ([-1, 0.5], 0),
-                                            ([-1], -1)])
+                                            ([-1], -1), ([[-1, 0]], 0), (-1, 0)])
 def test_tree_mask_rejects_malformed_trees(parents, n_past):
     with pytest.raises(ValueError):
         tree_mask(parents, n_past)
