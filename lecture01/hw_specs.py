@@ -123,15 +123,18 @@ def roofline_bound(flops, nbytes, chip, dtype="bf16"):
 # ---- 互联（第 5 讲用）----
 # 一张表：每种互联的**单向**带宽（字节/秒，十进制），旁边写出处。链路都是全双工：两个方向各有这么多，
 # 数据手册上常写的"双向合计"是它的两倍（NVLink 的 900 GB/s、PCIe Gen5 x16 的 128 GB/s 都是双向合计）。
-# 搬 KV cache 是单向的，所以第 5 讲算传输时间用单向带宽。这里只有带宽；延迟、协议开销不在表里。
+# 搬 KV cache 是单向的，所以第 5 讲算传输时间用单向带宽。协议开销不在表里。
+# hop_latency（每一跳的固定延迟）是**假设**：数据手册不给这个数，它取决于软件栈（NCCL 的算法、kernel 启动、同步）。
+# 表里统一取 3 µs 作默认；第 1 讲 05 脚本把它在 1、3、10 µs 之间扫一遍，看结论怎么变。
 @dataclass(frozen=True)
 class Link:
-    """一种互联：单向带宽（字节/秒）、双向合计、出处。"""
+    """一种互联：单向带宽（字节/秒）、双向合计、每跳延迟（假设）、出处。"""
     name: str
     bw: float                          # 单向带宽，字节/秒
     bidir_bw: float                    # 双向合计（数据手册常写这个），字节/秒
     source: str = ""
     note: str = ""
+    hop_latency: float = 3e-6          # 秒：一次点到点发送的固定开销——**假设**，不是数据手册的数
 
 
 NVLINK4 = Link(
@@ -156,3 +159,33 @@ ETH_400G = Link(
     note="50 GB/s 每方向（和 NDR 同速）")
 ALL_LINKS = (NVLINK4, IB_NDR, PCIE5_X16, ETH_400G, ETH_100G)
 __all__ += ["Link", "NVLINK4", "IB_NDR", "PCIE5_X16", "ETH_100G", "ETH_400G", "ALL_LINKS"]
+
+
+def ring_allreduce(n_bytes, n, link, hop_latency=None):
+    """
+    n 块卡上对一份 n_bytes 字节的数据做环形 all-reduce 的时间估计 -> dict。
+
+    【推导】环形算法 = reduce-scatter（n − 1 步，每步每块卡发 B/n 字节给下一块）+ all-gather（同样 n − 1 步）：
+    每块卡一共发 2(n − 1)/n · B 字节，分 2(n − 1) 步；每步的时间 = 每跳延迟 + (B/n) / 单向带宽（链路全双工：
+    发给下一块和收上一块同时进行）。所以 time = 2(n − 1) · (hop_latency + B / (n · bw))。
+    返回：bytes_per_gpu（每块卡发的字节）、steps、t_latency（2(n−1) × 每跳延迟）、t_bandwidth、time。
+    【参数】link：Link（用它的单向带宽 bw）；hop_latency：每跳延迟（秒），默认用 link.hop_latency（假设值）。
+    【边界】n = 1 时不用通信，时间 0；n < 1、n_bytes < 0、hop_latency < 0 抛 ValueError。
+    真实的服务框架对小消息常用别的算法（例如经 NVSwitch 的一步 all-reduce），延迟项比环形小：这里是教科书的环。
+    """
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"卡数必须是正整数（收到 {n!r}）")
+    if n_bytes < 0:
+        raise ValueError(f"字节数不能为负（收到 {n_bytes}）")
+    lat = link.hop_latency if hop_latency is None else hop_latency
+    if not lat >= 0:
+        raise ValueError(f"每跳延迟不能为负（收到 {hop_latency}）")
+    steps = 2 * (n - 1)
+    per_gpu = steps / n * n_bytes if n > 1 else 0.0
+    t_lat = steps * lat
+    t_bw = per_gpu / link.bw
+    return {"bytes_per_gpu": per_gpu, "steps": steps, "t_latency": t_lat, "t_bandwidth": t_bw,
+            "time": t_lat + t_bw}
+
+
+__all__ += ["ring_allreduce"]

@@ -437,3 +437,73 @@ def critical_context(model, chip, kv_bits=16.0, dtype="bf16"):
 
 __all__ += ["WEIGHT_FORMATS", "bits_per_param", "linear_shapes", "weight_bytes", "active_weight_bytes",
             "matmul_intensity", "prefill_step", "max_batch", "compute_bound_batch", "critical_context"]
+
+
+# ---- 多卡：张量并行与流水线并行（第 1 讲 05 用）----
+
+def tp_decode_step(model, chip, n, link, batch, context, hop_latency=None, **fmt):
+    """
+    张量并行（Megatron-LM 的切法）：n 块 chip 一起算一个 decode 步 -> dict。
+
+    【推导】每层的注意力按头切、FFN 按中间维切，每块卡算 1/n 的 FLOPs、读 1/n 的权重和 KV——这部分等于
+    hw_specs.gang(chip, n) 上的 decode_step（gang 不算通信）；每层前向要两次 all-reduce（注意力的输出投影之后、
+    FFN 的下投影之后；Shoeybi et al. 2019, arXiv 1909.08053 §3），每次 all-reduce 的数据是这一步的激活
+    batch × n_tokens × d_model 个 BF16 数，时间见 hw_specs.ring_allreduce。
+    time = 分到每块卡的 roofline 时间 + 2 × 层数 × 一次 all-reduce（不假设计算和通信重叠：通信的上界）。
+    词嵌入 / lm_head 按词表切时的那次小通信不算。
+    返回：decode_step(gang) 的各项（改名 t_work）加 t_comm、allreduce（一次的明细）、time、comm_share。
+    【参数】fmt：传给 decode_step 的格式参数（w_bits、kv_bits、n_tokens、w_fmt …）。
+    【边界】n = 1 时没有通信（等于 decode_step）。
+    """
+    from hw_specs import gang, ring_allreduce
+    work = decode_step(model, gang(chip, n), batch, context, **fmt)
+    n_tokens = fmt.get("n_tokens", 1)
+    ar = ring_allreduce(batch * n_tokens * model.d_model * 2, n, link, hop_latency)
+    t_comm = 2 * model.n_layers * ar["time"]
+    out = dict(work)
+    out.update(t_work=work["time"], t_comm=t_comm, allreduce=ar, time=work["time"] + t_comm,
+               comm_share=t_comm / (work["time"] + t_comm))
+    return out
+
+
+def tp_prefill_step(model, chip, n, link, n_tokens, hop_latency=None):
+    """
+    张量并行的一次 prefill（一个 n_tokens 的提示）-> dict：prefill_step(gang(chip, n)) + 每层两次 all-reduce，
+    每次的数据是 n_tokens × d_model 个 BF16 数（随提示变长）。键同 tp_decode_step。
+    """
+    from hw_specs import gang, ring_allreduce
+    work = prefill_step(model, gang(chip, n), n_tokens)
+    ar = ring_allreduce(n_tokens * model.d_model * 2, n, link, hop_latency)
+    t_comm = 2 * model.n_layers * ar["time"]
+    out = dict(work)
+    out.update(t_work=work["time"], t_comm=t_comm, allreduce=ar, time=work["time"] + t_comm,
+               comm_share=t_comm / (work["time"] + t_comm))
+    return out
+
+
+def pp_decode_step(model, chip, n, link, batch, context, in_flight=1, hop_latency=None):
+    """
+    流水线并行：n 块卡各放 n_layers / n 层，一个 decode 步依次穿过 n 段 -> dict。
+
+    【推导】每段做整个模型 1/n 的工作，一个批穿过所有段的时间 = 一块（假想装得下的）chip 上整步的时间 T₁
+    + n 跳（n − 1 跳把激活 batch × d_model × 2 字节传给下一段，最后一段再把采样出的 token 传回第一段），
+    每跳 = 每跳延迟 + 字节 / 单向带宽。所以 TPOT 不比一块卡短：每个 token 还是要走完全部层。
+    in_flight 个批轮流在流水线里（每段同一时刻只算一个批）：in_flight ≥ n 时每段都不闲，吞吐是一个批的
+    in_flight 倍；in_flight < n 时有 n − in_flight 段在等——这就是"气泡"。
+    返回：t_one_chip（T₁）、t_hops、tpot（每个批两步之间的时间）、tokens_per_s（所有批合计）、busy（每段忙的时间比例）。
+    【边界】n < 1、in_flight < 1 抛 ValueError。每段之间的工作量不均（词嵌入、lm_head 在两端）不算。
+    """
+    if not (isinstance(n, int) and n >= 1) or not (isinstance(in_flight, int) and in_flight >= 1):
+        raise ValueError(f"段数和在流水线里的批数都必须是正整数（收到 n={n!r}, in_flight={in_flight!r}）")
+    lat = link.hop_latency if hop_latency is None else hop_latency
+    t1 = decode_step(model, chip, batch, context)["time"]
+    hops = n * (lat + batch * model.d_model * 2 / link.bw) if n > 1 else 0.0
+    tpot = t1 + hops
+    # 每段每个批花 t1 / n；一轮（每个批都走一步）的时间 = max(一个批走完一圈, 所有批排队经过一段)
+    cycle = max(tpot, in_flight * t1 / n)
+    busy = in_flight * (t1 / n) / cycle
+    return {"t_one_chip": t1, "t_hops": hops, "tpot": cycle, "tokens_per_s": in_flight * batch / cycle,
+            "busy": busy}
+
+
+__all__ += ["tp_decode_step", "tp_prefill_step", "pp_decode_step"]

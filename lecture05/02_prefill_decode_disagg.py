@@ -71,13 +71,15 @@ def demo1_interference():
         rows.append([n, fmt_time(t_pre), f"{t_pre / t_dec:.1f}", n_chunks, fmt_time(max(t_mixed)),
                      f"{max(t_mixed) / t_dec:.2f}×", fmt_time(sum(t_mixed) - n_chunks * t_dec)])
     print(f"只 decode 一步：{fmt_time(t_dec)}（批里每个用户每 {fmt_time(t_dec)} 得到一个 token）")
-    print_table(["提示长度", "整段 prefill 的时间", "= 几步 decode", f"分成几块（每块 {CHUNK}）",
-                 "带一块 prefill 的 decode 步", "比纯 decode 步", "分块后 prefill 额外占的时间"], rows)
+    print_table(["提示 token", "整段 prefill", "≈ decode 步数", "块数", "最慢的混合步", "÷ 纯 decode",
+                 "分块额外耗时"], rows)
+    print(f"（块数：每块 {CHUNK} 个提示 token；混合步：decode 一步、顺带 prefill 一块；")
+    print(" 分块额外耗时：所有混合步比纯 decode 步多出的时间之和）")
     p = out[4096]
     print_observations([
         f"整段 prefill 一个 4096 个 token 的提示要 {fmt_time(p['t_pre'])}，相当于 {p['stall_steps']:.1f} 步 decode："
         f"这段时间里批里的 {DEMO1_BATCH} 个用户一个 token 也拿不到——这就是同机部署里 prefill 对 TPOT 的干扰。",
-        f"反过来，如果让 decode 优先、prefill 排队，新请求的 TTFT 就要等——同一台机器上两个阶段在抢同一份时间。",
+        "反过来，如果让 decode 优先、prefill 排队，新请求的 TTFT 就要等——同一台机器上两个阶段在抢同一份时间。",
         f"分块 prefill（Sarathi）把它摊开：每步 decode 顺带算 {CHUNK} 个提示 token，最慢的一步 {fmt_time(p['worst_mixed'])}，"
         f"是纯 decode 步的 {p['worst_mixed'] / t_dec:.2f} 倍，不再是一次卡住 {p['stall_steps']:.1f} 步。"
         f"而且分块后 prefill 总共只多占 {fmt_time(p['extra_chunked'])}（整段要 {fmt_time(p['t_pre'])}）："
@@ -99,8 +101,8 @@ def summarize(res):
 
 
 def demo2_simulation():
-    print_header(f"演示 2：两块 H100 的三种用法（{MODEL.name}，{N_REQ} 个请求，提示 {PROMPT_RANGE[0]}–{PROMPT_RANGE[1]}，"
-                 f"输出 {OUT_RANGE[0]}–{OUT_RANGE[1]}）")
+    print_header(f"演示 2：两块 H100 的三种用法（{MODEL.name}，{N_REQ} 个请求，提示 {PROMPT_RANGE[0]}–{PROMPT_RANGE[1] - 1}，"
+                 f"输出 {OUT_RANGE[0]}–{OUT_RANGE[1] - 1}）")
     prompts = uniform_ints(*PROMPT_RANGE, N_REQ, SEED_PROMPT)
     outs = uniform_ints(*OUT_RANGE, N_REQ, SEED_OUT)
     names = ("同机 ×2（prefill 优先）", f"同机 ×2（分块 prefill {CHUNK}）", "解耦：1 prefill + 1 decode")
@@ -126,11 +128,18 @@ def demo2_simulation():
         f"同机、prefill 优先：TTFT 最短（{hi} req/s 时平均 {fmt_time(c['ttft_mean'])}），因为新请求一来就插队 prefill；"
         f"代价是所有正在 decode 的用户一起停下来等：最长卡顿（p99）{fmt_time(c['gap_p99'])}，"
         f"是最长的提示（{PROMPT_RANGE[1] - 1} 个 token）prefill 一次（{fmt_time(t_long)}）的 {c['gap_p99'] / t_long:.1f} 倍——几个 prefill 接连插队。"
-        f"负载越高插队越频繁，平均 TPOT 从 {fmt_time(out[(lo, 'colo')]['tpot_mean'])}（{lo} req/s）涨到 {fmt_time(c['tpot_mean'])}。",
+        f"负载越高，平均 TPOT 从 {fmt_time(out[(lo, 'colo')]['tpot_mean'])}（{lo} req/s）涨到 {fmt_time(c['tpot_mean'])}："
+        f"插队更频繁，在跑的序列也更多。后者不是 prefill 的错：解耦的 decode 机上没有 prefill，"
+        "纯 decode 一步的时间只随批里的序列数和上下文变，"
+        f"平均 TPOT 也从 {fmt_time(out[(lo, 'disagg')]['tpot_mean'])} 涨到 {fmt_time(d['tpot_mean'])}。",
         f"解耦：decode 机上没有 prefill。{hi} req/s 时 {d['first_gap_is_max'] * 100:.0f}% 的请求最长的一次等待就是第 1 个到第 2 个 token 之间"
         f"（平均 {fmt_time(d['first_gap_mean'])}：搬 KV——平均长度的提示 {fmt_time(kv_mean)}——再等 decode 机的下一步），"
         f"之后每步都是纯 decode；最长卡顿 p99 {fmt_time(d['gap_p99'])}；平均 TPOT {fmt_time(d['tpot_mean'])}，"
-        f"比 prefill 优先的同机{tpot_word}。代价在 TTFT：所有 prefill 挤在一块 GPU 上排队，平均 {fmt_time(d['ttft_mean'])}、"
+        f"比 prefill 优先的同机{tpot_word}"
+        + (f"（{lo} req/s 时反而略高：{fmt_time(out[(lo, 'disagg')]['tpot_mean'])} vs "
+           f"{fmt_time(out[(lo, 'colo')]['tpot_mean'])}——解耦只有一台 decode 机，所有请求的 decode 都挤在它上面，同机是两台分摊）"
+           if out[(lo, "disagg")]["tpot_mean"] > out[(lo, "colo")]["tpot_mean"] else "")
+        + f"。代价在 TTFT：所有 prefill 挤在一块 GPU 上排队，平均 {fmt_time(d['ttft_mean'])}、"
         f"p90 {fmt_time(d['ttft_p90'])}，负载越高排得越长——所以真实系统要按负载调 prefill 机和 decode 机的比例（DistServe）。",
         f"同机、分块 prefill：在这个只算 roofline 的模型里两头都不差（{hi} req/s 时 TTFT 平均 {fmt_time(k['ttft_mean'])}、"
         f"TPOT 平均 {fmt_time(k['tpot_mean'])}、最长卡顿 {fmt_time(k['gap_p99'])}），因为 decode 步的算力本来就闲着。"

@@ -107,7 +107,10 @@ def simulate_batching(model, chip, prompt_len, out_lens, slots, continuous, w_bi
     """
     slots 个位置的 decode 引擎处理一串请求（都在 t = 0 到达、提示已经 prefill 好），返回 dict：
     time（总秒数）、tokens（生成的 token 总数）、steps（迭代次数）、mean_active（平均每步在算的序列数）、
-    throughput（tokens / time）、tpot（平均每步时间 = 每个序列的 TPOT）。
+    throughput（tokens / time）、tpot（平均每步时间 = 每个序列的 TPOT，每步算一次）、
+    tpot_token（按 token 加权的每步时间：每个生成的 token 记下产出它的那一步的时间，再对所有 token 平均
+    = Σ 步时间 × 这步在算的序列数 / tokens）、finish（每个请求最后一个 token 出来的时刻，按请求编号的元组；
+    请求都在 t = 0 到达，所以它就是请求的完成时间）。
 
     【推导】每一步：所有在算的序列各生成一个 token，时间 = iteration_time（上下文 = 提示 + 已生成）。
     continuous=True（连续批）：一个序列生成完，下一步就把队列里的下一个请求放进它的位置。
@@ -122,22 +125,27 @@ def simulate_batching(model, chip, prompt_len, out_lens, slots, continuous, w_bi
         raise ValueError("每个请求至少生成 1 个 token，位置至少 1 个")
     queue = deque(range(len(out_lens)))
     active = {}                                     # 请求编号 -> 已生成的 token 数
-    t, tokens, steps, active_sum = 0.0, 0, 0, 0
+    t, tokens, steps, active_sum, token_time = 0.0, 0, 0, 0, 0.0
+    finish = [0.0] * len(out_lens)
     while queue or active:
         if continuous or not active:
             while queue and len(active) < slots:
                 active[queue.popleft()] = 0
         ctx_sum = sum(prompt_len + g for g in active.values())
-        t += iteration_time(model, chip, len(active), ctx_sum, w_bits=w_bits, kv_bits=kv_bits)
+        dt = iteration_time(model, chip, len(active), ctx_sum, w_bits=w_bits, kv_bits=kv_bits)
+        t += dt
         steps += 1
         active_sum += len(active)
         tokens += len(active)
+        token_time += dt * len(active)
         for r in list(active):
             active[r] += 1
             if active[r] == out_lens[r]:
+                finish[r] = t
                 del active[r]
     return {"time": t, "tokens": tokens, "steps": steps, "mean_active": active_sum / steps,
-            "throughput": tokens / t, "tpot": t / steps}
+            "throughput": tokens / t, "tpot": t / steps, "tpot_token": token_time / tokens,
+            "finish": tuple(finish)}
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,9 @@ pytest 的公共设置：把各讲的实验模块所在目录放到 sys.path 上
 """
 import glob
 import importlib.util
+import json
 import os
+import tempfile
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -36,34 +38,74 @@ def load_script(relpath):
     return mod
 
 
-def run_script(relpath, cwd=None):
-    """在 cwd（默认仓库根目录）里用 python3 运行脚本，返回 (退出码, stdout 字节, stderr 字节)。"""
+def run_script(relpath, cwd=None, console_log=None):
+    """
+    在 cwd（默认仓库根目录）里用 python3 运行脚本，返回 (退出码, stdout 字节, stderr 字节)。
+    console_log 给了路径时，console 把它打印的每一块另外记到那个文件（见 console 的模块说明；打印的内容不变）。
+    """
     cwd = ROOT if cwd is None else cwd
     path = os.path.relpath(os.path.join(ROOT, relpath), cwd)
     # 两个脚本同时跑在两核机器上：每个进程的 BLAS 只用一个线程，免得线程互相抢核（小矩阵上多线程也不快）
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("CS349E_CONSOLE_LOG", None)
+    if console_log:
+        env["CS349E_CONSOLE_LOG"] = console_log
     r = subprocess.run([sys.executable, path], cwd=cwd, capture_output=True, env=env, timeout=120)
     return r.returncode, r.stdout, r.stderr
 
 
 _OUTPUTS = {}
+_LOGS = {}
 
 
 def script_run_pair(relpath):
     """
     一个编号脚本跑两次：一次在仓库根目录，一次在脚本自己的目录里（两核机器上两次同时跑）。
     结果缓存在这次 pytest 会话里，供各个测试共用：((退出码, stdout, stderr), (…))。只跑被要到的脚本。
+    第二次运行同时让 console 记下它打印的块（script_console_blocks 读它）。
     """
     if relpath not in _OUTPUTS:
-        jobs = [(relpath, None), (relpath, os.path.join(ROOT, os.path.dirname(relpath)))]
-        with ThreadPoolExecutor(max_workers=2) as ex:
-            _OUTPUTS[relpath] = tuple(ex.map(lambda j: run_script(*j), jobs))
+        fd, log = tempfile.mkstemp(suffix=".jsonl")
+        os.close(fd)
+        try:
+            jobs = [(relpath, None, None), (relpath, os.path.join(ROOT, os.path.dirname(relpath)), log)]
+            with ThreadPoolExecutor(max_workers=2) as ex:
+                _OUTPUTS[relpath] = tuple(ex.map(lambda j: run_script(*j), jobs))
+            with open(log, encoding="utf-8") as f:
+                _LOGS[relpath] = [json.loads(line) for line in f if line.strip()]
+        finally:
+            os.remove(log)
     return _OUTPUTS[relpath]
 
 
-def script_stdout(relpath):
-    """一个编号脚本（在仓库根目录运行时）打印的文字。"""
+def script_console_blocks(relpath):
+    """一个编号脚本通过 console 打印的块：[{"kind": "table"/"observations"/…, "lines": [...], …}, …]。"""
+    script_run_pair(relpath)
+    return _LOGS[relpath]
+
+
+def script_raw_stdout(relpath):
+    """一个编号脚本（在仓库根目录运行时）打印的文字，原样（观察按 100 列折过行）。"""
     code, out, err = script_run_pair(relpath)[0]
     assert code == 0, err.decode("utf-8", "replace")
     return out.decode("utf-8")
+
+
+def script_stdout(relpath):
+    """
+    一个编号脚本打印的文字，但每条"观察"和每个标题还原成折行之前的一行（"  1. 整条观察"），方便测试按句子查找。
+    还原靠 console 的记录（script_console_blocks）：把折好的行换回原文。
+    """
+    text = script_raw_stdout(relpath)
+    for b in script_console_blocks(relpath):
+        if b["kind"] == "observations":
+            old = "\n".join(b["lines"])
+            new = "\n".join(f"  {i}. {t}" for i, t in enumerate(b["items"], 1))
+        elif b["kind"] == "header":
+            old = "\n".join(b["lines"])
+            new = "\n".join([b["lines"][0], b["title"], b["lines"][-1]])
+        else:
+            continue
+        text = text.replace(old, new, 1)
+    return text

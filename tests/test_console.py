@@ -72,3 +72,101 @@ def test_fmt_bound_prints_the_bound_not_the_residual():
     assert fmt_bound(2e-12, 1e-13) == "2e-12"
     with pytest.raises(ValueError):
         fmt_bound(1.0, 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 页面：折行、表头断行、占位符、图
+
+from console import format_bars, format_plot, wrap_text  # noqa: E402
+
+PROTECTED = ["3.1 ms", "γ = 8", "bandwidth-bound", "128 个", "1 − α", "0.897 ms", "12.3 GB", "Leviathan"]
+
+
+def test_wrap_keeps_numbers_units_formulas_and_words_whole():
+    text = "，".join(f"第{i}段话里有{PROTECTED[i % len(PROTECTED)]}这样的东西和一些汉字" for i in range(40))
+    for offset in range(12):                          # 换不同的起点，让每个受保护的词都有机会落在行尾
+        t = "汉" * offset + text
+        lines = wrap_text(t, 100, "  1. ", "     ")
+        assert all(display_width(l) <= 100 for l in lines)
+        assert lines[0].startswith("  1. ") and all(l.startswith("     ") for l in lines[1:])
+        body = [l[5:] for l in lines]
+        assert "".join(body).replace(" ", "") == t.replace(" ", "")   # 只去掉了断行处的空格
+        for a, b in zip(body, body[1:]):
+            assert b[0] not in "，。、；：）", (a, b)                 # 标点不在行首
+            for p in PROTECTED:                                     # 没有一个受保护的词跨两行
+                for k in range(1, len(p)):
+                    assert not (a.endswith(p[:k].rstrip()) and b.startswith(p[k:].lstrip()) and p[:k].strip()
+                                and p[k:].strip()), (p, a[-10:], b[:10])
+
+
+def test_wrap_breaks_at_spaces_in_latin_text_and_honours_newlines():
+    lines = wrap_text("alpha beta gamma delta", 11)
+    assert lines == ["alpha beta", "gamma delta"]
+    assert wrap_text("一\n二", 100) == ["一", "二"]
+
+
+def test_wide_table_headers_break_onto_two_lines_to_fit():
+    heads = ["草稿长度 γ", "每个 token 的接受率 α（博客）", "被接受的 token（博客）", "公式 Σα^i", "模拟（2 万轮）",
+             "每轮前进（+1 个修正 token）", "另一列很长的表头（单位）"]
+    lines = format_table(heads, [[5, "92.6%", 4, "3.99", "4.00", "4.99", "1.0"]])
+    assert max(display_width(l) for l in lines) <= 100
+    assert [l[:4] for l in lines].index("----") >= 2  # 表头断成了两行以上
+    explicit = format_table(["上\n下", "x"], [[1, 2]])
+    assert explicit[0].rstrip().endswith("上") and explicit[1].startswith("下")
+
+
+def test_a_placeholder_does_not_flip_a_numeric_column_and_minus_is_ascii():
+    lines = format_table(["名字", "数"], [["a", "1.53×"], ["b", "—"], ["c", "不划算"], ["d", "−2.5"]])
+    ends = {display_width(l) for l in lines[2:]}
+    assert len(ends) == 1                             # 整列右对齐：每行在同一列结束
+    assert lines[5].endswith(" -2.5")
+    text = format_table(["名字", "说明"], [["a", "1.5"], ["b", "一句话说明"], ["c", "另一句"]])
+    assert text[2] == "a     1.5" and text[3] == "b     一句话说明"   # 文字列左对齐（"名字"占 4 列 + 2 列间隔）
+
+
+def test_bars_are_proportional_to_the_nearest_character():
+    lines = format_bars(["a", "bb", "c"], [1, 2, 4], unit=" ms", width=40)
+    assert [l.count("#") for l in lines] == [10, 20, 40]
+    assert lines[0].endswith("# 1 ms") and lines[2].endswith("# 4 ms")
+    assert [l.count("#") for l in format_bars(["x", "y"], [1, 3], width=10)] == [3, 10]   # 10/3 = 3.33 → 3
+    assert [l.count("#") for l in format_bars(["x", "y"], [2, 3], width=10)] == [7, 10]   # 20/3 = 6.67 → 7
+    assert [l.count("#") for l in format_bars(["x", "y"], [0, 0])] == [0, 0]
+
+
+@pytest.mark.parametrize("bad,match", [(([], []), "非空"), ((["a"], [float("nan")]), "NaN"),
+                                       ((["a"], [-1]), "负"), ((["a", "b"], [1]), "一样多")])
+def test_bars_reject_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        format_bars(*bad)
+
+
+def _find(lines, mark):
+    return [(i, j) for i, l in enumerate(lines) for j, ch in enumerate(l) if ch == mark and not l.startswith("图例")]
+
+
+def test_plot_puts_a_known_point_in_the_right_cell_linear():
+    lines = format_plot({"s": ([0, 10], [0, 100]), "p": ([5], [50], "X")}, "x", "y", width=11, height=11)
+    (i, j), = _find(lines, "X")
+    corner = [(i2, j2) for i2, j2 in _find(lines, "*")]
+    top_left = min(corner)                            # (10, 100) 在右上角，(0, 0) 在左下角
+    assert i - 1 == 5 and lines[i][j - 5 - 1] in "|+"  # 第 1 行是 y 轴名；x = 5 在第 6 格（0 起第 5 格）
+    assert sorted(corner) == [(1, j + 5), (11, j - 5)] and top_left == (1, j + 5)
+
+
+def test_plot_puts_a_known_point_in_the_right_cell_log():
+    lines = format_plot({"s": ([1, 100], [1, 10000]), "p": ([10], [100], "X")}, "x", "y", logx=True, logy=True,
+                        width=21, height=9)
+    (i, j), = _find(lines, "X")
+    stars = sorted(_find(lines, "*"))
+    assert stars == [(1, j + 10), (9, j - 10)]        # 对数轴：10 在 1 和 100 正中，100 在 1 和 10⁴ 正中
+    assert i == 5
+    assert all(display_width(l) <= 100 for l in lines) and lines[-1].startswith("图例")
+
+
+@pytest.mark.parametrize("series,kw,match", [
+    ({}, {}, "至少"), ({"a": ([], [])}, {}, "非空"), ({"a": ([1, 2], [1])}, {}, "一样多"),
+    ({"a": ([1, float("nan")], [1, 2])}, {}, "NaN"), ({"a": ([0, 1], [1, 2])}, {"logx": True}, "非正"),
+    ({"a": ([1, 2], [-1, 2])}, {"logy": True}, "非正"), ({"a": ([1, 2], [1, 2], "█")}, {}, "一列")])
+def test_plot_rejects_bad_input(series, kw, match):
+    with pytest.raises(ValueError, match=match):
+        format_plot(series, "x", "y", **kw)

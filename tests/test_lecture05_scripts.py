@@ -205,3 +205,184 @@ def test_04_cost_coefficient_matches_seed05(s04, capsys):
     assert r["sram_ovh_share"] == pytest.approx(0.05e-3 / seed.t_draft("sram"))
     assert r["g_sram"] > r["g_gpu"] and r["s_sram"] > r["s_gpu"] > 1
     assert GPT_OSS_120B.n_layers == 36 and GPT_OSS_120B.active_params() == OSS_ACTIVE
+
+
+def _independent_batching(out_lens, slots, continuous, prompt=1024):
+    """
+    演示 3 的第二条代码路径：不调 serving_lab，直接用 8B 在 H100 上 decode 一步的 roofline 闭式
+    max(FLOPs / P, 字节 / BW) 一步一步推，返回 (每个请求的完成时刻, 按 token 加权的步时间, 每步平均)。
+    """
+    w = 2 * (8_030_261_248 - 128256 * 4096)                 # 每步读的 BF16 权重（不含输入词嵌入）
+    matmul, attn, kv_pos = 7_504_658_432, 4 * 32 * 128 * 32, 131072
+
+    def step(n, ctx_sum):
+        return max((2 * matmul * n + attn * ctx_sum) / 989.4e12, (w + kv_pos * ctx_sum) / 3.35e12)
+
+    out_lens = np.asarray(out_lens)
+    finish = np.zeros(len(out_lens))
+    t, tok_time, n_tok, n_steps = 0.0, 0.0, 0, 0
+    if not continuous:
+        for g in range(0, len(out_lens), slots):
+            lens = out_lens[g:g + slots]
+            for k in range(int(lens.max())):
+                n = int((lens > k).sum())
+                dt = step(n, n * (prompt + k))
+                t += dt
+                tok_time, n_tok, n_steps = tok_time + dt * n, n_tok + n, n_steps + 1
+                finish[g:g + slots][lens == k + 1] = t
+    else:
+        nxt, slot_req, slot_gen = 0, [], []
+        while nxt < len(out_lens) or slot_req:
+            while nxt < len(out_lens) and len(slot_req) < slots:
+                slot_req.append(nxt)
+                slot_gen.append(0)
+                nxt += 1
+            n = len(slot_req)
+            dt = step(n, n * prompt + sum(slot_gen))
+            t += dt
+            tok_time, n_tok, n_steps = tok_time + dt * n, n_tok + n, n_steps + 1
+            slot_gen = [k + 1 for k in slot_gen]
+            keep = [i for i in range(n) if slot_gen[i] < out_lens[slot_req[i]]]
+            for i in range(n):
+                if i not in keep:
+                    finish[slot_req[i]] = t
+            slot_req, slot_gen = [slot_req[i] for i in keep], [slot_gen[i] for i in keep]
+    return finish, tok_time / n_tok, t / n_steps
+
+
+def test_01_continuous_batching_cuts_completion_time(s01, capsys):
+    """issue 8 第 10 条：连续批不只是拿 TPOT 换吞吐，请求的完成时间（平均、p90）也更短。"""
+    r = s01.demo3_continuous_batching()
+    capsys.readouterr()
+    outs = 16 + np.floor(np.random.default_rng(1).random(512) * (1024 - 16))
+    for slots in (32, 128):
+        for cont in (False, True):
+            finish, tok, per_step = _independent_batching(outs, slots, cont)
+            assert r["done_mean"][(slots, cont)] == pytest.approx(finish.mean(), rel=1e-9)
+            assert r["done_p90"][(slots, cont)] == pytest.approx(np.percentile(finish, 90), rel=1e-9)
+            assert r["tpot_tok"][(slots, cont)] == pytest.approx(tok, rel=1e-9)
+            assert r["tpot_step"][(slots, cont)] == pytest.approx(per_step, rel=1e-9)
+            assert tok > per_step                                           # "按 token 加权的每一行都比每步平均大"
+        # 每步更慢，但完成时间（平均和 p90）更短
+        assert r["tpot_tok"][(slots, True)] > r["tpot_tok"][(slots, False)]
+        assert r["done_mean"][(slots, True)] < r["done_mean"][(slots, False)]
+        assert r["done_p90"][(slots, True)] < r["done_p90"][(slots, False)]
+    # issue 里的数：128 个位置平均 16.6 → 13.2 s，32 个位置 42.7 → 26.4 s
+    assert [round(r["done_mean"][k], 1) for k in ((128, False), (128, True), (32, False), (32, True))] == \
+        [16.6, 13.2, 42.7, 26.4]
+
+
+def _closed_form_best(alpha, c, gammas=range(1, 257)):
+    """定理 3.8 的加速比 (1 − α^{γ+1}) / ((1 − α)(γc + 1)) 逐个 γ 算出来取最大（不调 decode_lab）。"""
+    sp = {g: (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)) for g in gammas}
+    g = max(sp, key=lambda x: (sp[x], -x))
+    return g, sp[g]
+
+
+def test_04_native_format_case(s04, capsys):
+    """issue 8 第 11 条：演示 3 也按发布格式（专家 MXFP4、其余 BF16）算 c、最优 γ 和加速比。"""
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    experts = 36 * 4 * 3 * 2880 * 2880                                  # 激活的专家权重矩阵（top-4）
+    native = experts * 4.25 / 8 + 2 * (OSS_ACTIVE - experts)
+    assert r["native_bytes"] == pytest.approx(native, rel=1e-12)
+    assert round(r["native_extra"] * 100) == 83                       # "多 83%"
+    t_tgt = 1.5e-3 + native / (3.35e12 * 0.8)
+    t_gpu, t_sram = 0.3e-3 + 1.6e9 / (3.35e12 * 0.8), 0.05e-3 + 1.6e9 / (2 * 150e12 * 0.8)
+    n = r["native"]
+    assert n["t_tgt"] == pytest.approx(t_tgt, rel=1e-12)
+    assert n["c_gpu"] == pytest.approx(t_gpu / t_tgt, rel=1e-12) and n["c_sram"] == pytest.approx(t_sram / t_tgt, rel=1e-12)
+    g, sp = _closed_form_best(0.93, t_gpu / t_tgt)
+    assert (n["g_gpu"], n["s_gpu"]) == (g, pytest.approx(sp, rel=1e-12))
+    g, sp = _closed_form_best(0.93, t_sram / t_tgt)
+    assert (n["g_sram"], n["s_sram"]) == (g, pytest.approx(sp, rel=1e-12))
+    # 观察："目标越慢，加速比越大；但每个 token 仍比种子口径慢"
+    assert n["s_gpu"] > r["s_gpu"] and n["s_sram"] > r["s_sram"]
+    assert r["per_tok"][("native", True)][1] == pytest.approx(t_tgt / n["s_sram"], rel=1e-12)
+    assert t_tgt / n["s_sram"] > r["t_tgt"] / r["s_sram"] and t_tgt / n["s_gpu"] > r["t_tgt"] / r["s_gpu"]
+    # 不加开销时，发布格式那一列：目标一步只读字节
+    nb = r["native_no_ovh"]
+    assert nb["t_tgt"] == pytest.approx(native / (3.35e12 * 0.8), rel=1e-12)
+    assert nb["g_sram"] == _closed_form_best(0.93, (1.6e9 / 300e12) / (native / 3.35e12))[0]
+
+
+def test_04_reconciles_best_gamma_with_seed05(s04, capsys):
+    """issue 8 第 12 条：种子 05 印 5、8、20（它的 10 个 γ），所有整数里是 6、9、24；网络项和 5.09B vs 5.13B 也算出来。"""
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
+    grid, ints = (1, 2, 3, 5, 8, 10, 15, 20, 30, 40), range(1, 257)
+
+    def seed_best(where, moe, gammas, net=True):
+        def sp(g):
+            t = seed.round_time(g, where, moe) - (0.0 if net or where == "gpu" else 2 * seed.NET)
+            return seed.t_target(1) / (t / seed.tokens_per_round(0.93, g))
+        g = max(gammas, key=lambda x: (sp(x), -x))
+        return g, sp(g)
+
+    rc = r["recon"]
+    want = [(seed_best("gpu", False, grid), seed_best("sram", False, grid)),
+            (seed_best("gpu", False, ints), seed_best("sram", False, ints)),
+            (seed_best("gpu", False, ints, net=False), seed_best("sram", False, ints, net=False)),
+            (_closed_form_best(0.93, r["c_gpu"]), _closed_form_best(0.93, r["c_sram"])),
+            (seed_best("gpu", True, grid), seed_best("sram", True, grid)),
+            (seed_best("gpu", True, ints), seed_best("sram", True, ints))]
+    for row, ((gg, sg), (gs, ss)) in zip(rc, want):
+        assert (row["g_gpu"], row["g_sram"]) == (gg, gs)
+        assert row["s_gpu"] == pytest.approx(sg, rel=1e-12) and row["s_sram"] == pytest.approx(ss, rel=1e-12)
+    # issue 里的数：种子的网格挑出 5、8、20，所有整数里是 6、9、24；GPU + MoE 验证两边都是 3
+    assert (rc[0]["g_gpu"], rc[4]["g_sram"], rc[0]["g_sram"]) == (5, 8, 20)
+    assert (rc[1]["g_gpu"], rc[5]["g_sram"], rc[1]["g_sram"]) == (6, 9, 24)
+    assert rc[4]["g_gpu"] == rc[5]["g_gpu"] == 3
+    # 第四行（去掉网络、换成精确的 5.13B）正是上表的"4.25 位，有开销"：6 和 24
+    assert r["recon_row4_is_table"] and (r["g_gpu"], r["g_sram"]) == (6, 24)
+    assert r["seed_active"] == pytest.approx(5.0856e9, rel=1e-12)     # 1.5e9 + 36 × 4 × 24.9e6
+    # 每一步都让 SRAM 加速变大：网格 → 整数 → 去网络 → 精确参数（观察 5 的箭头方向）
+    assert rc[0]["s_sram"] < rc[1]["s_sram"] < rc[2]["s_sram"] < rc[3]["s_sram"]
+
+
+def test_02_tpot_rises_with_load_without_prefill_too(s02, capsys):
+    """re-read：TPOT 随负载涨不全是插队——解耦的 decode 机上没有 prefill，TPOT 也涨；4 req/s 时解耦的 TPOT 反而略高。"""
+    r = s02.demo2_simulation()
+    capsys.readouterr()
+    lo, hi = s02.RATES[0], s02.RATES[-1]
+    assert r[(hi, "disagg")]["tpot_mean"] > 1.3 * r[(lo, "disagg")]["tpot_mean"]
+    assert r[(lo, "disagg")]["tpot_mean"] > r[(lo, "colo")]["tpot_mean"]          # "4 req/s 时反而略高"
+    assert r[(hi, "disagg")]["tpot_mean"] < r[(hi, "colo")]["tpot_mean"]
+
+
+def test_03_oss_ratio_is_kv_ratio_over_prefill_ratio(s03, capsys):
+    """re-read：gpt-oss 的比例小，是因为 KV 小 8.4 倍、prefill 只短 1.8 倍（一块卡 vs 八块卡）。"""
+    r = s03.demo2_transfer_vs_prefill()
+    capsys.readouterr()
+    kv70 = 2 * 80 * 8 * 128 * 2 * 2048
+    kv_oss = 2 * 8 * 64 * 2 * (18 * 2048 + 18 * 128)
+    assert r["kv_ratio_2k"] == pytest.approx(kv70 / kv_oss, rel=1e-12) and round(r["kv_ratio_2k"], 1) == 8.4
+    assert r["pre_ratio_2k"] == pytest.approx(r["pre70_2k"] / prefill_time(GPT_OSS_120B, H100, 2048, w_bits=4.25))
+    assert round(r["pre_ratio_2k"], 1) == 1.8
+    assert r["ib_ratio_oss_2k"] == pytest.approx(r["ib_ratio_70_2k"] * r["pre_ratio_2k"] / r["kv_ratio_2k"], rel=1e-12)
+
+
+def test_04_smaller_c_gives_longer_gamma_and_more_speedup(s04, capsys):
+    """观察 2、3：c 差几倍只看草稿（四列只有两个数）；把八个 (c, γ*, 加速) 按 c 排好，γ* 不减、加速比递增。"""
+    r = s04.demo3_cost_coefficient()
+    capsys.readouterr()
+    n, nb = r["native"], r["native_no_ovh"]
+    assert n["ratio"] == pytest.approx(r["ratio"], rel=1e-12) and nb["ratio"] == pytest.approx(r["ratio_no_ovh"], rel=1e-12)
+    pts = []
+    for c in (r, n, nb):
+        pts += [(c["c_gpu"], c["g_gpu"], c["s_gpu"]), (c["c_sram"], c["g_sram"], c["s_sram"])]
+    pts.sort()
+    assert all(a[1] >= b[1] and a[2] > b[2] for a, b in zip(pts, pts[1:]))
+
+
+def test_01_throughput_ceiling(s01, capsys):
+    """演示 1 的图和观察 4：memory-bound 时 TPOT = (W + B·k) / BW 是 B 的直线，吞吐趋向 BW / k。"""
+    r = s01.demo1_batch_sweep()
+    capsys.readouterr()
+    k8, k70 = 131072 * 2048, 327680 * 2048                         # 一个序列在上下文 2048 时每步读的 KV 字节
+    assert r["ceil_8b"] == pytest.approx(3.35e12 / k8, rel=1e-12) and round(r["ceil_8b"]) == 12480
+    assert r["ceil_70b"] == pytest.approx(8 * 3.35e12 / k70, rel=1e-12)
+    w8 = 2 * (8_030_261_248 - 128256 * 4096)
+    assert r["ceil_share_8b"] == pytest.approx(238 / ((w8 + 238 * k8) / 3.35e12) / (3.35e12 / k8), rel=1e-12)
+    assert 0.75 < r["ceil_share_70b"] < r["ceil_share_8b"] < 0.85                # "81% 和 78%"

@@ -82,3 +82,45 @@ def test_printed_output_carries_the_same_numbers():
     assert "普通 decode 一步：2.51 ms" in out
     lines = [l for l in out.splitlines() if l.strip().startswith("1024 ")]
     assert lines and "8.0" in lines[-1] and "144 ms" in lines[-1] and lines[-1].split()[4] == "1024"
+
+
+def test_seed_structure_matches_llm_math(seed):
+    """种子的"每个专家约 2490 万参数、非专家约 15 亿"和第 3 讲的专家公式，对得上 llm_math 的 gpt-oss-120b。"""
+    from llm_math import GPT_OSS_120B as m
+    assert seed.T_EXPERT_PARAMS == pytest.approx(m.expert_params(), rel=0.001)
+    non_expert = m.active_params() - m.n_layers * m.top_k * m.expert_params()
+    assert seed.T_DENSE_PARAMS == pytest.approx(non_expert, rel=0.04)                 # "约 15 亿"（精确 15.5 亿）
+    for n in (1, 6, 21, 41):
+        assert seed.touched_experts(n) == pytest.approx(128 * (1 - (124 / 128) ** n), rel=1e-12)
+    out = script_stdout(SEED)
+    assert "每层 22 / 62 / 93 个" in out
+    assert [round(seed.touched_experts(n)) for n in (6, 21, 41)] == [22, 62, 93]
+
+
+def test_sram_draft_is_mostly_fixed_overhead(seed):
+    """观察 2："几乎只剩固定开销"——SRAM 上一个草稿 token 里 50 µs 是开销，读权重只占约 12%。"""
+    assert seed.OVH_SRAM / seed.t_draft("sram") > 0.85
+
+
+def test_printed_best_gamma_is_the_grid_optimum_and_the_integer_optimum_is_longer(seed):
+    """
+    种子只试 γ ∈ {1, 2, 3, 5, 8, 10, 15, 20, 30, 40}：它印的 3、5、8、20 是这 10 个里的最优；
+    所有整数里是 3、6、9、24（第 5 讲 04 演示 3 的对账表）。GPU 草稿、验证代价不变时种子的加速比就是定理 3.8，
+    用 decode_lab.walltime_speedup 独立地算。
+    """
+    from decode_lab import walltime_speedup
+    out = script_stdout(SEED)
+    block = out.split("每种情况下最好的草稿长度和加速比：")[1].split("观察")[0]
+    printed = [int(l.split()[-2]) for l in block.splitlines() if l.strip().endswith("×")]
+    assert printed == [3, 5, 8, 20]
+    grid = (1, 2, 3, 5, 8, 10, 15, 20, 30, 40)
+    c = seed.t_draft("gpu") / seed.t_target(1)
+    for g in grid:
+        seed_sp = seed.t_target(1) / (seed.round_time(g, "gpu", False) / seed.tokens_per_round(0.93, g))
+        assert seed_sp == pytest.approx(walltime_speedup(0.93, g, c), rel=1e-12)
+
+    def best(where, moe, gammas):
+        return max(gammas, key=lambda g: (seed.tokens_per_round(0.93, g) / seed.round_time(g, where, moe), -g))
+    cases = [("gpu", True), ("gpu", False), ("sram", True), ("sram", False)]
+    assert [best(w, m, grid) for w, m in cases] == printed
+    assert [best(w, m, range(1, 257)) for w, m in cases] == [3, 6, 9, 24]

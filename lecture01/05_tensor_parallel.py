@@ -1,0 +1,207 @@
+"""
+=============================================================================
+CS349E · 第 1 讲 · 05_tensor_parallel.py —— n 块 GPU 的代价：张量并行的 all-reduce
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：一次环形 all-reduce 要多久：每块卡发 2(n−1)/n 份数据、走 2(n−1) 步，小消息的时间几乎全是每跳的延迟。
+演示 2：Llama-3.1-70B（BF16，一块 H100 放不下）在 2、4、8 块 H100 SXM（NVLink）和 8 块 H100 PCIe（PCIe Gen5）上
+decode：TPOT 和每块卡每秒的 token 随批大小怎么变，和不算通信的 gang 差多少。
+演示 3：每跳延迟没有数据手册给——它在 1、3、10 µs 之间变时，"加卡还划不划算"的答案怎么变。
+演示 4：prefill 时 all-reduce 的数据随提示变长：1k 和 8k 个 token 时通信占一步的多少。
+演示 5：对照流水线并行：没有每层的 all-reduce，但批大小 1 的 TPOT 一点也不缩短。
+
+【怎么读输出】时间都是 roofline 下界加通信：分到每块卡的工作（= hw_specs.gang 上的 decode_step / prefill_step，
+gang 把 n 块卡当成一块 n 倍的卡、不算通信）+ 每层两次 all-reduce（llm_math.tp_decode_step / tp_prefill_step，
+环形 all-reduce 的公式在 hw_specs.ring_allreduce）。"每卡 tok/s" = 批大小 ÷ TPOT ÷ 卡数。
+
+【模型的假设（务必看）】
+- 每跳延迟（hop latency）是**假设**：默认 3 µs（hw_specs 的 Link 表），演示 3 扫 1、3、10 µs。它取决于软件栈；
+  真实的服务框架对小消息常用比环形更快的算法（例如经 NVSwitch 一步完成的 all-reduce），所以这里的延迟项偏大。
+- 链路带宽用单向带宽：NVLink 4 每块 H100 SXM 450 GB/s（数据手册的 900 GB/s 是双向合计），
+  PCIe Gen5 x16 64 GB/s（数据手册 128 GB/s 双向合计）；8 块 PCIe 卡之间经 PCIe 交换，不用 NVLink 桥。
+- 计算和通信不重叠（通信时间的上界）；每层两次 all-reduce（Megatron-LM，Shoeybi et al. 2019，arXiv 1909.08053），
+  词表切分的 lm_head 那次小通信不算。decode 的上下文 4096 个位置（假设），权重和 KV 都是 BF16。
+- 流水线的一段 = 整个模型 1/n 的工作；"一块卡的时间"假想这块卡装得下整个模型（只用来比较）。
+
+【运行】python3 05_tensor_parallel.py （约 0.2 秒）
+
+【依赖】本目录的 console、hw_specs（芯片、互联、ring_allreduce、gang）、llm_math（tp_decode_step、tp_prefill_step、
+pp_decode_step、max_batch）。
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from hw_specs import H100, H100_PCIE, NVLINK4, PCIE5_X16, gang, ring_allreduce  # noqa: E402
+from llm_math import (LLAMA31_70B, decode_step, max_batch, pp_decode_step, tp_decode_step,  # noqa: E402
+                      tp_prefill_step, weight_bytes)
+
+MODEL = LLAMA31_70B
+CONTEXT = 4096                                   # decode 的上下文（假设）
+# 四种配置：(名字, 芯片, 卡数, 互联)
+CONFIGS = [("2×SXM", H100, 2, NVLINK4), ("4×SXM", H100, 4, NVLINK4), ("8×SXM", H100, 8, NVLINK4),
+           ("8×PCIe", H100_PCIE, 8, PCIE5_X16)]
+BATCHES = (1, 8, 32, 128)
+LATENCIES = (1e-6, 3e-6, 10e-6)                  # 每跳延迟的扫描范围（假设）
+
+
+def _fits(chip, n, batch):
+    """n 块 chip 装得下权重 + batch 个上下文 CONTEXT 的序列吗（llm_math.max_batch，gang 的容量）。"""
+    return batch <= max_batch(MODEL, gang(chip, n), CONTEXT)
+
+
+# ---------------------------------------------------------------------------
+def demo1_one_allreduce():
+    print_header("演示 1：一次环形 all-reduce 的时间（每跳延迟 3 µs，假设）")
+    d = MODEL.d_model
+    rows, res = [], {}
+    for label, n, link in [("NVLink", 2, NVLINK4), ("NVLink", 8, NVLINK4), ("PCIe", 8, PCIE5_X16)]:
+        for batch in (1, 64):
+            size = batch * d * 2
+            ar = ring_allreduce(size, n, link)
+            res[(label, n, batch)] = ar
+            rows.append([f"{n}×{label}", batch, fmt_bytes(size), fmt_bytes(ar["bytes_per_gpu"]), ar["steps"],
+                         fmt_time(ar["t_latency"]), fmt_time(ar["t_bandwidth"]), fmt_time(ar["time"])])
+    print_table(["卡数×互联", "批", "消息", "每卡发送", "步数", "延迟项", "带宽项", "合计"], rows)
+    a = res[("NVLink", 8, 1)]
+    b = res[("PCIe", 8, 64)]
+    print_observations([
+        f"decode 一步的 all-reduce 数据很小：批 1 时是一个 token 的激活，{d} 个 BF16 = {fmt_bytes(d * 2)}。"
+        f"8 块卡上要走 {a['steps']} 步，延迟项 {fmt_time(a['t_latency'])}，带宽项只有 {fmt_time(a['t_bandwidth'])}："
+        f"小消息的时间几乎全是每跳的固定延迟，和链路带宽几乎无关。",
+        f"每块卡发送 2(n−1)/n 份数据：n = 8 时是消息的 {a['bytes_per_gpu'] / (d * 2):.2f} 倍，卡再多也不超过 2 倍。"
+        f"批 64 经 PCIe（单向 {fmt_bytes(PCIE5_X16.bw)}/s）时带宽项是 {fmt_time(b['t_bandwidth'])}，"
+        f"约为 NVLink 的 {NVLINK4.bw / PCIE5_X16.bw:.0f} 倍。",
+    ])
+    return {"b1_latency": a["t_latency"], "b1_bandwidth": a["t_bandwidth"], "ratio_bytes_8": a["bytes_per_gpu"] / (d * 2),
+            "pcie_b64_bw": b["t_bandwidth"], "bw_ratio": NVLINK4.bw / PCIE5_X16.bw}
+
+
+# ---------------------------------------------------------------------------
+def demo2_decode_vs_batch():
+    print_header(f"演示 2：{MODEL.name} decode 的 TPOT 与每卡吞吐（上下文 {CONTEXT}，BF16，每跳 3 µs）")
+    print(f"权重 {fmt_bytes(weight_bytes(MODEL))}，一块 H100（{fmt_bytes(H100.mem_bytes)}）放不下；"
+          f"\"—\" = 权重 + 批里的 KV cache 放不下。")
+    tpot, comm, gang_t = {}, {}, {}
+    rows = []
+    for batch in BATCHES:
+        row = [batch]
+        for name, chip, n, link in CONFIGS:
+            r = tp_decode_step(MODEL, chip, n, link, batch, CONTEXT)
+            tpot[(name, batch)], comm[(name, batch)], gang_t[(name, batch)] = r["time"], r["t_comm"], r["t_work"]
+            ok = _fits(chip, n, batch)
+            row += [f"{r['time'] * 1e3:.1f}" if ok else "—", f"{batch / r['time'] / n:.0f}" if ok else "—"]
+        rows.append(row)
+    heads = ["批"]
+    for name, *_ in CONFIGS:
+        heads += [f"{name}\nTPOT ms", f"{name}\n每卡 tok/s"]
+    print_table(heads, rows)
+    rows2 = []
+    for name, chip, n, link in CONFIGS:
+        for batch in (1, 32):
+            rows2.append([name, batch, fmt_time(gang_t[(name, batch)]), fmt_time(comm[(name, batch)]),
+                          fmt_time(tpot[(name, batch)]), f"{100 * comm[(name, batch)] / tpot[(name, batch)]:.0f}%"])
+    print()
+    print_table(["配置", "批", "gang（不算通信）", "all-reduce 合计", "TPOT", "通信占"], rows2)
+    t2, t4, t8 = (tpot[(f"{n}×SXM", 1)] for n in (2, 4, 8))
+    p8 = tpot[("8×PCIe", 1)]
+    n_ar = 2 * MODEL.n_layers
+    print_observations([
+        f"每步 {n_ar} 次 all-reduce（{MODEL.n_layers} 层 × 2）。批 1：2、4、8 块 SXM 的 TPOT 是 {t2 * 1e3:.1f}、"
+        f"{t4 * 1e3:.1f}、{t8 * 1e3:.1f} ms——卡数翻倍，时间远没有减半：读权重的时间按 1/n 缩短，通信却按 2(n−1) 步变长"
+        f"（8 块卡时通信占 {100 * comm[('8×SXM', 1)] / t8:.0f}%）。",
+        f"gang 只是一个下界：8 块 SXM、批 1 时 gang 给出 {fmt_time(gang_t[('8×SXM', 1)])}，算上 all-reduce 是 "
+        f"{fmt_time(t8)}（{t8 / gang_t[('8×SXM', 1)]:.1f} 倍）；批 32 时是 {tpot[('8×SXM', 32)] / gang_t[('8×SXM', 32)]:.1f} 倍。",
+        f"8 块 PCIe 卡：每块带宽 {fmt_bytes(H100_PCIE.mem_bw)}/s（SXM 是 {fmt_bytes(H100.mem_bw)}/s），互联慢 "
+        f"{NVLINK4.bw / PCIE5_X16.bw:.0f} 倍；批 1 时 TPOT {p8 * 1e3:.1f} ms，是 8 块 SXM 的 {p8 / t8:.1f} 倍。",
+    ])
+    return {"tpot": tpot, "comm": comm, "gang": gang_t, "n_allreduce": n_ar}
+
+
+# ---------------------------------------------------------------------------
+def demo3_latency_sweep():
+    print_header("演示 3：每跳延迟（假设）决定小批时加卡划不划算（NVLink，批 1 和批 32）")
+    rows, best = [], {}
+    for lat in LATENCIES:
+        for batch in (1, 32):
+            times = {n: tp_decode_step(MODEL, H100, n, NVLINK4, batch, CONTEXT, hop_latency=lat)["time"]
+                     for n in (2, 4, 8)}
+            b = min(times, key=times.get)
+            best[(lat, batch)] = (b, times)
+            rows.append([f"{lat * 1e6:.0f} µs", batch] + [f"{times[n] * 1e3:.1f}" for n in (2, 4, 8)] + [f"{b} 块"])
+    print_table(["每跳延迟", "批", "2 块 TPOT ms", "4 块", "8 块", "最快"], rows)
+    b1 = [best[(lat, 1)][0] for lat in LATENCIES]
+    t10 = best[(10e-6, 1)][1]
+    print_observations([
+        f"批 1 时最快的卡数：每跳 1 µs → {b1[0]} 块，3 µs → {b1[1]} 块，10 µs → {b1[2]} 块。"
+        f"每跳 10 µs 时 8 块卡（{t10[8] * 1e3:.1f} ms）比 4 块（{t10[4] * 1e3:.1f} ms）还慢："
+        f"多出来的 all-reduce 步数吃掉了读权重省下的时间。",
+        f"所以\"几块卡最好\"不是数据手册能回答的：它取决于通信软件把每跳做到多快（这里是假设）。"
+        f"批 32 时最快的是 {best[(1e-6, 32)][0]}、{best[(3e-6, 32)][0]}、{best[(10e-6, 32)][0]} 块（按同样三个延迟）。",
+    ])
+    return {"best": {k: v[0] for k, v in best.items()}, "times": {k: v[1] for k, v in best.items()}}
+
+
+# ---------------------------------------------------------------------------
+def demo4_prefill():
+    print_header("演示 4：prefill 时 all-reduce 随提示变长（每跳 3 µs）")
+    rows, share, tcomm, twork = [], {}, {}, {}
+    for n_tokens in (1024, 8192):
+        for name, chip, n, link in CONFIGS:
+            r = tp_prefill_step(MODEL, chip, n, link, n_tokens)
+            share[(name, n_tokens)] = r["comm_share"]
+            tcomm[(name, n_tokens)], twork[(name, n_tokens)] = r["t_comm"], r["t_work"]
+            rows.append([n_tokens, name, fmt_bytes(n_tokens * MODEL.d_model * 2), fmt_time(r["t_work"]),
+                         fmt_time(r["t_comm"]), f"{100 * r['comm_share']:.0f}%"])
+    print_table(["提示 token", "配置", "每次 all-reduce", "计算（gang）", "all-reduce 合计", "通信占"], rows)
+    print_observations([
+        f"prefill 的 all-reduce 是整个提示的激活：8k 个 token 时一次 {fmt_bytes(8192 * MODEL.d_model * 2)}，"
+        f"带宽项成了主角。8 块 SXM 上通信占 {100 * share[('8×SXM', 1024)]:.0f}%（1k）和 "
+        f"{100 * share[('8×SXM', 8192)]:.0f}%（8k）；8 块 PCIe 卡上是 {100 * share[('8×PCIe', 1024)]:.0f}% 和 "
+        f"{100 * share[('8×PCIe', 8192)]:.0f}%。",
+        f"这里假设计算和通信不重叠；能重叠时，通信最多藏到和计算一样长。8 块 PCIe 卡、8k 个 token 时 all-reduce "
+        f"本身（{fmt_time(tcomm[('8×PCIe', 8192)])}）就比计算（{fmt_time(twork[('8×PCIe', 8192)])}）长，重叠也藏不住。"
+        f"张量并行因此通常只在一台机器的 NVLink 以内做（Megatron-LM 的实验里 8 路模型并行都在一台服务器以内，"
+        f"服务器之间只走数据并行的梯度）。",
+    ])
+    return {"share": share, "t_comm": tcomm, "t_work": twork}
+
+
+# ---------------------------------------------------------------------------
+def demo5_pipeline():
+    n = 4
+    print_header(f"演示 5：对照流水线并行（{n} 块 H100 SXM，NVLink，每跳 3 µs）")
+    rows, res = [], {}
+    for batch in (1, 32):
+        tp = tp_decode_step(MODEL, H100, n, NVLINK4, batch, CONTEXT)
+        pp1 = pp_decode_step(MODEL, H100, n, NVLINK4, batch, CONTEXT, in_flight=1)
+        ppn = pp_decode_step(MODEL, H100, n, NVLINK4, batch, CONTEXT, in_flight=n)
+        res[batch] = (tp, pp1, ppn)
+        rows.append([batch, "张量并行", fmt_time(tp["time"]), f"{batch / tp['time'] / n:.0f}",
+                     f"{100 * tp['t_work'] / tp['time']:.0f}%"])
+        rows.append([batch, "流水线，1 个批在跑", fmt_time(pp1["tpot"]), f"{pp1['tokens_per_s'] / n:.0f}",
+                     f"{100 * pp1['busy']:.0f}%"])
+        rows.append([batch, f"流水线，{n} 个批轮流", fmt_time(ppn["tpot"]), f"{ppn['tokens_per_s'] / n:.0f}",
+                     f"{100 * ppn['busy']:.0f}%"])
+    print_table(["每批序列", "切法", "TPOT", "每卡 tok/s", "每块卡在算"], rows)
+    tp, pp1, ppn = res[1]
+    print_observations([
+        f"批 1：流水线的 TPOT {fmt_time(pp1['tpot'])}，和假想一块卡装下整个模型的 {fmt_time(pp1['t_one_chip'])} "
+        f"只差 {n} 跳（{fmt_time(pp1['t_hops'])}）——每个 token 仍要依次走完全部 {MODEL.n_layers} 层，一次只有一段在算"
+        f"（每块卡只有 {100 * pp1['busy']:.0f}% 的时间在算，其余是气泡）；张量并行是 {fmt_time(tp['time'])}"
+        f"（它的卡有 {100 * (1 - tp['t_work'] / tp['time']):.0f}% 的时间在等 all-reduce）。"
+        f"流水线要靠 {n} 个批轮流把气泡填上，换来的是吞吐（每卡 {ppn['tokens_per_s'] / n:.0f} tok/s），不是延迟。",
+    ])
+    return {"pp1": pp1, "ppn": ppn, "tp": tp}
+
+
+if __name__ == "__main__":
+    demo1_one_allreduce()
+    demo2_decode_vs_batch()
+    demo3_latency_sweep()
+    demo4_prefill()
+    demo5_pipeline()

@@ -1,0 +1,109 @@
+"""
+环形 all-reduce、张量并行与流水线并行的估计（hw_specs.ring_allreduce，llm_math.tp_* / pp_decode_step），
+用手算的闭式核对；以及第 1 讲 05 脚本观察里的数。
+"""
+import contextlib
+import io
+
+import pytest
+
+from conftest import load_script
+from hw_specs import H100, H100_PCIE, NVLINK4, PCIE5_X16, ring_allreduce
+from llm_math import LLAMA31_70B, pp_decode_step, tp_decode_step, tp_prefill_step
+
+P70 = 70_553_706_496                        # Llama-3.1-70B 的参数总数（config.json 逐个数）
+EMB = 128256 * 8192                         # 输入词嵌入（decode 不读：查表）
+KV_TOKEN = 80 * 8 * 128 * 2 * 2             # 每个位置的 K+V 字节（BF16）
+
+
+def test_ring_allreduce_by_hand():
+    r = ring_allreduce(16384, 4, NVLINK4, hop_latency=3e-6)
+    assert r["steps"] == 6 and r["bytes_per_gpu"] == 24576
+    assert r["time"] == pytest.approx(6 * (3e-6 + 16384 / 4 / 450e9), rel=1e-12)
+    assert ring_allreduce(10 ** 6, 1, NVLINK4)["time"] == 0
+    assert ring_allreduce(1, 2, PCIE5_X16)["t_latency"] == 2 * PCIE5_X16.hop_latency
+
+
+@pytest.mark.parametrize("kw,match", [({"n": 0}, "正整数"), ({"n": 2.5}, "正整数"), ({"n_bytes": -1}, "负"),
+                                      ({"hop_latency": -1e-6}, "负")])
+def test_ring_allreduce_rejects_bad_input(kw, match):
+    args = {"n_bytes": 100, "n": 2, "link": NVLINK4, **kw}
+    with pytest.raises(ValueError, match=match):
+        ring_allreduce(**args)
+
+
+def test_tp_decode_is_sharded_roofline_plus_160_allreduces():
+    """70B、8 块 SXM、批 1、上下文 4096：读的字节 = (参数 − 词嵌入) × 2 + KV，÷ (8 × 3.35 TB/s)；再加 160 次 all-reduce。"""
+    r = tp_decode_step(LLAMA31_70B, H100, 8, NVLINK4, 1, 4096, hop_latency=1e-6)
+    work = ((P70 - EMB) * 2 + 4096 * KV_TOKEN) / (8 * 3.35e12)
+    comm = 160 * 14 * (1e-6 + 8192 * 2 / 8 / 450e9)
+    assert r["t_work"] == pytest.approx(work, rel=1e-12)
+    assert r["t_comm"] == pytest.approx(comm, rel=1e-12)
+    assert r["time"] == pytest.approx(work + comm, rel=1e-12)
+
+
+def test_tp_prefill_allreduce_grows_with_the_prompt():
+    r = tp_prefill_step(LLAMA31_70B, H100, 8, NVLINK4, 8192, hop_latency=3e-6)
+    assert r["t_comm"] == pytest.approx(160 * 14 * (3e-6 + 8192 * 8192 * 2 / 8 / 450e9), rel=1e-12)
+
+
+def test_pipeline_tpot_is_one_chip_time_plus_hops():
+    r = pp_decode_step(LLAMA31_70B, H100, 4, NVLINK4, 1, 4096, in_flight=1, hop_latency=3e-6)
+    one = ((P70 - EMB) * 2 + 4096 * KV_TOKEN) / 3.35e12
+    assert r["t_one_chip"] == pytest.approx(one, rel=1e-12)
+    assert r["tpot"] == pytest.approx(one + 4 * (3e-6 + 8192 * 2 / 450e9), rel=1e-12)
+    assert r["busy"] == pytest.approx(one / 4 / r["tpot"])
+    full = pp_decode_step(LLAMA31_70B, H100, 4, NVLINK4, 1, 4096, in_flight=4, hop_latency=3e-6)
+    assert full["tokens_per_s"] == pytest.approx(4 / full["tpot"]) and full["busy"] == pytest.approx(one / full["tpot"])
+    with pytest.raises(ValueError, match="正整数"):
+        pp_decode_step(LLAMA31_70B, H100, 4, NVLINK4, 1, 4096, in_flight=0)
+
+
+# ---- 第 1 讲 05 脚本 ----
+@pytest.fixture(scope="module")
+def s5():
+    mod = load_script("lecture01/05_tensor_parallel.py")
+    with contextlib.redirect_stdout(io.StringIO()):
+        return {n: getattr(mod, n)() for n in ("demo1_one_allreduce", "demo2_decode_vs_batch", "demo3_latency_sweep",
+                                                "demo4_prefill", "demo5_pipeline")}
+
+
+def test_script_demo1(s5):
+    d = s5["demo1_one_allreduce"]
+    assert d["b1_latency"] == pytest.approx(14 * 3e-6) and d["ratio_bytes_8"] == pytest.approx(1.75)
+    assert d["b1_bandwidth"] == pytest.approx(14 * 16384 / 8 / 450e9)
+    assert d["bw_ratio"] == pytest.approx(450 / 64)
+
+
+def _tpot(n, batch, lat, chip=H100):
+    """TP 的 TPOT，独立按闭式算（dense 70B，上下文 4096，BF16）。"""
+    bw = chip.mem_bw * n
+    fl = chip.peak_flops("bf16") * n
+    flops = batch * LLAMA31_70B.flops_per_token(4096)
+    work = max(flops / fl, ((P70 - EMB) * 2 + batch * 4096 * KV_TOKEN) / bw)
+    link = NVLINK4 if chip is H100 else PCIE5_X16
+    return work + 160 * 2 * (n - 1) * (lat + batch * 8192 * 2 / n / link.bw)
+
+
+def test_script_demo2_and_3_tpot_and_best_gpu_count(s5):
+    t = s5["demo2_decode_vs_batch"]["tpot"]
+    for n in (2, 4, 8):
+        assert t[(f"{n}×SXM", 1)] == pytest.approx(_tpot(n, 1, 3e-6), rel=1e-12)
+    assert t[("8×PCIe", 1)] == pytest.approx(_tpot(8, 1, 3e-6, H100_PCIE), rel=1e-12)
+    best = s5["demo3_latency_sweep"]["best"]
+    for lat in (1e-6, 3e-6, 10e-6):
+        for b in (1, 32):
+            assert best[(lat, b)] == min((2, 4, 8), key=lambda n: _tpot(n, b, lat))
+    assert [best[(lat, 1)] for lat in (1e-6, 3e-6, 10e-6)] == [8, 8, 4]
+
+
+def test_script_demo4_shares(s5):
+    sh = s5["demo4_prefill"]
+    assert sh["t_comm"][("8×PCIe", 8192)] > sh["t_work"][("8×PCIe", 8192)]      # 观察 2：通信比计算还长
+    assert sh["share"][("8×SXM", 1024)] > sh["share"][("8×SXM", 8192)]
+
+
+def test_script_demo5_pipeline_does_not_shorten_tpot(s5):
+    d = s5["demo5_pipeline"]
+    assert d["pp1"]["tpot"] > d["pp1"]["t_one_chip"] > d["tp"]["time"]
+    assert d["pp1"]["busy"] == pytest.approx(d["pp1"]["t_one_chip"] / 4 / d["pp1"]["tpot"])
