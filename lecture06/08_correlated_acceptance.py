@@ -28,7 +28,7 @@ CS349E · 第 6 讲 · 08_correlated_acceptance.py —— 难的位置成片出�
   （表里看得到）。用 3 个而不是 2 个 token 去匹配，是因为 QCFG 的文本里二元组常常偶然重复，照抄一旦被偶然触发就停不下来。
 - 随机数种子全部固定，每次运行输出完全相同。
 
-【运行】python3 08_correlated_acceptance.py （约 3 秒）
+【运行】python3 08_correlated_acceptance.py （约 2 秒）
 
 【依赖】numpy；本目录的 decode_lab（regime_models、PromptLookup、CopyingLM、speculative_generate_adaptive、式 (1)）；
 ../lecture02 的 transformer_lab；../lecture03 的 quant_lab（QCFG，需要 ../prereq3）；../lecture01 的 console。
@@ -44,22 +44,22 @@ for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from decode_lab import (CopyingLM, PromptLookup, TransformerLM, acceptance_beta, adjust, best_gamma,  # noqa: E402
-                        bigram_chain_stats, expected_tokens, lag1_correlation, regime_models, round_starts,
+                        bigram_chain_stats, expected_tokens, induction_token, lag1_correlation, regime_models, round_starts,
                         speculative_generate, speculative_generate_adaptive, tokens_if_started_at,
                         walltime_speedup)
-from console import print_header, print_observations, print_table  # noqa: E402
+from console import print_header, print_observations, print_plot, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params  # noqa: E402
 
 # ---- 实验设置（都是选出来的假设，不是事实）----
-STAYS = (0.5, 0.8, 0.9, 0.97)     # 状态的保持概率：平均段长 2、5、10、33 个 token
+STAYS = (0.5, 0.9, 0.97)          # 状态的保持概率：平均段长 2、10、33 个 token
 GAMMAS = (1, 4, 8)
 N_PROMPTS, N_NEW = 8, 400         # 每个 (stay, γ)：8 条 × 400 个新 token；提示是 1 个 token，一半从易状态开始、一半从难状态
 SEED = 800                        # 第 i 条用 np.random.default_rng(SEED + i)
 C_DRAFT = 0.05                    # 演示 3：草稿一个 token 的时间 / 目标一次前向（假设）
 ADAPT_START, ADAPT_MAX = 2, 16    # 演示 3：自适应 γ 从 2 开始，最多 16
 LAMBDA, NGRAM = 0.97, 3           # 演示 4：照抄的概率、匹配几个 token（目标的归纳规则和 prompt lookup 一样）
-PASSAGE, PL_PROMPTS, PL_NEW, PL_GAMMA = 40, 4, 48, 8   # 演示 4：段落长、提示个数、新 token、每轮最多草稿几个
+PASSAGE, PL_PROMPTS, PL_NEW, PL_GAMMA = 40, 3, 48, 8   # 演示 4：段落长、提示个数、新 token、每轮最多草稿几个
 
 _RUNS = {}
 
@@ -119,7 +119,7 @@ def seed04_lag1():
 def demo1_gap():
     print_header("演示 1：α 不变、难段变长：每次目标前向的 token vs 式 (1)（温度 1）")
     exact = {s: bigram_chain_stats(*regime_models(s)) for s in STAYS}
-    rows, gaps, alphas, lag1 = [], {}, [], {}
+    rows, gaps, alphas, lag1 = [], {}, {}, {}
     for s in STAYS:
         for g in GAMMAS:
             r = run_regime(s, g)
@@ -127,7 +127,7 @@ def demo1_gap():
             e1 = expected_tokens(a, g)
             gaps[(s, g)] = r["per_call"] / e1 - 1
             lag1[(s, g)] = lag1_correlation(r["betas"])
-            alphas.append(a)
+            alphas[(s, g)] = a
             rows.append([f"{s}", f"{1 / (1 - s):.0f}", g, f"{a:.3f}", f"{lag1[(s, g)]:.2f}",
                          f"{exact[s]['lag1']:.2f}", f"{r['per_call']:.2f}", f"{e1:.2f}",
                          f"{100 * gaps[(s, g)]:+.1f}%"])
@@ -137,13 +137,18 @@ def demo1_gap():
     print(f"\n对照：04 的模型（只用前 3 层的草稿，04 测 α 的 8 × 64 个 token）：α = {a04:.3f}，r₁ = {r04:.2f}")
     s_lo, s_hi = STAYS[0], STAYS[-1]
     a_exact = exact[s_lo]["alpha"]
+    spread = {s: max(a for (s2, _), a in alphas.items() if s2 == s) - min(a for (s2, _), a in alphas.items() if s2 == s)
+              for s in STAYS}
+    g_lo = [100 * gaps[(s_lo, g)] for g in GAMMAS]
+    g_hi = [100 * gaps[(s_hi, g)] for g in GAMMAS]
     print_observations([
-        f"α 按构造不随 stay 变（平稳分布下的精确值 {a_exact:.3f}）；每行实测的 α 在 {min(alphas):.3f}–{max(alphas):.3f} "
-        "之间，是抽样误差：难段越长，同样多的 token 里独立的段越少，α 的波动越大。",
-        f"stay = {s_lo}（各位置的状态独立）时实测和式 (1) 差 {100 * gaps[(s_lo, 1)]:+.1f}% / "
-        f"{100 * gaps[(s_lo, 4)]:+.1f}% / {100 * gaps[(s_lo, 8)]:+.1f}%（γ = 1 / 4 / 8）；"
-        f"stay = {s_hi}（平均一段 {1 / (1 - s_hi):.0f} 个 token）时差 {100 * gaps[(s_hi, 1)]:+.1f}% / "
-        f"{100 * gaps[(s_hi, 4)]:+.1f}% / {100 * gaps[(s_hi, 8)]:+.1f}%：α 一样，难段越长，式 (1) 高估得越多，γ 越大越明显。",
+        f"α 按构造不随 stay 变（平稳分布下的精确值 {a_exact:.3f}）；每行实测的 α 在 {min(alphas.values()):.3f}–"
+        f"{max(alphas.values()):.3f} 之间，是抽样误差：同一个 stay 的三行，stay = {s_lo} 时最多差 {spread[s_lo]:.3f}，"
+        f"stay = {s_hi} 时差 {spread[s_hi]:.3f}——难段越长，同样多的 token 里独立的段越少。",
+        f"stay = {s_lo}（各位置的状态独立）时实测和式 (1) 差 {g_lo[0]:+.1f}% / {g_lo[1]:+.1f}% / {g_lo[2]:+.1f}%"
+        f"（γ = 1 / 4 / 8），式 (1) 成立；stay = {s_hi}（平均一段 {1 / (1 - s_hi):.0f} 个 token）时差 "
+        f"{g_hi[0]:+.1f}% / {g_hi[1]:+.1f}% / {g_hi[2]:+.1f}%：α 一样，难的位置成片出现，式 (1) 就高估了，"
+        f"γ = 4、8 比 γ = 1 高估得多。",
         f"β 的相邻相关 r₁：stay = {s_lo} 时 {lag1[(s_lo, 8)]:.2f}，stay = {s_hi} 时 {lag1[(s_hi, 8)]:.2f}"
         f"（精确值 {exact[s_hi]['lag1']:.2f}）；04 的模型是 {r04:.2f}，和 stay = {s_lo} 一样接近 0——"
         "所以 04 的实测和式 (1) 对得上，它看不到这里的高估。",
@@ -158,7 +163,8 @@ def mechanism(r, gamma):
     一次运行里把两个效应分开的数 -> dict。
 
     pair：相邻两个位置 β 乘积的平均 E[β_t β_{t+1}]；alpha：全部位置的 β 的平均；alpha_start：每轮起点的 β 的平均；
-    hard_all / hard_start：全部位置 / 每轮起点里在难状态的比例；any_start / round_start：Σ_{i=0..γ} Π_{j<i} β_{t+j}
+    hard_all / hard_start：全部位置 / 每轮起点里在难状态的比例；gap_hard / gap_easy：难 / 易状态里平均几个位置有一个起点；
+    any_start / round_start：Σ_{i=0..γ} Π_{j<i} β_{t+j}
     对全部位置 / 对每轮起点取平均（起点之后要有 γ 个位置）。
     """
     b = r["betas"]
@@ -171,7 +177,9 @@ def mechanism(r, gamma):
         st_h.append(r["hard"][i, st])
         any_s.append(tokens_if_started_at(b[i], np.arange(n - gamma + 1), gamma))
         round_s.append(tokens_if_started_at(b[i], st[st + gamma <= n], gamma))
-    return {"pair": float((b[:, :-1] * b[:, 1:]).mean()), "alpha": float(b.mean()),
+    n_st, hard_st = sum(len(x) for x in st_h), float(np.concatenate(st_h).sum())
+    return {"gap_hard": float(r["hard"].sum()) / hard_st, "gap_easy": float((~r["hard"]).sum()) / (n_st - hard_st),
+            "pair": float((b[:, :-1] * b[:, 1:]).mean()), "alpha": float(b.mean()),
             "alpha_start": float(np.concatenate(st_b).mean()), "hard_all": float(r["hard"].mean()),
             "hard_start": float(np.concatenate(st_h).mean()), "any_start": float(np.concatenate(any_s).mean()),
             "round_start": float(np.concatenate(round_s).mean()), "per_call": r["per_call"]}
@@ -189,6 +197,13 @@ def demo2_mechanism():
               f"{m['alpha_start']:.3f}", f"{m['round_start']:.2f}", f"{m['per_call']:.2f}"] for s, m in ms.items()]
     print("\n(b) 每轮真正的起点：在难状态的比例、起点的 β 的平均，和只在这些起点上算的 Σ∏β")
     print_table(["stay", "难（全部）", "难（起点）", "α 全部", "α 起点", "Σ∏β 起点", "每轮 token 实测"], rows2)
+    r = run_regime(STAYS[-1], g)
+    n_show = 72
+    st = r["starts"][0]
+    st = st[st < n_show]
+    print(f"\nstay = {STAYS[-1]} 的第一条输出的前 {n_show} 个位置：每个位置的 β（.）和每轮的起点（S）")
+    print_plot({"β_t": (np.arange(n_show), r["betas"][0, :n_show], "."), "每轮的起点": (st, r["betas"][0, st], "S")},
+               "输出里的位置", "β", width=n_show, height=10)
     lo, hi = ms[STAYS[0]], ms[STAYS[-1]]
     s_hi = STAYS[-1]
     print_observations([
@@ -197,6 +212,7 @@ def demo2_mechanism():
         f"比式 (1) 的 {expected_tokens(hi['alpha'], g):.2f} 还**多**——只看相关，式 (1) 应该低估。",
         f"(b)：但一轮在第一次拒绝处结束，而拒绝多发生在难段里，所以下一轮也从难段开始：stay = {s_hi} 时"
         f"全部位置里 {100 * hi['hard_all']:.0f}% 在难状态，每轮的起点里却有 {100 * hi['hard_start']:.0f}%；"
+        f"难状态里平均每 {hi['gap_hard']:.1f} 个位置就有一轮开始，易状态里每 {hi['gap_easy']:.1f} 个（上图）；"
         f"起点的 β 平均只有 {hi['alpha_start']:.3f}（全部位置 {hi['alpha']:.3f}）。"
         f"只在起点上算的 Σ∏β = {hi['round_start']:.2f}，和实测的 {hi['per_call']:.2f} 接近，比式 (1) 少。",
         f"stay = {STAYS[0]} 时起点在难状态的比例是 {100 * lo['hard_start']:.0f}%，和全部位置的 "
@@ -312,13 +328,16 @@ def demo4_prompt_lookup():
                 acc += st["accepted"]
                 dr += st["drafted"]
                 calls += st["target_calls"]
-            b, h = lookup_betas(target, lookup, seqs, len(prs[0]), T)
+            n0 = len(prs[0])
+            b, h = lookup_betas(target, lookup, seqs, n0, T)
+            first = [next((t - n0 for t in range(n0, len(q)) if induction_token(q, t, NGRAM) is not None), None)
+                     for q in seqs]
             acc, dr = np.array(acc), np.array(dr)
             a = float(b.mean())
             r = {"frac_in": float(h.mean()), "alpha_in": float(b[h].mean()) if h.any() else None,
                  "alpha": a, "per_call": float((acc + 1).sum() / calls), "eq1": expected_tokens(a, PL_GAMMA),
                  "acc_when_drafted": float(acc[dr > 0].mean()) if (dr > 0).any() else None,
-                 "frac_drafted": float((dr > 0).mean())}
+                 "first_repeat": first, "seqs": seqs}
             res[(name, T)] = r
             rows.append([name, f"{T:g}", f"{100 * r['frac_in']:.0f}%",
                          "—" if r["alpha_in"] is None else f"{r['alpha_in']:.3f}", f"{a:.3f}",
@@ -341,8 +360,10 @@ def demo4_prompt_lookup():
         f"T = 1、不重复的提示：{100 * fr1['frac_in']:.0f}% 的位置有草稿，每轮 {fr1['per_call']:.2f} 个 token——"
         "没有可抄的东西，prompt lookup 什么也不做（也不花什么：不用跑草稿模型）。",
         f"T = 0 时重复的提示每轮 {rep0['per_call']:.2f} 个（段内 α = {rep0['alpha_in']:.3f}：贪心下照抄的 token 就是 argmax）。"
-        f"不重复的提示在 T = 0 下也有 {100 * fr0['frac_in']:.0f}% 的位置在照抄：贪心解码自己生成了重复的片段，"
-        f"一旦重复，归纳规则接着抄，prompt lookup 也就猜中了（每轮 {fr0['per_call']:.2f} 个）。",
+        f"不重复的提示在 T = 0 下也有 {100 * fr0['frac_in']:.0f}% 的位置在照抄：贪心解码自己写出了重复的 {NGRAM} 个 token"
+        f"（{len(fr0['first_repeat'])} 条分别写到第 {'、'.join(str(x) for x in fr0['first_repeat'])} 个新 token 时出现；"
+        "在那之前归纳规则不起作用，目标就是 QCFG 本身），之后归纳规则接着抄，prompt lookup 也就猜中了"
+        f"（每轮 {fr0['per_call']:.2f} 个）。",
     ])
     return {"copy_p": copy_p, "res": res}
 
