@@ -96,6 +96,17 @@ def test_bigram_chain_stats_hand_worked_two_token_chain():
     assert same["alpha"] == pytest.approx(1.0) and same["lag1"] == 0.0
 
 
+def test_bigram_chain_stats_periodic_chain():
+    """周期为 2 的链 0 → 1 → {0, 2} → 1 …：π = (1/4, 1/2, 1/4)，从均匀分布出发的普通幂迭代会来回振荡。
+    草稿在 1 之后只猜 2：β = (1, 0.5, 1)，α = 0.75。"""
+    with np.errstate(divide="ignore"):
+        t = NGramLM(np.log(np.array([[0, 1, 0], [0.5, 0, 0.5], [0, 1, 0]])))
+        d = NGramLM(np.log(np.array([[0, 1, 0], [0, 0, 1.0], [0, 1, 0]])))
+    st = bigram_chain_stats(t, d)
+    assert st["alpha"] == pytest.approx(0.75, abs=1e-12)
+    assert st["beta_pair"] == pytest.approx(0.5, abs=1e-12)               # 相邻两个位置总有一个是 0.5、一个是 1
+
+
 def test_exact_lag1_matches_a_long_sampled_chain():
     """用自己写的采样（均匀数 + cumsum 反查）抽一条长链，β 的相邻相关和精确值一致。"""
     t, d = regime_models(0.9)
