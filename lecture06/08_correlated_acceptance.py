@@ -256,8 +256,8 @@ def demo3_adaptive(alpha_exact):
         f"{lo['fixed']['ratio']:.3f}，stay = {STAYS[-1]} 时只有 {hi['fixed']['ratio']:.3f}——演示 1 的高估变成了加速比的损失。",
         f"自适应 γ 用的是 Hugging Face transformers 的 \"heuristic\" 规则：stay = {STAYS[-1]} 时到了预测的 "
         f"{hi['adaptive']['ratio']:.3f}，找回了这次损失的 {100 * hi['recovered']:.0f}%。"
-        f"它在易段里把 γ 涨到平均 {hi['adaptive']['gamma_easy']:.1f}，在难段里降到 {hi['adaptive']['gamma_hard']:.1f}，"
-        "难段里少白草稿、易段里一轮多拿几个。",
+        f"从易状态开始的轮平均草稿 {hi['adaptive']['gamma_easy']:.1f} 个，从难状态开始的 "
+        f"{hi['adaptive']['gamma_hard']:.1f} 个（固定的是 {g_star}）：易段里一轮多拿几个，难段里少白草稿几个。",
         f"难度不持续时它反而吃亏：stay = {STAYS[0]} 时自适应只到预测的 {lo['adaptive']['ratio']:.3f}"
         f"（固定 γ = {g_star} 是 {lo['fixed']['ratio']:.3f}；γ 易 / 难 = {lo['adaptive']['gamma_easy']:.1f} / "
         f"{lo['adaptive']['gamma_hard']:.1f}，几乎一样）——上一轮的结果预示不了下一轮，γ 只是在最优值附近来回跳。"

@@ -185,6 +185,7 @@ def test_demo3_claims(s08, demos):
     assert hi["recovered"] > 0.5
     assert hi["adaptive"]["ratio"] > hi["fixed"]["ratio"]
     assert hi["adaptive"]["gamma_easy"] > hi["adaptive"]["gamma_hard"] + 2
+    assert hi["adaptive"]["gamma_hard"] < 4 < hi["adaptive"]["gamma_easy"]          # 固定的 γ* = 4
     assert lo["adaptive"]["ratio"] < lo["fixed"]["ratio"] - 0.03          # 不持续时吃亏
     assert abs(lo["adaptive"]["gamma_easy"] - lo["adaptive"]["gamma_hard"]) < 0.5
     assert lo["recovered"] is None                                      # 没有损失可找回时不打印比例
