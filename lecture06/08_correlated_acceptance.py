@@ -117,6 +117,11 @@ def seed04_lag1():
     return float(betas.mean()), lag1_correlation(betas)
 
 
+def _r2(x):
+    """两位小数；舍入成 0 的负数写成 0.00（不写 -0.00）。"""
+    return f"{round(x, 2) + 0.0:.2f}"
+
+
 def demo1_gap():
     print_header("演示 1：α 不变、难段变长：每次目标前向的 token vs 式 (1)（温度 1）")
     exact = {s: bigram_chain_stats(*regime_models(s)) for s in STAYS}
@@ -129,8 +134,8 @@ def demo1_gap():
             gaps[(s, g)] = r["per_call"] / e1 - 1
             lag1[(s, g)] = lag1_correlation(r["betas"])
             alphas[(s, g)] = a
-            rows.append([f"{s}", f"{1 / (1 - s):.0f}", g, f"{a:.3f}", f"{lag1[(s, g)]:.2f}",
-                         f"{exact[s]['lag1']:.2f}", f"{r['per_call']:.2f}", f"{e1:.2f}",
+            rows.append([f"{s}", f"{1 / (1 - s):.0f}", g, f"{a:.3f}", _r2(lag1[(s, g)]),
+                         _r2(exact[s]["lag1"]), f"{r['per_call']:.2f}", f"{e1:.2f}",
                          f"{100 * gaps[(s, g)]:+.1f}%"])
     print(f"每格 {N_PROMPTS} 条 × {N_NEW} 个新 token；α、r₁ 在这次运行输出的文本上算，式 (1) 用这一行的 α")
     print_table(["stay", "平均段长", "γ", "α 实测", "r₁ 实测", "r₁ 精确", "每轮 token", "式 (1)", "差"], rows)

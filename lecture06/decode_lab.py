@@ -207,8 +207,8 @@ def regime_models(stay, n_words=96, seed=0, spread=1.5, easy_noise=0.1, hard_noi
     """
     一对"难度成片出现"的二元语法模型 -> (目标, 草稿)，都是 NGramLM（词表 V = 2 · n_words）。
 
-    【模型】token a = s · n_words + w：s ∈ {0 = 易, 1 = 难} 是"状态"（写在 token 的高位里，所以模型看得见它），
-    w 是"词"。目标：下一个 token 的状态以概率 stay 不变、1 − stay 换成另一个（对称的两状态马尔可夫链），
+    【模型】token a = s · n_words + w：s ∈ {0 = 易, 1 = 难} 是"状态"（写在 token 的高位里，所以模型看得见它：
+    一个两种状态各用半个词表发射的隐马尔可夫模型，从 token 就读得出状态），w 是"词"。目标：下一个 token 的状态以概率 stay 不变、1 − stay 换成另一个（对称的两状态马尔可夫链），
     词按 f_w 抽（只看上一个词 w，和状态无关）：P(s', w' | s, w) = [stay 或 1 − stay] · f_w(w')。
     草稿：状态的转移和目标完全一样，词换成 g_{s,w}：易状态 g 是 f 加一点噪声（像目标），难状态 g 是 f 加很多噪声。
     【推导】p、q 在两半词表上的形状相同、两半的总质量也相同（stay 和 1 − stay），所以
@@ -220,7 +220,7 @@ def regime_models(stay, n_words=96, seed=0, spread=1.5, easy_noise=0.1, hard_noi
     z、z′、z″ 是 standard_normal（np.random.default_rng(seed)，按这个顺序抽），都是**假设**。
     【边界】stay 不在 [0, 1) 里抛 ValueError（stay = 1 时状态永远不变，没有平稳的"一半一半"）。
     """
-    if not (isinstance(stay, (int, float, np.floating)) and 0.0 <= stay < 1.0):
+    if not (isinstance(stay, (int, float, np.floating)) and not isinstance(stay, bool) and 0.0 <= stay < 1.0):
         raise ValueError(f"保持概率 stay 必须在 [0, 1) 里（收到 {stay!r}）；stay = 1 时状态永远不变")
     if not (isinstance(n_words, (int, np.integer)) and not isinstance(n_words, bool) and n_words >= 2):
         raise ValueError(f"n_words 必须是 ≥ 2 的整数（收到 {n_words!r}）")
@@ -365,13 +365,13 @@ class CopyingLM:
 
     【模型的假设】真实的语言模型靠归纳头（induction heads）照抄上下文里出现过的片段；QCFG 这样的随机模型不会抄
     （它对重复段落里"该抄的"token 的概率和别的 token 差不多）。这里的混合是**假设**，代替归纳头：
-    以概率 λ 延续当前二元组上一次出现时的下文（induction_token）。.cfg 和 .name 来自 base（上下文 max_seq 一样）。
+    以概率 λ 延续最后 n 个 token（n = 2：当前的二元组）上一次出现时的下文（induction_token）。.cfg 和 .name 来自 base（上下文 max_seq 一样）。
     session()：和 TransformerLM 一样的 logits(seq, counter) / truncate(m)；logits 是混合分布的对数。
     【边界】λ 不在 [0, 1] 里抛 ValueError；λ = 0 就是 base。
     """
 
     def __init__(self, base, lam, n=2, name=""):
-        if not (isinstance(lam, (int, float, np.floating)) and 0.0 <= lam <= 1.0):
+        if not (isinstance(lam, (int, float, np.floating)) and not isinstance(lam, bool) and 0.0 <= lam <= 1.0):
             raise ValueError(f"照抄的概率 λ 必须在 [0, 1] 里（收到 {lam!r}）")
         if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1):
             raise ValueError(f"n-gram 的长度 n 必须是 ≥ 1 的整数（收到 {n!r}）")

@@ -124,7 +124,7 @@ def test_exact_lag1_matches_a_long_sampled_chain():
     assert lag1_correlation(b) == pytest.approx(r, abs=1e-9)
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), "0.5", None])
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), "0.5", None, True])
 def test_regime_bad_stay_is_a_clear_value_error(bad):
     with pytest.raises(ValueError, match=r"stay.*\[0, 1\)"):
         regime_models(bad)
