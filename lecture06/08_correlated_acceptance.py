@@ -45,8 +45,8 @@ for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from decode_lab import (CopyingLM, PromptLookup, TransformerLM, acceptance_beta, adjust, best_gamma,  # noqa: E402
-                        bigram_chain_stats, expected_tokens, induction_token, lag1_correlation, regime_models, round_starts,
-                        speculative_generate, speculative_generate_adaptive, tokens_if_started_at,
+                        bigram_chain_stats, expected_tokens, induction_token, lag1_correlation, regime_models,
+                        round_starts, speculative_generate, speculative_generate_adaptive, tokens_if_started_at,
                         walltime_speedup)
 from console import print_header, print_observations, print_plot, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402

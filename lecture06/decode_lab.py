@@ -35,8 +35,8 @@ __all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "spe
            "residual_distribution", "speculative_step_probs", "acceptance_beta", "acceptance_rate",
            "expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
            "chi2_sf", "chi2_gof"]
-__all__ += ["regime_models", "lag1_correlation", "bigram_chain_stats", "round_starts", "tokens_if_started_at", "PromptLookup",
-            "induction_token", "CopyingLM", "speculative_generate_adaptive"]
+__all__ += ["regime_models", "lag1_correlation", "bigram_chain_stats", "round_starts", "tokens_if_started_at",
+            "PromptLookup", "induction_token", "CopyingLM", "speculative_generate_adaptive"]
 
 
 # ---------------------------------------------------------------------------
@@ -216,8 +216,9 @@ def regime_models(stay, n_words=96, seed=0, spread=1.5, easy_noise=0.1, hard_noi
     和 stay 无关；词的链不看状态，状态的链是对称的，平稳分布 = 状态各一半 × 词的平稳分布 π，也和 stay 无关。
     所以总的 α = ½ Σ_w π(w)(β_易(w) + β_难(w)) 不随 stay 变：stay 只改变"难"的位置是零散的还是成片的
     （平均一段 1 / (1 − stay) 个 token；stay = 0.5 时各位置的状态独立）。
-    【参数】f_w = softmax(spread · z)、易 g = softmax(spread · z + easy_noise · z′)、难 g = softmax(spread · z + hard_noise · z″)，
-    z、z′、z″ 是 standard_normal（np.random.default_rng(seed)，按这个顺序抽），都是**假设**。
+    【参数】f_w = softmax(spread · z)、易 g = softmax(spread · z + easy_noise · z′)、
+    难 g = softmax(spread · z + hard_noise · z″)，z、z′、z″ 是 standard_normal（np.random.default_rng(seed)，
+    按这个顺序抽），都是**假设**。
     【边界】stay 不在 [0, 1) 里抛 ValueError（stay = 1 时状态永远不变，没有平稳的"一半一半"）。
     """
     if not (isinstance(stay, (int, float, np.floating)) and not isinstance(stay, bool) and 0.0 <= stay < 1.0):
