@@ -34,6 +34,7 @@ from transformer_lab import NumpyTransformer, sample_inverse_cdf, softmax  # noq
 __all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "speculative_generate",
            "residual_distribution", "speculative_step_probs", "acceptance_beta", "acceptance_rate",
            "expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
+           "alpha_for_speedup", "expected_rounds", "simulate_rounds", "build_seed04_models", "alphas_on_text",
            "chi2_sf", "chi2_gof"]
 __all__ += ["regime_models", "lag1_correlation", "bigram_chain_stats", "round_starts", "tokens_if_started_at",
             "PromptLookup", "induction_token", "CopyingLM", "speculative_generate_adaptive"]
@@ -612,6 +613,134 @@ def best_gamma(alpha, c, max_gamma=256):
     if best[0] == max_gamma:
         raise ValueError(f"α = {alpha}、c = {c} 的最优 γ 超出搜索范围 1..{max_gamma}：调大 max_gamma")
     return best
+
+
+# ---------------------------------------------------------------------------
+# ---- 论文对照 ----
+# 第 6 讲 06、07 用：把定理 3.8 倒过来用（从论文报告的加速比求 α）、不跑模型的"独立同分布"模拟、
+# 种子 04 的模型和四个草稿、在文本上量 α。
+# ---------------------------------------------------------------------------
+def alpha_for_speedup(speedup, gamma, c, tol=1e-12):
+    """
+    反解定理 3.8：加速比为 speedup（草稿长度 γ、代价系数 c）时的接受率 α -> float。
+
+    【推导】speedup(α) = (1 + α + … + α^γ) / (γc + 1) 随 α 严格增加：α = 0 时是 1 / (γc + 1)，
+    α = 1 时是 (γ + 1) / (γc + 1)。所以在 [0, 1] 上二分，直到区间短于 tol。
+    【边界】speedup 不在 [1 / (γc + 1), (γ + 1) / (γc + 1)] 里（没有这样的 α）抛 ValueError；γ 必须 ≥ 1（γ = 0 时加速比恒为 1，
+    求不出 α）；c < 0 抛 ValueError。
+    """
+    if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
+        raise ValueError(f"草稿长度 γ 必须是 ≥ 1 的整数（收到 {gamma!r}；γ = 0 时加速比恒为 1，求不出 α）")
+    lo_s, hi_s = walltime_speedup(0.0, gamma, c), walltime_speedup(1.0, gamma, c)
+    if not lo_s <= speedup <= hi_s:
+        raise ValueError(f"γ = {gamma}、c = {c} 时加速比只能在 {lo_s:.4g}（α = 0）到 {hi_s:.4g}（α = 1）之间，"
+                         f"收到 {speedup}")
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if walltime_speedup(mid, gamma, c) < speedup:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def expected_rounds(alpha, gamma, n_new):
+    """
+    产出 n_new 个 token 平均要几轮（= 目标模型前向几次）-> float。各位置独立、接受率都是 α（式 (1) 的假设）。
+
+    【推导】一轮产出 X = 1 + 被接受的个数 ∈ 1..γ + 1 个 token（截断几何分布）。记 u_k = "有一轮从第 k 个新 token
+    开始"的概率：u_0 = 1，u_k = Σ_j u_{k−j}·P(X = j)（更新方程）。轮数 = 从 0..n_new − 1 开始的轮数，
+    所以期望 = Σ_{k < n_new} u_k。最后一轮可能越过 n_new（多产出的被截掉），所以 n_new / 期望轮数 < E(α, γ)：
+    这就是 "n_new / 轮数" 这个估计偏低的原因；n_new 越大，截掉的那一点占比越小。
+    【边界】n_new 必须是 ≥ 1 的整数；γ = 0 时每轮 1 个 token，期望 = n_new。
+    """
+    _check_alpha_gamma(alpha, gamma)
+    if not (isinstance(n_new, (int, np.integer)) and not isinstance(n_new, bool) and n_new >= 1):
+        raise ValueError(f"n_new 必须是 ≥ 1 的整数（收到 {n_new!r}）")
+    px = truncated_geometric(alpha, gamma)  # px[j − 1] = P(X = j)
+    u = np.zeros(n_new)
+    u[0] = 1.0
+    for k in range(1, n_new):
+        j = np.arange(1, min(k, gamma + 1) + 1)
+        u[k] = float((u[k - j] * px[j - 1]).sum())
+    return float(u.sum())
+
+
+def simulate_rounds(alpha, gamma, n_new, n_runs, rng):
+    """
+    不跑模型，模拟 n_runs 次"投机解码生成 n_new 个 token"-> dict（各位置独立、每个草稿以概率 α 被接受）：
+      "calls"：[n_runs] 每次的轮数（目标前向次数）；
+      "accepted"：[n_runs] 每次所有轮被接受的草稿个数之和（最后一轮整轮计入，不截断）。
+
+    【做法】每轮给每次运行 γ 个均匀数 u：从头数连续 u < α 的个数就是这一轮被接受的个数 n，这一轮产出 n + 1 个 token
+    （和 speculative_generate 一样：第一个被拒绝的位置换成修正 token；全部接受时多一个额外的 token）。产够 n_new 的运行停下。
+    【随机数】每轮 rng.random((n_runs, γ))，已经停下的运行也照样消耗，所以结果只取决于种子和参数。
+    【边界】γ ≥ 1、n_new ≥ 1、n_runs ≥ 1 的整数，否则 ValueError；α = 1 时每轮 γ + 1 个。
+    """
+    _check_alpha_gamma(alpha, gamma)
+    for name, v in (("γ", gamma), ("n_new", n_new), ("n_runs", n_runs)):
+        if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{name} 必须是 ≥ 1 的整数（收到 {v!r}）")
+    made = np.zeros(n_runs, dtype=np.int64)
+    calls = np.zeros(n_runs, dtype=np.int64)
+    accepted = np.zeros(n_runs, dtype=np.int64)
+    while True:
+        live = made < n_new
+        if not live.any():
+            break
+        ok = rng.random((n_runs, gamma)) < alpha                  # [n_runs, γ]
+        n = np.cumprod(ok, axis=1).sum(axis=1)                    # 从头数连续接受的个数
+        made += live * (n + 1)
+        calls += live
+        accepted += live * n
+    return {"calls": calls, "accepted": accepted}
+
+
+def build_seed04_models():
+    """
+    种子 04（和 03）的目标模型和四个草稿 -> (target, drafts)；drafts = {名字: 模型}，名字、顺序和种子 04 打印的一样。
+
+    【做法】和种子 04 的 build_models 完全相同（同样的种子、同样的量化；测试逐个参数、逐个 α 核对）：目标 = 第 3 讲的
+    QCFG 模型（init_params 的种子 0）；草稿 = INT4-g32 量化的自己（lm_head 也量化）、只用前 3 层、只用前 1 层、
+    在目标采样的 64 × 128 个 token（种子 1）上拟合的二元语法表。种子脚本不能被导入（文件名以数字开头），
+    所以把它放在这里给 06、07 用。需要 ../lecture03 的 quant_lab（它再用 ../prereq3）。
+    """
+    for sub in ("lecture03", "prereq3"):
+        path = os.path.join(_HERE, "..", sub)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from quant_lab import QCFG, quantize_params, sample_tokens
+    from transformer_lab import config_like, init_params
+
+    P = init_params(QCFG, seed=0)
+    target = TransformerLM(P, QCFG, "目标")
+    drafts = {"INT4 量化的自己": TransformerLM(quantize_params(P, "int4-g32", include_lm_head=True)[0], QCFG, "int4")}
+    for k in (3, 1):
+        pk = dict(P)
+        pk["layers"] = P["layers"][:k]
+        drafts[f"只用前 {k} 层"] = TransformerLM(pk, config_like(QCFG, n_layers=k), f"前{k}层")
+    drafts["二元语法表"] = NGramLM.fit(sample_tokens(P, QCFG, n_seq=64, length=128, seed=1), QCFG.vocab)
+    return target, drafts
+
+
+def alphas_on_text(target, drafts, toks, temps=(1.0,)):  # toks: [n_seq, len]
+    """
+    每个草稿在文本 toks 上的 α（逐位置算 β = Σ min(p, q) 再取平均，推论 3.6）-> {名字: [每个温度一个 α]}。
+
+    【做法】和种子 04 的 measured_alpha 一样；目标模型的 logits 只算一次，每个草稿的也只算一次，每个温度各自 adjust。
+    T = 0 时 p、q 都是 one-hot，α = 两个模型的 argmax 相同的位置的比例。
+    【参数】drafts：{名字: 草稿模型}（TransformerLM 或 NGramLM）；temps：温度的元组。
+    """
+    lp = target.full_logits(toks)
+    out = {}
+    for name, draft in drafts.items():
+        lq = draft.table[np.asarray(toks)] if isinstance(draft, NGramLM) else draft.full_logits(toks)
+        out[name] = [acceptance_rate(adjust(lp, T), adjust(lq, T)) for T in temps]
+    return out
+
+
+# ---- 论文对照（完）----
 
 
 def truncated_geometric(alpha, gamma):
