@@ -317,8 +317,10 @@ def tokens_if_started_at(betas, starts, gamma):  # [n], [k] -> [k]
 
 class PromptLookup:
     """
-    不用模型的草稿（vLLM 的 n-gram / "prompt lookup" 草稿）：在上下文里找当前最后 n 个 token 上一次出现的位置，
-    把它后面跟着的 token 当作草稿。草稿是确定的：q 是这个 token 上的 one-hot（接受概率就是 p(x)）。
+    不用模型的草稿（vLLM 的 n-gram / "prompt lookup" 草稿）：拿最后 n 个 token 在前面的上下文里找匹配，
+    把匹配后面跟着的 token 当作草稿。草稿是确定的：q 是这个 token 上的 one-hot（接受概率就是 p(x)）。
+    （vLLM 从 prompt_lookup_max 到 prompt_lookup_min 试几个 n，几个匹配里用哪一个各版本不同；这里只用一个 n，
+    取最近的一次匹配——和 CopyingLM 的归纳规则抄的是同一处。）
 
     propose(seq, k)：最多 k 个草稿 token 的 list；找不到（或 seq 不到 n + 1 个 token）时是空 list——这一轮不草稿，
     目标模型前向一次、照常抽 1 个 token（退化成普通 decode 的一步）。
