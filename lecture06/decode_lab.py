@@ -38,6 +38,8 @@ __all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "spe
            "chi2_sf", "chi2_gof",
            "multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
            "tree_parents", "tree_speculative_generate"]
+__all__ += ["regime_models", "lag1_correlation", "bigram_chain_stats", "round_starts", "tokens_if_started_at",
+            "PromptLookup", "induction_token", "CopyingLM", "speculative_generate_adaptive"]
 
 
 # ---------------------------------------------------------------------------
@@ -198,6 +200,287 @@ def _check_generation(prompt, n_new, models, gamma=0):
             name = getattr(m, "name", "") or "模型"
             raise ValueError(f"{what} = {need} 个位置，超过 {name} 的上下文 max_seq = {cfg.max_seq}")
     return prompt
+
+
+# ---------------------------------------------------------------------------
+# ---- 成片的难度：隐状态模型与 prompt lookup ----
+# （第 6 讲 08 脚本用：难的位置成片出现时式 (1) 为什么高估；自适应 γ；不用模型的草稿 prompt lookup）
+# ---------------------------------------------------------------------------
+def regime_models(stay, n_words=96, seed=0, spread=1.5, easy_noise=0.1, hard_noise=2.5):
+    """
+    一对"难度成片出现"的二元语法模型 -> (目标, 草稿)，都是 NGramLM（词表 V = 2 · n_words）。
+
+    【模型】token a = s · n_words + w：s ∈ {0 = 易, 1 = 难} 是"状态"（写在 token 的高位里，所以模型看得见它：
+    一个两种状态各用半个词表发射的隐马尔可夫模型，从 token 就读得出状态），w 是"词"。目标：下一个 token 的状态以概率 stay 不变、1 − stay 换成另一个（对称的两状态马尔可夫链），
+    词按 f_w 抽（只看上一个词 w，和状态无关）：P(s', w' | s, w) = [stay 或 1 − stay] · f_w(w')。
+    草稿：状态的转移和目标完全一样，词换成 g_{s,w}：易状态 g 是 f 加一点噪声（像目标），难状态 g 是 f 加很多噪声。
+    【推导】p、q 在两半词表上的形状相同、两半的总质量也相同（stay 和 1 − stay），所以
+    β(a) = Σ min(p, q) = stay·(1 − TV(f_w, g_{s,w})) + (1 − stay)·(1 − TV(f_w, g_{s,w})) = 1 − TV(f_w, g_{s,w})，
+    和 stay 无关；词的链不看状态，状态的链是对称的，平稳分布 = 状态各一半 × 词的平稳分布 π，也和 stay 无关。
+    所以总的 α = ½ Σ_w π(w)(β_易(w) + β_难(w)) 不随 stay 变：stay 只改变"难"的位置是零散的还是成片的
+    （平均一段 1 / (1 − stay) 个 token；stay = 0.5 时各位置的状态独立）。
+    【参数】f_w = softmax(spread · z)、易 g = softmax(spread · z + easy_noise · z′)、
+    难 g = softmax(spread · z + hard_noise · z″)，z、z′、z″ 是 standard_normal（np.random.default_rng(seed)，
+    按这个顺序抽），都是**假设**。
+    【边界】stay 不在 [0, 1) 里抛 ValueError（stay = 1 时状态永远不变，没有平稳的"一半一半"）。
+    """
+    if not (isinstance(stay, (int, float, np.floating)) and not isinstance(stay, bool) and 0.0 <= stay < 1.0):
+        raise ValueError(f"保持概率 stay 必须在 [0, 1) 里（收到 {stay!r}）；stay = 1 时状态永远不变")
+    if not (isinstance(n_words, (int, np.integer)) and not isinstance(n_words, bool) and n_words >= 2):
+        raise ValueError(f"n_words 必须是 ≥ 2 的整数（收到 {n_words!r}）")
+    rng = np.random.default_rng(seed)
+    z = spread * rng.standard_normal((n_words, n_words))                 # [上一个词, 下一个词]
+    f = softmax(z)
+    g = [softmax(z + easy_noise * rng.standard_normal(z.shape)),         # 易状态的草稿
+         softmax(z + hard_noise * rng.standard_normal(z.shape))]         # 难状态的草稿
+    move = np.array([[stay, 1.0 - stay], [1.0 - stay, stay]])            # [s, s']
+    # 表的行 = (s, w)，列 = (s', w')：P = move[s, s'] · dist[w, w']
+    target = np.einsum("ab,wv->awbv", move, f).reshape(2 * n_words, 2 * n_words)
+    draft = np.stack([np.einsum("b,wv->wbv", move[s], g[s]) for s in (0, 1)]).reshape(2 * n_words, 2 * n_words)
+    with np.errstate(divide="ignore"):
+        return (NGramLM(np.log(target), f"隐状态目标（stay = {stay}）"),
+                NGramLM(np.log(draft), f"隐状态草稿（stay = {stay}）"))
+
+
+def lag1_correlation(x):  # [n] 或 [n_seq, n] -> float
+    """
+    相邻两个位置的相关系数 corr(x_t, x_{t+1})（皮尔逊；二维时每一行是一条序列，只配对同一行里相邻的两个）。
+
+    【边界】少于 2 对、或前一个 / 后一个没有波动（方差为 0）时相关系数没有定义：抛 ValueError。
+    """
+    x = np.asarray(x, dtype=np.float64)
+    x = x[None, :] if x.ndim == 1 else x
+    a, b = x[:, :-1].ravel(), x[:, 1:].ravel()
+    if a.size < 2:
+        raise ValueError(f"至少要 2 对相邻的数才能算相关（收到 {a.size} 对）")
+    a, b = a - a.mean(), b - b.mean()
+    den = math.sqrt(float((a * a).sum() * (b * b).sum()))
+    if den == 0:
+        raise ValueError("序列没有波动（方差为 0），相关系数没有定义")
+    return float((a * b).sum() / den)
+
+
+def bigram_chain_stats(target, draft, T=1.0, tol=1e-14, max_steps=1_000_000):
+    """
+    目标是二元语法表时，平稳状态下的精确值 -> dict：alpha（= E[β]）、beta_pair（= E[β_t β_{t+1}]）、lag1（β 的相邻相关）。
+
+    【推导】目标的转移矩阵 P[a, b] = p(b | a)；平稳分布 π 满足 πP = π。用"懒惰的"链 (I + P) / 2 做幂迭代
+    （平稳分布相同，但不会像 stay = 0 那样在两个状态之间来回振荡），直到一步的变化 < tol。
+    β(a) = Σ min(p(·|a), q(·|a))（上一个 token 是 a 时草稿被接受的概率）；α = Σ π(a)β(a)；
+    E[β_t β_{t+1}] = Σ_a π(a) β(a) Σ_b P[a, b] β(b)；相关 = (E[β_t β_{t+1}] − α²) / Var(β)。
+    （只用逐元素的乘加，不调 BLAS / LAPACK：小矩阵在多线程 BLAS 上反而慢，机器忙时尤其如此。）
+    【边界】β 处处相等（Var = 0）时 lag1 是 0（没有波动，也就谈不上相关）；max_steps 步还没收敛抛 ValueError。
+    """
+    P = adjust(target.table, T)
+    beta = acceptance_beta(P, adjust(draft.table, T))
+    pi = np.full(P.shape[0], 1.0 / P.shape[0])
+    for _ in range(max_steps):
+        nxt = 0.5 * (pi + (pi[:, None] * P).sum(0))
+        if np.abs(nxt - pi).max() < tol:
+            break
+        pi = nxt
+    else:
+        raise ValueError(f"平稳分布 {max_steps} 步还没收敛（链几乎不混合：例如状态几乎永远不变）")
+    pi = nxt / nxt.sum()
+    alpha = float((pi * beta).sum())
+    pair = float((pi * beta * (P * beta).sum(1)).sum())
+    var = float((pi * (beta - alpha) ** 2).sum())
+    return {"alpha": alpha, "beta_pair": pair, "lag1": (pair - alpha ** 2) / var if var > 0 else 0.0}
+
+
+def round_starts(n0, accepted):
+    """
+    每一轮投机解码从序列的哪个位置开始 -> int 数组 [轮数]：第 k 轮要猜的第一个 token 在序列里的下标。
+
+    【推导】第一轮从提示之后（下标 n0）开始；一轮接受 n 个草稿、再加 1 个修正或额外的 token，下一轮从 n + 1 个之后开始。
+    """
+    return n0 + np.concatenate([[0], np.cumsum(np.asarray(accepted, dtype=np.int64) + 1)[:-1]])
+
+
+def tokens_if_started_at(betas, starts, gamma):  # [n], [k] -> [k]
+    """
+    假如一轮从下标 t 开始、第 i 个草稿以 β_{t+i} 被接受（各自独立），这一轮产出的期望 token 数 Σ_{i=0..γ} Π_{j<i} β_{t+j}。
+
+    【推导】式 (1) 的推导换成逐位置的 β：第 i 个草稿被接受要前 i 个都接受。所有 β 都等于 α 时就是 (1 − α^{γ+1}) / (1 − α)。
+    用它把"β 相关"拆开看：对所有位置取平均（任意起点）和只对每轮真正开始的位置取平均，差别就是"从哪里开始"的效应。
+    【边界】起点之后不足 γ 个 β 的起点抛 ValueError（调用方先去掉序列末尾的起点）。
+    """
+    betas = np.asarray(betas, dtype=np.float64)
+    starts = np.asarray(starts, dtype=np.int64)
+    if starts.size and (starts.min() < 0 or starts.max() + gamma > betas.size):
+        raise ValueError(f"起点必须在 0..{betas.size - gamma} 之间（后面要有 γ = {gamma} 个 β）")
+    out = np.ones(starts.size)
+    run = np.ones(starts.size)
+    for i in range(gamma):
+        run = run * betas[starts + i]
+        out += run
+    return out
+
+
+class PromptLookup:
+    """
+    不用模型的草稿（vLLM 的 n-gram / "prompt lookup" 草稿）：拿最后 n 个 token 在前面的上下文里找匹配，
+    把匹配后面跟着的 token 当作草稿。草稿是确定的：q 是这个 token 上的 one-hot（接受概率就是 p(x)）。
+    （vLLM 从 prompt_lookup_max 到 prompt_lookup_min 试几个 n，几个匹配里用哪一个各版本不同；这里只用一个 n，
+    取最近的一次匹配——和 CopyingLM 的归纳规则抄的是同一处。）
+
+    propose(seq, k)：最多 k 个草稿 token 的 list；找不到（或 seq 不到 n + 1 个 token）时是空 list——这一轮不草稿，
+    目标模型前向一次、照常抽 1 个 token（退化成普通 decode 的一步）。
+    【边界】n < 1、k < 0、空的上下文都抛 ValueError。
+    """
+
+    def __init__(self, n=2, name=""):
+        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1):
+            raise ValueError(f"n-gram 的长度 n 必须是 ≥ 1 的整数（收到 {n!r}）")
+        self.n, self.name = int(n), name or f"prompt lookup（n = {n}）"
+
+    def propose(self, seq, k):
+        """最后 n 个 token 上一次（最靠后的一次、不含它自己）出现之后的最多 k 个 token -> list。"""
+        if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0):
+            raise ValueError(f"草稿个数 k 必须是 ≥ 0 的整数（收到 {k!r}）")
+        seq = [int(t) for t in seq]
+        if not seq:
+            raise ValueError("上下文是空的：prompt lookup 至少要有 1 个 token 才能去找")
+        n, L = self.n, len(seq)
+        key = seq[L - n:]
+        for i in range(L - n - 1, -1, -1):           # 从后往前找：最近的一次
+            if seq[i:i + n] == key:
+                return seq[i + n:i + n + k]
+        return []
+
+
+def induction_token(seq, t, n=2):
+    """
+    "归纳规则"在位置 t 给出的 token：最后 n 个 token seq[t−n:t] 上一次出现时后面跟着的 token -> int 或 None。
+
+    【推导】找最大的 j ≤ t − 2 使 seq[j−n+1 .. j] = seq[t−n .. t−1]，返回 seq[j + 1]；t ≤ n 或找不到时返回 None。
+    n = 2 就是"当前二元组上一次出现时的下文"。和 PromptLookup(n).propose(seq[:t], 1) 给的第一个草稿是同一个 token。
+    """
+    if t <= n:
+        return None
+    key = list(seq[t - n:t])
+    for j in range(t - 2, n - 2, -1):
+        if list(seq[j - n + 1:j + 1]) == key:
+            return int(seq[j + 1])
+    return None
+
+
+class CopyingLM:
+    """
+    会"照抄"的目标模型：p = (1 − λ)·p_base + λ·[归纳规则给出的 token 上的 one-hot]（找不到时 p = p_base）。
+
+    【模型的假设】真实的语言模型靠归纳头（induction heads）照抄上下文里出现过的片段；QCFG 这样的随机模型不会抄
+    （它对重复段落里"该抄的"token 的概率和别的 token 差不多）。这里的混合是**假设**，代替归纳头：
+    以概率 λ 延续最后 n 个 token（n = 2：当前的二元组）上一次出现时的下文（induction_token）。.cfg 和 .name 来自 base（上下文 max_seq 一样）。
+    session()：和 TransformerLM 一样的 logits(seq, counter) / truncate(m)；logits 是混合分布的对数。
+    【边界】λ 不在 [0, 1] 里抛 ValueError；λ = 0 就是 base。
+    """
+
+    def __init__(self, base, lam, n=2, name=""):
+        if not (isinstance(lam, (int, float, np.floating)) and not isinstance(lam, bool) and 0.0 <= lam <= 1.0):
+            raise ValueError(f"照抄的概率 λ 必须在 [0, 1] 里（收到 {lam!r}）")
+        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1):
+            raise ValueError(f"n-gram 的长度 n 必须是 ≥ 1 的整数（收到 {n!r}）")
+        self.base, self.lam, self.n = base, float(lam), int(n)
+        self.cfg, self.name = base.cfg, name or f"照抄的目标（λ = {lam}）"
+
+    def mix(self, base_logits, toks, first):  # [n, V], 整个序列, 第一行对应的位置 -> [n, V]
+        """base 的 logits（第 r 行是位置 first + r 的下一个 token）-> 混合分布的对数。"""
+        p = softmax(np.asarray(base_logits, dtype=np.float64))
+        for r in range(p.shape[0]):
+            x = induction_token(toks, first + r + 1, self.n)
+            if x is not None:
+                p[r] *= 1.0 - self.lam
+                p[r, x] += self.lam
+        with np.errstate(divide="ignore"):
+            return np.log(p)
+
+    def full_logits(self, toks):  # [n_seq, len] -> [n_seq, len, V]
+        toks = np.asarray(toks)
+        base = self.base.full_logits(toks)
+        return np.stack([self.mix(base[i], list(toks[i]), 0) for i in range(toks.shape[0])])
+
+    def session(self):
+        return _CopySession(self)
+
+
+class _CopySession:
+    """CopyingLM 的增量状态：base 的会话（带 KV cache、可回滚）+ 归纳规则（只看 token，不用缓存）。"""
+
+    def __init__(self, model):
+        self.model, self.inner = model, model.base.session()
+
+    def logits(self, seq, counter=None):  # -> [新喂的个数, V]
+        first = self.inner.fed
+        return self.model.mix(self.inner.logits(seq, counter), seq, first)
+
+    def truncate(self, m):
+        self.inner.truncate(m)
+
+
+def speculative_generate_adaptive(target, draft, prompt, n_new, gamma, T, rng, gamma_max=None, counter_t=None):
+    """
+    草稿长度可变的投机解码 -> (新 token 的 int 数组 [n_new], stats)；每轮的接受 / 拒绝和 speculative_generate 完全一样。
+
+    【草稿】draft 是模型（有 session()）：每轮从它抽 γ_k 个；draft 是 PromptLookup：每轮取它 propose(seq, γ_k) 的
+    最多 γ_k 个（q 是 one-hot，不消耗随机数；一个都没有时这一轮只让目标模型前向一次、抽 1 个 token）。
+    【γ 怎么变】gamma_max 为 None：γ_k 固定为 gamma（模型草稿时输出和随机数的消耗与 speculative_generate 逐位相同，
+    测试断言）。否则按 Hugging Face transformers 的 "heuristic" 规则：这一轮的草稿全部被接受，下一轮 γ + 2
+    （不超过 gamma_max）；有拒绝就 γ − 1（不少于 1）；这一轮没有草稿（prompt lookup 找不到）时不变。
+    stats：target_calls（轮数）、accepted（每轮接受的个数）、drafted（每轮草稿的个数）。
+    【边界】gamma < 1、gamma_max < gamma 抛 ValueError；上下文按 gamma_max（或 gamma）检查。
+    """
+    g_top = gamma if gamma_max is None else gamma_max
+    for name, g in (("gamma", gamma), ("gamma_max", g_top)):
+        if not (isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 1):
+            raise ValueError(f"{name} 必须是 ≥ 1 的整数（收到 {g!r}）")
+    if g_top < gamma:
+        raise ValueError(f"gamma_max = {g_top} 不能小于起始的 γ = {gamma}")
+    adjust(np.zeros(1), T)
+    lookup = isinstance(draft, PromptLookup)
+    seq = _check_generation(prompt, n_new, [target] if lookup else [target, draft], g_top)
+    n0 = len(seq)
+    t_sess = target.session()
+    d_sess = None if lookup else draft.session()
+    V = _vocab(target)
+    calls, accepted, drafted, g = 0, [], [], int(gamma)
+    while len(seq) - n0 < n_new:
+        # 1. 草稿
+        if lookup:
+            drafts = draft.propose(seq, g)
+            qs = [np.eye(1, V, x)[0] for x in drafts]
+        else:
+            drafts, qs = [], []
+            for _ in range(g):
+                q = adjust(d_sess.logits(seq + drafts)[-1], T)
+                drafts.append(int(sample_inverse_cdf(q, rng.random())))
+                qs.append(q)
+        k = len(drafts)
+        # 2. 目标模型一次前向：最后 k + 1 行
+        ps = adjust(t_sess.logits(seq + drafts, counter_t)[-(k + 1):], T)
+        calls += 1
+        # 3. 依次接受 / 拒绝
+        n = 0
+        while n < k:
+            x = drafts[n]
+            if rng.random() * qs[n][x] < ps[n][x]:
+                n += 1
+            else:
+                break
+        # 4. 修正 token 或额外的 token
+        dist = residual_distribution(ps[n], qs[n]) if n < k else ps[k]
+        seq += drafts[:n] + [int(sample_inverse_cdf(dist, rng.random()))]
+        accepted.append(n)
+        drafted.append(k)
+        # 5. 回滚
+        t_sess.truncate(len(seq) - 1)
+        if d_sess is not None:
+            d_sess.truncate(len(seq) - 1)
+        # 6. 下一轮的 γ
+        if gamma_max is not None and k > 0:
+            g = min(g + 2, gamma_max) if n == k else max(g - 1, 1)
+    return (np.asarray(seq[n0:n0 + n_new], dtype=np.int64),
+            {"target_calls": calls, "accepted": accepted, "drafted": drafted})
 
 
 def autoregressive_generate(model, prompt, n_new, T, rng, counter=None):
