@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture06", "lecture02", "lecture01"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import fmt_bound, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bound, fmt_p, print_header, print_observations, print_table  # noqa: E402
 from decode_lab import (NGramLM, acceptance_rate, adjust, chi2_gof, expected_tokens,  # noqa: E402
                         residual_distribution, speculative_generate, speculative_step_probs)
 from transformer_lab import sample_inverse_cdf  # noqa: E402
@@ -251,10 +251,6 @@ def sample_other_rule(p, q, n, rng, rule):
     return np.where(accept, x, y), accept
 
 
-def fmt_pvalue(pv):
-    return f"{pv:.3f}" if pv >= 1e-3 else f"< 1e{int(np.floor(np.log10(max(pv, 1e-300)))) + 1}"
-
-
 def demo4_sampling():
     print_header(f"演示 4：真的抽样（种子 {SEED}，每个情形 {N_SAMPLES} 次）——计数 vs p，χ² 拟合优度检验")
     rng = np.random.default_rng(SEED)
@@ -277,7 +273,7 @@ def demo4_sampling():
         res[(name, rule)] = {"counts": counts, "chi2": stat, "dof": dof, "pvalue": pv, "accept": acc_rate,
                              "alpha": alpha_exact, "se": se}
         rows.append([name, label[rule], " ".join(str(c) for c in counts), " ".join(f"{v * N_SAMPLES:.0f}" for v in p)])
-        rows2.append([name, label[rule], f"{stat:.2f}", dof if dof >= 1 else "—", fmt_pvalue(pv) if dof >= 1 else "—",
+        rows2.append([name, label[rule], f"{stat:.2f}", dof if dof >= 1 else "—", fmt_p(pv) if dof >= 1 else "—",
                       f"{acc_rate:.3f}", f"{alpha_exact:.3f}"])
     print("各 token（0、1、2、3）被抽到的次数和期望次数（朴素规则和错误的规则由本脚本抽）：")
     print_table(["情形", "规则", "计数", "期望 N·p"], rows)
@@ -292,13 +288,13 @@ def demo4_sampling():
     oh = res[(ONEHOT, "correct")]
     print_observations([
         f"修正拒绝采样（跑的是 decode_lab.speculative_generate 本身，每个情形 {N_SAMPLES} 轮、每轮取第 1 个 token）的 "
-        f"{len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_pvalue(min_pv)}：计数和 N·p 在抽样误差以内一致"
+        f"{len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_p(min_pv)}：计数和 N·p 在抽样误差以内一致"
         "（p 值在分布正确时是 [0, 1] 上的均匀数，大小本身不说明\"更对\"，只有很小——比如 < 0.001——才是证据）。",
         f"p 是 one-hot 时，{N_SAMPLES} 次全部输出 token {int(np.argmax(oh['counts']))}（计数 {int(oh['counts'].max())}），"
         "没有可以检验的自由度。",
         f"实测的接受比例和精确的接受率相差最多 {max_z:.1f} 个标准误（标准误 √(α(1 − α)/N)）。朴素规则实测接受 "
-        f"{naive['accept']:.3f}（精确 Σ p·q = {naive['alpha']:.3f}），分布检验 p 值 {fmt_pvalue(naive['pvalue'])}：分布对，只是接受得少。",
-        f"错误的\"拒绝后从 p 抽\"被同样大小的检验抓住：χ² = {bad['chi2']:.0f}，p 值 {fmt_pvalue(bad['pvalue'])}——"
+        f"{naive['accept']:.3f}（精确 Σ p·q = {naive['alpha']:.3f}），分布检验 p 值 {fmt_p(naive['pvalue'])}：分布对，只是接受得少。",
+        f"错误的\"拒绝后从 p 抽\"被同样大小的检验抓住：χ² = {bad['chi2']:.0f}，p 值 {fmt_p(bad['pvalue'])}——"
         "这也是测试要做的事：统计检验要有能力发现错的实现，不然\"通过\"没有意义。",
     ])
     return res

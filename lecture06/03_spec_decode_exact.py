@@ -43,7 +43,7 @@ for sub in ("lecture03", "prereq3"):
 
 from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoregressive_generate,  # noqa: E402
                         chi2_gof, residual_distribution, speculative_generate, speculative_step_probs)
-from console import fmt_bound, print_bars, print_header, print_observations, print_table, wrap_text  # noqa: E402
+from console import fmt_bound, fmt_p, print_bars, print_header, print_observations, print_table, wrap_text  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params, sample_inverse_cdf  # noqa: E402
 
@@ -59,11 +59,6 @@ EXACT_BOUND = 1e-14               # 演示 2：精确枚举只差浮点舍入，
 
 
 # -----------------------------------------------------------------------------
-def fmt_pvalue(pv):
-    """p 值 -> 三位小数；小于 0.001 的只打印数量级上界（"< 1e-11"），和 02 脚本同一种写法。"""
-    return f"{pv:.3f}" if pv >= 1e-3 else f"< 1e{int(np.floor(np.log10(max(pv, 1e-300)))) + 1}"
-
-
 def say(text):
     """打印一段说明文字，在 100 列处折行（console.wrap_text）。"""
     for line in wrap_text(text):
@@ -185,7 +180,7 @@ def demo1_distribution(target, drafts):
     rows = []
     for (name, g), res in tests.items():
         beta = "-" if g == 0 else f"{betas[name]:.3f}"
-        rows.append([name, "-" if g == 0 else g, beta] + [x for s, _, pv in res for x in (f"{s:.1f}", fmt_pvalue(pv))])
+        rows.append([name, "-" if g == 0 else g, beta] + [x for s, _, pv in res for x in (f"{s:.1f}", fmt_p(pv))])
     print()
     say(f"χ² 拟合优度（期望次数 < 5 的格子合并；自由度：第 1 个 {dofs[0]}，第 2 个 {dofs[1]}，联合 {dofs[2]}——"
         f"两个位置各分 {JOINT_K} + 1 类）；β = 这个提示处第 1 个草稿被接受的概率 Σ min(p₁, q₁)")
@@ -213,7 +208,7 @@ def demo1_distribution(target, drafts):
         f"是它的次数的标准误 √(N·p(1 − p)) = {se_worst:.1f} 的 {abs(diff_worst) / se_worst:.1f} 倍。"
         f"正态近似下一个 token 偏这么多的概率约 {100 * p_one:.0f}%，8 个 token 里至少一个偏这么多的概率约 "
         f"{100 * (1 - (1 - p_one) ** 8):.0f}%（当成互相独立的粗略估计）：这是抽样波动的正常大小。",
-        f"{n_p} 个 p 值里最小的是 {fmt_pvalue(pvals.min())}，小于 0.05 的有 {n_small} 个（就算每组抽样都完全正确，"
+        f"{n_p} 个 p 值里最小的是 {fmt_p(pvals.min())}，小于 0.05 的有 {n_small} 个（就算每组抽样都完全正确，"
         f"{n_p} 个检验里也预期约 {0.05 * n_p:.1f} 个小于 0.05）；"
         + (f"全都大于 Bonferroni 修正后的门槛 0.05 / {n_p} = {bonf:.4f}：看不出任何一种做法和精确分布不一致。"
            if pvals.min() > bonf else f"有 p 值小于 Bonferroni 修正后的门槛 0.05 / {n_p} = {bonf:.4f}，需要再查。"),
@@ -251,8 +246,8 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
                                                  minlength=QCFG.vocab), p1)
             res[tag] = (tv, stat, pv)
         rows.append([name, f"{beta:.3f}", fmt_bound(exact_dev, EXACT_BOUND),
-                     f"{res['from_p'][0]:.3f}", f"{res['from_p'][1]:.1f}", fmt_pvalue(res['from_p'][2]),
-                     f"{res['no_check'][0]:.3f}", f"{res['no_check'][1]:.1f}", fmt_pvalue(res['no_check'][2])])
+                     f"{res['from_p'][0]:.3f}", f"{res['from_p'][1]:.1f}", fmt_p(res['from_p'][2]),
+                     f"{res['no_check'][0]:.3f}", f"{res['no_check'][1]:.1f}", fmt_p(res['no_check'][2])])
         out[name] = {"beta": beta, "exact_dev": exact_dev, "from_p": res["from_p"], "no_check": res["no_check"]}
     say("正确：精确枚举一步\"草稿抽 x → 接受 / 拒绝 → 残差重抽\"的输出分布，和 p₁ 的最大差（不抽样）。")
     say("错误 A：拒绝后直接从 p 重抽（不从残差抽）——输出分布 = min(p, q) + (1 − β)·p（02 脚本演示 3），"
@@ -270,18 +265,18 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
         f"正确的算法，精确枚举的输出分布和 p₁ 的差 {fmt_bound(worst_exact, EXACT_BOUND)}——只有浮点舍入：一步接受 / 拒绝的输出**就是** p。",
         f"错误 B（不验证）差得最多（TV 从 {min(out[n]['no_check'][0] for n in names):.3f} 到 "
         f"{max(out[n]['no_check'][0] for n in names):.3f}），{N_RUNS} 次抽样的 p 值全都 "
-        f"{fmt_pvalue(max(out[n]['no_check'][2] for n in names))}：一眼就能看出来。",
+        f"{fmt_p(max(out[n]['no_check'][2] for n in names))}：一眼就能看出来。",
         "错误 A 更隐蔽：它只在被拒绝时出错，草稿越像目标（β 越大），它离 p 越近（TV 越小）。"
         + (f"{'、'.join(caught_a)}：p 值 < 0.001，检验抓住了。" if caught_a else "")
         + (f"{'、'.join(missed_a)}：错误 A 只挪动了 {min(out[n]['from_p'][0] for n in missed_a):.3f}"
            + (f"–{max(out[n]['from_p'][0] for n in missed_a):.3f}" if len(missed_a) > 1 else "")
-           + f" 的概率质量，{N_RUNS} 次抽样的 p 值是 {'、'.join(fmt_pvalue(out[n]['from_p'][2]) for n in missed_a)}，"
+           + f" 的概率质量，{N_RUNS} 次抽样的 p 值是 {'、'.join(fmt_p(out[n]['from_p'][2]) for n in missed_a)}，"
            "不比正确的算法会得到的 p 值小（分布正确时 p 值是 [0, 1] 上的均匀数），检验分不出来。所以\"检验没发现问题\"不等于\"没有问题\"："
            "要么抽更多次，要么像这里和 02 脚本一样做精确枚举。"
            if missed_a else f"{N_RUNS} 次抽样对每个草稿都抓住了。"),
     ]
     if correct_min_p is not None:
-        obs.append(f"对照演示 1：正确算法的 {correct_n_p} 个 p 值最小是 {fmt_pvalue(correct_min_p)}"
+        obs.append(f"对照演示 1：正确算法的 {correct_n_p} 个 p 值最小是 {fmt_p(correct_min_p)}"
                    + (f"，没有一个小于 0.001。同样的 χ² 检验、同样的次数，在第 1 个 token 上抓住了上面 {n_caught}/{2 * len(names)} "
                       "个错误（p 值 < 0.001），却没有在正确的算法上报警。不过这里的错误样本是直接从错误规则的精确分布抽的，只检验了第 1 个 token；"
                       "演示 1 跑的是真的生成器，还检验了第 2 个 token 和联合分布。"

@@ -357,4 +357,4 @@ def test_residuals_are_printed_as_bounds():
         S02.demo1_enumeration()
         S02.demo2_decomposition()
     assert "< 1e-15" in buf.getvalue() and "e-16" not in buf.getvalue() and "e-17" not in buf.getvalue()
-    assert S02.fmt_pvalue(0.5) == "0.500" and S02.fmt_pvalue(3e-12) == "< 1e-11"
+    assert S02.fmt_p(0.5) == "0.500" and S02.fmt_p(3e-12) == "< 1e-11"
