@@ -8,6 +8,7 @@ CS349E · 第 1 讲 · 01_roofline.py —— roofline：一块芯片能算多快
 （算力 ÷ 带宽，单位 FLOP/字节）：一个算子每搬一个字节要做多少次运算，才能把算力用满。
 演示 2：一个搬 1 GB 数据、算术强度为 I 的算子在每块芯片上要多久，受算力还是带宽限制，用上了峰值算力的百分之几。
 演示 3：大模型里的典型算子落在哪里：矩阵乘的强度随"一次处理的 token 数"增长，decode 时注意力的强度停在 GQA 组大小。
+演示 4：把 A100、H100、B200 的 roofline 画出来（对数轴），标出 decode（批 1、批 64）和 4096 个 token 的 prefill 的强度。
 
 【怎么读输出】roofline：时间下界 = max(FLOPs / 峰值算力, 字节 / 带宽)；演示 2 的时间表统一用 µs，方便逐格比较。强度 I = FLOPs / 字节 低于拐点时
 受带宽限制（表里记"带宽"），时间只取决于搬了多少字节；高于拐点时受算力限制（记"算力"）。
@@ -30,9 +31,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_bytes, fmt_num, fmt_sig, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import (fmt_bytes, fmt_num, fmt_sig, fmt_time, print_header, print_observations, print_plot,  # noqa: E402
+                     print_table)
 from hw_specs import A100, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
-from llm_math import LLAMA31_8B, matmul_intensity  # noqa: E402
+from llm_math import LLAMA31_8B, decode_step, matmul_intensity, prefill_step  # noqa: E402
 
 # 每块芯片比较时用的数据类型：GPU 用 BF16（稠密）；Corsair 只有 MX 整数格式，用 MXINT8。
 GPUS = (A100, H100_PCIE, H100, H200, B200)
@@ -44,6 +46,8 @@ LOW_DTYPE = {A100.name: "int8", H100_PCIE.name: "fp8", H100.name: "fp8", H200.na
 OP_BYTES = 1e9                                   # 演示 2：每个算子搬 1 GB（一个示意的量）
 INTENSITIES = (0.25, 1, 4, 8, 16, 64, 128, 256, 512, 1024, 4096)
 BOUND_ZH = {"compute": "算力", "memory": "带宽"}
+PLOT_CHIPS = (A100, H100, B200)                  # 演示 4 画 roofline 的三块芯片
+PLOT_CONTEXT, PLOT_PROMPT = 4096, 4096           # 演示 4：decode 的上下文、prefill 的提示长度（示意）
 
 
 def short(chip):
@@ -61,18 +65,18 @@ def ridge(chip):
 # 演示 1：算力、带宽、拐点
 # ---------------------------------------------------------------------------
 def demo1_chips():
-    print_header("演示 1：六块芯片的峰值算力、带宽和 roofline 拐点（稠密峰值）")
+    print_header("演示 1：六块芯片的峰值算力（稠密）、带宽和 roofline 拐点（= 峰值 ÷ 带宽）")
     rows = []
     for c in CHIPS:
         dt, lo = MAIN_DTYPE[c.name], LOW_DTYPE[c.name]
-        rows.append([c.name, fmt_bytes(c.mem_bytes), f"{fmt_bytes(c.mem_bw)}/s",
-                     f"{fmt_num(c.peak_flops(dt))}FLOP/s（{dt}）", f"{ridge(c):.0f}",
-                     f"{fmt_num(c.peak_flops(lo))}FLOP/s（{lo}）", f"{c.ridge_point(lo):.0f}",
-                     f"{c.power_w:.0f} W" if c.power_w else "—"])
+        rows.append([c.name, f"{c.mem_bytes / 1e9:g}", fmt_sig(c.mem_bw / 1e12), dt, f"{c.peak_flops(dt) / 1e12:.0f}",
+                     f"{ridge(c):.0f}", lo, f"{c.peak_flops(lo) / 1e12:.0f}", f"{c.ridge_point(lo):.0f}",
+                     f"{c.power_w:.0f}" if c.power_w else "—"])
     cap_ridge = CORSAIR.peak_flops("mxint8") / CORSAIR.capacity_bw
-    rows.append(["Corsair 的容量层 LPDDR5X", fmt_bytes(CORSAIR.capacity_bytes), f"{fmt_bytes(CORSAIR.capacity_bw)}/s",
-                 f"{fmt_num(CORSAIR.peak_flops('mxint8'))}FLOP/s（mxint8）", f"{cap_ridge:.0f}", "—", "—", "—"])
-    print_table(["芯片", "容量（快层）", "带宽", "峰值算力", "拐点 FLOP/B（主类型）", "低精度峰值", "拐点 FLOP/B（低精度）", "功耗"], rows)
+    rows.append(["Corsair 的 LPDDR5X 层", f"{CORSAIR.capacity_bytes / 1e9:g}", fmt_sig(CORSAIR.capacity_bw / 1e12), "mxint8",
+                 f"{CORSAIR.peak_flops('mxint8') / 1e12:.0f}", f"{cap_ridge:.0f}", "—", "—", "—", "—"])
+    print_table(["芯片", "容量\nGB", "带宽\nTB/s", "主类型", "峰值\nTFLOP/s", "拐点\nFLOP/B", "低精度", "峰值\nTFLOP/s",
+                 "拐点\nFLOP/B", "功耗\nW"], rows)
 
     r = {short(c): ridge(c) for c in CHIPS}
     r["Corsair LPDDR"] = cap_ridge
@@ -81,11 +85,17 @@ def demo1_chips():
     h200_bw = H200.mem_bw / H100.mem_bw
     low_gpu = min(GPUS, key=ridge)
     high_gpu = max(GPUS, key=ridge)
+    low = {short(c): c.ridge_point(LOW_DTYPE[c.name]) for c in (A100, H100, H200, B200)}
+    b200_fp4 = B200.ridge_point("fp4")
     print_observations([
         f"H100 SXM5 的拐点是 {r['H100']:.0f} FLOP/字节：一个 BF16 算子每从 HBM 读一个字节，要做 {r['H100']:.0f} 次运算才能把算力用满。"
         f"GPU 里拐点最低的是 {low_gpu.name}（{ridge(low_gpu):.0f}），最高的是 {high_gpu.name}（{ridge(high_gpu):.0f}）。",
-        f"从 A100 到 H100，算力涨了 {gen_flops:.2f} 倍，带宽只涨了 {gen_bw:.2f} 倍，拐点从 {r['A100']:.0f} 升到 {r['H100']:.0f}："
-        f"算力比带宽涨得快，越新的芯片越难喂饱。H200 是同样的计算芯片配更快的 HBM（带宽 ×{h200_bw:.2f}），拐点降到 {r['H200']:.0f}。",
+        f"从 A100 到 H100，算力涨了 {gen_flops:.2f} 倍，带宽只涨了 {gen_bw:.2f} 倍，拐点从 {r['A100']:.0f} 升到 {r['H100']:.0f}。"
+        f"之后拐点没有接着升：H200 是同样的计算芯片配更快的 HBM（带宽 ×{h200_bw:.2f}），拐点降到 {r['H200']:.0f}；"
+        f"B200 的带宽涨得比算力多（相对 H100：×{B200.mem_bw / H100.mem_bw:.2f} vs ×{B200.peak_flops('bf16') / H100.peak_flops('bf16'):.2f}），"
+        f"拐点 {r['B200']:.0f}，也比 H100 低。低精度一列同样不是一路上升（A100 INT8 {low['A100']:.0f}、H100 FP8 {low['H100']:.0f}、"
+        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}）；只有 B200 的 FP4（{fmt_num(B200.peak_flops('fp4'))}FLOP/s ÷ "
+        f"{fmt_bytes(B200.mem_bw)}/s = {b200_fp4:.0f}）比 H100 的 FP8 高。",
         f"低精度把算力翻倍（H100 的 FP8：{fmt_num(H100.peak_flops('fp8'))}FLOP/s），带宽不变，拐点也翻倍（{H100.ridge_point('fp8'):.0f}）；"
         f"但每个数也只占 1 个字节，同一个算子的 FLOP/字节跟着翻倍：两者抵消，受哪一项限制不变，时间都减半。",
         f"Corsair 反过来：片上 SRAM 带宽 {fmt_bytes(CORSAIR.mem_bw)}/s 是 H100 的 {CORSAIR.mem_bw / H100.mem_bw:.0f} 倍，"
@@ -94,7 +104,7 @@ def demo1_chips():
     ])
     return {"ridge": r, "gen_flops": gen_flops, "gen_bw": gen_bw, "h200_bw": h200_bw,
             "h100_fp8_ridge": H100.ridge_point("fp8"), "corsair_bw_ratio": CORSAIR.mem_bw / H100.mem_bw,
-            "lowest_gpu": low_gpu.name, "highest_gpu": high_gpu.name}
+            "lowest_gpu": low_gpu.name, "highest_gpu": high_gpu.name, "low_ridge": low, "b200_fp4_ridge": b200_fp4}
 
 
 # ---------------------------------------------------------------------------
@@ -174,7 +184,7 @@ def demo3_llm_ops():
         f"B = 1（decode 一个序列）时矩阵乘的强度是 {i1:.3f}：每读一个 BF16 权重（2 字节）只做一次乘加（2 FLOPs）。"
         f"B 不大时强度约等于 B（B = 64 时 {i64:.1f}）：同一份权重被 B 个 token 共用——这就是 decode 要攒大批的原因。",
         f"H100 上 B ≥ {cross['H100']} 时这个矩阵乘才受算力限制，A100 上 B ≥ {cross['A100']}，H200 上 B ≥ {cross['H200']}："
-        f"拐点越高，要攒的批越大。prefill 一次处理整个提示（几千个 token），天然在拐点之上。"
+        f"拐点越高，要攒的批越大。prefill 一次处理整个提示：几千个 token 的提示在每块 GPU 上都越过了拐点（表里 B = 4096 一行）。"
         f"（这里的字节含读输入激活、写输出（llm_math.matmul_intensity），所以比只算权重字节的 decode 整步的结论"
         f"（⌈B*⌉ = {math.ceil(ridge(H100))} 左右，第 1 讲 03、第 2 讲 03）大一些。）",
         f"decode 时注意力核心的强度是 {attn_i:.2f}（= GQA 组大小 {m.group}：每个 KV 头被 {m.group} 个 query 头共用），"
@@ -183,7 +193,53 @@ def demo3_llm_ops():
     return {"crossover": cross, "i_b1": i1, "i_b64": i64, "attn_intensity": attn_i, "group": m.group}
 
 
+# ---------------------------------------------------------------------------
+# 演示 4：roofline 画出来
+# ---------------------------------------------------------------------------
+def roofline_curve(chip, intensities):
+    """一块芯片 BF16 的 roofline：每个强度 I 上可达的算力 min(峰值, I × 带宽)（FLOP/s）。"""
+    return [min(chip.peak_flops("bf16"), i * chip.mem_bw) for i in intensities]
+
+
+def demo4_roofline_plot():
+    m = LLAMA31_8B
+    print_header(f"演示 4：A100、H100、B200 的 roofline（BF16），和 {m.name} 的 decode / prefill 落在哪里")
+    ops = {}
+    for b in (1, 64):
+        r = decode_step(m, H100, b, PLOT_CONTEXT)
+        ops[f"decode 批 {b}"] = r["flops"] / (r["w_bytes"] + r["kv_bytes"])
+    r = prefill_step(m, H100, PLOT_PROMPT)
+    ops[f"prefill {PLOT_PROMPT}"] = r["flops"] / r["w_bytes"]
+    x_lo, x_hi = 0.5, 2e4                                        # 强度的范围（FLOP/字节）
+    n = 121
+    xs = [x_lo * (x_hi / x_lo) ** (k / (n - 1)) for k in range(n)]   # 对数均匀的强度
+    y_lo = x_lo * min(c.mem_bw for c in PLOT_CHIPS) / 1e12
+    y_hi = max(c.peak_flops("bf16") for c in PLOT_CHIPS) / 1e12
+    ys_v = [y_lo * (y_hi / y_lo) ** (k / 17) for k in range(18)]     # 竖线：每行一个点
+    series = {}
+    for (name, i), mark in zip(ops.items(), "dDP"):
+        series[name] = ([i] * len(ys_v), ys_v, mark)
+    for c, mark in zip(PLOT_CHIPS, "*o+"):
+        series[short(c)] = (xs, [y / 1e12 for y in roofline_curve(c, xs)], mark)
+    print(f"竖线：{m.name}（BF16）一整步的强度 = FLOPs ÷ 读的字节（权重 + KV cache）；decode 的上下文 {PLOT_CONTEXT}")
+    print_plot(series, "算术强度 I（FLOP/字节，对数轴）", "可达算力 min(峰值, I × 带宽)（TFLOP/s，对数轴）",
+               logx=True, logy=True, xlim=(x_lo, x_hi), ylim=(y_lo, y_hi))
+    util = {(k, short(c)): min(1.0, i / ridge(c)) for k, i in ops.items() for c in PLOT_CHIPS}
+    d1, d64, pre = list(ops)
+    print_observations([
+        "每条折线的斜线段受带宽限制（可达算力 = I × 带宽：对数轴上斜率都是 1，带宽越大线越高），平线段受算力限制（= 峰值），"
+        "拐角正好在拐点：" + "、".join(f"{short(c)} {ridge(c):.0f}" for c in PLOT_CHIPS) + "。B200 的斜线段和平线段都最高。",
+        f"{d1}（强度 {ops[d1]:.2f}）和 {d64}（{ops[d64]:.1f}）都落在三块芯片的斜线段上：H100 上只能用到峰值的 "
+        f"{100 * util[(d1, 'H100')]:.2f}% 和 {100 * util[(d64, 'H100')]:.1f}%；这里换芯片，快多少看带宽"
+        f"（B200 / H100 = {B200.mem_bw / H100.mem_bw:.2f}×）。",
+        f"{pre}（强度 {ops[pre]:.0f}）落在三块芯片的平线段上，用满峰值：快多少看算力"
+        f"（B200 / H100 = {B200.peak_flops('bf16') / H100.peak_flops('bf16'):.2f}×）。",
+    ])
+    return {"intensity": ops, "util": util}
+
+
 if __name__ == "__main__":
     demo1_chips()
     demo2_time_vs_intensity()
     demo3_llm_ops()
+    demo4_roofline_plot()

@@ -51,6 +51,7 @@ NODE_GPUS = 8                       # 一台机器的 GPU 数（DGX/HGX H100 是
 FORMATS_SHOWN = ("bf16", "fp8", "int8", "int4-g128", "mxfp4")
 FMT_ZH = {"bf16": "BF16", "fp8": "FP8", "int8": "INT8 每通道", "int4-g128": "INT4 g128", "mxfp4": "MXFP4",
           "native": "原生（专家 MXFP4，其余 BF16）"}
+FMT_SHORT = {"native": "原生（MXFP4 专家）"}   # 演示 4 的窄表里用的短名
 
 
 def breakdown(m):
@@ -73,6 +74,10 @@ def model_bytes(m, fmt):
 # ---------------------------------------------------------------------------
 def demo1_parameters():
     print_header("演示 1：参数量——从结构逐个张量数，和公开的总数对上")
+    print_table(["模型", "层", "d_model", "头/KV 头", "head_dim", "d_ff", "FFN", "词表"],
+                [[m.name, m.n_layers, m.d_model, f"{m.n_heads}/{m.n_kv_heads}", m.head_dim, m.d_ff,
+                  f"{m.n_experts} 选 {m.top_k}" if m.is_moe else "稠密", f"{m.vocab:,}"] for m in ALL_MODELS])
+    print()
     rows = []
     match = {}
     for m in ALL_MODELS:
@@ -84,12 +89,9 @@ def demo1_parameters():
             pub = f"{PUBLISHED_ROUNDED[m.name][0]:.2f}B（模型卡）"
             ok = round(p / 1e9, 2) == PUBLISHED_ROUNDED[m.name][0]
         match[m.name] = ok
-        experts = f"{m.n_experts} 选 {m.top_k}" if m.is_moe else "稠密"
-        rows.append([m.name, m.n_layers, m.d_model, f"{m.n_heads}/{m.n_kv_heads}", m.d_ff, experts,
-                     f"{p:,}", pub, "一致" if ok else "不一致", f"{m.active_params():,}",
+        rows.append([m.name, f"{p:,}", pub, "一致" if ok else "不一致", f"{m.active_params():,}",
                      f"{100 * m.active_params() / p:.1f}%"])
-    print_table(["模型", "层", "d_model", "头/KV 头", "d_ff", "FFN", "参数（数出来的）", "公开的数", "对比",
-                 "激活参数", "激活 / 总"], rows)
+    print_table(["模型", "参数（数出来的）", "公开的数", "对比", "激活参数", "激活 / 总"], rows)
 
     print("\n参数按部件分（占总数的百分比）：")
     parts = {m.name: breakdown(m) for m in ALL_MODELS}
@@ -189,10 +191,12 @@ def demo3_flops_and_kv():
         out[m.name] = {"flops0": f0, "flops_ctx": fc, "kv_tok": kv_tok, "kv_long": m.kv_bytes(long_ctx),
                        "ratio": f0 / (2 * m.active_params())}
         rows.append([m.name, fmt_num(m.matmul_params()), f"{fmt_num(f0)}FLOP", f"{fmt_num(fc)}FLOP",
-                     f"{100 * (fc - f0) / fc:.1f}%", fmt_bytes(kv_tok), fmt_bytes(m.kv_bytes(ctx)),
-                     fmt_bytes(m.kv_bytes(long_ctx))])
-    print_table(["模型", "乘的权重/token", "FLOPs/token（上下文 0）", f"（上下文 {ctx}）", "其中注意力",
-                 "KV/token", f"KV/序列（{ctx}）", f"KV/序列（{long_ctx}）"], rows)
+                     f"{100 * (fc - f0) / fc:.1f}%"])
+    print_table(["模型", "乘的权重/token", "FLOPs/token（上下文 0）", f"（上下文 {ctx}）", "其中注意力"], rows)
+    print()
+    print_table(["模型", "KV/token", f"KV/序列（{ctx}）", f"KV/序列（{long_ctx}）"],
+                [[m.name, fmt_bytes(m.kv_bytes_per_token()), fmt_bytes(m.kv_bytes(ctx)), fmt_bytes(m.kv_bytes(long_ctx))]
+                 for m in ALL_MODELS])
 
     g, l8, l405 = GPT_OSS_120B, LLAMA31_8B, LLAMA31_405B
     per_tok_120 = g.kv_bytes_per_token()              # 所有层都存时每个位置的 KV（短上下文时就是这么多）
@@ -217,8 +221,8 @@ def demo3_flops_and_kv():
 # 演示 4：要几块 H100
 # ---------------------------------------------------------------------------
 def demo4_gpus_needed():
-    print_header(f"演示 4：要几块 H100 80GB——只放权重 vs 权重 + KV（{KV_SEQS} 个序列 × {KV_CTX} token）"
-                 f"放进 {USABLE:.0%} 显存、卡数取 2 的幂（假设）")
+    print_header(f"演示 4：要几块 H100 80GB——只放权重，或权重 + KV（{KV_SEQS} 个序列 × {KV_CTX} token）放进 "
+                 f"{USABLE:.0%} 显存（假设）")
     cap = H100.mem_bytes
     rows = []
     res = {}
@@ -231,8 +235,8 @@ def demo4_gpus_needed():
             n_min = math.ceil((w + kv) / (cap * USABLE))
             n_dep = 2 ** math.ceil(math.log2(n_min))
             res[(m.name, f)] = (n_w, n_dep)
-            rows.append([m.name, FMT_ZH[f], fmt_bytes(w), n_w, fmt_bytes(kv), n_min, n_dep])
-    print_table(["模型", "权重格式", "权重", "只放权重：卡数", "KV cache", "权重 + KV：卡数", "取 2 的幂"], rows)
+            rows.append([m.name, FMT_SHORT.get(f, FMT_ZH[f]), fmt_bytes(w), fmt_bytes(kv), n_w, n_min, n_dep])
+    print_table(["模型", "权重格式", "权重", "KV cache", "卡数：\n只放权重", "卡数：\n权重 + KV", "卡数：\n取 2 的幂"], rows)
     n405, n405f = res[(LLAMA31_405B.name, "bf16")], res[(LLAMA31_405B.name, "fp8")]
     oss = res[(GPT_OSS_120B.name, "native")]
     print_observations([

@@ -63,6 +63,7 @@ def demo1_decode_vs_batch():
     t1, t64 = res[1]["time"], res[64]["time"]
     w_step, kv_seq = res[1]["w_bytes"], res[1]["kv_bytes"]     # 每步读的权重；一个序列的 KV cache
     b_kv = math.floor(w_step / kv_seq) + 1                      # 读 KV 比读权重多的最小批：B·kv > w
+    thr_cap = c.mem_bw / kv_seq                                 # B → ∞：B / ((w + B·kv) / 带宽) → 带宽 / kv
     print_observations([
         f"批大小 1：一步 {fmt_time(t1)}，几乎全是读权重（{fmt_bytes(w_step)} ÷ {fmt_bytes(c.mem_bw)}/s；"
         f"不含输入词嵌入，它是查表）；计算只要 {fmt_time(res[1]['t_compute'])}，H100 的算力 "
@@ -72,12 +73,15 @@ def demo1_decode_vs_batch():
         f"每步读的权重（{w_step / 1e9:.2f} GB）还多（{b_kv - 1} 个 {(b_kv - 1) * kv_seq / 1e9:.2f} GB，"
         f"{b_kv} 个 {b_kv * kv_seq / 1e9:.2f} GB），读 KV 比读权重还久（B = 64 时 "
         f"{fmt_time(res[64]['kv_bytes'] / c.mem_bw)} 对 {fmt_time(res[64]['w_bytes'] / c.mem_bw)}）。"
-        f"所以在上下文 {CONTEXT} 时批再大也一直受带宽限制，吞吐涨到一定程度就涨不动了。",
+        f"每多一个序列，读 KV 多 {fmt_time(kv_seq / c.mem_bw)}，计算只多 {fmt_time(res[1]['t_compute'])}："
+        f"所以在上下文 {CONTEXT} 时批再大也一直受带宽限制，吞吐趋于 带宽 ÷ 每个序列的 KV = {thr_cap:.0f} token/s"
+        f"（B = 1024 时已经 {1024 / res[1024]['time']:.0f}），涨不动了。",
         f"显存也有上限：{fmt_bytes(c.mem_bytes)} 减去 {fmt_bytes(weight_bytes(m))} 的权重（这里含输入词嵌入），"
         f"只够 {max_b} 个上下文 {CONTEXT} 的序列；表里更大的批只是算账，实际放不下。",
     ])
     return {"t_b1": t1, "t_b64": t64, "speedup_64": 64 * t1 / t64, "kv_over_w_batch": b_kv, "max_batch": max_b,
-            "compute_share_b1": res[1]["t_compute"] / t1, "bounds": {b: r["bound"] for b, r in res.items()}}
+            "compute_share_b1": res[1]["t_compute"] / t1, "bounds": {b: r["bound"] for b, r in res.items()},
+            "throughput_cap": thr_cap, "kv_time_per_seq": kv_seq / c.mem_bw, "compute_per_seq": res[1]["t_compute"]}
 
 
 # ---------------------------------------------------------------------------
@@ -140,22 +144,30 @@ def demo3_prefill_vs_length():
     n_cross = 1
     while prefill_step(m, c, n_cross)["bound"] == "memory":
         n_cross += 1
+    # 拐点是 295，越过它却要 n_cross 个 token：读的字节含 lm_head，它的 FLOPs 却只在最后一个位置算一次
+    ridge = c.ridge_point("bf16")
+    head = m.vocab * m.d_model                                   # lm_head 的参数
+    body_share = (m.matmul_params() - head) / m.active_params()   # 强度 ≈ n × 这个比例（不算注意力）
+    n_no_attn = (ridge * m.active_params() - head) / (m.matmul_params() - head)   # 只看矩阵乘时的临界 n（实数）
     r4k = res[4096]
     dec1 = decode_step(m, c, 1, 4096)["time"]
     n_long = 65536
     attn_long = 4 * m.n_heads * m.head_dim * m.n_layers * n_long * (n_long + 1) // 2   # 第 i 个位置看 i 个位置
     attn_share = attn_long / res[n_long]["flops"]
     print_observations([
-        f"提示长度 ≥ {n_cross} 个 token 时 prefill 受算力限制：所有 token 共用读一遍的权重，强度约等于提示长度"
+        f"提示长度 ≥ {n_cross} 个 token 时 prefill 受算力限制：所有 token 共用读一遍的权重，强度随提示长度增长，约 {body_share:.2f} × n"
         f"（提示很长时注意力的 FLOPs 再把它往上推：n = {n_long} 时 {res[n_long]['flops'] / res[n_long]['w_bytes']:.0f}）。"
-        f"更短的提示（比如多轮对话里新加的一句）也是读权重为主，和 decode 一样。",
+        f"更短的提示（比如多轮对话里新加的一句）也是读权重为主，和 decode 一样。"
+        f"{n_cross} 比拐点 {ridge:.0f} 大，是因为读的字节里有 lm_head 的 {head / 1e6:.0f}M 个参数（{fmt_bytes(2 * head)}），"
+        f"它的 FLOPs 却只在最后一个位置算一次：不算注意力时强度 = {body_share:.3f} × n + {head / m.active_params():.3f}，要 n ≥ {n_no_attn:.1f} 才够；"
+        f"注意力的 FLOPs 再把它拉回到 {n_cross}。",
         f"prefill 4096 个 token 要 {fmt_time(r4k['time'])}，每个 token {fmt_time(r4k['time'] / 4096)}；"
         f"decode 一个 token（批大小 1、上下文 4096）要 {fmt_time(dec1)}，贵 {dec1 / (r4k['time'] / 4096):.0f} 倍。"
         f"同样是一个 token，prefill 里用上了算力，decode 里大部分时间在等内存。",
         f"提示很长时注意力（和 n² 成正比）开始占大头：n = {n_long} 时它占 prefill FLOPs 的 {100 * attn_share:.0f}%，"
         f"每 token 的时间也从 {fmt_time(res[1024]['time'] / 1024)}（n = 1024）涨到 {fmt_time(res[n_long]['time'] / n_long)}。",
     ])
-    return {"n_cross": n_cross, "t_4096": r4k["time"], "decode_b1": dec1,
+    return {"n_cross": n_cross, "n_cross_no_attn": n_no_attn, "body_share": body_share, "t_4096": r4k["time"], "decode_b1": dec1,
             "ratio_decode_prefill_per_token": dec1 / (r4k["time"] / 4096), "attn_share_64k": attn_share,
             "bounds": {n: r["bound"] for n, r in res.items()}}
 

@@ -79,23 +79,24 @@ def mean_decode_step(model, chip, batch=BATCH):
 # ---------------------------------------------------------------------------
 def demo1_intensity_vs_ridge():
     m = LLAMA31_70B
-    print_header(f"演示 1：prefill 和 decode 的算术强度 vs 各芯片的拐点（{m.name} 的形状，BF16）")
+    print_header(f"演示 1：prefill 和 decode 的算术强度 vs 各芯片的拐点（{m.name}，BF16，decode 上下文 {PROMPT}）")
     cases = []
     for n in (512, 4096):
         r = prefill_step(m, H100, n)
         cases.append((f"prefill，提示 {n}", r["flops"] / r["w_bytes"]))
     for b in (1, 16, 64, 256):
         r = decode_step(m, H100, b, PROMPT)
-        cases.append((f"decode，批 {b}、上下文 {PROMPT}", r["flops"] / (r["w_bytes"] + r["kv_bytes"])))
+        cases.append((f"decode，批 {b}", r["flops"] / (r["w_bytes"] + r["kv_bytes"])))
     rows = []
     for name, i in cases:
         rows.append([name, f"{i:.1f}"] + [f"{BOUND_ZH['compute' if i >= c.ridge_point('bf16') else 'memory']} "
                                           f"{100 * min(1.0, i / c.ridge_point('bf16')):.3g}%" for c in GPUS])
-    print_table(["阶段", "强度 FLOP/B"] + [f"{short(c)}（拐点 {c.ridge_point('bf16'):.0f}）" for c in GPUS], rows)
+    print("每块芯片一列（表头里是它的拐点，FLOP/B）：受什么限制、用上峰值算力的百分之几")
+    print_table(["阶段", "强度\nFLOP/B"] + [f"{short(c)}\n拐点 {c.ridge_point('bf16'):.0f}" for c in GPUS], rows)
     intens = dict(cases)
     i_pre = intens[f"prefill，提示 {PROMPT}"]
-    i_dec = intens[f"decode，批 64、上下文 {PROMPT}"]
-    i_dec256 = intens[f"decode，批 256、上下文 {PROMPT}"]
+    i_dec = intens["decode，批 64"]
+    i_dec256 = intens["decode，批 256"]
     util = i_dec / H100.ridge_point("bf16")
     min_ratio = min(i_pre / c.ridge_point("bf16") for c in GPUS)
     print_observations([
@@ -126,26 +127,37 @@ def demo2_comparative_advantage():
         sp, sd = base_pre / tp, base_dec / td
         res[short(c)] = {"prefill": tp, "decode": td, "sp_pre": sp, "sp_dec": sd, "adv": sd / sp}
         rows.append([c.name, fmt_time(tp), f"{sp:.2f}×", fmt_time(td), f"{sd:.2f}×", f"{sd / sp:.2f}",
-                     f"{H100.ridge_point('bf16') / c.ridge_point('bf16'):.2f}",
-                     f"{PROMPT / tp / c.power_w:.0f}", f"{BATCH / td / c.power_w:.2f}"])
-    print_table(["芯片", "prefill", "相对 H100", "decode 一步", "相对 H100", "decode 优势（两者之比）",
-                 "H100 拐点 / 本芯片拐点", "prefill token/s/W", "decode token/s/W"], rows)
+                     f"{H100.ridge_point('bf16') / c.ridge_point('bf16'):.2f}"])
+    print_table(["芯片", "prefill", "相对\nH100", "decode\n一步", "相对\nH100", "decode 优势\n（两者之比）",
+                 "H100 拐点 ÷\n本芯片拐点"], rows)
+    print()
+    print_table(["芯片", "功耗 W", "prefill token/s/W", "decode token/s/W"],
+                [[c.name, f"{c.power_w:.0f}", f"{PROMPT / res[short(c)]['prefill'] / c.power_w:.0f}",
+                  f"{BATCH / res[short(c)]['decode'] / c.power_w:.2f}"] for c in GPUS])
     a, h = res["A100"], res["H200"]
     power = {short(c): c.power_w for c in GPUS}
     best_pre = max(res, key=lambda k: PROMPT / res[k]["prefill"] / power[k])
     best_dec = max(res, key=lambda k: BATCH / res[k]["decode"] / power[k])
     best_adv = max(res, key=lambda k: res[k]["adv"])
+    per_w = {k: (PROMPT / res[k]["prefill"] / power[k], BATCH / res[k]["decode"] / power[k]) for k in res}
+    a_vs_h = (per_w["A100"][0] / per_w["H100"][0], per_w["A100"][1] / per_w["H100"][1])   # A100 每瓦 ÷ H100 每瓦
+    beaten = [c.name for c in GPUS if per_w[short(c)][1] < per_w["A100"][1]]              # decode 每瓦比 A100 低的卡
     print_observations([
         f"prefill 受算力限制，快多少看算力之比；decode 受带宽限制，看带宽之比。两者之比（\"decode 优势\"）"
         f"正好是拐点之比：拐点越低的芯片，相对越适合 decode。",
-        f"H200 和 H100 算力相同：prefill {h['sp_pre']:.2f}×，decode 却快 {h['sp_dec']:.2f}×——多花在 H200 上的钱只在 decode 时有回报。"
-        f"A100 的 prefill 只有 H100 的 {a['sp_pre']:.2f}×，decode 还有 {a['sp_dec']:.2f}×：旧卡做 decode 比做 prefill 划算得多"
-        f"（Splitwise 就提出过用 H100 做 prefill、A100 做 decode）。",
-        f"按功耗算，prefill 每瓦最好的是 {best_pre}，decode 每瓦最好的是 {best_dec}"
-        f"{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。所以要看的不是绝对谁快，而是相对哪一样更强："
-        f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}）。",
+        f"H200 和 H100 算力相同：prefill {h['sp_pre']:.2f}×，decode 却快 {h['sp_dec']:.2f}×——H200 多出来的带宽只在 decode 时有回报。"
+        f"A100 的 prefill 只有 H100 的 {a['sp_pre']:.2f}×，decode 还有 {a['sp_dec']:.2f}×：和 H100 比，A100 在 decode 上落后得少得多"
+        f"（Splitwise 论文（arXiv 2311.18677）的 Splitwise-HA 就是 H100 做 prefill、A100 做 decode）。",
+        f"按功耗算，prefill 每瓦最好的是 {best_pre}（{per_w[best_pre][0]:.0f}），decode 每瓦最好的是 {best_dec}"
+        f"（{per_w[best_dec][1]:.2f}）{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。"
+        f"\"decode 优势\"回答的是另一个问题：一块卡两样工作里哪一样相对更强，不是谁的 decode 最省电。"
+        f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}），可它 decode 每瓦只有 {per_w['A100'][1]:.2f}，"
+        f"不如 B200（{per_w['B200'][1]:.2f}）和 H200（{per_w['H200'][1]:.2f}），表里只比 {'、'.join(beaten)} 高："
+        f"每瓦 decode 是 H100 SXM5 的 {a_vs_h[1]:.2f}×，prefill 只有 {a_vs_h[0]:.2f}×。所以已经有 A100 和 H100 时，让 A100 做 decode、"
+        "H100 做 prefill；要新买卡，按每瓦看是另一个答案。",
     ])
     res["best_prefill_per_w"], res["best_decode_per_w"], res["best_adv"] = best_pre, best_dec, best_adv
+    res["per_w"], res["a100_vs_h100_per_w"] = per_w, a_vs_h
     return res
 
 
@@ -156,8 +168,8 @@ def demo3_kv_transfer():
     m = MODEL
     kv = m.kv_bytes(PROMPT)
     tp = prefill_step(m, H100, PROMPT)["time"]
-    print_header(f"演示 3：分开的代价——把 {m.name} 提示的 KV cache（{PROMPT} token，BF16，{fmt_bytes(kv)}）"
-                 f"从 prefill 机器搬到 decode 机器（+ 协调 {fmt_time(COORD)}，假设）")
+    print_header(f"演示 3：分开的代价——搬 KV cache（{m.name}，提示 {PROMPT} token，{fmt_bytes(kv)}）+ 协调 "
+                 f"{fmt_time(COORD)}（假设）")
     rows = []
     res = {}
     for lk in LINKS:
@@ -193,7 +205,7 @@ def demo4_ledger():
     thr = BATCH / tpot
     res["colocated"] = {"ttft": t_pre + t_dec / 2, "tpot": tpot, "worst": t_dec + t_pre, "gpus": 1.0,
                         "thr_per_gpu": thr, "thr_per_kw": thr / (H100.power_w / 1e3)}
-    rows.append(["同机：H100 既 prefill 又 decode", fmt_time(t_pre + t_dec / 2), fmt_time(tpot), fmt_time(t_dec + t_pre),
+    rows.append(["同机（H100）", fmt_time(t_pre + t_dec / 2), fmt_time(tpot), fmt_time(t_dec + t_pre),
                  "1", f"{thr:.0f}", f"{thr / (H100.power_w / 1e3):.0f}"])
     for dec_chip in (H100, H200, A100):
         t_dec = mean_decode_step(m, dec_chip)["time"]
@@ -204,10 +216,12 @@ def demo4_ledger():
         watts = dec_chip.power_w + n_pre * H100.power_w
         res[key] = {"ttft": t_pre + t_kv, "tpot": t_dec, "worst": t_dec, "gpus": 1 + n_pre,
                     "thr_per_gpu": thr / (1 + n_pre), "thr_per_kw": thr / (watts / 1e3), "n_prefill": n_pre}
-        rows.append([f"分开：H100 prefill → {short(dec_chip)} decode", fmt_time(t_pre + t_kv), fmt_time(t_dec),
+        rows.append([f"分开 H100 → {short(dec_chip)}", fmt_time(t_pre + t_kv), fmt_time(t_dec),
                      fmt_time(t_dec), f"1 + {n_pre:.2f}", f"{thr / (1 + n_pre):.0f}", f"{thr / (watts / 1e3):.0f}"])
-    print_table(["部署", "TTFT", "平均 TPOT", "最长的 token 间隔", "卡数（decode + prefill）", "每块卡 token/s",
-                 "每 kW token/s"], rows)
+    print("同机：一块 H100 既 prefill 又 decode；分开：prefill 卡 → decode 卡")
+    print("卡数 = 1 块 decode 卡 + 配给它的 prefill 卡（可以是小数）")
+    print_table(["部署", "TTFT", "平均\nTPOT", "最长的\ntoken 间隔", "卡数\ndecode + prefill", "每块卡\ntoken/s",
+                 "每 kW\ntoken/s"], rows)
     co, hh, h2, a1 = res["colocated"], res["H100→H100"], res["H100→H200"], res["H100→A100"]
     print_observations([
         f"同机时，每个请求的 prefill（{fmt_time(t_pre)}）都插在别人的 decode 之间：平均 TPOT 从纯 decode 的 {fmt_time(hh['tpot'])} "

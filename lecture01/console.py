@@ -37,7 +37,7 @@ import numpy as np
 
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
            "wrap_text", "print_bars", "print_plot", "format_bars", "format_plot", "is_numeric_cell",
-           "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound", "RULE_WIDTH"]
+           "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound", "fmt_p", "RULE_WIDTH"]
 
 RULE_WIDTH = 100
 
@@ -563,3 +563,14 @@ def fmt_bound(x, bound):
     if not bound > 0:
         raise ValueError(f"上界必须为正（收到 {bound}）")
     return f"< {bound:.0e}" if x < bound else f"{x:.2g}"
+
+
+def fmt_p(pv):
+    """
+    p 值的统一写法：≥ 0.001 时三位小数（"0.662"）；更小的只打印数量级上界（"< 1e-11"）。
+
+    【为什么】极小的 p 值的具体数字只说明"差得很远"，而且随实现的舍入变；上界就够了。
+    """
+    if not 0 <= pv <= 1:
+        raise ValueError(f"p 值必须在 [0, 1] 里（收到 {pv}）")
+    return f"{pv:.3f}" if pv >= 1e-3 else f"< 1e{int(math.floor(math.log10(max(pv, 1e-300)))) + 1}"

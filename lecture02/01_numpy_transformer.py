@@ -139,9 +139,11 @@ def demo1_one_forward_pass():
     n_param_arrays = (P["embed"].size + P["final_norm"].size + P["lm_head"].size
                       + sum(w.size for L in P["layers"] for w in L.values()))
     print(f"配置：词表 {CFG.vocab}、d = {CFG.d_model}、{CFG.n_layers} 层、{CFG.n_heads} 个 query 头 / {CFG.n_kv_heads} 个 KV 头"
-          f"（组大小 G = {CFG.group}）、head_dim = {CFG.head_dim}、FFN 中间维 {CFG.d_ff}；参数 {n_param_arrays:,} 个；"
-          f"数据类型 {lab.dtype}")
-    print_table(["步骤", "账本里的名字", "输入形状", "权重形状", "输出形状", "说明"], [list(r) for r in log])
+          f"（组大小 G = {CFG.group}）、head_dim = {CFG.head_dim}、")
+    print(f"FFN 中间维 {CFG.d_ff}；参数 {n_param_arrays:,} 个；数据类型 {lab.dtype}")
+    print_table(["步骤", "账本里的名字", "输入形状", "权重形状", "输出形状"], [list(r[:5]) for r in log])
+    print("\n各步在做什么：")
+    print_table(["账本里的名字", "说明"], [[r[1], r[5]] for r in log if r[5]])
     n_layer_matmuls = sum(1 for r in log if r[1] in MATMUL_OPS and r[1] != "lm_head")
     print_observations([
         f"一层里有 {len(log) - 3} 步；其中只有 {n_layer_matmuls} 个带权重的矩阵乘（q/k/v/o 投影、gate/up/down），加上层外的 lm_head，"

@@ -4,17 +4,18 @@ CS349E · 第 2 讲 · 02_op_ledger.py —— 逐运算的账本：跑出来的�
 =============================================================================
 
 【这个脚本要回答的问题】
-演示 1：prefill（一次喂进整个提示）时，模型真的运行时记下的账（Counter）和 analytic_ops 用公式算的账，
+演示 1：prefill（一次喂进整个提示）时，模型运行时按数组形状记下的账（Counter）和 analytic_ops 用公式算的账，
 逐算子、逐字段（FLOPs、有用 FLOPs、权重字节、KV 字节）是否完全相等？
 演示 2：decode（带 KV cache，每次喂 1 个 token）的一步，同样逐格核对。
 演示 3：FLOPs 和字节都花在哪儿了？权重矩阵乘、注意力核心、其余逐元素运算各占多少——小模型的 prefill / decode（账本），
-以及 Llama-3.1-70B 的 prefill / decode（公式；演示 1、2 说明公式和真实运行的账一致）。
+以及 Llama-3.1-70B 的 prefill / decode（公式；演示 1、2 说明公式和运行时按数组形状记的账一致）。
 
 【怎么读输出】账本的四个字段（定义见 transformer_lab 的模块说明）：
 "FLOPs" = 代码真正执行的浮点运算（矩阵乘 2·m·n·k；逐元素运算按每个元素固定的次数；因果遮罩挡住的那一半也算，代码确实算了）；
 "有用" = 数学上需要的矩阵乘 FLOPs（遮罩挡住的不算；softmax、norm、RoPE、激活算 0）——roofline 拿它和峰值算力比；
 "权重" = 读的权重字节，"KV" = 注意力读的 K、V 字节，都按 BF16（每个数 2 字节）记，不管 numpy 里是 float64。
-每层的同名算子合成一行。"实测"列来自 NumpyTransformer.forward(..., counter=c)，"公式"列来自 analytic_ops。
+每层的同名算子合成一行。"账本"列来自 NumpyTransformer.forward(..., counter=c)：运行时按每个数组的真实形状记的账
+（簿记，不是计时、也不是硬件计数器的测量）；"公式"列来自 analytic_ops，只用配置里的几个整数。
 
 【模型的假设（务必看）】账本只记权重和 KV 的读取，不记激活的读写（真实 GPU 上激活也要进出显存，融合的算子可以省掉大部分）；
 字节按 BF16 记是约定。小模型是 transformer_lab.LEC2_CFG（同 01 脚本，随机初始化）。Llama-3.1-70B 的结构来自它的 config.json（llm_math）；
@@ -43,7 +44,7 @@ CFG = LEC2_CFG
 SEED, PROMPT_SEED = 0, 1
 B, N_PROMPT = 2, 32
 OTHER_OPS = tuple(op for op in ALL_OPS if op not in MATMUL_OPS and op not in ATTN_CORE_OPS)
-GROUPS = (("权重矩阵乘", MATMUL_OPS), ("注意力核心", ATTN_CORE_OPS), ("其余（norm、RoPE、激活、残差、查表）", OTHER_OPS))
+GROUPS = (("权重矩阵乘", MATMUL_OPS), ("注意力核心", ATTN_CORE_OPS), ("其余", OTHER_OPS))   # 其余：norm、RoPE、激活、残差、查表
 
 
 def run_prefill_and_decode():
@@ -74,7 +75,8 @@ def side_by_side(counted, analytic):
     return rows, same - len(missing), cells + len(missing)
 
 
-HEADERS = ["算子", "FLOPs 实测", "公式", "有用 实测", "公式", "权重字节 实测", "公式", "KV 字节 实测", "公式", "相等"]
+HEADERS = ["算子", "FLOPs 账本", "公式", "有用 账本", "公式", "权重 账本", "公式", "KV 账本", "公式", "相等"]
+UNITS_NOTE = "FLOPs 和有用 FLOPs 是次数；权重、KV 是读的字节（按 BF16）"
 
 
 # ---------------------------------------------------------------------------
@@ -85,15 +87,19 @@ def demo1_prefill_ledger():
     c_pre, _ = run_prefill_and_decode()
     ana = analytic_ops(CFG, B, N_PROMPT, 0, last_only=False)
     rows, same, cells = side_by_side(c_pre, ana)
+    print(UNITS_NOTE)
     print_table(HEADERS, rows)
     tot = {f: c_pre.total(f) for f in FIELDS}
     w_mm = c_pre.total("w", MATMUL_OPS)   # 权重矩阵的字节（词嵌入查表读的行数随 token 数变，不算在内）
     sc = c_pre.ops["attn_scores"]
-    print(f"\n核对：{len(rows)} 个算子 × {len(FIELDS)} 个字段 = {cells} 个数，实测 == 公式的有 {same} 个："
+    print(f"\n核对：{len(rows)} 个算子 × {len(FIELDS)} 个字段 = {cells} 个数，账本 == 公式的有 {same} 个："
           + ("全部相等" if same == cells else "有不相等的！"))
     print_observations([
-        f"账本是模型**运行时**按真实数组的形状记的，公式只用配置里的几个整数；{cells} 个数逐个相等，说明公式就是这段代码的账。"
-        "本讲 03、04 脚本和第 5 讲的演示用 analytic_ops 给 Llama-3.1-70B 记账，靠的就是这一点。",
+        f"账本是模型运行时按每个数组的真实形状、照 transformer_lab 的约定（矩阵乘 2·m·n·k，逐元素运算每个元素固定几次）记的账，"
+        f"不是测量；公式只用配置里的几个整数。{cells} 个数逐个相等，说明公式和代码实际算的形状记的是同一本账——"
+        "本讲 03、04 脚本和第 5 讲用 analytic_ops 给 Llama-3.1-70B 记账，靠的就是这一点。"
+        "它不说明硬件真的执行了这么多 FLOPs、搬了这么多字节（BLAS 怎么做、缓存命中多少、激活的读写，都不在账里）；"
+        "两边还共用同一张逐元素约定表（ELEMENTWISE_FLOPS），相等也检验不了这张表本身。",
         f"注意力打分（attn_scores）执行了 {sc['flops']:,} 次 FLOP，有用的只有 {sc['useful']:,}："
         f"因果遮罩挡住了上三角，比例 {sc['useful'] / sc['flops']:.3f} = (n+1)/(2n)，n = {N_PROMPT}。",
         f"整个 prefill：执行 {fmt_num(tot['flops'])} FLOPs、有用 {fmt_num(tot['useful'])}；读权重矩阵 {fmt_bytes(w_mm)}、"
@@ -112,8 +118,9 @@ def demo2_decode_ledger():
     c_pre, c_dec = run_prefill_and_decode()
     ana = analytic_ops(CFG, B, 1, N_PROMPT, last_only=False)
     rows, same, cells = side_by_side(c_dec, ana)
+    print(UNITS_NOTE)
     print_table(HEADERS, rows)
-    print(f"\n核对：{len(rows)} 个算子 × {len(FIELDS)} 个字段 = {cells} 个数，实测 == 公式的有 {same} 个："
+    print(f"\n核对：{len(rows)} 个算子 × {len(FIELDS)} 个字段 = {cells} 个数，账本 == 公式的有 {same} 个："
           + ("全部相等" if same == cells else "有不相等的！"))
     f_pre, f_dec = c_pre.total("useful"), c_dec.total("useful")
     w_pre, w_dec = c_pre.total("w", MATMUL_OPS), c_dec.total("w", MATMUL_OPS)
@@ -167,7 +174,8 @@ def demo3_where_it_goes():
             name = ""
         out[label] = {"shares": shares, "intensity": U / By, "useful": U, "bytes": By,
                       "lm_head_w_share": sum_rows(rr, "w", ("lm_head",)) / sum_rows(rr, "w", MATMUL_OPS)}
-    print_table(["场景", "部分", "执行 FLOPs 占比", "有用 FLOPs 占比", "读的字节（权重 + KV）占比"], rows)
+    print("其余 = norm、RoPE、激活、残差、查表；读的字节 = 权重 + KV")
+    print_table(["场景", "部分", "执行 FLOPs 占比", "有用 FLOPs 占比", "读的字节占比"], rows)
     print("\n每个场景的总量和算术强度（有用 FLOPs ÷ 读的字节）：")
     print_table(["场景", "有用 FLOPs", "读的字节", "强度 FLOP/字节"],
                 [[k, fmt_num(v["useful"]), fmt_bytes(v["bytes"]), f"{v['intensity']:.1f}"] for k, v in out.items()])
@@ -186,7 +194,7 @@ def demo3_where_it_goes():
         f"小模型的比例和 70B 不一样：d_model 只有 {CFG.d_model}，prefill 里逐元素运算占执行 FLOPs 的 "
         f"{100 * tiny_pre['shares'][GROUPS[2][0]][0]:.1f}%（70B：{100 * big_pre['shares'][GROUPS[2][0]][0]:.2f}%），"
         f"lm_head 占权重矩阵字节的 {100 * tiny_pre['lm_head_w_share']:.1f}%（70B：{100 * big_pre['lm_head_w_share']:.1f}%）。"
-        "所以讲大模型的比例要用公式（演示 1、2 说明公式和真实运行的账是同一本账），不能直接看小模型。",
+        "所以讲大模型的比例要用公式（演示 1、2 说明公式和运行时按数组形状记的账是同一本账），不能直接看小模型。",
     ])
     out["ridge"] = ridge
     return out

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture01", "lecture02"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bytes, fmt_sig, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import A100, B200, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, critical_context  # noqa: E402
 from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
@@ -90,9 +90,9 @@ def demo1_two_intensities():
     for chip in (H100, H100_PCIE, H200, A100, B200):
         r = chip.ridge_point("bf16")
         ridges[chip.name] = r
-        rows3.append([chip.name, f"{chip.peak_flops('bf16') / 1e12:g} T", f"{chip.mem_bw / 1e12:g} TB/s", f"{r:.0f}",
+        rows3.append([chip.name, f"{chip.peak_flops('bf16') / 1e12:g}", fmt_sig(chip.mem_bw / 1e12), f"{r:.0f}",
                       f"B > {r:.0f}"])
-    print_table(["芯片", "BF16 峰值（FLOP/s）", "带宽", "拐点 FLOP/字节", "投影+FFN 受算力限制"], rows3)
+    print_table(["芯片", "BF16 TFLOP/s", "带宽 TB/s", "拐点 FLOP/字节", "投影+FFN 受算力限制"], rows3)
 
     b1024 = res[1024]
     first_compute = min(B for B in res if res[B]["proj_compute"] >= res[B]["proj_memory"])
@@ -134,8 +134,8 @@ def demo2_time_split():
             rows.append([B, ctx, fmt_time(tp), BOUND_CN[res[(B, ctx)]["proj_bound"]], fmt_time(ta),
                          f"{100 * ta / (tp + ta):.1f}%", fmt_time(tp + ta), f"{B / (tp + ta):.0f}",
                          fmt_bytes(p["attn_bytes"])])
-    print_table(["B", "上下文", "投影+FFN", "受限于", "注意力（读 KV）", "注意力占比", "一步（下界）", "吞吐 token/s",
-                 "KV cache 总量"], rows)
+    print_table(["B", "上下文", "投影+FFN", "受限于", "注意力（读 KV）", "注意力占", "一步（下界）", "吞吐 token/s",
+                 "KV 总量"], rows)
     s_1_128k = res[(1, 131072)]["share"]
     s_8_32k, s_32_32k = res[(8, 32768)]["share"], res[(32, 32768)]["share"]
     big = res[(128, 131072)]

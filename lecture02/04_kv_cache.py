@@ -6,7 +6,7 @@ CS349E · 第 2 讲 · 04_kv_cache.py —— KV cache：有多大、GQA 省了�
 【这个脚本要回答的问题】
 演示 1：Llama 3.1 8B / 70B / 405B 的 KV cache 随上下文和批大小有多大，和权重比、和一块 H100 的 80 GB 比。
 演示 2：多头（MHA）、分组（GQA，Llama 3.1 的做法）、多查询（MQA）注意力：把 Llama-3.1-70B 的 KV 头数换成 64 / 8 / 1，
-KV cache、注意力的算术强度、H100 上读 KV 的时间各变成多少。
+KV cache、注意力的算术强度、H100 上读 KV 的时间各变成多少；再画出三者的 KV cache 随上下文的增长，和权重比。
 演示 3：缓存 vs 重算：在 numpy 小模型上贪心生成 n 个 token，带缓存（每步只喂 1 个 token）和不带缓存（每步把整个前缀重算一遍）
 的账本 FLOPs，和闭式公式逐个核对；再用公式看 Llama-3.1-70B 上差多少。
 
@@ -37,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture01", "lecture02"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import (fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_plot,  # noqa: E402
+                     print_table)
 from hw_specs import H100, roofline_time  # noqa: E402
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, decode_step, prefill_step  # noqa: E402
 from transformer_lab import (ATTN_CORE_OPS, LEC2_CFG, MATMUL_OPS, Counter, NumpyTransformer,  # noqa: E402
@@ -65,13 +66,13 @@ def demo1_cache_size():
                        "per_seq": {c: m.kv_bytes(c) for c in ctxs}}
         rows.append([m.name, m.n_layers, f"{m.n_kv_heads} × {m.head_dim}", f"{per_tok:,} B"]
                     + [fmt_bytes(m.kv_bytes(c)) for c in ctxs] + [fmt_bytes(w), f"{w / per_tok:,.0f}"])
-    print_table(["模型", "层", "KV 头 × head_dim", "每个 token 的 KV"] + [f"一个序列 @ {c}" for c in ctxs]
-                + ["权重（BF16）", "KV = 权重时的 token 数"], rows)
+    print_table(["模型", "层", "KV 头\n× head_dim", "每个 token\n的 KV"] + [f"一个序列\n@ {c}" for c in ctxs]
+                + ["权重\n（BF16）", "KV = 权重时\n的 token 数"], rows)
 
     m = LLAMA31_70B
     batches, ctxs2 = (1, 8, 32, 128), (4096, 32768, 131072)
-    print(f"\n{m.name}：批大小 × 上下文 → KV cache 总量（括号里：只放 KV 就要几块 80 GB 的 H100；权重另需 "
-          f"{fmt_bytes(2 * m.params())}）")
+    print(f"\n{m.name}：批大小 × 上下文 → KV cache 总量")
+    print(f"（括号里：只放 KV 就要几块 80 GB 的 H100；权重另需 {fmt_bytes(2 * m.params())}）")
     grid, rows2 = {}, []
     for B in batches:
         cells = [B]
@@ -92,7 +93,7 @@ def demo1_cache_size():
         f"KV cache 和批大小、上下文都成正比：B × 上下文 超过约 {r70['break_even_ctx']:,.0f} 个 token，{m.name} 的 KV 就比权重"
         f"（{fmt_bytes(r70['weights'])}）还大。B = 32、上下文 32768 时 KV 有 {fmt_bytes(grid[(32, 32768)])}。"
         "服务时能开多大的批，常常是 KV cache 的容量说了算。",
-        f"decode 每一步都要把整个缓存读一遍：账本（analytic_ops）里上下文 8192 时一步读的 KV = {ledger_kv:,} 字节，"
+        f"decode 每一步都要把整个缓存读一遍：公式记的账（analytic_ops）里上下文 8192 时一步读的 KV = {ledger_kv:,} 字节，"
         f"正好等于缓存的大小 {int(m.kv_bytes(8192)):,} 字节——" + ("一致" if ledger_kv == m.kv_bytes(8192) else "不一致！") + "。",
         f"三个模型的 KV 头都是 8 个、head_dim 都是 128，每 token 的 KV 只和层数成正比；405B 的参数是 8B 的 "
         f"{LLAMA31_405B.params() / LLAMA31_8B.params():.0f} 倍，每 token 的 KV 只是 "
@@ -108,7 +109,7 @@ def demo2_mha_gqa_mqa():
     B, ctx = 32, 8192
     print_header(f"演示 2：MHA vs GQA vs MQA——Llama-3.1-70B 的三个变体（decode，B = {B}，上下文 {ctx}，{H100.name}）")
     variants = [("MHA（假想）", replace(LLAMA31_70B, name="70B-MHA", n_kv_heads=64)),
-                ("GQA（真实的 Llama-3.1-70B）", LLAMA31_70B),
+                ("GQA（真实）", LLAMA31_70B),
                 ("MQA（假想）", replace(LLAMA31_70B, name="70B-MQA", n_kv_heads=1))]
     rows, res = [], {}
     for label, m in variants:
@@ -121,9 +122,20 @@ def demo2_mha_gqa_mqa():
                       "t_attn": ta, "t_proj": tp}
         rows.append([label, m.n_kv_heads, m.group, f"{m.params() / 1e9:.2f} B", fmt_bytes(m.kv_bytes_per_token()),
                      fmt_bytes(ka), f"{fa / ka:g}", fmt_time(ta), fmt_time(tp), f"{100 * ta / (ta + tp):.0f}%"])
-    print_table(["变体", "KV 头", "组大小 G", "参数量", "每 token 的 KV", "KV 总量", "注意力强度", "读 KV 时间",
-                 "投影+FFN 时间", "注意力占比"], rows)
+    print("时间 = H100 上的 roofline 下界；注意力占 = 读 KV 的时间 ÷（读 KV + 投影 + FFN）")
+    print_table(["变体", "KV 头", "组大小 G", "参数量", "KV/token", "KV 总量", "注意力强度", "读 KV", "投影+FFN",
+                 "注意力占"], rows)
     mha, gqa, mqa = (res[v[0]] for v in variants)
+    # 图：批 B 个序列的 KV 总量随上下文增长，旁边是（GQA 的）BF16 权重
+    ctxs = [1024 * 2 ** (k / 4) for k in range(29)]                  # 1024 … 131072，对数均匀
+    w_gqa = 2 * LLAMA31_70B.params()
+    series = {label.split("（")[0]: (ctxs, [B * m.kv_bytes(c) / 1e9 for c in ctxs], mark)
+              for (label, m), mark in zip(variants, "*o+")}
+    series["权重（GQA，BF16）"] = (ctxs, [w_gqa / 1e9] * len(ctxs), "-")
+    print(f"\n批 {B} 个序列的 KV cache 总量 vs 上下文：")
+    print_plot(series, "上下文（token，对数轴）", "KV cache 总量（GB，对数轴）", logx=True, logy=True,
+               xlim=(1000, 1.5 * ctxs[-1]))
+    cross = {label: w_gqa / (B * m.kv_bytes_per_token()) for label, m in variants}   # KV 总量 = 权重 时的上下文
     print_observations([
         f"KV cache 和 KV 头数成正比：MHA 的 KV 是 GQA 的 {mha['kv_total'] / gqa['kv_total']:g} 倍"
         f"（{fmt_bytes(mha['kv_total'])} vs {fmt_bytes(gqa['kv_total'])}），MQA 是 GQA 的 1/{gqa['kv_total'] / mqa['kv_total']:g}。",
@@ -134,9 +146,14 @@ def demo2_mha_gqa_mqa():
         f"参数量变化不大：只有 k/v 投影跟着 KV 头数变（MHA {mha['params'] / 1e9:.2f} B，比 GQA 多 "
         f"{100 * (mha['params'] / gqa['params'] - 1):.0f}%；MQA {mqa['params'] / 1e9:.2f} B，少 "
         f"{100 * (1 - mqa['params'] / gqa['params']):.1f}%），KV cache 却差 "
-        f"{mha['kv_total'] / mqa['kv_total']:g} 倍（MHA vs MQA）。代价在质量：共享 KV 头的表达力更弱——MQA 来自 Shazeer 2019，GQA 来自 Ainslie 等 2023，"
+        f"{mha['kv_total'] / mqa['kv_total']:g} 倍（MHA vs MQA）。代价在质量：共享 KV 头的表达力更弱——MQA 来自 Shazeer 2019（arXiv 1911.02150），GQA 来自 Ainslie 等 2023（arXiv 2305.13245），"
         "它们的质量对比要看论文里的实验，这个脚本只算账。",
+        f"图里三条线平行（KV 都和上下文成正比），相邻两条差 {mha['kv_total'] / gqa['kv_total']:g} 倍（KV 头数之比）。"
+        f"批 {B} 时 KV 总量追上权重（"
+        f"{fmt_bytes(w_gqa)}）的上下文：MHA {cross[variants[0][0]]:,.0f}、GQA {cross[variants[1][0]]:,.0f}、"
+        f"MQA {cross[variants[2][0]]:,.0f} 个 token。",
     ])
+    res["crossover_ctx"] = cross
     return res
 
 
@@ -218,8 +235,11 @@ def demo3_cache_vs_recompute():
         rows.append([n, f"{a['useful']:,}", f"{b['useful']:,}", f"{b['useful'] / a['useful']:.1f}×",
                      f"{cf_a:,}", f"{cf_b:,}", "✓" if ok else "✗", f"{b['flops'] / a['flops']:.1f}×",
                      f"{b['w'] / a['w']:.2f}×", f"{b['kv'] / a['kv']:.2f}×"])
-    print_table(["生成 n 个", "有用 FLOPs：带缓存", "重算", "重算 ÷ 缓存", "公式：带缓存", "重算", "账 = 公式",
-                 "执行 FLOPs 之比", "读权重矩阵之比", "读 KV 之比"], rows)
+    print("有用 FLOPs（账本 = 运行时按数组形状记的账；公式 = 闭式）：")
+    print_table(["生成 n 个", "账本：带缓存", "重算", "公式：带缓存", "重算", "账 = 公式"],
+                [[r[0], r[1], r[2], r[4], r[5], r[6]] for r in rows])
+    print("\n重算 ÷ 带缓存（账本）：")
+    print_table(["生成 n 个", "有用 FLOPs", "执行 FLOPs", "读权重矩阵", "读 KV"], [[r[0], r[3], r[7], r[8], r[9]] for r in rows])
     same_tokens = bool((tokens_cache == tokens_re).all())
 
     # Llama-3.1-70B：只用公式，按真实引擎的口径（每次前向只在最后一个位置算 lm_head）
@@ -236,9 +256,9 @@ def demo3_cache_vs_recompute():
         t_cached, t_re = step["time"], re["time"]
         rows2.append([n, fmt_num(cf_a), fmt_num(cf_b), f"{cf_b / cf_a:.0f}×", fmt_time(t_cached), fmt_time(t_re),
                       fmt_bytes(m.kv_bytes(ctx))])
-    print(f"\n{m.name}（公式；每次前向只在最后一个位置算 lm_head），提示 {p} 个 token：")
-    print_table(["生成 n 个", "有用 FLOPs：带缓存", "重算", "重算 ÷ 缓存", "最后一步：带缓存（H100）", "重算（H100）",
-                 "缓存的代价：KV 字节"], rows2)
+    print(f"\n{m.name}（公式；每次前向只在最后一个位置算 lm_head），提示 {p} 个 token；")
+    print("最后一步的时间是 H100 上的 roofline 下界：")
+    print_table(["生成 n 个", "有用：带缓存", "重算", "重算 ÷ 缓存", "最后一步：带缓存", "重算", "缓存的 KV"], rows2)
     r96 = res[n_max]
     print_observations([
         f"账本和闭式公式逐格相等（{sum(v['closed_ok'] for v in res.values())}/{len(res)} 行 × 两种做法）；两种做法贪心生成的 "

@@ -33,7 +33,8 @@ from llm_math import ModelConfig  # noqa: E402
 
 __all__ = ["LMConfig", "LEC2_CFG", "random_tokens", "init_params", "config_like", "NumpyTransformer", "KVCache", "Counter",
            "analytic_ops", "sum_rows", "MATMUL_OPS", "ATTN_CORE_OPS", "ALL_OPS", "ELEMENTWISE_FLOPS",
-           "FIELDS", "BYTES_PER_EL", "softmax", "sample_inverse_cdf"]
+           "FIELDS", "BYTES_PER_EL", "softmax", "sample_inverse_cdf",
+           "tree_mask"]
 
 # 一次前向里的算子，按执行顺序。每层的算子在账本里按名字累加（所有层合在一行）。
 ALL_OPS = ("embed", "attn_norm", "q_proj", "k_proj", "v_proj", "rope", "attn_scores", "attn_softmax",
@@ -283,6 +284,7 @@ class KVCache:
     预先分配的 KV cache：k, v 形状 [层, B, Hkv, max_len, head_dim]，pos = 已经写入的位置数。
 
     rollback(n)：丢掉最后 n 个位置（只挪 pos；被丢掉的位置之后会被覆盖）。
+    keep(start, offsets)：只留下 start 以后的几个位置、按顺序挪到一起（树形验证之后留下被接受的路径）。
     quant：None（默认：float64 原样存）或者一个函数 f(块) -> 同形状的块，K 和 V 每次写进缓存时先经过它
     （量化再反量化：缓存里存的就是低精度的值；第 3 讲 06 用它，见本文件末尾的 quantizing_store）。
     """
@@ -303,6 +305,85 @@ class KVCache:
         if not 0 <= n <= self.pos:
             raise ValueError(f"回滚 {n} 个位置超出范围：缓存里只有 {self.pos} 个位置（允许 0..{self.pos}）")
         self.pos -= n
+
+    def keep(self, start, offsets):
+        """
+        只留下第 start 个位置以后的 offsets 这几个位置，按原来的顺序挪到 start, start + 1, …；pos = start + len(offsets)。
+
+        【用途】树形验证之后留下被接受的那条路径（树的节点在缓存里按节点顺序排，路径上的节点不相邻）：
+        路径节点的 K 已经按它的深度转过 RoPE，挪到 start + 深度 − 1 之后，缓存和从头喂"前缀 + 这条路径"的一样。
+        【参数】offsets：相对 start 的下标，严格递增（批里每个序列留同样的位置）。
+        【边界】start 不在 0..pos、offsets 不是 0..pos − start − 1 里严格递增的整数时抛 ValueError；
+        offsets 为空就是 rollback(pos − start)。
+        """
+        if not (isinstance(start, (int, np.integer)) and not isinstance(start, bool) and 0 <= start <= self.pos):
+            raise ValueError(f"start = {start!r} 超出范围：缓存里有 {self.pos} 个位置（允许 0..{self.pos}）")
+        offs = np.asarray(offsets)
+        n_new = self.pos - start
+        if offs.size == 0:
+            offs = np.zeros(0, dtype=np.int64)
+        if (offs.ndim != 1 or offs.dtype.kind not in "iu" or np.any(offs < 0) or np.any(offs >= n_new)
+                or np.any(np.diff(offs) <= 0)):
+            raise ValueError(f"offsets 必须是 0..{n_new - 1} 里严格递增的整数（start = {start} 之后有 {n_new} 个位置），"
+                             f"收到 {list(np.ravel(offsets))}")
+        m = len(offs)
+        self.k[:, :, :, start:start + m] = self.k[:, :, :, start + offs]   # 右边先取出副本，重叠也没关系
+        self.v[:, :, :, start:start + m] = self.v[:, :, :, start + offs]
+        self.pos = start + m
+
+
+def tree_mask(parents, n_past):  # [n] -> [n, n_past + n] bool, [n] int
+    """
+    一棵 token 树的注意力遮罩和 RoPE 位置 -> (mask, positions)，交给 NumpyTransformer.forward 一次算完整棵树。
+
+    【参数】parents[i]：第 i 个新位置的父节点，-1 = 接在已缓存的 n_past 个位置后面，否则是更早的新位置的下标 0..i−1
+    （节点按"父节点在前"的顺序排，例如按层）。
+    mask[i, j] = True 表示新位置 i 能看第 j 个位置：缓存里的 n_past 个位置全都能看，新位置里只看自己的祖先和自己。
+    positions[i] = n_past + depth(i) − 1，depth = 到缓存的步数（父节点是 -1 的节点深度为 1）：兄弟节点位置相同。
+    【边界】链 parents = [-1, 0, 1, …] 得到普通的因果遮罩和位置 n_past, n_past + 1, …；
+    空的或不是一维的 parents、parents[i] 不在 -1..i−1 里、n_past < 0 抛 ValueError。
+    """
+    arr = np.asarray(parents)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"parents 必须是非空的一维整数列表（收到 {parents!r}）")
+    par = list(arr)
+    if not (isinstance(n_past, (int, np.integer)) and not isinstance(n_past, bool) and n_past >= 0):
+        raise ValueError(f"n_past 必须是 ≥ 0 的整数（收到 {n_past!r}）")
+    n = len(par)
+    mask = np.zeros((n, n_past + n), dtype=bool)
+    mask[:, :n_past] = True
+    depth = np.ones(n, dtype=np.int64)
+    for i, a in enumerate(par):
+        if not (isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) and -1 <= a < i):
+            raise ValueError(f"parents[{i}] = {a!r}：父节点必须是 -1（接在缓存后面）或更早的节点 0..{i - 1}")
+        if a >= 0:
+            mask[i, n_past:n_past + i] = mask[a, n_past:n_past + i]   # 父节点的祖先（和父节点自己）
+            depth[i] = depth[a] + 1
+        mask[i, n_past + i] = True
+    return mask, n_past + depth - 1
+
+
+def _check_tree_args(attn_mask, positions, n, p0, max_seq):
+    """
+    检查 forward 的 attn_mask、positions（缺的那个用普通的因果遮罩 / 连续位置补上）-> (mask [n, p0 + n] bool, positions [n])。
+
+    【边界】形状不对、不是布尔 / 整数、某个新位置看不到它自己、看了它后面的新位置（那样节点的顺序就不是"父节点在前"，
+    留下路径之后的缓存也不对）、位置不在 0..max_seq − 1 里，都抛 ValueError。
+    """
+    S = p0 + n
+    later = np.arange(S)[None, :] > (p0 + np.arange(n))[:, None]        # [n, S]：新位置 i 后面的位置
+    if attn_mask is None:
+        attn_mask = ~later
+    attn_mask = np.asarray(attn_mask)
+    if attn_mask.shape != (n, S) or attn_mask.dtype != bool:
+        raise ValueError(f"attn_mask 必须是形状 [新位置数 {n}, 缓存位置 + 新位置 = {S}] 的布尔数组"
+                         f"（收到形状 {attn_mask.shape}、类型 {attn_mask.dtype}）")
+    if not attn_mask[np.arange(n), p0 + np.arange(n)].all() or np.any(attn_mask & later):
+        raise ValueError("attn_mask 的每个新位置必须能看它自己、不能看它后面的位置（节点按父节点在前的顺序排）")
+    positions = p0 + np.arange(n) if positions is None else np.asarray(positions)
+    if positions.shape != (n,) or positions.dtype.kind not in "iu" or np.any(positions < 0) or np.any(positions >= max_seq):
+        raise ValueError(f"positions 必须是 {n} 个 0..{max_seq - 1} 之间的整数（收到 {positions!r}）")
+    return attn_mask, positions
 
 
 def _rms_scale(x, eps_d):  # [..., d] -> [..., d]
@@ -355,12 +436,15 @@ class NumpyTransformer:
     def new_cache(self, batch=1, max_len=None):
         return KVCache(self.cfg, batch, max_len)
 
-    def forward(self, toks, cache=None, counter=None):  # [B, n] -> [B, n, V]
+    def forward(self, toks, cache=None, counter=None, attn_mask=None, positions=None):  # [B, n] -> [B, n, V]
         """
         喂 toks（每个序列 n 个新 token），写进 cache，返回这 n 个位置的 logits。
 
         【参数】cache=None 时用一个新的缓存（一次算完整个序列）；counter 不为 None 时把账记上。
-        【边界】cache 放不下（已有位置 + n > 缓存长度）时抛 ValueError；token 越界也抛 ValueError。
+        attn_mask [n, 已缓存 + n]（布尔，True = 能看）和 positions [n]（RoPE 位置）：树形注意力用（见 tree_mask）；
+        都不给时是普通的因果遮罩、位置接着缓存往后数。新 token 总是写进缓存的第 pos.. 个槽，不管它的 RoPE 位置。
+        【边界】cache 放不下（已有位置 + n > 缓存长度）时抛 ValueError；token 越界也抛 ValueError；
+        遮罩或位置不合规矩（见 _check_tree_args）也抛 ValueError。
         """
         cfg = self.cfg
         toks = np.asarray(toks)
@@ -377,12 +461,16 @@ class NumpyTransformer:
             raise ValueError(f"序列长度 {S} 超过 KV cache 的长度 {cache.max_len}（模型上下文 max_seq = {cfg.max_seq}）")
         if toks.min() < 0 or toks.max() >= cfg.vocab:
             raise ValueError(f"token 必须在 0..{cfg.vocab - 1} 之间")
+        if attn_mask is not None or positions is not None:
+            attn_mask, positions = _check_tree_args(attn_mask, positions, n, p0, cfg.max_seq)
         H, Hkv, hd, G, ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.d_ff
         nq, nkv = H * hd, Hkv * hd
         eps_d = cfg.d_model * cfg.norm_eps
-        rot = self._rot[p0:S, None, :]                                   # [n, 1, hd/2]
+        rot = self._rot[p0:S, None, :] if positions is None else self._rot[positions][:, None, :]  # [n, 1, hd/2]
         mask = None
-        if n > 1:  # 新位置 i（绝对位置 p0 + i）只能看 ≤ p0 + i 的位置
+        if attn_mask is not None:  # 树形注意力：调用者给的遮罩
+            mask = np.where(attn_mask, 0.0, -np.inf)
+        elif n > 1:  # 新位置 i（绝对位置 p0 + i）只能看 ≤ p0 + i 的位置
             mask = np.where(np.arange(S)[None, :] > (p0 + np.arange(n))[:, None], -np.inf, 0.0)  # [n, S]
         add = counter.add if counter is not None else None
         e = ELEMENTWISE_FLOPS
@@ -625,6 +713,8 @@ class _QuantizingStore(np.ndarray):
 
     前向（NumpyTransformer.forward）不用改一个字：它本来就是"写第 p0..S 个位置、再读 0..S"，
     写的那一刻就是量化的那一刻，和真实的推理引擎一样（每个新 token 的 K、V 写进缓存时量化）。
+    KVCache.keep 挪位置时，挪过去的值会再经过 quant 一次：quant 必须是幂等的（量化已经量化过的值不变；
+    quant_lab.kv_quantizer 的格式都是，测试核对）。
     """
 
     def __setitem__(self, idx, value):

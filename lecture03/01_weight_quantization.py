@@ -7,7 +7,7 @@ CS349E · 第 3 讲 · 01_weight_quantization.py —— 权重量化：每种方
 演示 1：把第 3 讲的模型（QCFG）的权重用 int8 / int4（每通道、g64、g32）/ fp8-e4m3 / mxfp4 量化：每种矩阵的相对误差、
 每个参数占几位（含 scale）；int4-g128 为什么在这个小模型上用不了。
 演示 2：换一个 Llama 大小的矩阵（输入维 4096 = Llama-3.1-8B 的 d_model，取 512 个输出通道）：同样的方案加上 int4-g128，
-误差和位数；整数方案的误差和"间隔 / √12"的估计对得上。
+误差和位数（再画成一张"相对误差 vs 每个参数的位数"的图）；整数方案的误差和"间隔 / √12"的估计对得上。
 演示 3：离群值：把一个输入通道（W 的一行）或一个输出通道（W 的一列）放大 10 倍，每种方案其余权重的误差变成多少。
 
 【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的权重；几个矩阵合在一起时把平方和加起来再开方）。
@@ -23,7 +23,7 @@ Dettmers 等 2022，arXiv 2208.07339；SmoothQuant，Xiao 等 2022，arXiv 2211.
 【运行】python3 01_weight_quantization.py （约 1 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、SCHEMES、quantize_matrix、quantize_params，需要 ../prereq3 的 numfmt）；
-../lecture02 的 transformer_lab（init_params）；../lecture01 的 console。
+../lecture02 的 transformer_lab（init_params）；../lecture01 的 console（表格、观察、print_plot 画图）。
 """
 import os
 import sys
@@ -35,8 +35,8 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import INT_QMAX  # noqa: E402
+from console import print_header, print_observations, print_plot, print_table, wrap_text  # noqa: E402
+from numfmt import INT_QMAX, bits_per_value  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, SCHEMES, quantize_matrix, quantize_params  # noqa: E402
 from transformer_lab import init_params  # noqa: E402
 
@@ -51,6 +51,8 @@ OUTLIER_GAIN = 10.0                        # 演示 3：离群通道放大几倍
 OUTLIER_ROW, OUTLIER_COL = 123, 45         # 演示 3：哪个输入通道 / 输出通道
 OUT_SCHEMES = ("int8", "int4", "int4-g128", "int4-g32", "fp8-e4m3", "mxfp4")
 MATRIX_TYPES = LAYER_MATRICES + ("lm_head",)
+# 演示 2 的图：每个方案一个记号（ASCII，任何终端里都占一列）
+MARKS = {"int8": "8", "int4": "c", "int4-g128": "L", "int4-g64": "M", "int4-g32": "S", "fp8-e4m3": "F", "mxfp4": "X"}
 
 
 def rel_err(wq, w):
@@ -76,7 +78,7 @@ def demo1_qcfg():
     print_header(f"演示 1：量化 QCFG 的权重（{QCFG.n_layers} 层 × 7 个矩阵 + lm_head；d_model {QCFG.d_model}，d_ff {QCFG.d_ff}）")
     shapes = {m: P["layers"][0][m].shape for m in LAYER_MATRICES}
     shapes["lm_head"] = P["lm_head"].shape
-    print("矩阵的形状 [输入维, 输出维]：" + "，".join(f"{m} {s[0]}×{s[1]}" for m, s in shapes.items()))
+    print("每列的相对误差（表头第二行是矩阵的形状 [输入维, 输出维]）：")
     rows, res = [], {}
     for scheme in QCFG_SCHEMES:
         Pq, rep = quantize_params(P, scheme, include_lm_head=True)
@@ -93,7 +95,7 @@ def demo1_qcfg():
         res[scheme] = {"bits": rep["bits_per_param"], "n_params": rep["n_params"], "per_type": per, "overall": overall,
                        "max_matrix_rel_err": max(x["rel_err"] for x in rep["matrices"])}
         rows.append([scheme, f"{rep['bits_per_param']:.4f}"] + [f"{per[m]:.4f}" for m in MATRIX_TYPES] + [f"{overall:.4f}"])
-    print_table(["方案", "位/参数"] + list(MATRIX_TYPES) + ["全部"], rows)
+    print_table(["方案", "位/参数"] + [f"{m}\n{shapes[m][0]}×{shapes[m][1]}" for m in MATRIX_TYPES] + ["全部"], rows)
     try:
         quantize_params(P, "int4-g128", include_lm_head=True)
         g128_msg = "（没有报错）"
@@ -113,8 +115,10 @@ def demo1_qcfg():
         f"同一种方案里，scale 管的数越多误差越大：int4 每通道时 w_down（一个 scale 管 {QCFG.d_ff} 个数）的误差 {ch_down:.4f}，"
         f"比 wq（管 {QCFG.d_model} 个）的 {ch_q:.4f} 大。fp8 的误差几乎不随矩阵变（{min(r['fp8-e4m3']['per_type'].values()):.4f}–"
         f"{max(r['fp8-e4m3']['per_type'].values()):.4f}）：浮点的相对精度和 scale 关系不大（预备 01 脚本演示 5）。",
-        f"在这个小模型上 scale 很贵：int8 每通道要 {r['int8']['bits']:.3f} 位，fp8-e4m3（每个输出通道一个 FP32 scale）要 "
-        f"{r['fp8-e4m3']['bits']:.3f} 位，int4-g32 要 {r['int4-g32']['bits']:.3f} 位。"
+        f"在这个小模型上，每通道的 scale 也不便宜：一个 scale 只摊到 {QCFG.d_model} 或 {QCFG.d_ff} 个数上，int8 每通道要 "
+        f"{r['int8']['bits']:.3f} 位（输入维 4096 时只要 {bits_per_value('int8', n_in=4096):.3f} 位），fp8-e4m3（每个输出通道"
+        f"一个 FP32 scale）要 {r['fp8-e4m3']['bits']:.3f} 位；分组的 scale 和矩阵大小无关，int4-g32 在哪都是 "
+        f"{r['int4-g32']['bits']:.3f} 位。"
         "int4-g128 根本用不了——输入维 64 不能被 128 整除（上面 quant_lab 报的错）。所以 g128 放到演示 2 的大矩阵上看。",
     ])
     return res
@@ -138,7 +142,7 @@ def int_step_estimate(w, scheme):
 
 def demo2_llama_sized():
     n_in, n_out = BIG_SHAPE
-    print_header(f"演示 2：一个 Llama 大小的矩阵（{n_in}×{n_out}，N(0, {BIG_STD}²)；输入维和 Llama-3.1-8B 的 q/k/v/o/gate/up 投影一样）")
+    print_header(f"演示 2：一个 Llama 大小的矩阵（{n_in}×{n_out}，N(0, {BIG_STD}²)；输入维 = Llama-3.1-8B 的 d_model）")
     w = big_matrix()
     rows, res = [], {}
     for scheme in BIG_SCHEMES:
@@ -147,11 +151,17 @@ def demo2_llama_sized():
         est = int_step_estimate(w, scheme) if SCHEMES[scheme][0] == "int" else None
         res[scheme] = {"bits": bits, "rel_err": e, "estimate": est}
         rows.append([scheme, f"{bits:.4f}", f"{e:.4f}", f"{est:.4f}" if est is not None else "—",
-                     f"{16 / bits:.2f}×", f"{n_in * n_out * bits / 8 / 2 ** 20:.2f} MiB"])
-    print_table(["方案", "位/参数", "相对误差", "估计 √(间隔²/12) / RMS", "比 BF16 小", "这个矩阵的大小"], rows)
+                     f"{16 / bits:.2f}×", f"{n_in * n_out * bits / 8 / 1e6:.2f}"])
+    print_table(["方案", "位/参数", "相对误差", "估计\n√(间隔²/12)/RMS", "比 BF16 小", "矩阵大小\n（MB）"], rows)
+    print()
+    print_plot({s: ([res[s]["bits"]], [res[s]["rel_err"]], MARKS[s]) for s in BIG_SCHEMES},
+               "每个参数的位数（含 scale）", "相对误差", xlim=(3.5, 8.5), ylim=(0, 0.16))
     q = {s: r["rel_err"] for s, r in res.items()}
     short64 = rel_err(quantize_matrix(w[:64], "int4")[0], w[:64])
     res["int4_first64_rows"] = short64
+    four = [s for s in BIG_SCHEMES if res[s]["bits"] < 6]
+    four_b, four_e = [res[s]["bits"] for s in four], [q[s] for s in four]
+    eight_e = [q[s] for s in BIG_SCHEMES if s not in four]
     worst_est = max(abs(r["estimate"] / r["rel_err"] - 1) for r in res.values() if isinstance(r, dict) and r["estimate"] is not None)
     print_observations([
         f"输入维 {n_in} 时，每通道的 scale 要管 {n_in} 个数：int4 每通道的误差 {q['int4']:.4f}；同一个矩阵只取前 64 行"
@@ -162,10 +172,15 @@ def demo2_llama_sized():
         f"{1 - q['int4-g128'] / q['int4']:.0%}。",
         f"整数方案的误差和\"均匀舍入误差\"估计 √(间隔²/12) / RMS(w) 最多差 {worst_est:.1%}：误差几乎完全由间隔（= 块的 max|w| / qmax）决定。",
         f"同样 4.25 位：mxfp4 {q['mxfp4']:.4f} vs int4-g64 {q['int4-g64']:.4f}"
-        + ("（int4-g64 更准：MX 的 scale 只能取 2 的幂，见预备 02 脚本演示 4）" if q["int4-g64"] < q["mxfp4"] else "") + "；"
+        + ("（int4-g64 更准：E2M1 不等间距的格子本身就比等间距的 INT4 略差，MX 的 scale 只能取 2 的幂又添了更多误差；"
+           "02 脚本演示 1 把这两处分开量）" if q["int4-g64"] < q["mxfp4"] else "") + "；"
         f"8 位里 int8 每通道 {q['int8']:.4f}（{res['int8']['bits']:.4f} 位）比 fp8-e4m3 {q['fp8-e4m3']:.4f}"
         f"（{res['fp8-e4m3']['bits']:.4f} 位，FP32 scale）" + ("准" if q["int8"] < q["fp8-e4m3"] else "差") + "——对这种没有离群值的正态权重，"
         "等间距的整数格式更合适（演示 3 看有离群值时）。",
+        f"图上看：4 位的方案（{min(four_b):.2f}–{max(four_b):.2f} 位）误差在 {min(four_e):.4f}–{max(four_e):.4f} 之间，"
+        f"最差是最好的 {max(four_e) / min(four_e):.2f} 倍——同样约 4 位，分组的粒度和格式让误差差别很大；"
+        f"8 位的两种（{min(eight_e):.4f}、{max(eight_e):.4f}）里误差大的那个也只有 4 位里最好的 "
+        f"{max(eight_e) / min(four_e):.0%}。",
     ])
     return res
 
@@ -201,7 +216,11 @@ def demo3_outliers():
         res[scheme] = r
         rows.append([scheme, f"{bits:.4f}", f"{r['clean']:.4f}", f"{r['row_rest']:.4f}", f"{r['row_ratio']:.2f}×",
                      f"{r['col_rest']:.4f}", f"{r['col_ratio']:.2f}×"])
-    print_table(["方案", "位/参数", "没有离群值", "输入通道放大：其余权重", "变坏（同一批权重比）", "输出通道放大：其余权重", "变坏（同一批权重比）"], rows)
+    print("\n".join(wrap_text(f"行放大 = 输入通道 {i0}（W 的一行）× {OUTLIER_GAIN:g}；列放大 = 输出通道 {j0}"
+                               f"（W 的一列）× {OUTLIER_GAIN:g}。表里是其余权重的相对误差；变坏 = 它和没有离群值时"
+                               "同一批权重的误差之比。")))
+    print_table(["方案", "位/参数", "没有\n离群值", "行放大：\n其余权重", "行放大：\n变坏", "列放大：\n其余权重",
+                 "列放大：\n变坏"], rows)
     r = res
     print_observations([
         f"一个输出通道（W 的一列）放大 {OUTLIER_GAIN:g} 倍：每通道和分组的方案都不受影响（其余权重的误差比最大是 "
@@ -211,8 +230,11 @@ def demo3_outliers():
         f"{r['int8']['row_ratio']:.1f} 倍：每通道的 scale 挡不住这种离群值。",
         f"分组把它关在一组里：int4-g128 变成 {r['int4-g128']['row_ratio']:.2f} 倍，int4-g32 {r['int4-g32']['row_ratio']:.2f} 倍，"
         f"mxfp4（每 32 个一个 scale）{r['mxfp4']['row_ratio']:.2f} 倍——每列只有离群值所在的那一组变粗。",
-        f"fp8-e4m3 虽然也是每通道一个 scale，却只变成 {r['fp8-e4m3']['row_ratio']:.3f} 倍：浮点元素的相对精度和数的大小无关，"
-        "scale 变大只是让其余的数用更小的指数，只要不掉进次正规数区间，精度就不变。这是 FP8 对离群值更宽容的原因。",
+        f"fp8-e4m3 虽然也是每通道一个 scale，其余权重的误差却只变成 {r['fp8-e4m3']['row_ratio']:.3f} 倍：浮点元素的相对精度"
+        "和数的大小无关，scale 变大只是让其余的数用更小的指数，只要不掉进次正规数区间，精度就不变。但这只是'变了多少倍'："
+        f"按误差本身，被离群值撑大以后的 int8 每通道（{r['int8']['row_rest']:.4f}）仍比 fp8-e4m3（{r['fp8-e4m3']['row_rest']:.4f}）"
+        f"{'准' if r['int8']['row_rest'] < r['fp8-e4m3']['row_rest'] else '差'}——int8 的误差即使大了 "
+        f"{r['int8']['row_ratio']:.2f} 倍，也还比 E4M3 的 3 位尾数细。FP8 对离群值的'宽容'是误差不随它变，不是更准。",
     ])
     return res
 

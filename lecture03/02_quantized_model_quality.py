@@ -6,8 +6,9 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
 【这个脚本要回答的问题】
 01 看的是"权重差了多少"。这里看"模型的输出差了多少"：把第 3 讲的 QCFG 模型按各种方案量化，
 在原模型自己采样的文本上逐位置比较两个模型给出的下一个 token 的分布。
-演示 1：只量化 transformer 块里的 7 个矩阵（lm_head 保持原样）：KL(p_原 ‖ p_量化)、top-1 一致率、样本的困惑度。
-演示 2：lm_head 也量化时，同样三个指标怎么变；lm_head 只占很少的参数，却贡献了多少误差。
+演示 1：只量化 transformer 块里的 7 个矩阵（lm_head 保持原样）：KL(p_原 ‖ p_量化)、top-1 一致率、样本的困惑度；
+        MXFP4 比 INT4-g32 差，差在元素的格子（E2M1）还是 scale（E8M0）——两个对照方案各只换一处，再加 NVFP4。
+演示 2：lm_head 也量化时，同样三个指标怎么变；只量化 lm_head 的 KL 和只量化块的比一比（这个模型上的份额）。
 演示 3：这些差别显著吗——方案两两之间的配对差值和它的抽样误差（以序列为单位估计），以及为什么 KL 比 top-1 和困惑度更可靠。
 
 【怎么读输出】
@@ -25,11 +26,14 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
   每条序列的前 127 个位置各预测下一个 token，共 4064 个位置。
 - 只有权重被量化（再反量化成 float64 来算），激活仍是 float64：这是"只量化权重"（weight-only）的误差。
   词嵌入（查表）和 RMSNorm 的权重不量化。
+- 演示 1 的对照方案在这个脚本里量化（numfmt）："E2M1 + FP16 scale" 每 32 个一个 FP16 scale = max|v| / 6（4.5 位，
+  和 INT4-g32 一样）；NVFP4 = E2M1 + 每 16 个一个 E4M3 scale + 整个张量一个 FP32 scale（4.5 位，张量 scale 摊下来忽略）。
 - 演示 3 的抽样误差把 32 条序列当成 32 个独立样本（同一条序列里的位置可能相关，所以不按位置数算）。
 
-【运行】python3 02_quantized_model_quality.py （约 1.5 秒）
+【运行】python3 02_quantized_model_quality.py （约 2 秒）
 
-【依赖】numpy；本目录的 quant_lab（QCFG、quantize_params、sample_tokens；需要 ../prereq3 的 numfmt）；
+【依赖】numpy；本目录的 quant_lab（QCFG、LAYER_MATRICES、quantize_params、sample_tokens）；
+../prereq3 的 numfmt（FP4_E2M1、FP16、round_to、quantize_nvfp4：演示 1 的对照方案）；
 ../lecture02 的 transformer_lab（NumpyTransformer、init_params）；../lecture06 的 decode_lab（acceptance_beta）；
 ../lecture01 的 console。
 """
@@ -45,7 +49,8 @@ for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
 
 from console import print_header, print_observations, print_table  # noqa: E402
 from decode_lab import acceptance_beta  # noqa: E402
-from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
+from numfmt import quantize_e2m1_fp16, quantize_nvfp4  # noqa: E402
+from quant_lab import LAYER_MATRICES, QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import NumpyTransformer, init_params  # noqa: E402
 
 # ---- 实验的设定（样本的多少是选的，不是事实）----
@@ -53,8 +58,31 @@ N_SEQ, LENGTH, TEXT_SEED = 32, 128, 0
 # QCFG 的 d_model = 64，所以 int4-g128 用不了（输入维 64 不能被 128 整除）；int4-g64 对输入维为 64 的矩阵就是每通道
 SCHEMES = ("int8", "fp8-e4m3", "int4", "int4-g64", "int4-g32", "mxfp4")
 INT4_FAMILY = ("int4", "int4-g64", "int4-g32")
-NAME_ZH = {"int8": "INT8 每通道", "fp8-e4m3": "FP8-E4M3 每通道", "int4": "INT4 每通道",
-           "int4-g64": "INT4 每 64 个一组", "int4-g32": "INT4 每 32 个一组", "mxfp4": "MXFP4（E2M1 + 每 32 个一个 E8M0）"}
+NAME_ZH = {"int8": "INT8 每通道", "fp8-e4m3": "FP8 每通道", "int4": "INT4 每通道",
+           "int4-g64": "INT4-g64", "int4-g32": "INT4-g32", "mxfp4": "MXFP4"}
+
+
+# MXFP4 为什么比 INT4-g32 差：把"元素的格子"和"scale"两处不同拆开的对照方案（只量化块，lm_head 不动）
+# 名字 -> (每个矩阵的量化函数, 每个数的位数（含 scale）)
+FP4_CONTROLS = {
+    "e2m1-fp16-g32": (lambda w: quantize_e2m1_fp16(w)[0], 4 + 16 / 32),
+    "nvfp4": (lambda w: quantize_nvfp4(w)[0], 4 + 8 / 16),     # E4M3 scale 每 16 个；整个张量的 FP32 scale 摊下来忽略
+}
+
+
+# 演示 1 第二张表：每个方案的元素格式和 scale
+FP4_PARTS = {"int4-g32": ("INT4-g32", "INT4 等间距", "FP16 / 32 个"),
+             "e2m1-fp16-g32": ("E2M1 + FP16 scale", "E2M1", "FP16 / 32 个"),
+             "mxfp4": ("MXFP4", "E2M1", "E8M0 / 32 个"), "nvfp4": ("NVFP4", "E2M1", "E4M3 / 16 个")}
+
+
+def quantize_blocks(P, fn):
+    """块里的 7 个矩阵都换成 fn(矩阵)（lm_head、词嵌入不动）-> (Pq, 各矩阵相对误差的平均)。"""
+    Pq = dict(P)
+    Pq["layers"] = [dict(L, **{m: fn(L[m]) for m in LAYER_MATRICES}) for L in P["layers"]]
+    errs = [np.linalg.norm(Lq[m] - L[m]) / np.linalg.norm(L[m]) for L, Lq in zip(P["layers"], Pq["layers"])
+            for m in LAYER_MATRICES]
+    return Pq, float(np.mean(errs))
 
 
 def log_softmax(logits):  # [..., V] -> [..., V]
@@ -100,13 +128,15 @@ def evaluate_all():
     采样文本、算原模型和每个方案（lm_head 量化与否）的逐位置指标 -> dict（三个演示共用，只算一遍）。
 
     返回 {"toks", "orig": 原模型的逐位置指标, "runs": {(方案, 含 lm_head?): (逐位置指标, quantize_params 的 report)},
+    "head_only": {方案: 只量化 lm_head 时的逐位置指标}, "controls": {FP4_CONTROLS 的名字: {"metrics", "rel_err", "bits"}},
     "logit_std": 原模型每个位置的 logits 在词表上的标准差（所有位置平均）}。
     """
     P = init_params(QCFG, seed=0)
     toks = sample_tokens(P, QCFG, n_seq=N_SEQ, length=LENGTH, seed=TEXT_SEED)
-    logits = final_hidden(P, toks) @ P["lm_head"]
+    h0 = final_hidden(P, toks)
+    logits = h0 @ P["lm_head"]
     logp = log_softmax(logits)
-    out = {"toks": toks, "orig": position_metrics(logp, logp, toks), "runs": {},
+    out = {"toks": toks, "orig": position_metrics(logp, logp, toks), "runs": {}, "head_only": {}, "controls": {},
            "logit_std": float(logits.std(axis=-1).mean())}
     for scheme in SCHEMES:
         runs = {head: quantize_params(P, scheme, include_lm_head=head) for head in (False, True)}
@@ -114,6 +144,12 @@ def evaluate_all():
         for head, (Pq, report) in runs.items():
             logq = log_softmax(h @ Pq["lm_head"])
             out["runs"][(scheme, head)] = (position_metrics(logp, logq, toks), report)
+        # 只量化 lm_head：块用原来的权重（隐藏状态 h0），logits 乘量化的 lm_head
+        out["head_only"][scheme] = position_metrics(logp, log_softmax(h0 @ runs[True][0]["lm_head"]), toks)
+    for name, (fn, bits) in FP4_CONTROLS.items():
+        Pq, err = quantize_blocks(P, fn)
+        logq = log_softmax(final_hidden(Pq, toks) @ P["lm_head"])
+        out["controls"][name] = {"metrics": position_metrics(logp, logq, toks), "rel_err": err, "bits": bits}
     return out
 
 
@@ -186,8 +222,26 @@ def demo1_block_weights(ev):
                   "log_ppl_ratio": float(np.log(ppl / ppl0))}
         rows.append([NAME_ZH[s], f"{rep['bits_per_param']:.3f}", f"{100 * rel:.2f}%", f"{kl:.5f}",
                      f"{100 * agree:.1f}%", f"{ppl:.3f}", f"{100 * (ppl / ppl0 - 1):+.2f}%"])
-    print_table(["方案", "每个参数的位数（含 scale）", "权重相对误差（平均）", "KL（nats/位置）", "top-1 一致",
-                 "困惑度", "困惑度变化"], rows)
+    print_table(["方案", "位/参数", "权重误差", "KL（nats）", "top-1 一致", "困惑度", "困惑度变化"], rows)
+
+    # MXFP4 和 INT4-g32 差在两处（元素的格子、scale）：对照方案一次只换一处
+    g32m = ev["runs"][("int4-g32", False)][0]
+    ctl = {"int4-g32": {"bits": res["int4-g32"]["bits"], "rel_err": res["int4-g32"]["rel_err"],
+                        "kl": res["int4-g32"]["kl"], "kl_diff": None}}
+    for name, metrics, err, bits in (
+            [(n, c["metrics"], c["rel_err"], c["bits"]) for n, c in ev["controls"].items()]
+            + [("mxfp4", ev["runs"][("mxfp4", False)][0], res["mxfp4"]["rel_err"], res["mxfp4"]["bits"])]):
+        ctl[name] = {"bits": bits, "rel_err": err, "kl": float(metrics["kl"].mean()),
+                     "kl_diff": paired_diff(metrics["kl"], g32m["kl"])}
+    rows = []
+    for name in ("int4-g32", "e2m1-fp16-g32", "mxfp4", "nvfp4"):
+        c = ctl[name]
+        label, elem, scale = FP4_PARTS[name]
+        diff = "—" if c["kl_diff"] is None else f"{1e3 * c['kl_diff'][0]:+.2f} ± {1e3 * c['kl_diff'][1]:.2f}"
+        rows.append([label, elem, scale, f"{c['bits']:.2f}", f"{100 * c['rel_err']:.2f}%", f"{c['kl']:.5f}", diff])
+    print("\nMXFP4 比 INT4-g32 差在哪：元素的格子和 scale 一次只换一处（只量化块）：")
+    print_table(["方案", "元素", "scale", "位/参数", "权重误差", "KL（nats）", "KL − INT4-g32\n（10⁻³）"], rows)
+    res["fp4_controls"] = ctl
 
     i8, f8 = res["int8"], res["fp8-e4m3"]
     kls = {s: res[s]["kl"] for s in INT4_FAMILY}
@@ -205,6 +259,10 @@ def demo1_block_weights(ev):
     res.update({"kl_order_int4": kl_order, "agree_order_int4": agree_order, "ppl_order_int4": ppl_order,
                 "g64_equals_channel_share": share_same})
     mx, g32 = res["mxfp4"], res["int4-g32"]
+    e2, nv = ctl["e2m1-fp16-g32"], ctl["nvfp4"]
+    e2_z = abs(e2["kl_diff"][0]) / e2["kl_diff"][1]
+    scale_part = ctl["mxfp4"]["kl"] - e2["kl"]                 # 元素同是 E2M1，只差 scale
+    res.update({"e2m1_kl_z": e2_z, "mxfp4_scale_part": scale_part})
 
     if kl_order:
         kl_text = (f"按 KL 看，分组越细越好：每通道 {kls['int4']:.4f} > 每 64 个一组 {kls['int4-g64']:.4f} > "
@@ -248,9 +306,16 @@ def demo1_block_weights(ev):
         f"每 64 个一组和每通道几乎一样，是这个小模型的特点：d_model = 64，输入维为 64 的矩阵（占被量化参数的 "
         f"{100 * share_same:.0f}%）每通道就是一组 64 个，两种方案逐位相同；只有 w_down（输入维 192）被分成 3 组。"
         f"在 Llama 这种输入维几千的矩阵上，分组和每通道的差别大得多（01 的 g128 例子）。",
-        f"MXFP4（{mx['bits']:.2f} 位）的 KL {mx['kl']:.4f} 比同样每 32 个一组的 INT4（{g32['bits']:.2f} 位，KL {g32['kl']:.4f}）"
-        f"{'大' if mx['kl'] > g32['kl'] else '小'}：它的 scale 只能是 2 的幂（E8M0），元素 E2M1 的 15 个值在 ±6 之间不均匀，"
-        f"省下的 {g32['bits'] - mx['bits']:.2f} 位是用精度换的。",
+        f"MXFP4（{mx['bits']:.2f} 位）的 KL {mx['kl']:.4f} 比 INT4-g32（{g32['bits']:.2f} 位）的 {g32['kl']:.4f} "
+        f"{'大' if mx['kl'] > g32['kl'] else '小'}。第二张表把两处不同分开：只把元素换成 E2M1、scale 仍是每 32 个一个 FP16"
+        f"（也是 {e2['bits']:.1f} 位），权重误差 {100 * e2['rel_err']:.2f}% 对 {100 * g32['rel_err']:.2f}%、"
+        f"KL {'大' if e2['kl'] > g32['kl'] else '小'} {1e3 * abs(e2['kl_diff'][0]):.2f}×10⁻³（{e2_z:.0f} 个标准误）——"
+        f"在这种近似高斯的权重上，E2M1 不等间距的格子本身就比 INT4 等间距的格子"
+        f"{'略差' if e2['rel_err'] > g32['rel_err'] else '略好'}；再把 scale 换成只能取 2 的幂的 E8M0（就是 MXFP4），"
+        f"误差升到 {100 * mx['rel_err']:.2f}%，KL 比 INT4-g32 大 {1e3 * ctl['mxfp4']['kl_diff'][0]:.2f}×10⁻³，其中 "
+        f"{1e3 * scale_part:.2f}×10⁻³ 是换 scale 加上的：差距的{'大部分' if scale_part > e2['kl_diff'][0] else '小部分'}"
+        f"来自 scale。更细、更准的 scale 有用：NVFP4（同样 {nv['bits']:.1f} 位，每 16 个一个 E4M3 scale）误差 "
+        f"{100 * nv['rel_err']:.2f}%、KL {nv['kl']:.4f}，比 INT4-g32 {'还小' if nv['kl'] < g32['kl'] else '大'}。",
     ])
     return res
 
@@ -260,44 +325,54 @@ def demo1_block_weights(ev):
 # ---------------------------------------------------------------------------
 def demo2_lm_head(ev):
     print_header("演示 2：lm_head 也量化——它只占很少的参数，误差却直接写进 logits")
-    rows = []
+    rows, rows2 = [], []
     res = {}
     for s in SCHEMES:
         m0, rep0 = ev["runs"][(s, False)]
         m1, rep1 = ev["runs"][(s, True)]
         kl0, ag0, pp0 = summary(m0)
         kl1, ag1, pp1 = summary(m1)
+        klh = float(ev["head_only"][s]["kl"].mean())
         head = rep1["matrices"][-1]
-        res[s] = {"kl_without": kl0, "kl_with": kl1, "agree_without": ag0, "agree_with": ag1,
+        res[s] = {"kl_without": kl0, "kl_with": kl1, "kl_head_only": klh, "agree_without": ag0, "agree_with": ag1,
                   "ppl_without": pp0, "ppl_with": pp1, "head_rel_err": head["rel_err"],
                   "alpha_without": float(m0["overlap"].mean()), "alpha_with": float(m1["overlap"].mean()),
                   "head_share_params": int(np.prod(head["shape"])) / rep1["n_params"]}
-        rows.append([NAME_ZH[s], f"{kl0:.5f}", f"{kl1:.5f}", f"{kl1 / kl0:.2f}×", f"{100 * ag0:.1f}%",
-                     f"{100 * ag1:.1f}%", f"{pp0:.3f}", f"{pp1:.3f}", f"{res[s]['alpha_without']:.3f}",
-                     f"{res[s]['alpha_with']:.3f}"])
-    print_table(["方案", "KL：不含 lm_head", "KL：含 lm_head", "KL 之比", "top-1：不含", "top-1：含",
-                 "困惑度：不含", "困惑度：含", "Σmin(p,q)：不含", "Σmin(p,q)：含"], rows)
+        rows.append([NAME_ZH[s], f"{kl0:.5f}", f"{klh:.5f}", f"{kl1:.5f}", f"{klh / kl0:.2f}×", f"{kl1 / kl0:.2f}×",
+                     f"{kl1 / (kl0 + klh):.2f}×"])
+        rows2.append([NAME_ZH[s], f"{100 * ag0:.1f}%", f"{100 * ag1:.1f}%", f"{pp0:.3f}", f"{pp1:.3f}",
+                      f"{res[s]['alpha_without']:.3f}", f"{res[s]['alpha_with']:.3f}"])
+    print("KL（nats/位置）：只量化块、只量化 lm_head、两者都量化")
+    print_table(["方案", "只量化块", "只量化 lm_head", "两者都", "只 lm_head ÷ 只块", "两者都 ÷ 只块",
+                 "两者都 ÷ 相加"], rows)
+    print("\n另外三个指标：只量化块 vs 两者都量化")
+    print_table(["方案", "top-1：只块", "top-1：都", "困惑度：只块", "困惑度：都", "Σmin(p,q)：只块", "Σmin(p,q)：都"],
+                rows2)
     ratios = [res[s]["kl_with"] / res[s]["kl_without"] for s in SCHEMES]
+    head_vs_block = [res[s]["kl_head_only"] / res[s]["kl_without"] for s in SCHEMES]
+    additive = [res[s]["kl_with"] / (res[s]["kl_without"] + res[s]["kl_head_only"]) for s in SCHEMES]
     share = res["int4"]["head_share_params"]
     all_worse = all(res[s]["kl_with"] > res[s]["kl_without"] for s in SCHEMES)
-    head_part = [1 - res[s]["kl_without"] / res[s]["kl_with"] for s in SCHEMES]
     res.update({"ratio_min": min(ratios), "ratio_max": max(ratios), "all_worse": all_worse,
-                "head_part_min": min(head_part), "head_part_max": max(head_part)})
+                "head_vs_block_min": min(head_vs_block), "head_vs_block_max": max(head_vs_block),
+                "additive_min": min(additive), "additive_max": max(additive)})
     g32 = res["int4-g32"]
     logit_std = ev["logit_std"]
     res["logit_std"] = logit_std
     print_observations([
         f"把 lm_head 也量化，每种方案的 KL 都{'变大' if all_worse else '变了'}：是只量化块时的 {min(ratios):.2f}–{max(ratios):.2f} 倍。"
-        f"lm_head 只占被量化参数的 {100 * share:.0f}%（{QCFG.d_model} × {QCFG.vocab}）；"
-        f"按 1 − KL_不含 / KL_含 算，含 lm_head 时的 KL 约 {100 * min(head_part):.0f}–{100 * max(head_part):.0f}% "
-        "是 lm_head 带来的（KL 不是两部分误差严格相加，这只是粗略的份额）。",
-        "直观的解释：块里的误差要经过残差连接、RMSNorm 和后面的层才到输出，每个矩阵只改动残差流的一小部分；"
-        f"lm_head 的误差 x·ΔW 直接加在 logits 上。这个模型每个位置的 logits 在词表上的标准差平均 {logit_std:.2f}"
-        "（由 QCFG 的 lm_head 尺度决定），softmax 对这种大小的扰动很敏感。",
-        f"所以实际部署里 lm_head（和词嵌入）常常留在 BF16 / FP8，只把块里的矩阵压到 4 位。第 6 讲拿来当草稿的"
-        f"\"INT4 量化的自己\"是 int4-g32 连 lm_head 一起量化的：KL {g32['kl_with']:.4f}、top-1 一致 {100 * g32['agree_with']:.1f}%、"
-        f"Σmin(p,q) = {g32['alpha_with']:.3f}——最后这个数就是投机解码的接受率 α（第 6 讲：α = E[Σmin(p,q)]）。"
-        "草稿不需要完全一样，拒绝采样会把输出纠正回目标模型的分布。",
+        f"lm_head 只占被量化参数的 {100 * share:.0f}%（{QCFG.d_model} × {QCFG.vocab}），可只量化它的 KL 是只量化块"
+        f"（其余 {100 * (1 - share):.0f}% 的参数）时的 {min(head_vs_block):.2f}–{max(head_vs_block):.2f} 倍；"
+        f"两部分几乎直接相加：两者都量化的 KL 是两者之和的 {min(additive):.2f}–{max(additive):.2f} 倍。",
+        "这个份额是这个模型、这一批文本上的事，不是一般规律。QCFG 的残差支路是有意调小的"
+        f"（wo、w_down 的尺度系数 {QCFG.wo_gain:g}、{QCFG.down_gain:g}，quant_lab），块里的误差只改动残差流的一小部分；"
+        f"lm_head 的误差 x·ΔW 却直接加在 logits 上，而 lm_head 的尺度（系数 {QCFG.head_gain:g}，每个位置 logits 的标准差"
+        f"平均 {logit_std:.2f}）是为第 6 讲的草稿选的。换一个训练出来的模型，两部分的比例会不同。",
+        f"第 6 讲拿来当草稿的\"INT4 量化的自己\"是 int4-g32 连 lm_head 一起量化的：KL {g32['kl_with']:.4f}、"
+        f"top-1 一致 {100 * g32['agree_with']:.1f}%、Σmin(p,q) = {g32['alpha_with']:.3f}——最后这个数就是投机解码的接受率 α"
+        "（第 6 讲：α = E[Σmin(p,q)]）。草稿不需要完全一样，拒绝采样会把输出纠正回目标模型的分布。"
+        "真实的 checkpoint 各有各的做法，例如 gpt-oss 只把专家的矩阵存成 MXFP4，注意力和 lm_head 都留在 BF16"
+        "（模型卡；04 脚本演示 2）。",
     ])
     return res
 
@@ -318,8 +393,8 @@ def demo3_significance(ev):
             cells.append(fmt.format(scale * mean, scale * se))
             cells.append(f"{z[key][p]:.1f}" if se > 0 else "—")
         rows.append(cells)
-    print_table(["差（前 − 后）", "KL 之差（10⁻³ nats）", "几倍标准误", "top-1 之差（百分点）", "几倍标准误",
-                 "log 困惑度之差（10⁻³）", "几倍标准误"], rows)
+    print_table(["差（前 − 后）", "KL 之差\n（10⁻³ nats）", "几倍\n标准误", "top-1 之差\n（百分点）", "几倍\n标准误",
+                 "log 困惑度之差\n（10⁻³）", "几倍\n标准误"], rows)
 
     kl_z, ag_z, nll_z = z["kl"], z["agree"], z["nll"]
     se_ratio = [diff[p]["nll"][1] / diff[p]["kl"][1] for p in PAIRS]

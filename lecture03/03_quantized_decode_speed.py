@@ -12,6 +12,7 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
 
 【怎么读输出】所有时间都是 roofline 下界：max(FLOPs / 峰值算力, 字节 / 带宽)（llm_math.decode_step，一块 H100 SXM5）。
 "相对 BF16" = BF16 一步的时间 / 这种格式一步的时间。"受限于"说两项里哪一项大。
+演示 1 的"平均位数" = decode 一步读到的参数平均每个几位（含 scale；lm_head 等没量化的参数按 BF16 算）。
 
 【模型的假设（务必看）】
 - 量化的只是 transformer 块里的权重矩阵（q/k/v/o、gate/up/down）；词嵌入、lm_head、norm 留在 BF16
@@ -60,6 +61,7 @@ SETUPS = {
     "W8A8 FP8": ("fp8", "fp8"),
     "W8A8 INT8": ("int8", "int8"),
 }
+SHORT = {name: name.replace(" 仅权重", "").replace(" ", "\n", 1) for name in SETUPS}   # 演示 2 第二张表的两行表头
 W4 = "W4A16 INT4-g128 仅权重"
 FP8 = "W8A8 FP8"
 
@@ -119,8 +121,8 @@ def demo1_bytes_per_step():
             rows.append([m.name, name, f"{read_bits(m, fmt):.3f}", fmt_bytes(total), "是" if ok else "否",
                          fmt_bytes(r["w_bytes"] + r["kv_bytes"]), fmt_time(r["time"]), f"{1 / r['time']:.0f}",
                          f"{base['time'] / r['time']:.2f}×"])
-    print_table(["模型", "方案", "读到的参数平均位数", "权重总字节", "一块 H100 放得下？", "每步读的字节", "一步（下界）",
-                 "token/s", "相对 BF16"], rows)
+    print_table(["模型", "方案", "平均\n位数", "权重\n总字节", "一块卡\n放得下", "每步\n读的字节",
+                 "一步\n（下界）", "token/s", "相对\nBF16"], rows)
 
     k8 = (LLAMA31_8B.name, W4)
     k70 = (LLAMA31_70B.name, W4)
@@ -137,7 +139,10 @@ def demo1_bytes_per_step():
         f"为什么不是 16 / 4 = {ideal:.0f}×：INT4-g128 块里的矩阵每个参数 {res['block_bits_int4']:.3f} 位"
         f"（scale 摊下来 {res['block_bits_int4'] - WEIGHT_FORMATS['int4-g128'][0]:.3f} 位），"
         f"但 lm_head 留在 BF16——它占 8B 每步读的参数的 {100 * lm_share:.1f}%，把平均位数拉到 {res[k8]['read_bits']:.2f}；"
-        f"70B 里 lm_head 只占 {100 * lm_share70:.1f}%，平均 {res[k70]['read_bits']:.2f} 位，更接近 4 倍。",
+        f"70B 里 lm_head 只占 {100 * lm_share70:.1f}%，平均 {res[k70]['read_bits']:.2f} 位，更接近 4 倍。"
+        f"每步还要读上下文 {CONTEXT} 的 KV cache（BF16，8B 是 {fmt_bytes(LLAMA31_8B.kv_bytes(CONTEXT))}），"
+        f"它不随权重变小，又把加速比拉低一点：8B 只算权重是 {16 / res[k8]['read_bits']:.2f}×，加上 KV 是 "
+        f"{res[k8]['speedup']:.2f}×。",
         f"W8A8（FP8 或 INT8）和 W8A16 在批大小 1 时几乎一样快（{res[(LLAMA31_8B.name, FP8)]['speedup']:.2f}×）：这时算力闲着，"
         "用不用 FP8 张量核无所谓，只看读了多少字节。它们的区别在批大的时候（演示 2）。",
         f"容量也跟着变：70B 的 BF16 权重 {fmt_bytes(r70b['total_bytes'])}，一块 H100（{fmt_bytes(CHIP.mem_bytes)}）放不下；"
@@ -154,16 +159,20 @@ def demo2_batch():
     print_header(f"演示 2：{m.name}、上下文 {CONTEXT}：批大小变大以后，只量化权重的好处消失，W8A8 的留下")
     batches = (1, 16, 64, 128, 256, 512, 1024, 2048)
     rows = []
-    res = {"speedup_w4": {}, "speedup_fp8": {}}
+    res = {"speedup_w4": {}, "speedup_fp8": {}, "both_memory": [], "kv_bytes": {}, "w4_w_bytes": None}
     for b in batches:
         r16, r4, r8 = step(m, "BF16", b, CONTEXT), step(m, W4, b, CONTEXT), step(m, FP8, b, CONTEXT)
         res["speedup_w4"][b] = r16["time"] / r4["time"]
         res["speedup_fp8"][b] = r16["time"] / r8["time"]
+        res["kv_bytes"][b] = r4["kv_bytes"]
+        res["w4_w_bytes"] = r4["w_bytes"]
+        if r16["bound"] == r4["bound"] == "memory":
+            res["both_memory"].append(b)
         rows.append([b, fmt_time(r16["time"]), BOUND_ZH[r16["bound"]], fmt_time(r4["time"]), BOUND_ZH[r4["bound"]],
                      f"{r16['time'] / r4['time']:.2f}×", fmt_time(r8["time"]), BOUND_ZH[r8["bound"]],
                      f"{r16['time'] / r8['time']:.2f}×"])
-    print_table(["批大小 B", "BF16 一步", "受限于", "W4A16 一步", "受限于", "W4A16 相对 BF16", "W8A8 FP8 一步", "受限于",
-                 "W8A8 相对 BF16"], rows)
+    print_table(["批大小 B", "BF16\n一步", "受限于", "W4A16\n一步", "受限于", "W4A16\n相对 BF16", "W8A8 FP8\n一步",
+                 "受限于", "W8A8 FP8\n相对 BF16"], rows)
 
     print(f"\n各方案 decode 变成受算力限制的最小批大小（{CHIP.name}；拐点 BF16 {CHIP.ridge_point('bf16'):.0f}、"
           f"FP8/INT8 {CHIP.ridge_point('fp8'):.0f} FLOP/字节）：")
@@ -177,7 +186,7 @@ def demo2_batch():
                 cross[(mm.name, ctx, name)] = b
                 cells.append("永远不会" if b is None else b)
             rows.append(cells)
-    print_table(["模型", "上下文"] + list(SETUPS), rows)
+    print_table(["模型", "上下文"] + [SHORT[name] for name in SETUPS], rows)
     res["cross"] = cross
     b16, b4, b8 = cross[(m.name, CONTEXT, "BF16")], cross[(m.name, CONTEXT, W4)], cross[(m.name, CONTEXT, FP8)]
     big = batches[-1]
@@ -187,11 +196,20 @@ def demo2_batch():
     ridge_ratio = CHIP.peak_flops("fp8") / CHIP.peak_flops("bf16")
     res.update({"b_bf16": b16, "b_w4": b4, "b_fp8": b8, "fp8_min": fp8_min, "fp8_min_batch": fp8_min_b, "ridge_ratio": ridge_ratio})
     r0 = {name: cross[(m.name, 0, name)] for name in SETUPS}
+    sw, mem_b = res["speedup_w4"], res["both_memory"]
+    kv_last = res["kv_bytes"][mem_b[-1]]
+    mid_b = [b for b in batches if b4 <= b < b16]          # 只有 INT4 受算力限制的批
+    res.update({"w4_only_compute": mid_b})
     w4_bits = read_bits(m, SETUPS[W4][0])
     print_observations([
-        f"W4A16 在批小的时候快 {res['speedup_w4'][1]:.2f}×；批大小 {b4} 起 INT4 模型先变成受算力限制（它读的字节少，更早喂饱算力），"
-        f"好处开始缩小；批大小 {b16} 起 BF16 也受算力限制，两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失"
-        f"（B = {big}：{res['speedup_w4'][big]:.2f}×）。只量化权重省的是字节，不省 FLOPs。",
+        f"W4A16 在 B = 1 时快 {sw[1]:.2f}×。两者都还受带宽限制时，好处就已经在缩小（"
+        + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mem_b[1:]) + "）：每个序列还要读自己的 KV cache，"
+        f"它仍是 BF16，W4A16 和 BF16 读得一样多，而且随 B 线性增长（B = {mem_b[-1]} 时 {fmt_bytes(kv_last)}，"
+        f"W4A16 的权重才 {fmt_bytes(res['w4_w_bytes'])}）。批大小 {b4} 起 INT4 模型变成受算力限制（它读的字节少，"
+        f"更早喂饱算力），好处缩小得更快（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
+        f"批大小 {b16} 起 BF16 也受算力限制，"
+        f"两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失（B = {big}：{sw[big]:.2f}×）。"
+        "只量化权重省的是字节，不省 FLOPs。",
         f"W8A8 FP8 用 FP8 张量核，峰值是 BF16 的 {ridge_ratio:.0f} 倍：批小时和 W8A16 一样靠少读字节快 "
         f"{res['speedup_fp8'][1]:.2f}×，批大（B = {big}）时靠算得快，仍然快 {res['speedup_fp8'][big]:.2f}×。中间最低（表里 B = {fp8_min_b} 时 "
         f"{fp8_min:.2f}×）：BF16 已经受算力限制，W8A8 还受带宽限制——它的 KV cache 仍是 BF16，读的字节没有减半。",
@@ -227,8 +245,8 @@ def demo3_context():
         rows.append([ctx, fmt_bytes(r16["w_bytes"]), fmt_bytes(r16["kv_bytes"]), f"{100 * share:.0f}%", fmt_time(r16["time"]),
                      f"{r16['time'] / r4['time']:.2f}×", f"{r16['time'] / r4k['time']:.2f}×",
                      "是" if res["fits"][ctx] else "否"])
-    print_table(["上下文", "BF16：读权重", "读 KV（BF16）", "KV 占的字节", "BF16 一步", "W4A16（KV BF16）相对 BF16",
-                 "W4A16 + FP8 KV 相对 BF16", "W4A16 + FP8 KV 放得下？"], rows)
+    print_table(["上下文", "读权重\n（BF16）", "读 KV\n（BF16）", "KV 占\n的字节", "BF16\n一步",
+                 "W4A16 相对 BF16\n（KV BF16）", "W4A16 相对 BF16\n（KV FP8）", "W4A16 + FP8 KV\n放得下？"], rows)
     ctxs = sorted(res["w4"])
     cross = next(c for c in ctxs if res["kv_share"][c] > 0.5)
     eq_ctx = step(m, "BF16", 1, 0)["w_bytes"] / m.kv_bytes(1) / BATCH3     # 读 KV = 读 BF16 权重 的上下文

@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for sub in ("lecture06", "lecture02", "lecture01"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import fmt_bound, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bound, fmt_p, print_header, print_observations, print_table  # noqa: E402
 from decode_lab import (NGramLM, acceptance_rate, adjust, chi2_gof, expected_tokens,  # noqa: E402
                         residual_distribution, speculative_generate, speculative_step_probs)
 from transformer_lab import sample_inverse_cdf  # noqa: E402
@@ -56,7 +56,7 @@ CASES = [
     ("p == q", [0.4, 0.3, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]),
     ("支撑不相交", [0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]),
     ("q 在 p > 0 处为 0", [0.4, 0.3, 0.2, 0.1], [0.7, 0.3, 0.0, 0.0]),
-    ("p one-hot（T = 0），q 为 T = 1", list(adjust(LOGITS_P, 0)), list(adjust(LOGITS_Q, 1.0))),
+    ("p one-hot（T = 0）", list(adjust(LOGITS_P, 0)), list(adjust(LOGITS_Q, 1.0))),   # q 是 T = 1 的分布
 ]
 ONEHOT = CASES[-1][0]
 ENUM_BOUND = 1e-15        # 精确枚举只差浮点舍入：打印成这个上界
@@ -78,7 +78,7 @@ def case_arrays():
 # -----------------------------------------------------------------------------
 def demo1_enumeration():
     print_header("演示 1：精确枚举一步接受 / 拒绝——输出分布 = p，不管 q 是什么")
-    rows, res = [], {}
+    rows, rows2, res = [], [], {}
     for name, p, q in case_arrays():
         out = speculative_step_probs(p, q)
         alpha = acceptance_rate(p, q)
@@ -87,10 +87,12 @@ def demo1_enumeration():
         guarded = float(np.maximum(p - q, 0.0).sum()) == 0.0
         err = float(np.abs(out - p).max())
         res[name] = {"alpha": alpha, "tv": tv, "err": err, "residual": resid, "out": out, "guarded": guarded}
-        rows.append([name, fmt_dist(p), fmt_dist(q), f"{alpha:.3f}", f"{1 - tv:.3f}",
-                     ("0/0 → 用 p：" if guarded else "") + fmt_dist(resid), fmt_dist(out), fmt_bound(err, ENUM_BOUND)])
-    print_table(["情形", "p（目标）", "q（草稿）", "α = Σmin(p,q)", "1 − TV(p,q)", "残差 norm(max(0, p − q))",
-                 "输出（枚举）", "max |输出 − p|"], rows)
+        rows.append([name, fmt_dist(p), fmt_dist(q), f"{alpha:.3f}", f"{1 - tv:.3f}"])
+        rows2.append([name, ("0/0 → 用 p：" if guarded else "") + fmt_dist(resid), fmt_dist(out), fmt_bound(err, ENUM_BOUND)])
+    print_table(["情形", "p（目标）", "q（草稿）", "α = Σmin(p,q)", "1 − TV(p,q)"], rows)
+    print()
+    print("同样的情形：拒绝后用的残差分布，和精确枚举出来的一步输出分布")
+    print_table(["情形", "残差 norm(max(0, p − q))", "输出（枚举）", "max |输出 − p|"], rows2)
     worst = max(r["err"] for r in res.values())
     max_gap = max(abs(r["alpha"] - (1 - r["tv"])) for r in res.values())
     n_guard = sum(r["guarded"] for r in res.values())
@@ -123,10 +125,11 @@ def demo2_decomposition():
         acc_prob = min(1.0, p[x] / q[x]) if q[x] > 0 else None
         acc_part[x] = q[x] * acc_prob if acc_prob is not None else 0.0
         rej_part[x] = (1 - alpha) * resid[x]
-        rows.append([x, f"{p[x]:.2f}", f"{q[x]:.2f}", "—（抽不到）" if acc_prob is None else f"{acc_prob:.3f}",
+        rows.append([x, f"{p[x]:.2f}", f"{q[x]:.2f}", "—" if acc_prob is None else f"{acc_prob:.3f}",
                      f"{acc_part[x]:.3f}", f"{rej_part[x]:.3f}", f"{acc_part[x] + rej_part[x]:.3f}"])
     rows.append(["合计", f"{p.sum():.2f}", f"{q.sum():.2f}", "", f"{acc_part.sum():.3f}", f"{rej_part.sum():.3f}",
                  f"{(acc_part + rej_part).sum():.3f}"])
+    print("（\"—\"：q(x) = 0，草稿抽不到这个 token）")
     print_table(["token x", "p(x)", "q(x)", "接受概率 min(1, p/q)", "q·接受概率 = min(p,q)", "(1 − α)·残差(x)",
                  "输出 x 的概率"], rows)
     err = float(np.abs(acc_part + rej_part - p).max())
@@ -172,8 +175,9 @@ def demo3_other_rules():
         rows.append([name, f"{alpha:.3f}", f"{naive_alpha:.3f}", f"{res[name]['E_correct']:.2f}",
                      f"{res[name]['E_naive']:.2f}", fmt_bound(float(np.abs(r["naive"][0] - p).max()), ENUM_BOUND),
                      f"{err_p:.3f}", f"{err_q:.3f}"])
-    print_table(["情形", "α：修正拒绝采样", "朴素 Σ p·q", f"每轮 token（γ={GAMMA}）：修正", "每轮 token：朴素", "朴素 max|输出−p|",
-                 "拒绝后从 p 抽 max|输出−p|", "一律接受 max|输出−p|"], rows)
+    print(f"α：一个草稿被接受的概率；每轮 token：式 (1)，γ = {GAMMA}；|Δ| = |输出 − p|，精确枚举")
+    print_table(["情形", "α\n修正", "α 朴素\nΣ p·q", "每轮 token\n修正", "每轮 token\n朴素", "朴素\nmax|Δ|",
+                 "从 p 重抽\nmax|Δ|", "一律接受\nmax|Δ|"], rows)
     general = res["一般情形"]
     oh = res[ONEHOT]
     bad = [n for n, r in res.items() if r["err_resample_p"] > ENUM_BOUND]
@@ -190,8 +194,8 @@ def demo3_other_rules():
         f"γ = {GAMMA} 时每轮只产出 {general['E_naive']:.2f} 个 token 而不是 {general['E_correct']:.2f} 个；"
         f"差得最多的是 {widest}：{res[widest]['naive_alpha']:.3f} vs {res[widest]['alpha']:.3f}"
         "（草稿完全对，朴素规则却只在两次独立抽样撞上时接受）。",
-        f"p 是 one-hot（T = 0）时两者相同（{oh['naive_alpha']:.3f} = {oh['alpha']:.3f}）：贪心解码时\"草稿和目标的 argmax "
-        "一样就接受\"已经是最好的规则。",
+        f"p 是 one-hot（T = 0）时两者相同（{oh['naive_alpha']:.3f} = {oh['alpha']:.3f}）：目标的\"抽样\"就是它的 argmax，"
+        "朴素规则变成\"草稿抽到的 token 等于目标的 argmax 才接受\"，和修正拒绝采样是同一个规则。",
         f"拒绝后从 p 重抽（而不是从残差）：输出 = min(p, q) + (1 − α)·p，偏向草稿也喜欢的 token。{len(bad)} 个情形分布错了，"
         f"最大差 {max(r['err_resample_p'] for r in res.values()):.3f}。碰巧对的 {len(ok)} 个情形各有原因：从不拒绝"
         f"（{'、'.join(never_reject)}），或残差正好等于 p、从 p 抽和从残差抽是一回事（{'、'.join(resid_is_p)}）。",
@@ -247,19 +251,15 @@ def sample_other_rule(p, q, n, rng, rule):
     return np.where(accept, x, y), accept
 
 
-def fmt_pvalue(pv):
-    return f"{pv:.3f}" if pv >= 1e-3 else f"< 1e{int(np.floor(np.log10(max(pv, 1e-300)))) + 1}"
-
-
 def demo4_sampling():
     print_header(f"演示 4：真的抽样（种子 {SEED}，每个情形 {N_SAMPLES} 次）——计数 vs p，χ² 拟合优度检验")
     rng = np.random.default_rng(SEED)
     runs = [(name, p, q, "correct") for name, p, q in case_arrays()]
     gen = case_arrays()[0]
     runs += [(gen[0], gen[1], gen[2], "naive"), (gen[0], gen[1], gen[2], "resample_p")]
-    label = {"correct": "修正拒绝采样（decode_lab 生成器）", "naive": "朴素（相等才接受；脚本）",
-             "resample_p": "错误：拒绝后从 p 抽（脚本）"}
-    rows, res = [], {}
+    label = {"correct": "修正（decode_lab 生成器）", "naive": "朴素（相等才接受）",
+             "resample_p": "错：拒绝后从 p 抽"}
+    rows, rows2, res = [], [], {}
     for name, p, q, rule in runs:
         if rule == "correct":
             toks, acc = sample_correct_via_lab(p, q, N_SAMPLES, rng)
@@ -272,10 +272,14 @@ def demo4_sampling():
         se = float(np.sqrt(alpha_exact * (1 - alpha_exact) / N_SAMPLES))
         res[(name, rule)] = {"counts": counts, "chi2": stat, "dof": dof, "pvalue": pv, "accept": acc_rate,
                              "alpha": alpha_exact, "se": se}
-        rows.append([name, label[rule], " ".join(str(c) for c in counts), " ".join(f"{v * N_SAMPLES:.0f}" for v in p),
-                     f"{stat:.2f}", dof if dof >= 1 else "—", fmt_pvalue(pv) if dof >= 1 else "—（只有一个结果）",
-                     f"{acc_rate:.3f}", f"{alpha_exact:.3f}"])
-    print_table(["情形", "规则", "计数", "期望 N·p", "χ²", "自由度", "p 值", "接受比例（实测）", "接受率（精确）"], rows)
+        rows.append([name, label[rule], " ".join(str(c) for c in counts), " ".join(f"{v * N_SAMPLES:.0f}" for v in p)])
+        rows2.append([name, label[rule], f"{stat:.2f}", dof if dof >= 1 else "—", fmt_p(pv) if dof >= 1 else "—",
+                      f"{acc_rate:.3f}", f"{alpha_exact:.3f}"])
+    print("各 token（0、1、2、3）被抽到的次数和期望次数（朴素规则和错误的规则由本脚本抽）：")
+    print_table(["情形", "规则", "计数", "期望 N·p"], rows)
+    print()
+    print("χ² 拟合优度检验（\"—\"：只有一个可能的结果，没有自由度）和接受的比例：")
+    print_table(["情形", "规则", "χ²", "自由度", "p 值", "接受比例\n（实测）", "接受率\n（精确）"], rows2)
     correct = {k: v for k, v in res.items() if k[1] == "correct" and v["dof"] >= 1}
     min_pv = min(v["pvalue"] for v in correct.values())
     max_z = max(abs(v["accept"] - v["alpha"]) / v["se"] for k, v in res.items() if v["se"] > 0)
@@ -284,13 +288,13 @@ def demo4_sampling():
     oh = res[(ONEHOT, "correct")]
     print_observations([
         f"修正拒绝采样（跑的是 decode_lab.speculative_generate 本身，每个情形 {N_SAMPLES} 轮、每轮取第 1 个 token）的 "
-        f"{len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_pvalue(min_pv)}：计数和 N·p 在抽样误差以内一致"
+        f"{len(correct)} 个可检验的情形，χ² 检验的 p 值最小 {fmt_p(min_pv)}：计数和 N·p 在抽样误差以内一致"
         "（p 值在分布正确时是 [0, 1] 上的均匀数，大小本身不说明\"更对\"，只有很小——比如 < 0.001——才是证据）。",
         f"p 是 one-hot 时，{N_SAMPLES} 次全部输出 token {int(np.argmax(oh['counts']))}（计数 {int(oh['counts'].max())}），"
         "没有可以检验的自由度。",
         f"实测的接受比例和精确的接受率相差最多 {max_z:.1f} 个标准误（标准误 √(α(1 − α)/N)）。朴素规则实测接受 "
-        f"{naive['accept']:.3f}（精确 Σ p·q = {naive['alpha']:.3f}），分布检验 p 值 {fmt_pvalue(naive['pvalue'])}：分布对，只是接受得少。",
-        f"错误的\"拒绝后从 p 抽\"被同样大小的检验抓住：χ² = {bad['chi2']:.0f}，p 值 {fmt_pvalue(bad['pvalue'])}——"
+        f"{naive['accept']:.3f}（精确 Σ p·q = {naive['alpha']:.3f}），分布检验 p 值 {fmt_p(naive['pvalue'])}：分布对，只是接受得少。",
+        f"错误的\"拒绝后从 p 抽\"被同样大小的检验抓住：χ² = {bad['chi2']:.0f}，p 值 {fmt_p(bad['pvalue'])}——"
         "这也是测试要做的事：统计检验要有能力发现错的实现，不然\"通过\"没有意义。",
     ])
     return res

@@ -6,7 +6,8 @@ CS349E · 第 6 讲 · 03_spec_decode_exact.py —— 投机解码不改变分�
 【这个脚本要回答的问题】
 目标模型 = 第 3 讲的 QCFG 模型；四个草稿 = INT4 量化的自己、只用前 3 层、只用前 1 层、二元语法表（04 脚本用同样的模型）。
 演示 1：同一个提示，普通自回归和投机解码各抽很多次、每次 2 个新 token：第 1 个、第 2 个 token 的直方图以及
-(第 1 个, 第 2 个) 的联合直方图，和目标模型算出来的**精确分布**比，χ² 拟合优度检验给出 p 值。
+(第 1 个, 第 2 个) 的联合直方图，和目标模型算出来的**精确分布**比，χ² 拟合优度检验给出 p 值；
+一张条形图把第 1 个 token 抽到的次数和精确分布下的期望次数并排画出来。
 演示 2：这个检验能不能发现错误？把两种常见的错误算法（拒绝后从 p 重抽、不验证直接用草稿）第 1 个 token 的输出分布
 精确算出来，直接从这个分布抽同样多次（不是真的跑一个错误的生成器），做同样的 χ² 检验看 p 值；
 再用精确枚举（不抽样）看正确的算法一步的输出分布和 p 差多少。
@@ -17,6 +18,8 @@ CS349E · 第 6 讲 · 03_spec_decode_exact.py —— 投机解码不改变分�
 p 值大**不证明**分布相同，只说明这么多次抽样看不出差别——演示 2 给出这个检验能看出多大的差别。
 证明在 Leviathan 附录 A.1（Chen 等 定理 1），02 脚本用精确枚举演示了它；这里是在真实的模型上用抽样"验收"。
 演示 2 的"max |Δ|"是精确枚举和 p₁ 的差，只有浮点舍入，打印成上界（"< 1e-14"），所以打印的字节不依赖机器。
+p 值都写成三位小数；小于 0.001 的只写数量级上界（"< 1e-11"）。条形图里"精"是期望次数、"抽"是抽到的次数，
+每个 # 代表同样多的次数。
 
 【模型的假设（务必看）】模型和草稿同 04 脚本（第 3 讲 quant_lab 的随机模型，不是训练出来的语言模型）。
 提示 = 从目标模型采样的 8 个 token（种子固定）；温度 1；每种做法抽 600 次。所有随机数种子固定，每次运行输出完全相同。
@@ -27,6 +30,7 @@ p 值大**不证明**分布相同，只说明这么多次抽样看不出差别�
 【依赖】numpy；本目录的 decode_lab；../lecture02 的 transformer_lab；../lecture03 的 quant_lab（需要 ../prereq3）；
 ../lecture01 的 console。
 """
+import math
 import os
 import sys
 
@@ -39,7 +43,7 @@ for sub in ("lecture03", "prereq3"):
 
 from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoregressive_generate,  # noqa: E402
                         chi2_gof, residual_distribution, speculative_generate, speculative_step_probs)
-from console import fmt_bound, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_bound, fmt_p, print_bars, print_header, print_observations, print_table, wrap_text  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params, sample_inverse_cdf  # noqa: E402
 
@@ -55,6 +59,12 @@ EXACT_BOUND = 1e-14               # 演示 2：精确枚举只差浮点舍入，
 
 
 # -----------------------------------------------------------------------------
+def say(text):
+    """打印一段说明文字，在 100 列处折行（console.wrap_text）。"""
+    for line in wrap_text(text):
+        print(line)
+
+
 def build_models():
     """目标 = 第 3 讲的 QCFG 模型；草稿 = INT4 量化的自己、只用前 3 层 / 前 1 层、二元语法表（04 脚本重新写了一遍同样的构造）。"""
     P = init_params(QCFG, seed=0)
@@ -146,8 +156,22 @@ def demo1_distribution(target, drafts):
         rows.append([int(x), f"{p1[x]:.3f}"] + [f"{np.mean(runs[k][:, 0] == x):.3f}" for k in cols])
     rest = ~np.isin(np.arange(QCFG.vocab), top)
     rows.append(["其余", f"{p1[rest].sum():.3f}"] + [f"{np.mean(rest[runs[k][:, 0]]):.3f}" for k in cols])
-    print(f"提示 = {prompt.tolist()}；目标模型下一个 token 最可能的 6 个（共 {QCFG.vocab} 个），各做法抽到它的频率：")
+    say(f"提示 = {prompt.tolist()}；目标模型下一个 token 最可能的 6 个（共 {QCFG.vocab} 个），各做法抽到它的频率：")
     print_table(["token", "精确 p₁"] + ["自回归"] + [f"{name} γ=1" for name in drafts], rows)
+
+    # 图：第 1 个 token，投机解码的 8 种（草稿, γ）合在一起的频率 vs 精确 p₁（最可能的 8 个 token）
+    spec = [k for k in runs if k[1] > 0]
+    pooled = np.concatenate([runs[k][:, 0] for k in spec])
+    freq_pooled = np.bincount(pooled, minlength=QCFG.vocab) / len(pooled)
+    top8 = np.argsort(-p1, kind="stable")[:8]
+    print()
+    say(f"第 1 个 token 的直方图：投机解码 {len(spec)} 种（草稿, γ）合起来抽 {len(pooled)} 次，抽到的次数（\"抽\"）"
+        f"vs 精确分布下的期望次数 {len(pooled)}·p₁（\"精\"，取整），最可能的 8 个 token：")
+    labels, vals = [], []
+    for x in top8:
+        labels += [f"token {int(x):3d} 精", f"token {int(x):3d} 抽"]
+        vals += [int(round(len(pooled) * p1[x])), int(np.sum(pooled == x))]
+    print_bars(labels, vals, width=60)
 
     # 表 2：χ² 检验
     tests = {k: gof_cells(s, p1, joint) for k, s in runs.items()}
@@ -156,9 +180,10 @@ def demo1_distribution(target, drafts):
     rows = []
     for (name, g), res in tests.items():
         beta = "-" if g == 0 else f"{betas[name]:.3f}"
-        rows.append([name, "-" if g == 0 else g, beta] + [x for s, _, pv in res for x in (f"{s:.1f}", f"{pv:.3f}")])
-    print(f"\nχ² 拟合优度（期望次数 < 5 的格子合并；自由度：第 1 个 {dofs[0]}，第 2 个 {dofs[1]}，联合 {dofs[2]}——两个位置各分 {JOINT_K} + 1 类）；"
-          "β = 这个提示处第 1 个草稿被接受的概率 Σ min(p₁, q₁)")
+        rows.append([name, "-" if g == 0 else g, beta] + [x for s, _, pv in res for x in (f"{s:.1f}", fmt_p(pv))])
+    print()
+    say(f"χ² 拟合优度（期望次数 < 5 的格子合并；自由度：第 1 个 {dofs[0]}，第 2 个 {dofs[1]}，联合 {dofs[2]}——"
+        f"两个位置各分 {JOINT_K} + 1 类）；β = 这个提示处第 1 个草稿被接受的概率 Σ min(p₁, q₁)")
     print_table(["做法", "γ", "β", "第 1 个 χ²", "p 值", "第 2 个 χ²", "p 值", "联合 χ²", "p 值"], rows)
 
     pvals = np.array([pv for res in tests.values() for _, _, pv in res])
@@ -167,11 +192,23 @@ def demo1_distribution(target, drafts):
     bonf = 0.05 / n_p
     freq1 = {k: np.bincount(s[:, 0], minlength=QCFG.vocab) / N_RUNS for k, s in runs.items()}
     max_dev = max(float(np.abs(f - p1).max()) for f in freq1.values())
+    dev_pooled = np.abs(freq_pooled - p1)[top8]
+    worst_tok = int(top8[int(np.argmax(dev_pooled))])
+    n_pool = len(pooled)
+    se_worst = float(np.sqrt(n_pool * p1[worst_tok] * (1 - p1[worst_tok])))   # 次数的标准误
+    diff_worst = int(np.sum(pooled == worst_tok)) - n_pool * float(p1[worst_tok])
+    p_one = math.erfc(abs(diff_worst) / se_worst / math.sqrt(2))          # 正态近似：|偏差| 至少这么大的概率
     print_observations([
         f"每种做法抽到的频率都在精确概率附近：第 1 个 token 上和 p₁ 相差最多 {max_dev:.3f}（{len(runs)} 种做法 × "
         f"{QCFG.vocab} 个 token 里最大的一个）。一个格子差多少算正常，要把所有格子放在一起看：χ² 统计量把"
         " (观测 − 期望)² / 期望 加起来，p 值是纯抽样波动达到这么大的概率——见上面第二张表。",
-        f"{n_p} 个 p 值里最小的是 {pvals.min():.3f}，小于 0.05 的有 {n_small} 个（就算每组抽样都完全正确，"
+        f"图里把 {len(spec)} 种投机解码的第 1 个 token 合在一起（{n_pool} 次，都是正确的算法，可以合并）："
+        f"最可能的 8 个 token 上，抽到的次数和期望次数差得最多的是 token {worst_tok}："
+        f"{int(np.sum(pooled == worst_tok))} vs {n_pool * p1[worst_tok]:.1f}，差 {abs(diff_worst):.1f} 次，"
+        f"是它的次数的标准误 √(N·p(1 − p)) = {se_worst:.1f} 的 {abs(diff_worst) / se_worst:.1f} 倍。"
+        f"正态近似下一个 token 偏这么多的概率约 {100 * p_one:.0f}%，8 个 token 里至少一个偏这么多的概率约 "
+        f"{100 * (1 - (1 - p_one) ** 8):.0f}%（当成互相独立的粗略估计）：这是抽样波动的正常大小。",
+        f"{n_p} 个 p 值里最小的是 {fmt_p(pvals.min())}，小于 0.05 的有 {n_small} 个（就算每组抽样都完全正确，"
         f"{n_p} 个检验里也预期约 {0.05 * n_p:.1f} 个小于 0.05）；"
         + (f"全都大于 Bonferroni 修正后的门槛 0.05 / {n_p} = {bonf:.4f}：看不出任何一种做法和精确分布不一致。"
            if pvals.min() > bonf else f"有 p 值小于 Bonferroni 修正后的门槛 0.05 / {n_p} = {bonf:.4f}，需要再查。"),
@@ -184,7 +221,10 @@ def demo1_distribution(target, drafts):
     return {"p_values": {k: [pv for _, _, pv in res] for k, res in tests.items()},
             "chi2": {k: [s for s, _, _ in res] for k, res in tests.items()},
             "dofs": dofs, "min_p": float(pvals.min()), "n_p": n_p, "n_small": n_small, "bonferroni": bonf,
-            "max_dev": max_dev, "p1": p1, "joint": joint, "runs": runs, "betas": betas}
+            "max_dev": max_dev, "p1": p1, "joint": joint, "runs": runs, "betas": betas,
+            "pooled_freq": freq_pooled, "pooled_n": len(pooled), "chart_tokens": top8,
+            "pooled_max_dev": float(dev_pooled.max()), "pooled_worst_token": worst_tok,
+            "pooled_worst_z": abs(diff_worst) / se_worst, "pooled_p_one": p_one}
 
 
 # -----------------------------------------------------------------------------
@@ -206,13 +246,14 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
                                                  minlength=QCFG.vocab), p1)
             res[tag] = (tv, stat, pv)
         rows.append([name, f"{beta:.3f}", fmt_bound(exact_dev, EXACT_BOUND),
-                     f"{res['from_p'][0]:.3f}", f"{res['from_p'][1]:.1f}", f"{res['from_p'][2]:.2g}",
-                     f"{res['no_check'][0]:.3f}", f"{res['no_check'][1]:.1f}", f"{res['no_check'][2]:.2g}"])
+                     f"{res['from_p'][0]:.3f}", f"{res['from_p'][1]:.1f}", fmt_p(res['from_p'][2]),
+                     f"{res['no_check'][0]:.3f}", f"{res['no_check'][1]:.1f}", fmt_p(res['no_check'][2])])
         out[name] = {"beta": beta, "exact_dev": exact_dev, "from_p": res["from_p"], "no_check": res["no_check"]}
-    print("正确：精确枚举一步\"草稿抽 x → 接受 / 拒绝 → 残差重抽\"的输出分布，和 p₁ 的最大差（不抽样）。")
-    print("错误 A：拒绝后直接从 p 重抽（不从残差抽）——输出分布 = min(p, q) + (1 − β)·p（02 脚本演示 3），在 q > p 的 token 上偏多。")
-    print("错误 B：不验证，直接输出草稿的 token——输出分布 = q。两种错误第 1 个 token 的分布都精确算出，直接从它抽 "
-          f"{N_RUNS} 次（不跑错误的生成器），做同样的 χ² 检验。")
+    say("正确：精确枚举一步\"草稿抽 x → 接受 / 拒绝 → 残差重抽\"的输出分布，和 p₁ 的最大差（不抽样）。")
+    say("错误 A：拒绝后直接从 p 重抽（不从残差抽）——输出分布 = min(p, q) + (1 − β)·p（02 脚本演示 3），"
+        "在 q > p 的 token 上偏多。")
+    say("错误 B：不验证，直接输出草稿的 token——输出分布 = q。两种错误第 1 个 token 的分布都精确算出，直接从它抽 "
+        f"{N_RUNS} 次（不跑错误的生成器），做同样的 χ² 检验。")
     print_table(["草稿", "β", "正确：max|Δ|", "错误 A：TV", "χ²", "p 值", "错误 B：TV", "χ²", "p 值"], rows)
 
     names = list(drafts)
@@ -223,19 +264,19 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
     obs = [
         f"正确的算法，精确枚举的输出分布和 p₁ 的差 {fmt_bound(worst_exact, EXACT_BOUND)}——只有浮点舍入：一步接受 / 拒绝的输出**就是** p。",
         f"错误 B（不验证）差得最多（TV 从 {min(out[n]['no_check'][0] for n in names):.3f} 到 "
-        f"{max(out[n]['no_check'][0] for n in names):.3f}），{N_RUNS} 次抽样的 p 值最大也只有 "
-        f"{max(out[n]['no_check'][2] for n in names):.2g}：一眼就能看出来。",
+        f"{max(out[n]['no_check'][0] for n in names):.3f}），{N_RUNS} 次抽样的 p 值全都 "
+        f"{fmt_p(max(out[n]['no_check'][2] for n in names))}：一眼就能看出来。",
         "错误 A 更隐蔽：它只在被拒绝时出错，草稿越像目标（β 越大），它离 p 越近（TV 越小）。"
         + (f"{'、'.join(caught_a)}：p 值 < 0.001，检验抓住了。" if caught_a else "")
         + (f"{'、'.join(missed_a)}：错误 A 只挪动了 {min(out[n]['from_p'][0] for n in missed_a):.3f}"
            + (f"–{max(out[n]['from_p'][0] for n in missed_a):.3f}" if len(missed_a) > 1 else "")
-           + f" 的概率质量，{N_RUNS} 次抽样的 p 值是 {'、'.join(format(out[n]['from_p'][2], '.2g') for n in missed_a)}，"
-           "不到能下结论的程度（一批正确的检验里也会有 p 值落到 0.05 上下）。所以\"检验没发现问题\"不等于\"没有问题\"："
+           + f" 的概率质量，{N_RUNS} 次抽样的 p 值是 {'、'.join(fmt_p(out[n]['from_p'][2]) for n in missed_a)}，"
+           "不比正确的算法会得到的 p 值小（分布正确时 p 值是 [0, 1] 上的均匀数），检验分不出来。所以\"检验没发现问题\"不等于\"没有问题\"："
            "要么抽更多次，要么像这里和 02 脚本一样做精确枚举。"
            if missed_a else f"{N_RUNS} 次抽样对每个草稿都抓住了。"),
     ]
     if correct_min_p is not None:
-        obs.append(f"对照演示 1：正确算法的 {correct_n_p} 个 p 值最小是 {correct_min_p:.3f}"
+        obs.append(f"对照演示 1：正确算法的 {correct_n_p} 个 p 值最小是 {fmt_p(correct_min_p)}"
                    + (f"，没有一个小于 0.001。同样的 χ² 检验、同样的次数，在第 1 个 token 上抓住了上面 {n_caught}/{2 * len(names)} "
                       "个错误（p 值 < 0.001），却没有在正确的算法上报警。不过这里的错误样本是直接从错误规则的精确分布抽的，只检验了第 1 个 token；"
                       "演示 1 跑的是真的生成器，还检验了第 2 个 token 和联合分布。"
@@ -246,7 +287,7 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
 
 # -----------------------------------------------------------------------------
 def demo3_greedy(target, drafts):
-    print_header(f"演示 3：温度 T = 0（贪心）——投机解码的输出和目标模型的贪心输出逐个 token 相同"
+    print_header(f"演示 3：T = 0（贪心）——投机解码和目标模型的贪心输出逐个 token 相同"
                  f"（{GREEDY_PROMPTS} 个提示 × {GREEDY_NEW} 个新 token）")
     prompts = sample_tokens(target.params, QCFG, n_seq=GREEDY_PROMPTS, length=16, seed=11)
     ref = [autoregressive_generate(target, pr, GREEDY_NEW, 0.0, np.random.default_rng(0)) for pr in prompts]

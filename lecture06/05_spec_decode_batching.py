@@ -6,9 +6,9 @@ CS349E · 第 6 讲 · 05_spec_decode_batching.py —— 批大了，投机解�
 【这个脚本要回答的问题】
 04 脚本说投机解码是"用闲着的算力换延迟，前提是算力真的闲着"。这里在 H100 的 roofline 上看这个前提什么时候不成立：
 演示 1：验证 γ + 1 个位置比普通的一步贵多少——批小的时候几乎免费，批大到受算力限制之后接近 γ + 1 倍。
-演示 2：加上草稿的代价，每个 γ 的加速比随批大小怎么变；批大到多少投机解码反而更慢（加速比 < 1）。
+演示 2：加上草稿的代价，每个 γ 的加速比随批大小怎么变（表和一张对数横轴的图）；批大到多少投机解码反而更慢（加速比 < 1）。
 演示 3：每个批大小下最优的 γ（α = 0.8 和 0.6 两种假设），以及什么批大小该把投机解码关掉。
-演示 4：上下文越长，读 KV cache 越占大头，decode 到显存装满都受带宽限制——投机解码在大批下反而一直划算（MagicDec 的观察）。
+演示 4：上下文够长时读 KV cache 占大头，decode 到显存装满都受带宽限制——投机解码在最大的批下也划算（MagicDec 的观察）。
 
 【怎么读输出】"验证 / 普通"：目标模型一次前向算 γ + 1 个位置的时间 ÷ 普通 decode 一步（1 个位置）的时间。
 加速比 = 式 (1) 的每轮 token 数 E(α, γ) × 普通一步的时间 ÷ (验证一次 + γ × 草稿一步)：批里每个序列平均每轮前进 E 个 token，
@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from decode_lab import expected_tokens, walltime_speedup  # noqa: E402
-from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import fmt_time, print_header, print_observations, print_plot, print_table, wrap_text  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
 from hw_specs import gang  # noqa: E402
@@ -53,6 +53,15 @@ GAMMAS = (1, 2, 4, 8)
 MAX_GAMMA = 16                           # 找最优 γ 的范围
 BATCHES = (1, 16, 64, 128, 192, 256, 320, 384, 512, 1024, 2048)
 CONTEXTS = (128, 512, 1024, 2048, 4096, 8192)
+
+
+BOUND_NAME = {"memory": "带宽", "compute": "算力"}
+
+
+def say(text):
+    """打印一段说明文字，在 100 列处折行（console.wrap_text）。"""
+    for line in wrap_text(text):
+        print(line)
 
 
 def round_cost(batch, gamma, context):
@@ -96,31 +105,40 @@ def demo1_verify_cost():
     rows, ratio = [], {}
     for b in BATCHES:
         s = decode_step(TARGET, CHIP, b, CONTEXT)
-        cells = [b, fmt_time(s["time"]), s["bound"]]
+        cells = [b, fmt_time(s["time"]), BOUND_NAME[s["bound"]]]
         for g in GAMMAS:
             v = decode_step(TARGET, CHIP, b, CONTEXT, n_tokens=g + 1)
             ratio[(b, g)] = v["time"] / s["time"]
-            cells.append(f"{ratio[(b, g)]:.2f}× ({v['bound'][0]})")
+            cells.append(f"{ratio[(b, g)]:.2f}×")
         rows.append(cells)
-    print_table(["批 B", "普通一步", "受什么限制"] + [f"验证 γ+1={g + 1} 个 / 普通" for g in GAMMAS], rows)
-    print("（括号里：m = 受带宽限制，c = 受算力限制）")
+    print("验证 γ 个草稿（一次前向算 γ + 1 个位置）的时间 ÷ 普通一步的时间：")
+    print_table(["批 B", "普通一步", "普通一步\n受限于"] + [f"验证\nγ = {g}" for g in GAMMAS], rows)
+    print("（普通一步受带宽限制时，验证 / 普通 > 1 就说明验证已经受算力限制：多算的位置不再免费）")
     b_star = compute_bound_batch(TARGET, CHIP, CONTEXT)
     g_hi = GAMMAS[-1]
     free_b = max(b for b in BATCHES if ratio[(b, g_hi)] < 1.0 + 1e-9)
     big = BATCHES[-1]
     cross = {g: next(b for b in range(1, 10 ** 5)
                      if decode_step(TARGET, CHIP, b, CONTEXT, n_tokens=g + 1)["bound"] == "compute") for g in GAMMAS}
+    # B = 1：把算力时间和读字节的时间相加（两者完全不重叠，比 roofline 的 max 悲观的上界）
+    p1, v1 = decode_step(TARGET, CHIP, 1, CONTEXT), decode_step(TARGET, CHIP, 1, CONTEXT, n_tokens=g_hi + 1)
+    extra_sum = (v1["t_compute"] + v1["t_memory"]) / (p1["t_compute"] + p1["t_memory"]) - 1
     print_observations([
-        f"批小的时候验证几乎免费：B = 1 时验证 {g_hi + 1} 个位置只比普通一步多 {100 * (ratio[(1, g_hi)] - 1):.1f}%——"
-        "时间都花在读权重上，多算几个位置用的是闲着的算力。表里到 B = "
-        f"{free_b} 为止（逐个整数找：到 B = {cross[g_hi] - 1} 为止），验证 {g_hi + 1} 个位置都和普通一步一样快。",
+        f"B = 1 时验证 {g_hi + 1} 个位置比普通一步多 {100 * (ratio[(1, g_hi)] - 1):.1f}%：这是 roofline 模型的构造——"
+        f"受带宽限制时一步的时间只看读了多少字节（{fmt_time(v1['t_memory'])}），{g_hi + 1} 个位置的运算一共只要 "
+        f"{fmt_time(v1['t_compute'])}，被 max() 藏在读字节的时间后面。就算运算和读字节完全不重叠（时间 = 两者之和，"
+        f"一个上界），也只多 {100 * extra_sum:.1f}%。真实的验证在批 1 时还有 roofline 没算的开销：注意力要对 γ + 1 行"
+        "查询算分数和加权和，还有 kernel 启动、采样、调度这些每步都有的固定开销。"
+        f"表里到 B = {free_b} 为止（逐个整数找：到 B = {cross[g_hi] - 1} 为止），roofline 下验证 {g_hi + 1} 个位置"
+        "都和普通一步一样快。",
         f"普通 decode 从 B = {math.ceil(b_star)} 起才受算力限制（roofline 交点 B* = {b_star:.1f}）；验证 γ + 1 个位置时每步算 B × (γ + 1) 个位置、"
         "KV 却只读一遍，所以早得多就撞上算力墙："
         + "、".join(f"γ = {g} 从 B = {cross[g]} 起" for g in GAMMAS) + "（逐个整数找）。",
         f"批再大，验证的代价就是 γ + 1 倍：B = {big} 时验证 {g_hi + 1} 个位置是普通一步的 {ratio[(big, g_hi)]:.2f} 倍——"
         "这时多算的位置不再免费，被拒绝的草稿就是真金白银的浪费。",
     ])
-    return {"ratio": ratio, "b_star": b_star, "free_b": free_b, "cross": cross}
+    return {"ratio": ratio, "b_star": b_star, "free_b": free_b, "cross": cross, "extra_sum_b1": extra_sum,
+            "t_mem_b1": v1["t_memory"], "t_comp_b1": v1["t_compute"]}
 
 
 # -----------------------------------------------------------------------------
@@ -139,12 +157,19 @@ def demo2_speedup():
     print_table(["批 B", "目标一步", "草稿一步", "c = 草稿 / 目标"] + [f"γ = {g}" for g in GAMMAS], rows)
     be = {g: break_even_batch(a, CONTEXT, gamma=g) for g in GAMMAS}
     bmax = max_batch(TARGET, CHIP, CONTEXT, others=(DRAFT,))
-    print(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
-          "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
+    say(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
+        "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
+    grid = sorted({int(round(x)) for x in [1.0] + [1.2 ** k for k in range(1, 60)] if x <= bmax} | set(BATCHES))
+    curves = {"加速比 = 1（不赚不赔）": (grid, [1.0] * len(grid), "-")}
+    for g in GAMMAS:
+        curves[f"γ = {g}"] = (grid, [speedup(a, g, b, CONTEXT) for b in grid], str(g))
+    print()
+    print_plot(curves, f"批大小 B（对数轴，1 到显存上限 {bmax}）", f"加速比（× 普通 decode），α = {a}", logx=True)
     g_hi = GAMMAS[-1]
     w_ratio = DRAFT.active_params() / TARGET.active_params()
     kv_ratio = DRAFT.kv_bytes(1, 2) / TARGET.kv_bytes(1, 2)
     c_peak = max(BATCHES, key=lambda b: c[b])
+    big_b = min(b for b in BATCHES if decode_step(TARGET, CHIP, b, CONTEXT)["bound"] == "compute")
     draft_bound = decode_step(DRAFT, CHIP, BATCHES[-1], CONTEXT)["bound"]
     print_observations([
         f"B = 1 时 c = {c[1]:.3f}（基本就是 8B 和 70B 读的权重之比 {w_ratio:.3f}），γ = {GAMMAS[2]} 快 "
@@ -156,9 +181,13 @@ def demo2_speedup():
         + ("到这里仍受带宽限制）。" if draft_bound == "memory" else "这时也受算力限制）。"),
         f"γ 越大，越早翻车：γ = {g_hi} 在 B = {be[g_hi]} 就比普通 decode 慢，γ = 1 到 B = {be[1]} 才翻车。"
         "验证的代价随 γ + 1 线性涨（演示 1），期望产出 E(α, γ) 却有上限 1 / (1 − α)。",
+        f"图里每条曲线穿过\"-\"线（加速比 = 1）的地方就是上面逐个整数找到的翻车点。B ≥ {big_b} 之后曲线又几乎是平的"
+        f"（γ = 1：{sp[(big_b, 1)]:.2f}× 到 {sp[(BATCHES[-1], 1)]:.2f}×；γ = {g_hi}：{sp[(big_b, g_hi)]:.2f}× 到 "
+        f"{sp[(BATCHES[-1], g_hi)]:.2f}×）：目标一步受算力限制以后，验证正好是普通一步的 γ + 1 倍（演示 1），"
+        "只剩 c 还在慢慢变。",
     ])
     return {"speedup": sp, "c": c, "break_even": be, "bmax": bmax, "w_ratio": w_ratio, "kv_ratio": kv_ratio,
-            "c_peak": c_peak, "draft_bound": draft_bound}
+            "c_peak": c_peak, "draft_bound": draft_bound, "big_b": big_b, "grid": grid, "curves": curves}
 
 
 # -----------------------------------------------------------------------------
@@ -191,7 +220,7 @@ def demo3_best_gamma():
 
 # -----------------------------------------------------------------------------
 def demo4_context():
-    print_header("演示 4：上下文越长，投机解码在大批下越划算（最优 γ）")
+    print_header("演示 4：上下文够长时，投机解码在显存装得下的最大批上仍然划算（最优 γ）")
     rows, out = [], {}
     for ctx in CONTEXTS:
         bmax = max_batch(TARGET, CHIP, ctx, others=(DRAFT,))
@@ -204,9 +233,9 @@ def demo4_context():
             cells += ["-" if be is None else be, f"γ* = {g}，{s:.2f}×"]
         out[ctx] = {"bmax": bmax, "b_star": b_star}
         rows.append(cells)
-    heads = ["上下文", "显存装得下的最大批", "普通 decode 受算力限制的最小批"]
+    heads = ["上下文", "显存装得下\n的最大批", "普通 decode 受\n算力限制的批"]
     for a in ALPHAS:
-        heads += [f"α={a}：< 1 的最小批", "在最大批时"]
+        heads += [f"α = {a}\n< 1 的批", f"α = {a}\n最大批时"]
     print_table(heads, rows)
     print("（\"-\"：到显存上限都还划算）")
     long_ctx = [ctx for ctx in CONTEXTS if out[(ctx, ALPHAS[0])]["break_even"] is None]

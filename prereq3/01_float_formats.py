@@ -6,18 +6,19 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 【这个脚本要回答的问题】
 演示 1：FP32 / FP16 / BF16 / FP8-E4M3 / FP8-E5M2 / FP4-E2M1 各用几位做符号、指数、尾数，偏置多少；最大值、最小正规数、
 最小次正规数、相对精度各是多少——全部由位数算出来，和规范对得上。
-演示 2：把 FP4-E2M1 的 16 个码全部列出来（按位解码），再数一数两种 FP8 各有多少个有限值：小格式的"数轴"长什么样。
+演示 2：把 FP4-E2M1 的 16 个码全部列出来（按位解码），再数一数两种 FP8 各有多少个有限值，并把 E2M1 和 E4M3 画在同一条数轴上：
+小格式的"数轴"长什么样，哪里密、哪里稀。
 演示 3：就近舍入、一样近时取偶数（RNE）在边界上怎么走：平局、溢出（IEEE 格式变 inf，E4M3 / E2M1 饱和）、下溢到 ±0、次正规数。
 演示 4：几个数在各格式里的位串（encode_bits），BF16 和 FP32 的关系，0.1 在各格式里变成多少。
-演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^−(尾数位数+1)，平均约是它的 36%。
+演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^-(尾数位数+1)，平均约是它的 36%。
 
-【怎么读输出】一个浮点数 = (−1)^符号 × 1.尾数 × 2^(指数码 − 偏置)；指数码全 0 是次正规数：(−1)^符号 × 0.尾数 × 2^(1 − 偏置)。
-"相对精度 ε" = 1 和比 1 大的下一个数之差 = 2^−(尾数位数)。位串写成 符号.指数.尾数。NaN = Not a Number（"不是数"的码）。
+【怎么读输出】一个浮点数 = (-1)^符号 × 1.尾数 × 2^(指数码 − 偏置)；指数码全 0 是次正规数：(-1)^符号 × 0.尾数 × 2^(1 − 偏置)。
+"相对精度 ε" = 1 和比 1 大的下一个数之差 = 2^-(尾数位数)。位串写成 符号.指数.尾数。NaN = Not a Number（"不是数"的码）。
 "十进制有效数字" = 有效的二进制位数（尾数位 + 隐含的 1 位）换算成十进制：log10(2^(尾数位数+1))。
 
 【模型的假设（务必看）】没有假设值：格式的定义来自规范——IEEE 754-2008（FP32 = binary32、FP16 = binary16）；BF16 是 FP32 的高 16 位
 （Google Brain 的 bfloat16，8 位指数、7 位尾数）；OCP 8-bit Floating Point Specification (OFP8) v1.0（E4M3：没有 inf，只有
-S.1111.111 是 NaN，最大 448，最小次正规数 2^−9；E5M2：IEEE 风格，最大 57344）；OCP Microscaling (MX) Formats Specification v1.0
+S.1111.111 是 NaN，最大 448，最小次正规数 2^-9；E5M2：IEEE 风格，最大 57344）；OCP Microscaling (MX) Formats Specification v1.0
 （E2M1：没有 inf 和 NaN，最大 6，最小次正规数 0.5）。OCP 的 FP8 规范允许溢出时饱和或不饱和，这里 E4M3 按饱和（numfmt 的选择）。
 
 【运行】python3 01_float_formats.py （约 0.2 秒）
@@ -33,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import print_header, print_observations, print_table  # noqa: E402
+from console import print_header, print_observations, print_plot, print_table  # noqa: E402
 from numfmt import (BF16, FLOAT_FORMATS, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat,  # noqa: E402
                     encode_bits, round_to)
 
@@ -45,7 +46,7 @@ def decode(sign, exp, man, fmt):
     """
     按位解码（不经过 numfmt）：(符号位串, 指数位串, 尾数位串) -> 值。
 
-    【推导】指数码 E ≠ 0：(−1)^s × (1 + 尾数/2^m) × 2^(E − 偏置)；E = 0（次正规数）：(−1)^s × (尾数/2^m) × 2^(1 − 偏置)。
+    【推导】指数码 E ≠ 0：(-1)^s × (1 + 尾数/2^m) × 2^(E − 偏置)；E = 0（次正规数）：(-1)^s × (尾数/2^m) × 2^(1 − 偏置)。
     【边界】不处理 inf / NaN 的码（调用者自己排除）。
     """
     s = -1.0 if sign == "1" else 1.0
@@ -99,23 +100,25 @@ def demo1_layouts():
                        "binades": f.emax - (f.emin - f.man_bits) + 1,
                        "digits": float((f.man_bits + 1) * np.log10(2))}     # 有效二进制位（含隐含的 1）换成十进制
         rows.append([f.name, f.bits, f"1 / {f.exp_bits} / {f.man_bits}", f.bias, f"{f.max_value:.6g}",
-                     f"2^{f.emin} = {f.min_normal:.4g}", f"2^{f.emin - f.man_bits} = {f.min_subnormal:.4g}",
-                     f"2^-{f.man_bits} = {f.epsilon:.3g}", "inf" if f.has_inf else "饱和到最大值"])
-    print_table(["格式", "位数", "符号/指数/尾数", "偏置", "最大有限值", "最小正规数", "最小次正规数", "相对精度 ε",
-                 "溢出时"], rows)
+                     "inf" if f.has_inf else "饱和到最大值"])
+    print_table(["格式", "位数", "符号/指数/尾数", "偏置", "最大有限值", "溢出时"], rows)
+    print()
+    print_table(["格式", "最小正规数", "最小次正规数", "相对精度 ε"],
+                [[f.name, f"2^{f.emin} = {f.min_normal:.4g}", f"2^{f.emin - f.man_bits} = {f.min_subnormal:.4g}",
+                  f"2^-{f.man_bits} = {f.epsilon:.3g}"] for f in FLOAT_FORMATS])
     r = res
     print_observations([
         f"指数位决定范围，尾数位决定精度。FP16 和 BF16 都是 16 位：FP16 给尾数 {r['FP16']['man_bits']} 位（ε = "
         f"{r['FP16']['epsilon']:.3g}）但最大只到 {r['FP16']['max']:.0f}；BF16 的指数和 FP32 一样是 8 位，最大值 "
         f"{r['BF16']['max']:.3g} 和 FP32 的 {r['FP32']['max']:.3g} 同一个量级，代价是 ε = {r['BF16']['epsilon']:.3g}"
         f"（有效位 = {r['BF16']['man_bits']} 位尾数 + 隐含的 1 位 = {r['BF16']['man_bits'] + 1} 位二进制，约 {r['BF16']['digits']:.1f} 位十进制有效数字；"
-        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。训练和推理用 BF16 不用担心溢出，这是它流行的原因。",
+        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。从 FP32 转成 BF16 不会溢出（FP16 超过 65504 就溢出）：这是训练和推理常选 BF16 的一个原因。",
         f"E4M3 的最大值是 {r['FP8-E4M3']['max']:.0f} 而不是 1.875 × 2^8 = {1.875 * 2 ** 8:.0f}：它没有 inf，把最大的指数码也拿来"
         f"表示数，只留 S.1111.111 当 NaN，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
         f"最大指数码给 inf 和 NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
         f"同是 8 位，E4M3 精度高一倍（ε = {r['FP8-E4M3']['epsilon']:g} vs {r['FP8-E5M2']['epsilon']:g}），E5M2 范围大得多"
         f"（从最小次正规数到最大值跨 {r['FP8-E5M2']['binades']} 个 2 的幂 vs {r['FP8-E4M3']['binades']} 个）。"
-        "所以常见的用法是 E4M3 存权重和激活、E5M2 存训练时的梯度。",
+        "所以 FP8 格式的提出者建议 E4M3 存权重和激活、E5M2 存训练时的梯度（Micikevicius 等 2022，arXiv 2209.05433）。",
         f"FP4-E2M1 只有 4 位：最大 {r['FP4-E2M1']['max']:g}、最小次正规数 {r['FP4-E2M1']['min_subnormal']:g}、ε = "
         f"{r['FP4-E2M1']['epsilon']:g}。它单独没法表示权重（范围太小），必须配一个 scale 用（下一个脚本的 MXFP4）。",
     ])
@@ -144,10 +147,20 @@ def demo2_small_formats_enumerated():
     rows2 = [[n, c["codes"], c["finite_codes"], c["distinct"], c["inf"], c["nan"], f"{c['min_pos']:g}", f"{c['max']:g}",
               c["all_fixed_points"]] for n, c in counts.items()]
     print()
-    print_table(["格式", "码的个数", "有限值的码", "不同的有限值（+0 = −0）", "inf 码", "NaN 码", "最小正数", "最大值",
-                 "round_to 把每个值映到自己"], rows2)
+    print_table(["格式", "码的个数", "有限值的码", "不同的有限值", "inf 码", "NaN 码", "最小正数", "最大值",
+                 "舍入后不变"], rows2)
+    print("不同的有限值：+0 和 -0 算一个；舍入后不变：round_to 把每个有限值映到它自己")
     gaps = np.diff([0.0] + pos)
     c4, c5 = counts["FP8-E4M3"], counts["FP8-E5M2"]
+    # 数轴：E2M1 的全部非负值，和 E4M3 落在同一段 [0, 6] 里的非负值
+    e2m1 = [0.0] + pos
+    e4m3 = sorted({v for *_, v in all_codes(FP8_E4M3) if v is not None and 0 <= v <= FP4_E2M1.max_value})
+    print(f"\n数轴 [0, {FP4_E2M1.max_value:g}]：每个可表示的非负值画一个记号（落在同一格的值重叠）")
+    print_plot({"FP4-E2M1（上面一行）": (e2m1, [2.0] * len(e2m1), "o"),
+                "FP8-E4M3（下面一行）": (e4m3, [1.0] * len(e4m3), "|")},
+               "值（线性轴）", "2 = E2M1，1 = E4M3", xlim=(0.0, FP4_E2M1.max_value), ylim=(0.5, 2.5), height=5)
+    e4_small = sum(1 for v in e4m3 if v < 0.5)
+    per_binade = {f.name: 2 ** f.man_bits for f in (FP4_E2M1, FP8_E4M3)}   # 每个正规数的 2 的幂区间里有几个值
     ieee_e4m3 = FloatFormat("E4M3（假如 IEEE 风格）", 4, 3, True)   # 对比用：最大的指数码留给 inf / NaN
     print_observations([
         f"E2M1 的正数只有 {len(pos)} 个：{', '.join(f'{v:g}' for v in pos)}。相邻两个的间隔从 {gaps.min():g} 涨到 "
@@ -160,8 +173,13 @@ def demo2_small_formats_enumerated():
         f"整个留给 inf / NaN，最大值只有 1.875 × 2^{ieee_e4m3.emax} = {ieee_e4m3.max_value:g}；OFP8 让这个指数码里的 7 个尾数码"
         f"都当正规数，最大值到 {c4['max']:g}，多出 2^{FP8_E4M3.emax} = {2.0 ** FP8_E4M3.emax:g} 到 {c4['max']:g} 这一整段"
         f"（OCP OFP8 规范）。只有 4 位指数时，多一个 2 的幂的范围比省下的几个码要紧；E5M2 范围够大，保留了 IEEE 的 inf。",
+        f"数轴上两种格式都是靠近 0 密、越往大越稀：每个 2 的幂区间（[1, 2)、[2, 4)、…）里的值一样多——E2M1 "
+        f"{per_binade['FP4-E2M1']} 个、E4M3 {per_binade['FP8-E4M3']} 个——区间越往右越长，间隔就越大。"
+        f"[0, {FP4_E2M1.max_value:g}] 里 E2M1 只有 {len(e2m1)} 个值，E4M3 有 {len(e4m3)} 个，其中 {e4_small} 个挤在 [0, 0.5) 里"
+        f"（图的最左边重叠成一片）。",
     ])
     return {"e2m1_positive": pos, "e2m1_gaps": gaps.tolist(), "counts": counts, "ieee_style_e4m3_max": ieee_e4m3.max_value,
+            "e4m3_in_e2m1_range": len(e4m3), "e4m3_below_half": e4_small, "per_binade": per_binade,
             "encode_matches": all(r[3] for r in rows)}
 
 
@@ -175,7 +193,7 @@ EDGE_CASES = [
     (FP16, 65519.0, "比最大值 65504 大，但不到半个间隔 → 65504"),
     (FP16, 65520.0, "65504 和 65536 正中间 → 取偶 = 65536，超出 → inf"),
     (FP16, 1e6, "远超最大值 → inf（IEEE：溢出成 inf）"),
-    (FP16, -1e-9, "比最小次正规数的一半还小的负数 → −0"),
+    (FP16, -1e-9, "比最小次正规数的一半还小的负数 → -0"),
     (FP16, 3 * 2.0 ** -25, "次正规数区间的平局：2^-24 和 2^-23 中间 → 取偶（2^-23）"),
     (FP16, 1e-7, "次正规数：量子固定为 2^-24"),
     (BF16, 1 + 2.0 ** -8, "平局：1 和 1+2^-7 正中间 → 取偶（1）"),
@@ -192,7 +210,7 @@ EDGE_CASES = [
     (FP4_E2M1, 0.75, "0.5 和 1 正中间 → 取偶（1.0）"),
     (FP4_E2M1, 0.25, "0 和 0.5 正中间 → 取偶 = 0"),
     (FP4_E2M1, 100.0, "超出 → 饱和到 6"),
-    (FP4_E2M1, -0.1, "负的小数 → −0（保留符号）"),
+    (FP4_E2M1, -0.1, "负的小数 → -0（保留符号）"),
 ]
 
 
@@ -202,7 +220,7 @@ def demo3_rounding_edges():
     for f, x, note in EDGE_CASES:
         y = float(round_to(x, f))
         neg_zero = y == 0 and np.signbit(y)
-        shown = "−0" if neg_zero else (f"{y:.10g}" if np.isfinite(y) else ("inf" if y > 0 else "−inf"))
+        shown = "-0" if neg_zero else (f"{y:.10g}" if np.isfinite(y) else ("inf" if y > 0 else "-inf"))
         xs = "inf" if np.isinf(x) else f"{x:.10g}"
         res.append({"fmt": f.name, "x": x, "y": y, "neg_zero": bool(neg_zero)})
         rows.append([f.name, xs, shown, note])
@@ -215,7 +233,7 @@ def demo3_rounding_edges():
         f"溢出：IEEE 风格的 FP16 / E5M2 到了 最大值 + 半个间隔（正好在中点也算，取偶进位）就是 inf（65520 → {y[('FP16', 65520.0)]}，"
         f"61440 → {y[('FP8-E5M2', 61440.0)]}）；E4M3 和 E2M1 没有 inf，饱和到最大值（500 → {y[('FP8-E4M3', 500.0)]:g}，"
         f"100 → {y[('FP4-E2M1', 100.0)]:g}）。量化时正是靠 scale 让数落在范围里，饱和只是兜底。",
-        f"下溢：比最小次正规数的一半还小的数变成 0，负数变成 −0（FP16 里 −1e-9 → −0）；次正规数的间隔固定（FP16 是 2^-24），"
+        f"下溢：比最小次正规数的一半还小的数变成 0，负数变成 -0（FP16 里 -1e-9 → -0）；次正规数的间隔固定（FP16 是 2^-24），"
         f"所以 1e-7 → {y[('FP16', 1e-7)]:.6g}，相对误差 {abs(y[('FP16', 1e-7)] - 1e-7) / 1e-7:.1%}，远大于正规数的 ε/2。",
         f"BF16 的 1e38 → {y[('BF16', 1e38)]:.6g}（不溢出），π → {y[('BF16', np.pi)]:.10g}：范围够、精度粗。",
     ])
@@ -226,19 +244,24 @@ def demo3_rounding_edges():
 # 演示 4：位串
 # ---------------------------------------------------------------------------
 def demo4_encode_bits():
-    print_header("演示 4：几个数在各格式里的位串（符号.指数.尾数；先用 round_to 舍入再编码）")
+    print_header("演示 4：几个数在各格式里的位串（符号.指数.尾数；先用 round_to 舍入，变了的写出舍入后的值）")
     values = [1.0, -2.5, 0.1, 448.0, 6.0, -0.0]
     fmts = (FP32, FP16, BF16, FP8_E4M3, FP8_E5M2, FP4_E2M1)
     rows, res = [], {}
     for v in values:
-        cells = [f"{v:g}" if not (v == 0 and np.signbit(v)) else "−0"]
+        cells = [f"{v:g}" if not (v == 0 and np.signbit(v)) else "-0"]
         for f in fmts:
             r = float(round_to(v, f))
             b = bits_str(r, f)
             res[(f.name, v)] = {"rounded": r, "bits": b}
-            cells.append(b if r == v else f"{b}（= {r:.9g}）")
+            cells.append(b if r == v else f"{b} = {r:.9g}" if f.bits > 16 or f is BF16 else f"{b} = {r:.6g}")
         rows.append(cells)
-    print_table(["值"] + [f.name for f in fmts], rows)
+    # 一张表放不下 100 列：FP32 和 BF16（同样的 8 位指数）一张，其余四种一张
+    wide = (0, 1, 3)                                    # 值、FP32、BF16 在 cells 里的下标
+    print_table(["值", "FP32", "BF16"], [[row[i] for i in wide] for row in rows])
+    print()
+    print_table(["值"] + [f.name for f in fmts if f not in (FP32, BF16)],
+                [[row[0]] + [c for f, c in zip(fmts, row[1:]) if f not in (FP32, BF16)] for row in rows])
     specials = {"FP16 最小次正规数": bits_str(FP16.min_subnormal, FP16), "FP16 最大值": bits_str(FP16.max_value, FP16),
                 "FP16 +inf": bits_str(np.inf, FP16), "E4M3 最小次正规数": bits_str(FP8_E4M3.min_subnormal, FP8_E4M3),
                 "E4M3 最大值": bits_str(FP8_E4M3.max_value, FP8_E4M3), "E4M3 NaN": bits_str(np.nan, FP8_E4M3),
@@ -259,7 +282,7 @@ def demo4_encode_bits():
         f"（+inf = {specials['FP16 +inf']}），FP16 的最大值用的是 11110 这个指数码（{specials['FP16 最大值']}）。",
         f"0.1 在任何二进制格式里都不能精确表示：FP16 存的是 {res[('FP16', 0.1)]['rounded']:.8g}，E4M3 是 "
         f"{res[('FP8-E4M3', 0.1)]['rounded']:.6g}，E2M1 里它直接变成 {res[('FP4-E2M1', 0.1)]['rounded']:g}（比 0.5 的一半还小）。",
-        "−0 的位串只有符号位是 1。它和 +0 相等（−0 == 0），但 1/(−0) = −inf：舍入时保留符号是 IEEE 的规定。",
+        "-0 的位串只有符号位是 1。它和 +0 相等（-0 == 0），但 1/(-0) = -inf：舍入时保留符号是 IEEE 的规定。",
     ])
     return {"bits": res, "specials": specials, "bf16_same_sign_exp_as_fp32": same_exp, "bf16_01_rounded_up": rounded_up}
 
@@ -284,15 +307,16 @@ def demo5_relative_error():
         rows.append([f.name, f.man_bits, f"{f.epsilon / 2:.3g}", f"{res[f.name]['sup']:.3g}", f"{rel.max():.3g}",
                      f"{rel.max() / (f.epsilon / 2):.4f}",
                      f"{rel.mean():.3g}", f"{res[f.name]['mean_ratio']:.2f}", f"{res[f.name]['digits']:.1f}"])
-    print_table(["格式", "尾数位", "ε/2（界）", "上确界 (ε/2)/(1+ε/2)", "实测最大相对误差", "最大 / (ε/2)", "平均相对误差", "平均 / (ε/2)", "十进制有效数字 log10(2^(尾数位+1))"],
-                rows)
+    print("误差都是相对误差；十进制位数 = log10(2^(尾数位+1))")
+    print_table(["格式", "尾数位", "ε/2\n（界）", "上确界\n(ε/2)/(1+ε/2)", "实测\n最大", "最大\n/ (ε/2)", "实测\n平均",
+                 "平均\n/ (ε/2)", "十进制\n位数"], rows)
     worst = max(r["ratio"] for r in res.values())
     mean_ratios = [r["mean_rel"] / r["half_eps"] for r in res.values()]
     lo, hi = min(mean_ratios), max(mean_ratios)
     gap_name = max(res, key=lambda k: abs(res[k]["max_rel"] / res[k]["sup"] - 1))
     gap_sup = abs(res[gap_name]["max_rel"] / res[gap_name]["sup"] - 1)
     print_observations([
-        f"每种格式实测的最大相对误差都不超过 ε/2 = 2^−(尾数位+1)（最大 / (ε/2) 最多 {worst:.4f}）。精确的上确界是 "
+        f"每种格式实测的最大相对误差都不超过 ε/2 = 2^-(尾数位+1)（最大 / (ε/2) 最多 {worst:.4f}）。精确的上确界是 "
         f"(ε/2)/(1 + ε/2)，在 1 + ε/2 这样的平局点取到：实测的最大值和它最多差 {gap_sup:.2%}（{gap_name}：{res[gap_name]['max_rel']:.4g} vs "
         f"{res[gap_name]['sup']:.4g}；尾数位越多，随机数越难正好碰到平局点）。正规数范围里相对误差只由尾数位数决定，和数的大小无关——这就是\"相对精度\"。",
         f"平均相对误差约是界的 {lo:.0%}–{hi:.0%}（FP16：{res['FP16']['mean_rel']:.3g} vs {res['FP16']['half_eps']:.3g}）；"

@@ -7,7 +7,8 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 演示 1：对称整数量化一步步怎么做：scale = max|w| / qmax，q = round(w / scale)，w' = q · scale；误差不超过 scale / 2。
 演示 2：截断（clipping）：把 scale 取小一点，大的数被截到 ±qmax，换来其余数更细的间隔；INT4 每张量量化的误差随截断比例怎么变。
 演示 3：粒度和离群值：每张量 / 每通道 / 每组 32 个一个 scale 的误差；放进一个 50σ 的离群值后，三种粒度各坏了多少。
-演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差。
+演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差；E2M1 的不均匀网格在正态权重上
+并不比 INT4 的等间距网格准，有用的是更小的块（NVFP4）。
 演示 5：每个数到底占几位——把 scale 算进去：INT4 每 32 个一个 FP16 scale = 4.5 位，MXFP4 = 4.25 位（第 5 讲脚本 05 的 T_BITS）；FP8 每通道一个 FP32 scale。
 
 【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的结果）。权重矩阵按 [输入维, 输出维] 存（y = x · W），
@@ -17,10 +18,12 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 误差的数值只对这种分布成立；scale 的位置和位数的账和分布无关。离群值 50σ 是为了让效果一眼可见而**选的假设值**。
 INT 量化是对称的（没有零点），scale 存成 FP16（numfmt 的约定）；MX 格式按 OCP Microscaling Formats Specification v1.0：
 共享 scale X = 2^(⌊log₂ max|v|⌋ − 2)（E2M1 最大正规数的指数是 2），元素舍入到 E2M1、超出的饱和到 ±6。
+NVFP4 按 NVIDIA 对 Blackwell 的 NVFP4 的描述：E2M1 元素、每 16 个一个 E4M3 scale、整个张量再一个 FP32 scale（numfmt.quantize_nvfp4）。
 
-【运行】python3 02_scaling_and_blocks.py （约 0.3 秒）
+【运行】python3 02_scaling_and_blocks.py （约 0.4 秒）
 
-【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、bits_per_value、INT_QMAX）；../lecture01 的 console。
+【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、quantize_e2m1_fp16、round_to、bits_per_value、INT_QMAX）；
+../lecture01 的 console。
 """
 import os
 import sys
@@ -32,7 +35,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import FP4_E2M1, INT_QMAX, bits_per_value, quantize_int, quantize_mx  # noqa: E402
+from numfmt import (FP16, FP4_E2M1, INT_QMAX, bits_per_value, quantize_e2m1_fp16, quantize_int, quantize_mx,  # noqa: E402
+                    quantize_nvfp4, round_to)
 
 SEED = 0
 N_IN, N_OUT = 512, 256        # 演示 2、3 的矩阵（[输入维, 输出维]）
@@ -40,6 +44,7 @@ N_IN_MX, N_OUT_MX = 4096, 256  # 演示 4 的矩阵：输入维和 Llama-3.1-8B 
 OUTLIER_SIGMA = 50.0          # 演示 3：离群值的大小（假设值）
 OUTLIER_AT = (100, 7)         # 演示 3：离群值的位置（第 100 个输入、第 7 个输出通道）
 GROUP = 32
+FLAT_TOL = 1.01               # 演示 2：误差和最小值差不到 1% 的截断比例算"一样好"（约定）
 
 
 def rel_err(wq, w):
@@ -64,7 +69,7 @@ def demo1_symmetric_int():
     max_err = float(np.abs(wq - w).max())
     int8, s8 = quantize_int(w.reshape(8, 1), 8, "tensor")
     print_observations([
-        f"INT4 对称量化只有 {2 * qmax + 1} 个等间距的值（−{qmax}…{qmax}，−8 不用，保证对称），间隔就是 scale = {s:.4g}；"
+        f"INT4 对称量化只有 {2 * qmax + 1} 个等间距的值（-{qmax}…{qmax}，-8 不用，保证对称），间隔就是 scale = {s:.4g}；"
         f"最大的数 {w[np.argmax(np.abs(w))]:.4f} 对到 q = {q[np.argmax(np.abs(w))]}。",
         f"每个数的误差不超过 scale / 2 = {s / 2:.4g}：实测最大 {max_err:.4g}。np.round 是平局取偶的就近舍入。",
         f"同样 8 个数用 INT8（qmax = {INT_QMAX[8]}）：scale = {float(s8[0]):.4g}，最大误差 "
@@ -101,19 +106,26 @@ def demo2_clipping():
         wq = clipped_int(w, 4, r)
         clipped[r] = float(np.mean(np.abs(w) > r * amax))     # 超过阈值、被截到 ±阈值的数
         errs[r] = rel_err(wq, w)
-        rows.append([f"{r:.2f}", f"{r * amax:.2f}σ", f"{clipped[r]:.3%}", f"{errs[r]:.4f}"])
-    print_table(["截断比例", "截断阈值 T（σ = 1）", "|w| > T 的比例", "相对误差"], rows)
+        rows.append([f"{r:.2f}", f"{r * amax:.2f}", f"{clipped[r]:.3%}", f"{errs[r]:.4f}"])
+    print_table(["截断比例", "截断阈值 T\n（单位 σ = 1）", "|w| > T\n的比例", "相对误差"], rows)
     best = min(errs, key=errs.get)
+    flat = [r for r in ratios if errs[r] <= FLAT_TOL * errs[best]]       # 误差和最小值差不到 1% 的比例
+    lo, hi = min(flat), max(flat)
+    q2 = int(np.round(2.0 / float(round_to(amax / INT_QMAX[4], FP16))))   # 不截断时 2σ 对到的 q
+    within2 = float(np.mean(np.abs(w) <= 2.0))
     print_observations([
         f"不截断（比例 1）时 scale 由最大的那个数决定：{N_IN * N_OUT:,} 个正态数的最大值是 {amax:.2f}σ，"
-        f"绝大多数数挤在 ±2σ 里，只用到 {2 * INT_QMAX[4] + 1} 个值里中间的几个，相对误差 {errs[1.0]:.3f}。"
-        "截断的做法：先把 w 截到 ±T，再照常量化（scale = T / qmax）。",
-        f"把阈值降到 {best * amax:.2f}σ（比例 {best:.2f}）误差最小：{errs[best]:.3f}，是不截断的 "
-        f"{errs[best] / errs[1.0]:.0%}。截掉的数（{clipped[best]:.2%}）虽然误差大，但只有很少几个；其余数的间隔变小了。",
+        f"而 {within2:.1%} 的数在 ±2σ 里，2σ 只对到 q = ±{q2}：{2 * INT_QMAX[4] + 1} 个值里大多数数只用到中间的 "
+        f"{2 * q2 + 1} 个，相对误差 {errs[1.0]:.3f}。截断的做法：先把 w 截到 ±T，再照常量化（scale = T / qmax）。",
+        f"阈值在 {lo * amax:.2f}σ–{hi * amax:.2f}σ（比例 {lo:.2f}–{hi:.2f}）时误差最低（"
+        f"{'、'.join(f'{errs[r]:.4f}' for r in sorted(flat))}，最多相差 {100 * (max(errs[r] for r in flat) / errs[best] - 1):.1f}%），"
+        f"是不截断的 {errs[best] / errs[1.0]:.0%}。这一段误差是平的：只凭一次抽样里这么小的差，挑不出一个最优值。"
+        f"截掉的数（{clipped[hi]:.2%}–{clipped[lo]:.2%}）虽然误差大，但只有很少几个；其余数的间隔变小了。",
         f"截得太狠（比例 0.3，阈值 {0.3 * amax:.2f}σ）误差又升到 {errs[0.3]:.3f}：截掉的太多（{clipped[0.3]:.1%}）。最优的阈值取决于分布的形状，"
-        "有的量化方法（例如 AWQ）会为权重搜索截断阈值；numfmt 和第 3 讲只用最简单的 max|w|。",
+        "有的量化方法会为权重搜索截断阈值（例如 AWQ 的参考实现 mit-han-lab/llm-awq 的 auto_clip）；numfmt 和第 3 讲只用最简单的 max|w|。",
     ])
-    return {"amax": amax, "errs": errs, "clipped_frac": clipped, "best_ratio": best}
+    return {"amax": amax, "errs": errs, "clipped_frac": clipped, "best_ratio": best, "flat_ratios": flat, "q_at_2sigma": q2,
+            "within_2sigma": within2}
 
 
 # ---------------------------------------------------------------------------
@@ -151,8 +163,9 @@ def demo3_granularity_outlier():
             res[(bits, gran)] = r
             rows.append([f"INT{bits} {label}", f"{r['bits_per_value']:.4f}", f"{r['clean']:.4f}", f"{r['rest']:.4f}",
                          f"{r['col']:.4f}", f"{r['grp']:.4f}", f"{r['zero_frac']:.1%}"])
-    print_table(["方案", "位/数（含 scale）", "没有离群值", "有离群值：其余的数", "离群值那一列的其他数",
-                 "离群值那一组的其他数", "其余的数被量化成 0 的比例"], rows)
+    print("前四列是相对误差；有离群值时分开看：离群值以外的所有数、和它同一列 / 同一组的其他数")
+    print_table(["方案", "位/数\n（含 scale）", "没有\n离群值", "有离群值：\n其余的数", "离群值\n那一列", "离群值\n那一组",
+                 "其余的数\n量化成 0"], rows)
     t4, c4, g4 = res[(4, "tensor")], res[(4, "channel")], res[(4, "group")]
     t8 = res[(8, "tensor")]
     print_observations([
@@ -189,8 +202,8 @@ def demo4_mxfp4():
         v = block[k]
         rows.append([int(k), f"{v:+.4f}", f"{v / X:+.3f}", f"{mq[k, 0] / X:+g}", f"{mq[k, 0]:+.4f}",
                      f"{iq[k, 0]:+.4f}"])
-    print(f"一个块（32 个数）：max|v| = {amax:.4f}，⌊log₂ max|v|⌋ = {int(np.floor(np.log2(amax)))}，共享 scale X = 2^"
-          f"({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（存成 8 位指数码 {e_shared + 127}）；"
+    print(f"一个块（32 个数）：max|v| = {amax:.4f}，⌊log₂ max|v|⌋ = {int(np.floor(np.log2(amax)))}，")
+    print(f"共享 scale X = 2^({int(np.floor(np.log2(amax)))} − 2) = 2^{e_shared} = {X:g}（8 位指数码 {e_shared + 127}）；"
           f"INT4-g32 的 scale = {float(iscale.ravel()[0]):.6g}（FP16）")
     print_table(["块内下标", "v", "v / X", "E2M1 元素", "MXFP4 反量化", "INT4-g32 反量化"], rows)
     blk_err = np.abs(mq[:, 0] - block)
@@ -203,8 +216,10 @@ def demo4_mxfp4():
     schemes = [("INT4 每通道", lambda a: quantize_int(a, 4, "channel")[0], bits_per_value("int4", n_in=N_IN_MX)),
                ("INT4-g128", lambda a: quantize_int(a, 4, "group", 128)[0], bits_per_value("int4", group=128)),
                ("INT4-g64", lambda a: quantize_int(a, 4, "group", 64)[0], bits_per_value("int4", group=64)),
+               ("MXFP4", lambda a: w_mx, bits_per_value("mxfp4")),
                ("INT4-g32", lambda a: quantize_int(a, 4, "group", 32)[0], bits_per_value("int4", group=32)),
-               ("MXFP4", lambda a: w_mx, bits_per_value("mxfp4"))]
+               ("E2M1-g32（FP16 scale）", lambda w: quantize_e2m1_fp16(w, GROUP)[0], bits_per_value("int4", group=32)),
+               ("NVFP4（E4M3 scale / 16）", lambda a: quantize_nvfp4(a)[0], bits_per_value("nvfp4"))]
     rows2, res = [], {}
     for name, fn, bits in schemes:
         res[name] = {"bits": bits, "rel_err": rel_err(fn(w), w)}
@@ -216,14 +231,21 @@ def demo4_mxfp4():
     print(f"\n整个 {N_IN_MX}×{N_OUT_MX} 的 N(0, 1) 矩阵：")
     print_table(["方案", "位/数（含 scale）", "相对误差"], rows2)
     mx, g32, g64 = res["MXFP4"], res["INT4-g32"], res["INT4-g64"]
+    e2, nv = res["E2M1-g32（FP16 scale）"], res["NVFP4（E4M3 scale / 16）"]
     print_observations([
         f"MX 的 scale 只能是 2 的幂：X = 2^(⌊log₂ max|v|⌋ − 2)，所以 max|v| / X 落在 [4, 8)。E2M1 最大只到 6，"
-        f"max|v| / X ≥ 7 的块最大的数被饱和截断——这个矩阵里 {sat:.0%} 的块如此（这个块 max|v| / X = {amax / X:.2f}）。",
-        "E2M1 的 8 个非负值（0, 0.5, 1, 1.5, 2, 3, 4, 6）在 0 附近密、在大处稀，和正态分布\"中间多、尾巴少\"的形状相配；"
-        f"INT4 的 15 个值（−7…7）等间距。这个块里 MXFP4 误差最大的是{'块最大的数' if worst_is_max else '第 ' + str(worst_k) + ' 个数'}"
-        f"（误差 {worst_err:.3f}）：它的 v / X = {block[worst_k] / X:+.3f} 落在 E2M1 的大空档里。",
+        f"max|v| / X ≥ 7 的块最大的数被饱和截断——这个矩阵里 {sat:.0%} 的块如此（这个块 max|v| / X = {amax / X:.2f}）。"
+        f"这个块里 MXFP4 误差最大的是{'块最大的数' if worst_is_max else '第 ' + str(worst_k) + ' 个数'}"
+        f"（误差 {worst_err:.3f}）：它的 v / X = {block[worst_k] / X:+.3f} 落在 E2M1 的 4 和 6 之间的空档里。",
+        "E2M1 的 8 个非负值（0, 0.5, 1, 1.5, 2, 3, 4, 6）在 0 附近密、在大处稀；INT4 的 15 个值（-7…7）等间距。"
+        f"在 N(0, 1) 权重上，不均匀的网格并不占便宜：同样每 {GROUP} 个一个 FP16 scale（块的最大值对到 6 或 7），"
+        f"E2M1 元素的相对误差 {e2['rel_err']:.4f}，比 INT4-g32 的 {g32['rel_err']:.4f} "
+        + ("略高" if e2["rel_err"] > g32["rel_err"] else "低") + "。"
+        f"有用的是更小的块：NVFP4 每 16 个一个 E4M3 scale（比 MX 的 2 的幂准；外加整个张量一个 FP32 scale），同样 "
+        f"{nv['bits']:g} 位，误差 {nv['rel_err']:.4f}，" + ("比 INT4-g32 低" if nv["rel_err"] < g32["rel_err"] else "不比 INT4-g32 低") + "。",
         f"同样 4.25 位，INT4-g64（FP16 scale，{g64['rel_err']:.4f}）比 MXFP4（{mx['rel_err']:.4f}）"
-        + ("准" if g64["rel_err"] < mx["rel_err"] else "差") + f"；INT4-g32 多花 0.25 位，误差 {g32['rel_err']:.4f}。"
+        + ("准" if g64["rel_err"] < mx["rel_err"] else "差") + f"；MXFP4 比元素相同、scale 用 FP16 的 E2M1-g32"
+        f"（{e2['rel_err']:.4f}）差，差的只是 2 的幂的 scale（观察 1）。"
         "MX 的好处不在精度而在硬件：2 的幂的 scale 只是指数相加，块格式的点积可以直接在硬件里做"
         "（Blackwell 的 FP4 张量核、d-Matrix Corsair 的 MX 整数格式都是这样的块格式）。",
     ])
@@ -245,14 +267,15 @@ def demo5_bits_per_value():
              ("INT4-g128", "FP16", 4, 16, 128, bits_per_value("int4", group=128)),
              ("INT4-g64", "FP16", 4, 16, 64, bits_per_value("int4", group=64)),
              ("INT4-g32", "FP16", 4, 16, 32, bits_per_value("int4", group=32)),
-             ("MXFP4（E2M1 元素）", "E8M0", 4, 8, 32, bits_per_value("mxfp4"))]
+             ("MXFP4（E2M1 元素）", "E8M0", 4, 8, 32, bits_per_value("mxfp4")),
+             ("NVFP4（E2M1 元素）", "E4M3", 4, 8, 16, bits_per_value("nvfp4"))]
     rows, res = [], {}
     for name, sfmt, eb, sb, per, total in items:
         res[name] = total
         rows.append([name, eb, sfmt, sb, per if per else "—", f"{(sb / per) if per else 0:.4g}", f"{total:.4g}",
                      f"{16 / total:.2f}×"])
-    print_table(["格式", "元素位数", "scale 格式", "scale 位数", "一个 scale 管几个数", "scale 摊到每个数", "位/数",
-                 "比 BF16 小"], rows)
+    print_table(["格式", "元素\n位数", "scale\n格式", "scale\n位数", "一个 scale\n管几个数", "scale 摊到\n每个数", "位/数",
+                 "比 BF16\n小"], rows)
     print_observations([
         f"INT4-g32 带一个 FP16 scale：4 + 16/32 = {res['INT4-g32']:g} 位；MXFP4 的 scale 只有 8 位（E8M0，只有指数）："
         f"4 + 8/32 = {res['MXFP4（E2M1 元素）']:g} 位。第 5 讲脚本 05 把 gpt-oss-120b 的权重按 T_BITS = 4.25 位算，就是 MXFP4"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP4_E2M1", "FLOAT_FORMATS",
-           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "quantize_nvfp4", "bits_per_value", "INT_QMAX",
+           "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "quantize_nvfp4", "quantize_e2m1_fp16", "bits_per_value", "INT_QMAX",
            "quantize_int_asym"]
 
 
@@ -295,6 +295,26 @@ def quantize_nvfp4(w, block=16):
     safe = np.where(scale > 0, scale, 1.0)
     deq = np.where(scale > 0, round_to(blocks / safe, FP4_E2M1) * scale, 0.0)
     return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // block)
+
+
+def quantize_e2m1_fp16(w, group=32):
+    """
+    对照方案：E2M1 元素 + 每组一个 FP16 scale（不是标准格式，只为把"网格"和"scale"分开比）-> (w', scale)。
+
+    【推导】scale = round_to(max|v| / 6, FP16)（块的最大值对到 E2M1 的最大值 6），元素 = round_to(v / scale, E2M1)。
+    每个数 4 + 16/32 = 4.5 位：和 INT4-g32（bits_per_value("int4", group=32)）的 scale 精度、个数都一样，只差网格
+    （E2M1 不等间距，INT4 等间距的 -7…7）；和 MXFP4 只差 scale（FP16 vs 2 的幂的 E8M0）。
+    【边界】group 不整除输入维时抛 ValueError；全 0 的组反量化为 0。
+    """
+    w = np.asarray(w, dtype=np.float64)
+    n_in, n_out = w.shape
+    if group < 1 or n_in % group:
+        raise ValueError(f"分组大小 {group} 必须是正整数并整除输入维 {n_in}")
+    blocks = w.T.reshape(-1, group)
+    scale = round_to(np.abs(blocks).max(axis=1, keepdims=True) / FP4_E2M1.max_value, FP16)
+    safe = np.where(scale > 0, scale, 1.0)
+    deq = np.where(scale > 0, round_to(blocks / safe, FP4_E2M1) * scale, 0.0)
+    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
 
 
 def bits_per_value(kind, n_in=None, group=None):

@@ -91,12 +91,22 @@ def tiny_models():
     return target, {"另一个模型": other, "前 1 层": shallow, "二元语法表": bigram}
 
 
+def _tempered(logits, T):  # [..., V] -> [..., V]
+    """
+    温度 T > 0 下的分布，直接写出来（不调用 adjust）：exp(l/T) / Σ exp(l/T)，先减去每行的最大值防溢出。
+    logits 可以是 −inf（概率为 0 的 token）。
+    """
+    z = np.asarray(logits, dtype=float) / T
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
 def _exact_joint(target, prompt, T):
-    """目标模型前两个新 token 的精确联合分布 [V, V]（用 full_logits 算）。"""
+    """目标模型前两个新 token 的精确联合分布 [V, V]（用 full_logits 和上面独立写的 _tempered 算，不用 adjust）。"""
     V = target.cfg.vocab
-    p1 = adjust(target.full_logits(np.array([prompt]))[0, -1], T)
+    p1 = _tempered(target.full_logits(np.array([prompt]))[0, -1], T)
     seqs = np.array([list(prompt) + [a] for a in range(V)])
-    p2 = adjust(target.full_logits(seqs)[:, -1], T)
+    p2 = _tempered(target.full_logits(seqs)[:, -1], T)
     return p1[:, None] * p2
 
 
@@ -126,6 +136,80 @@ def test_a_biased_sampler_is_caught_by_the_same_statistic(tiny_models):
         out = autoregressive_generate(drafts["另一个模型"], prompt, 2, 1.0, rng)
         counts[out[0], out[1]] += 1
     assert chi2_gof(counts, exact)[2] < 1e-6
+
+
+def _context_free(probs):
+    """
+    上下文无关的模型：每一行都是 log probs 的 NGramLM（前一个 token 是什么都一样）。概率为 0 的 token 是 −inf。
+    这样每个位置的分布都一样，生成的 token 独立同分布，检验很有力。
+    """
+    probs = np.asarray(probs, dtype=float)
+    row = np.full(len(probs), -np.inf)
+    row[probs > 0] = np.log(probs[probs > 0])
+    return NGramLM(np.tile(row, (len(probs), 1)))
+
+
+CHI2_3DOF_1E3 = 16.266   # 自由度 3 的 χ² 分布的 0.999 分位点（查表；scipy.stats.chi2.isf(1e-3, 3) = 16.2662）
+
+
+def _pearson_by_hand(counts, probs):
+    """Pearson χ² = Σ (观测 − 期望)² / 期望，每个格子的期望都够大时不用合并（这里 4 个格子，期望都上千）。"""
+    n = float(np.sum(counts))
+    return sum((o - n * p) ** 2 / (n * p) for o, p in zip(counts, probs))
+
+
+def test_speculative_on_context_free_tables_at_T07_matches_tempered_target():
+    """
+    回归保护（issue 8）：T = 0.7 时输出要服从**独立地**按温度调过的目标分布 p^(1/T) / Σ p^(1/T)。
+    p = [.4, .3, .2, .1]、q 倒过来，γ = 3，约 2 万个 token。这个检验抓得住两个不动其它测试的错误：
+    adjust 用 logits·T 代替 logits / T（目标变成 p^0.7：χ² 上千），以及草稿按 T 抽、接受 / 残差却用 T = 1 的 q
+    （输出的 TV 约 0.017：期望 χ² 约 50）。
+    """
+    p = [0.4, 0.3, 0.2, 0.1]
+    T = 0.7
+    want = np.array([x ** (1 / T) for x in p])
+    want = want / want.sum()
+    target, draft = _context_free(p), _context_free(p[::-1])
+    rng = np.random.default_rng(8)
+    counts = np.zeros(4)
+    while counts.sum() < 20000:
+        out, _ = speculative_generate(target, draft, [0], 250, 3, T, rng)
+        counts += np.bincount(out, minlength=4)
+    assert _pearson_by_hand(counts, want) < CHI2_3DOF_1E3, counts
+
+
+def test_adjust_at_fractional_temperatures_is_softmax_of_logits_over_T():
+    """回归保护：adjust 把温度用成 logits·T（而不是 logits / T）时，只测 T = 0、1 的测试都看不出来。"""
+    lg = np.array([[2.0, 1.0, 0.5, -1.0], [0.0, 0.3, -0.2, 4.0]])
+    for T in (0.5, 0.7, 2.0):
+        for row, got in zip(lg, adjust(lg, T)):
+            w = [math.exp(x / T) for x in row]
+            assert got == pytest.approx([x / sum(w) for x in w], rel=1e-12)
+    # 手算的一格：T = 0.5 时 logits [1, 0] 的概率 = e² / (e² + 1)
+    assert adjust(np.array([1.0, 0.0]), 0.5)[0] == pytest.approx(math.e ** 2 / (math.e ** 2 + 1), rel=1e-14)
+
+
+class _ZeroRng:
+    """每次 random() 都返回 0.0 的"随机数"：r = 0 时才分得清 r·q(x) < p(x) 和 r·q(x) <= p(x)。"""
+
+    def random(self):
+        return 0.0
+
+
+def test_draft_token_the_target_cannot_produce_is_rejected_even_when_r_is_zero():
+    """
+    回归保护：接受条件是 r·q(x) < p(x)（严格小于）。p(x) = 0 的草稿 token 在 r = 0 时若用 <= 就会被接受，
+    输出了目标永远不会产生的 token。r 恒为 0：草稿总抽到 token 0（CDF 反查取第一个正概率），目标在 0 上概率为 0，
+    必须拒绝，残差 max(0, p − q) 只在 token 1 上有质量。
+    """
+    target = _context_free([0.0, 0.5, 0.5, 0.0])
+    draft = _context_free([0.5, 0.0, 0.0, 0.5])
+    out, st = speculative_generate(target, draft, [2], 6, 2, 1.0, _ZeroRng())
+    assert out.tolist() == [1] * 6
+    assert st["accepted"] == [0] * 6
+    # 同样的 r = 0，但草稿抽到的 token 目标也有：p(x) > 0 = r·q(x)，一定接受
+    out, st = speculative_generate(target, _context_free([0.0, 1.0, 0.0, 0.0]), [2], 6, 2, 1.0, _ZeroRng())
+    assert out.tolist() == [1] * 6 and st["accepted"] == [2, 2]
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])

@@ -3,6 +3,7 @@
 加的补充函数：每个观察里引用的数，用独立的闭式或公开的数据重新算一遍再比。
 """
 import math
+import re
 
 import pytest
 
@@ -138,6 +139,21 @@ def test_01_ridge_points(s01, capsys):
     assert f"H100 SXM5 的拐点是 {round(989.4 / 3.35)} FLOP/字节" in capsys.readouterr().out
 
 
+def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
+    """观察 2 以前说"越新的芯片越难喂饱"；同一张表里 H200、B200 的拐点都比 H100 低。数据手册的数直接算。"""
+    r = s01.demo1_chips()
+    bf16 = {"A100": 312 / 2.039, "H100": 989.4 / 3.35, "H200": 989.4 / 4.8, "B200": 2250 / 8.0}
+    low = {"A100": 624 / 2.039, "H100": 1978.9 / 3.35, "H200": 1978.9 / 4.8, "B200": 4500 / 8.0}
+    for key in bf16:
+        assert r["ridge"][key] == pytest.approx(bf16[key], rel=1e-9)
+        assert r["low_ridge"][key] == pytest.approx(low[key], rel=1e-9)
+    assert bf16["A100"] < bf16["H100"] and bf16["H200"] < bf16["B200"] < bf16["H100"]
+    assert low["H200"] < low["B200"] < low["H100"]
+    assert r["b200_fp4_ridge"] == pytest.approx(9000 / 8.0) and r["b200_fp4_ridge"] > low["H100"]
+    out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察在 100 列处折行：先接回一行
+    assert "越新的芯片越难喂饱" not in out and "= 1125）比 H100 的 FP8 高" in out
+
+
 def test_01_time_vs_intensity(s01, capsys):
     r = s01.demo2_time_vs_intensity()
     assert r["t_h100_i1"] == pytest.approx(1e9 / 3.35e12)
@@ -157,6 +173,21 @@ def test_01_matmul_crossover_closed_form(s01, capsys):
         # 2Bkn / (2(Bk + kn + Bn)) ≥ ridge  ⟺  B ≥ ridge·kn / (kn − ridge(k + n))
         assert r["crossover"][key] == math.ceil(ridge * k * n / (k * n - ridge * (k + n)))
     assert r["attn_intensity"] == pytest.approx(4.0) and r["group"] == 4
+
+
+def test_01_roofline_plot_marks(s01, capsys):
+    """演示 4 的竖线：Llama-3.1-8B 一整步的强度（闭式），和它们在 H100 上用到的峰值比例。"""
+    r = s01.demo4_roofline_plot()
+    f_tok = 2 * MATMUL_8B + 4 * H8 * DH8 * L8 * 4096
+    for b in (1, 64):
+        want = b * f_tok / (W_STEP_8B + b * KV_TOK_8B * 4096)
+        assert r["intensity"][f"decode 批 {b}"] == pytest.approx(want, rel=1e-12)
+        assert r["util"][(f"decode 批 {b}", "H100")] == pytest.approx(want / (P_H100 / BW_H100), rel=1e-12)
+    assert r["intensity"]["prefill 4096"] == pytest.approx(prefill_flops_8b(4096) / W_STEP_8B, rel=1e-12)
+    assert all(r["util"][("prefill 4096", c)] == 1.0 for c in ("A100", "H100", "B200"))
+    assert r["intensity"]["decode 批 64"] < 312 / 2.039          # 批 64 仍在每块芯片的斜线段上（A100 的拐点最低）
+    ys = s01.roofline_curve(H100, [1.0, 295.0, 1e4])
+    assert ys == [3.35e12, 295.0 * 3.35e12, 989.4e12]
 
 
 # ---------------------------------------------------------------------------
@@ -231,6 +262,11 @@ def test_03_decode_vs_batch(s03, capsys):
     at, below = decode_step(LLAMA31_8B, H100, b, 4096), decode_step(LLAMA31_8B, H100, b - 1, 4096)
     assert at["kv_bytes"] > at["w_bytes"] and not below["kv_bytes"] > below["w_bytes"]
     assert b == math.floor(W_STEP_8B / kv) + 1 == 28
+    # 为什么批再大也受带宽限制：每个序列读 KV 的时间 > 它的计算时间；吞吐的上限 = 带宽 / 每个序列的 KV
+    f_tok = 2 * MATMUL_8B + 4 * H8 * DH8 * L8 * 4096
+    assert r["kv_time_per_seq"] == pytest.approx(kv / BW_H100) and r["compute_per_seq"] == pytest.approx(f_tok / P_H100)
+    assert kv / BW_H100 > f_tok / P_H100
+    assert r["throughput_cap"] == pytest.approx(BW_H100 / kv) and round(BW_H100 / kv) == 6240
 
 
 def test_03_compute_bound_batch(s03, capsys):
@@ -267,6 +303,11 @@ def test_03_prefill(s03, capsys):
     # 受算力限制的最短提示：F(n)/P ≥ W/BW，n − 1 时不成立
     assert prefill_flops_8b(n) / P_H100 >= W_STEP_8B / BW_H100 > prefill_flops_8b(n - 1) / P_H100
     assert r["t_4096"] == pytest.approx(prefill_time_8b(4096), rel=1e-12)
+    # 为什么 316 > 拐点 295：不算注意力时 2(M − V·d)·n + 2·V·d ≥ 拐点 × W  ⟺  n ≥ (拐点·W/2 − V·d) / (M − V·d)
+    n_mm = (P_H100 / BW_H100 * W_STEP_8B / 2 - V8 * D8) / (MATMUL_8B - V8 * D8)
+    assert r["n_cross_no_attn"] == pytest.approx(n_mm, rel=1e-12)
+    assert r["body_share"] == pytest.approx((MATMUL_8B - V8 * D8) / (W_STEP_8B / 2), rel=1e-12)
+    assert P_H100 / BW_H100 < r["n_cross"] <= math.ceil(n_mm)
     assert r["bounds"][16] == "memory" and r["bounds"][4096] == "compute"
     assert r["ratio_decode_prefill_per_token"] == pytest.approx(
         decode_time_8b_memory_bound(1, 4096) / (prefill_time_8b(4096) / 4096))
@@ -307,6 +348,16 @@ def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
     assert r["H200"]["sp_pre"] == pytest.approx(1.0) and r["H200"]["sp_dec"] == pytest.approx(4.8 / 3.35)
     assert r["best_adv"] == "A100"
     assert r["best_prefill_per_w"] == "B200" and r["best_decode_per_w"] == "B200"
+    # decode 优势最大的 A100，decode 每瓦并不好：受带宽限制时 token/s/W = B / ((W + B·KV) / 带宽) / 功耗
+    chips = {"A100": A100, "H100": H100, "H200": H200, "B200": B200}
+    per_w = {k: 64 / (decode_time_8b_memory_bound(64, 4096 + 128) * BW_H100 / c.mem_bw) / c.power_w
+             for k, c in chips.items()}
+    assert r["per_w"]["A100"][1] == pytest.approx(per_w["A100"], rel=1e-9)
+    assert per_w["A100"] < per_w["H200"] < per_w["B200"] and per_w["A100"] > per_w["H100"]
+    pre_w = {k: 4096 / (prefill_flops_8b(4096) / chips[k].peak_flops("bf16")) / chips[k].power_w for k in ("A100", "H100")}
+    assert r["a100_vs_h100_per_w"][0] == pytest.approx(pre_w["A100"] / pre_w["H100"], rel=1e-9)
+    assert r["a100_vs_h100_per_w"][1] == pytest.approx(per_w["A100"] / per_w["H100"], rel=1e-9)
+    assert "所以要看的不是绝对谁快" not in capsys.readouterr().out
 
 
 def test_04_kv_transfer(s04, capsys):

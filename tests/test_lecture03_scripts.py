@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from conftest import load_script
+from indep_formats import E2M1_GRID, E2M1_LSB, e4m3_grid, nearest_even
 from decode_lab import TransformerLM
 from hw_specs import H100
 from llm_math import (GPT_OSS_120B, GPT_OSS_20B, LLAMA31_70B, LLAMA31_8B, decode_step, expected_touched_experts,
                       weight_bytes)
-from quant_lab import QCFG, quantize_params, sample_tokens
+from quant_lab import LAYER_MATRICES, QCFG, quantize_params, sample_tokens
 from transformer_lab import init_params, softmax
 
 GIB = 2 ** 30
@@ -123,15 +124,92 @@ def test_demo2_lm_head_claims(ev, q02):
     assert d2["int4"]["head_share_params"] == pytest.approx(64 * 192 / (4 * 49152 + 64 * 192))
     # 第 6 讲的 INT4 草稿：CURRICULUM §6 测得 α ≈ 0.905–0.909（另一批样本）
     assert 0.89 < d2["int4-g32"]["alpha_with"] < 0.93
-    assert 0 < d2["head_part_min"] <= d2["head_part_max"] < 1
-    # 观察 1：份额 = 1 − 1 / KL 之比
-    assert d2["head_part_min"] == pytest.approx(1 - 1 / d2["ratio_min"])
-    assert d2["head_part_max"] == pytest.approx(1 - 1 / d2["ratio_max"])
+    # 观察 1：只量化 lm_head 的 KL 和只量化块的相当，两部分几乎相加（独立重算在 test_lm_head_only_kl_independent）
+    assert 1 < d2["head_vs_block_min"] <= d2["head_vs_block_max"] < 1.5
+    assert 0.95 < d2["additive_min"] <= d2["additive_max"] < 1.05
     # 观察 2：logits 在词表上的标准差（所有位置平均），用 decode_lab 的整段前向独立重算；quant_lab 说的是约 1.8
     P = init_params(QCFG, seed=0)
     logits = TransformerLM(P, QCFG).full_logits(ev["toks"])
     assert d2["logit_std"] == pytest.approx(float(logits.std(axis=-1).mean()), rel=1e-9)
     assert round(d2["logit_std"], 1) == 1.8
+
+
+# ---- 独立的 4 位量化器（只用 numpy：码表枚举，就近取、平局取尾数最低位为 0 的）----
+def _e2m1_blocks(w, block, scale_fn):
+    n_in, n_out = w.shape
+    b = w.T.reshape(-1, block)
+    s = scale_fn(np.abs(b).max(axis=1, keepdims=True))
+    return (nearest_even(b / s, E2M1_GRID, E2M1_LSB) * s).reshape(n_out, n_in).T
+
+
+def indep_e2m1_fp16(w):
+    return _e2m1_blocks(w, 32, lambda amax: (amax / 6).astype(np.float16).astype(np.float64))
+
+
+def indep_nvfp4(w):
+    g, lsb = e4m3_grid()
+    s_t = float(np.float32(np.abs(w).max() / (448 * 6)))
+    return _e2m1_blocks(w, 16, lambda amax: nearest_even(amax / 6 / s_t, g, lsb) * s_t)
+
+
+def indep_mxfp4(w):
+    return _e2m1_blocks(w, 32, lambda amax: np.exp2(np.floor(np.log2(amax)) - 2))
+
+
+def _kl_first8(P, Pq, toks):
+    p = softmax(TransformerLM(P, QCFG).full_logits(toks))[:, :-1]
+    q = softmax(TransformerLM(Pq, QCFG).full_logits(toks))[:, :-1]
+    return (p * (np.log(p) - np.log(q))).sum(-1)
+
+
+def test_fp4_controls_independent(ev, q02):
+    """
+    issue 8 第 3 条（02 的一半）：演示 1 第二张表。E2M1 + FP16 scale / 32、NVFP4 的权重误差和前 8 条序列的逐位置 KL
+    用独立的量化器（码表枚举）和整段前向重算；再核对观察 6 说的顺序：E2M1 的格子比 INT4-g32 略差，E8M0 的 scale 加得更多，
+    NVFP4 比 INT4-g32 好。
+    """
+    P = init_params(QCFG, seed=0)
+    toks = ev["toks"][:8]
+    ctl = q02[0]["fp4_controls"]
+    for name, fn in (("e2m1-fp16-g32", indep_e2m1_fp16), ("nvfp4", indep_nvfp4), ("mxfp4", indep_mxfp4)):
+        Pq = dict(P)
+        Pq["layers"] = [{k: (fn(v) if k in LAYER_MATRICES else v) for k, v in L.items()} for L in P["layers"]]
+        errs = [np.linalg.norm(Lq[m] - L[m]) / np.linalg.norm(L[m]) for L, Lq in zip(P["layers"], Pq["layers"])
+                for m in LAYER_MATRICES]
+        assert ctl[name]["rel_err"] == pytest.approx(float(np.mean(errs)), rel=1e-9), name
+        m = ev["runs"][("mxfp4", False)][0] if name == "mxfp4" else ev["controls"][name]["metrics"]
+        np.testing.assert_allclose(m["kl"][:8], _kl_first8(P, Pq, toks), rtol=1e-7, atol=1e-12)
+    assert ctl["e2m1-fp16-g32"]["bits"] == 4.5 == ctl["nvfp4"]["bits"] and ctl["mxfp4"]["bits"] == 4.25
+    g32, e2, mx, nv = (ctl[k] for k in ("int4-g32", "e2m1-fp16-g32", "mxfp4", "nvfp4"))
+    # 权重误差：NVFP4 < INT4-g32 < E2M1（FP16 scale）< MXFP4（预备 02 在 N(0, 1) 上：≈0.095、0.097、0.10、0.115）
+    assert nv["rel_err"] < g32["rel_err"] < e2["rel_err"] < mx["rel_err"]
+    assert 0.095 < g32["rel_err"] < 0.099 and 0.099 < e2["rel_err"] < 0.103 and 0.093 < nv["rel_err"] < 0.097
+    # KL 同样的顺序；E2M1 的格子那一份显著（> 4 个标准误）但小于换 scale 加的那一份
+    assert nv["kl"] < g32["kl"] < e2["kl"] < mx["kl"]
+    assert q02[0]["e2m1_kl_z"] > 4
+    assert q02[0]["mxfp4_scale_part"] == pytest.approx(mx["kl"] - e2["kl"])
+    assert mx["kl"] - e2["kl"] > e2["kl"] - g32["kl"] > 0
+    for name in ("e2m1-fp16-g32", "mxfp4", "nvfp4"):       # 配对差值的平均 = KL 平均之差
+        assert ctl[name]["kl_diff"][0] == pytest.approx(ctl[name]["kl"] - g32["kl"], rel=1e-9)
+
+
+def test_lm_head_only_kl_independent(ev, q02):
+    """
+    issue 8 第 7 条：只量化 lm_head 的 KL（块不动）用整段前向独立重算前 8 条序列；它和只量化块的 KL 相当，
+    两者都量化时约等于两者之和（这个模型、这批文本上的事实，观察 1 说的就是这些）。
+    """
+    P = init_params(QCFG, seed=0)
+    toks = ev["toks"][:8]
+    for scheme in ("int8", "int4-g32", "mxfp4"):
+        Pq = dict(P)
+        Pq["lm_head"] = quantize_params(P, scheme, include_lm_head=True)[0]["lm_head"]
+        np.testing.assert_allclose(ev["head_only"][scheme]["kl"][:8], _kl_first8(P, Pq, toks), rtol=1e-7, atol=1e-12)
+    d2 = q02[1]
+    for s in ("int8", "fp8-e4m3", "int4", "int4-g64", "int4-g32", "mxfp4"):
+        r = d2[s]
+        assert r["kl_head_only"] == pytest.approx(float(ev["head_only"][s]["kl"].mean()), rel=1e-12)
+        assert d2["head_vs_block_min"] - 1e-12 <= r["kl_head_only"] / r["kl_without"] <= d2["head_vs_block_max"] + 1e-12
+        assert abs(r["kl_with"] / (r["kl_without"] + r["kl_head_only"]) - 1) < 0.05
 
 
 def test_demo3_significance(ev, q02):
@@ -199,6 +277,11 @@ def test_demo1_bytes_and_speed(s03, capsys):
     assert not d[(LLAMA31_70B.name, "BF16")]["fits"] and d[(LLAMA31_70B.name, s03.W4)]["fits"]
     assert d["lm_head_share_8b"] == pytest.approx(128256 * 4096 / LLAMA31_8B.active_params())
     assert 3 < d[(LLAMA31_8B.name, s03.W4)]["speedup"] < d[(LLAMA31_70B.name, s03.W4)]["speedup"] < 4
+    # 观察 2：只算权重时加速比 = 16 / 平均位数 = 字节之比；加上 BF16 的 KV 以后小一点
+    m = LLAMA31_8B
+    w4 = _lin_params(m) * 4.125 / 8 + (m.active_params() - _lin_params(m)) * 2
+    assert 16 / d[(m.name, s03.W4)]["read_bits"] == pytest.approx(m.active_params() * 2 / w4, rel=1e-12)
+    assert d[(m.name, s03.W4)]["speedup"] < 16 / d[(m.name, s03.W4)]["read_bits"]
 
 
 def test_demo2_crossovers(s03, capsys):
@@ -224,6 +307,31 @@ def test_demo2_crossovers(s03, capsys):
     assert d["fp8_min"] > 1.4 and d["b_bf16"] <= d["fp8_min_batch"] < d["b_fp8"]
     assert all(d["cross"][(LLAMA31_8B.name, ctx, s)] is None for s in s03.SETUPS)
     assert H100.peak_flops("fp8") == 1978.9e12 and H100.peak_flops("int8") == 1978.9e12
+
+
+def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
+    """
+    issue 8 第 2 条：W4A16 的好处在两者都受带宽限制时就已经缩小（BF16 的 KV 随 B 增长），不是从 INT4 受算力限制才开始。
+    闭式：受带宽限制时加速比 = (W16 + B·KV) / (W4 + B·KV)，W 由矩阵形状算出，KV = 2·层·KV 头·head_dim·上下文·2 字节。
+    """
+    d = s03.demo2_batch()
+    m, ctx = LLAMA31_70B, s03.CONTEXT
+    lin = _lin_params(m)
+    w16 = m.active_params() * 2
+    w4 = lin * 4.125 / 8 + (m.active_params() - lin) * 2
+    kv = 2 * m.n_layers * m.n_kv_heads * m.head_dim * ctx * 2
+    flops = 2 * m.matmul_params() + 4 * m.n_heads * m.head_dim * m.n_layers * ctx
+    both = [b for b in (1, 16, 64, 128, 256, 512, 1024, 2048)
+            if b * flops / 989.4e12 < (w4 + b * kv) / H100.mem_bw]      # W4（读得少）受带宽限制时 BF16 一定也是
+    assert d["both_memory"] == both == [1, 16, 64]
+    closed = [(w16 + b * kv) / (w4 + b * kv) for b in both]
+    assert [d["speedup_w4"][b] for b in both] == pytest.approx(closed, rel=1e-9)
+    assert closed[0] > closed[1] > closed[2] and closed[2] < 0.9 * closed[0]   # 3.70 → 3.11：缩小了一成多
+    assert d["kv_bytes"][64] == pytest.approx(64 * kv) and d["w4_w_bytes"] == pytest.approx(w4)
+    # INT4 受算力限制、BF16 还没有的批：加速比掉得更快（每个批上比上一个表里的批掉得多）
+    assert d["w4_only_compute"] == [128, 256]
+    assert d["speedup_w4"][256] < d["speedup_w4"][128] < d["speedup_w4"][64]
+    assert d["speedup_w4"][64] - d["speedup_w4"][128] > d["speedup_w4"][16] - d["speedup_w4"][64]
 
 
 def test_demo3_context(s03, capsys):
@@ -336,3 +444,73 @@ def test_demo3_moe_decode_bytes(s04, capsys):
     assert d["b_compute_dense"] == math.ceil(t1 / (2 * m.matmul_params() / H100.peak_flops("bf16")))
     assert d["b_compute_dense"] < d["n99"] < b
     assert d["t_token_compute"] == pytest.approx(2 * m.matmul_params() / 989.4e12)
+
+
+def test_demo3_moe_with_kv_cache_and_memory(s04, capsys):
+    """
+    issue 8 第 4 条：B ≥ 1845 是上下文 0 的数。用闭式重算第二张表：gpt-oss-120b 每个位置看的位置数
+    a(c) = 18·min(c, 128) + 18·c（一半的层是 128 的滑动窗口），每序列 KV = 2·a·8·64·2 字节，
+    每 token FLOPs = 2·matmul + 4·64·64·a；显存 80 GB 减去 checkpoint 放 KV。
+    """
+    d = s04.demo3_decode_bytes()
+    m = GPT_OSS_120B
+    M, P, BW = m.matmul_params(), 989.4e12, 3.35e12
+    room = 80e9 - 60.8 * GIB                        # 模型卡的 checkpoint 大小（60.8 GiB，取到 0.05 GiB）
+    assert d["ckpt_bytes"] == pytest.approx(60.8 * GIB, abs=0.05 * GIB)
+
+    def a(c):
+        return 18 * min(c, 128) + 18 * c
+
+    def gap_at(c, b):                           # 闭式：t_compute − t_memory（上下文 c、批 b，含 KV）
+        kv, f = 2 * a(c) * 8 * 64 * 2, 2 * M + 4 * 64 * 64 * a(c)
+        e = m.expert_params()
+        e_bytes = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
+        w = (m.active_params() - 36 * 4 * e) * 2 + 36 * expected_touched_experts(128, 4, b) * e_bytes
+        return b * f / P - (w + b * kv) / BW
+
+    def fits(c, b):
+        return b * 2 * a(c) * 8 * 64 * 2 <= 80e9 - d["ckpt_bytes"]
+
+    # 受算力限制的批放得进显存的最长上下文：它可以，下一个不行
+    c_ok = d["max_ctx_compute_and_fit"]
+    b_ok = next(b for b in range(1, 4000) if gap_at(c_ok, b) >= 0)
+    b_next = next(b for b in range(1, 4000) if gap_at(c_ok + 1, b) >= 0)
+    assert fits(c_ok, b_ok) and not fits(c_ok + 1, b_next)
+    for c, r in d["by_context"].items():
+        kv, f = 2 * a(c) * 8 * 64 * 2, 2 * M + 4 * 64 * 64 * a(c)
+        assert r["kv_bytes"] == kv
+        if c == 0:
+            assert r["max_batch"] is None and r["b_compute"] == d["b_compute_moe"]
+            continue
+        assert r["intensity_cap"] == pytest.approx(f / kv, rel=1e-12)
+        assert abs(r["max_batch"] - room / kv) < 1 + 0.06 * GIB / kv          # 向下取整，checkpoint 取到 0.05 GiB
+        if f / P <= kv / BW:
+            assert r["b_compute"] is None
+        else:                                   # 最小：B 受算力限制、B − 1 受带宽限制（闭式，含 KV）
+            assert gap_at(c, r["b_compute"]) >= 0 > gap_at(c, r["b_compute"] - 1)
+    caps = {c: round(d["by_context"][c]["intensity_cap"]) for c in (512, 1024, 4096)}
+    assert caps == {512: 443, 1024: 250, 4096: 74}                     # issue 8 的数
+    # 临界上下文：a* = (2M / P) / (2·8·64·2 / BW − 4·64·64 / P)，c* = ⌈a* / 18 − 128⌉（c > 128 的一段）
+    a_star = (2 * M / P) / (2048 / BW - 16384 / P)
+    assert d["critical_context"] == math.ceil(a_star / 18 - 128)
+    assert 800 < d["critical_context"] < 900                            # "约 850"
+    # b_compute_moe 个序列放得下的最长上下文（c ≤ 128 时 a = 36c）
+    b = d["b_compute_moe"]
+    assert d["max_ctx_fitting_b_moe"] == pytest.approx(room / (2048 * 36 * b), abs=1)
+    assert d["by_context"][512]["max_batch"] < d["by_context"][512]["b_compute"]
+    assert d["by_context"][64]["b_compute"] <= d["by_context"][64]["max_batch"]
+    assert 64 <= d["max_ctx_compute_and_fit"] < 128
+
+
+def test_demo3_batch1_vs_dense_bf16(s04, capsys):
+    """issue 8 第 5 条：5.13B 参数的稠密 BF16 模型读 ≈ 10.3 GB ≈ 3.1 ms；gpt-oss 的 1.49 ms 来自 MXFP4 的专家。"""
+    d = s04.demo3_decode_bytes()
+    m = GPT_OSS_120B
+    assert d["dense_bf16_bytes"] == 2 * 5_132_849_472
+    assert d["dense_bf16_time"] == pytest.approx(2 * 5_132_849_472 / 3.35e12) and 3.0e-3 < d["dense_bf16_time"] < 3.1e-3
+    assert d["steps"][1]["time"] == pytest.approx(1.49e-3, abs=0.005e-3)
+    assert d["expert_active_share"] == pytest.approx(36 * 4 * m.expert_params() / 5_132_849_472)
+    # 专家按 BF16 存的话，批大小 1 也要读约 10.3 GB：差别全在专家的格式
+    e = m.expert_params()
+    e_mx = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
+    assert d["steps"][1]["w_bytes"] == pytest.approx(d["dense_bf16_bytes"] - 36 * 4 * (2 * e - e_mx), rel=1e-12)

@@ -155,6 +155,24 @@ def test_03_no_test_rejects_the_correct_samplers(s03, r1):
     assert r1["max_dev"] == pytest.approx(dev, abs=1e-15) and dev < 0.05
 
 
+def test_03_histogram_chart_figures(s03, r1):
+    """图（issue 9 第 3 项）和它的观察：投机解码 8 种做法的第 1 个 token 合起来，和 p₁ 比；这里从样本重新数。"""
+    spec = [k for k in r1["runs"] if k[1] > 0]
+    assert len(spec) == 8 and r1["pooled_n"] == 8 * s03.N_RUNS
+    first = np.concatenate([r1["runs"][k][:, 0] for k in spec])
+    p1 = r1["p1"]
+    top8 = sorted(range(192), key=lambda t: (-p1[t], t))[:8]
+    assert list(r1["chart_tokens"]) == top8
+    counts = {t: int((first == t).sum()) for t in top8}
+    dev = {t: abs(counts[t] / len(first) - p1[t]) for t in top8}
+    worst = max(top8, key=lambda t: dev[t])
+    assert r1["pooled_worst_token"] == worst and r1["pooled_max_dev"] == pytest.approx(dev[worst], abs=1e-15)
+    z = abs(counts[worst] - len(first) * p1[worst]) / math.sqrt(len(first) * p1[worst] * (1 - p1[worst]))
+    assert r1["pooled_worst_z"] == pytest.approx(z, rel=1e-12) and z < 3
+    # 正态分布双侧尾概率：P(|Z| ≥ z) = 2(1 − Φ(z))，Φ 用 erf 写出来
+    assert r1["pooled_p_one"] == pytest.approx(2 * (1 - 0.5 * (1 + math.erf(z / math.sqrt(2)))), rel=1e-9)
+
+
 def _q1(s03, draft, prompt):
     """草稿在提示之后第 1 个 token 的分布（独立写：二元语法表查最后一个 token 那一行，transformer 新开一次前向）。"""
     logits = draft.table[int(prompt[-1])] if hasattr(draft, "table") else draft.forward(np.asarray(prompt)[None])[0, -1]
@@ -196,6 +214,20 @@ def test_03_power_against_known_bugs(s03, models03, r1, capsys):
     assert out["只用前 1 层"]["from_p"][2] < 1e-3 and out["二元语法表"]["from_p"][2] < 1e-3
     # 正确算法的最小 p 值比所有被抓住的错误的 p 值都大得多
     assert r1["min_p"] > 100 * max(out[n]["from_p"][2] for n in ("只用前 1 层", "二元语法表"))
+
+
+def test_03_p_values_in_one_format(s03, models03, r1, capsys):
+    """issue 8 第 18 条：两个演示的 p 值同一种写法（和 02 脚本一样）：≥ 0.001 三位小数，更小的只打印数量级上界。"""
+    from console import fmt_p
+    s02 = load_script("lecture06/02_rejection_sampling.py")
+    assert s03.fmt_p is fmt_p and s02.fmt_p is fmt_p           # 两个脚本用 console 里同一个写法
+    assert fmt_p(0.0731) == "0.073" and fmt_p(5.6e-12) == "< 1e-11" and fmt_p(0.0) == "< 1e-299"
+    assert fmt_p(7.04e-6) == "< 1e-5" and fmt_p(1e-3) == "0.001" and fmt_p(9.9e-4) == "< 1e-3"
+    s03.demo2_power(*models03, r1["min_p"], r1["n_p"])
+    text = capsys.readouterr().out
+    import re
+    assert not re.search(r"\d\.?\de-\d", text)                     # 没有 .2g 式的 "5.6e-12"、"7e-06"
+    assert "< 1e-" in text
 
 
 def test_03_greedy_is_token_for_token_identical(s03, models03, capsys):
@@ -259,6 +291,15 @@ def test_05_verify_cost(s05, capsys):
         assert b == math.ceil(wt / ((g + 1) * T.flops_per_token(512) / (8 * H100_BF16) - kt))
         assert b < r["b_star"] / (g + 1)
     assert r["free_b"] == 16
+    # issue 8 第 15 条：B = 1 的 0.0% 是 roofline 的 max() 造成的；运算和读字节相加（上界）时多出的比例，独立的闭式：
+    # 9 个位置 vs 1 个位置的 FLOPs / 算力，加上同样的读字节时间
+    T = s05.TARGET
+    f1 = 2 * T.matmul_params() + 4 * T.n_heads * T.head_dim * T.n_layers * 512
+    t_mem = (2 * T.active_params() + 512 * 2 * 2 * T.n_kv_heads * T.head_dim * T.n_layers) / (8 * H100_BW)
+    t_c1 = f1 / (8 * H100_BF16)
+    assert r["t_mem_b1"] == pytest.approx(t_mem, rel=1e-12) and r["t_comp_b1"] == pytest.approx(9 * t_c1, rel=1e-12)
+    assert r["extra_sum_b1"] == pytest.approx((9 * t_c1 + t_mem) / (t_c1 + t_mem) - 1, rel=1e-12)
+    assert 0.02 < r["extra_sum_b1"] < 0.04
 
 
 def test_05_speedup_and_break_even(s05, capsys):
@@ -281,6 +322,27 @@ def test_05_speedup_and_break_even(s05, capsys):
     # 显存：640 GB − 两者的 BF16 权重（含输入词嵌入）/ 两者每个序列的 KV
     w = 2 * (70_553_706_496 + 8_030_261_248)
     assert r["bmax"] == int((640e9 - w) // ((327680 + 131072) * 512))
+
+
+def test_05_speedup_chart(s05, capsys):
+    """图（issue 9 第 4 项）：每个 γ 的加速比曲线 = 独立写的 roofline 加速比；"-" 线是 1；观察 4 的平坦段。"""
+    r = s05.demo2_speedup()
+    capsys.readouterr()
+    T, D = s05.TARGET, s05.DRAFT
+    grid = r["grid"]
+    assert grid[0] == 1 and grid[-1] <= r["bmax"] and all(b in grid for b in s05.BATCHES)
+    xs, ys, mark = r["curves"]["加速比 = 1（不赚不赔）"]
+    assert mark == "-" and list(ys) == [1.0] * len(grid)
+    for g in s05.GAMMAS:
+        xs, ys, mark = r["curves"][f"γ = {g}"]
+        assert mark == str(g) and list(xs) == grid
+        for b, y in zip(xs, ys):
+            assert y == pytest.approx(_speedup(0.8, g, b, 512, T, D), rel=1e-12)
+    # B* = 452.2：表里第一个受算力限制的批是 512；之后每个 γ 的加速比变化 < 0.03（前面从 2 多掉到 1 以下）
+    assert r["big_b"] == 512
+    for g in s05.GAMMAS:
+        vals = [_speedup(0.8, g, b, 512, T, D) for b in (512, 1024, 2048)]
+        assert max(vals) - min(vals) < 0.03
 
 
 def test_05_best_gamma(s05, capsys):

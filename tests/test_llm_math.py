@@ -58,8 +58,15 @@ def test_decode_step_is_memory_bound_at_batch_1():
 
 
 def test_prefill_is_compute_bound():
-    t = prefill_time(LLAMA31_8B, H100, 4096)
-    assert t > 2 * LLAMA31_8B.matmul_params() * 4096 / H100.peak_flops("bf16") * 0.999
+    """Llama-3.1-8B 在 H100 上 prefill 4096 个 token：受算力限制，时间正好是 FLOPs / 989.4 TFLOP/s。
+    闭式只用 config.json 的整数：每层 q/o 4096², k/v 4096·1024，SwiGLU 3·4096·14336；lm_head 128256·4096 只算最后
+    一个位置；因果注意力 4·头数·head_dim·层数·n(n+1)/2。以前只断言了一个下界（lm_head 算错也能过）。"""
+    n, d, layers, vocab = 4096, 4096, 32, 128256
+    body = layers * (2 * d * d + 2 * d * 1024 + 3 * d * 14336)
+    flops = 2 * body * n + 2 * vocab * d + 4 * 32 * 128 * layers * n * (n + 1) // 2
+    w_bytes = 2 * (body + vocab * d + (2 * layers + 1) * d)      # 读的权重：矩阵、lm_head、norm（不含查表的词嵌入）
+    assert flops / 989.4e12 > w_bytes / 3.35e12                   # 受算力限制
+    assert prefill_time(LLAMA31_8B, H100, n) == pytest.approx(flops / 989.4e12, rel=1e-12)
 
 
 def test_bad_configs_raise():

@@ -182,3 +182,15 @@ def test_nvfp4_beats_mxfp4_and_int4_g32_on_gaussian_weights():
     with pytest.raises(ValueError, match="块大小"):
         quantize_nvfp4(w[:20])
     assert np.array_equal(quantize_nvfp4(np.zeros((16, 2)))[0], np.zeros((16, 2)))
+
+
+def test_e2m1_fp16_control_by_hand():
+    """E2M1 + FP16 scale：一组 max 12 → scale 2（FP16 精确）；5/2 = 2.5 取偶到 2，2.9/2 = 1.45 → 1.5，0.1/2 → 0。"""
+    from numfmt import quantize_e2m1_fp16
+    w = np.zeros((32, 1))
+    w[:4, 0] = [12, -5, 2.9, 0.1]
+    deq, scale = quantize_e2m1_fp16(w)
+    assert scale[0, 0] == 2.0 and list(deq[:4, 0]) == [12.0, -4.0, 3.0, 0.0]
+    assert np.array_equal(quantize_e2m1_fp16(np.zeros((32, 2)))[0], np.zeros((32, 2)))
+    with pytest.raises(ValueError, match="整除"):
+        quantize_e2m1_fp16(np.ones((20, 1)))

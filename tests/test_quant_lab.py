@@ -91,4 +91,28 @@ def test_sample_tokens_greedy_and_bad_temperature(P):
         assert np.array_equal(row[1:], want)
     with pytest.raises(ValueError, match="T = 0"):
         sample_tokens(P, QCFG, 1, 5, 0, T=-1)
-    assert np.array_equal(sample_tokens(P, QCFG, 2, 9, seed=4), sample_tokens(P, QCFG, 2, 9, seed=4, T=1.0))
+
+
+@pytest.mark.parametrize("T", [None, 1.0, 0.5, 2.0])
+def test_sample_tokens_follow_tempered_softmax_of_a_full_pass(P, T):
+    """
+    sample_tokens 抽的每个 token = 用同一串均匀数，在 softmax(logits / T) 上做 CDF 反查；logits 来自不带 KV cache 的
+    整段前向（另一条计算路径），softmax 和反查在这里手写。T = None 表示不传（默认必须是温度 1）。
+    以前的测试只拿默认值和 T = 1.0 比（同一个函数比自己），logits * T 这种错也抓不住。
+    """
+    from decode_lab import TransformerLM
+    n_seq, length, seed = 2, 9, 4
+    toks = sample_tokens(P, QCFG, n_seq, length, seed) if T is None else sample_tokens(P, QCFG, n_seq, length, seed, T=T)
+    temp = 1.0 if T is None else T
+    full = TransformerLM(P, QCFG).full_logits(toks)            # [n_seq, length, V]：位置 t 的 logits 预测 t + 1
+    rng = np.random.default_rng(seed)
+    u0 = rng.random(n_seq)
+    assert np.array_equal(toks[:, 0], np.floor(u0 * QCFG.vocab).astype(int))   # 第一个 token：均匀分布的反查
+    for t in range(1, length):
+        u = rng.random(n_seq)
+        for i in range(n_seq):
+            z = full[i, t - 1] / temp
+            p = np.exp(z - z.max())
+            c = np.cumsum(p / p.sum())
+            want = int(np.argmax(c > u[i]))                     # 第一个累积概率 > u 的下标
+            assert toks[i, t] == want, (T, i, t)

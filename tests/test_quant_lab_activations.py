@@ -92,3 +92,18 @@ def test_kvcache_quant_option():
     assert step.pos == 15
     with pytest.raises(ValueError, match="quant"):
         KVCache(QCFG, 1, 4, quant="int8")
+
+
+@pytest.mark.parametrize("fmt", ["fp8-e4m3", "int8-head", "int4-g8"])
+def test_kv_quantizers_are_idempotent_so_keep_can_move_quantized_values(fmt):
+    q = kv_quantizer(fmt)
+    v = np.random.default_rng(7).standard_normal((2, 2, 9, 16)) * 3
+    once = q(v)
+    assert np.array_equal(q(once), once)
+    P = init_params(QCFG, seed=0)
+    toks = sample_tokens(P, QCFG, n_seq=1, length=12, seed=3)
+    cache = KVCache(QCFG, 1, 12, quant=q)
+    NumpyTransformer(P, QCFG).forward(toks, cache)
+    before = np.asarray(cache.k)[:, :, :, [0, 1, 2, 3, 5, 8]].copy()
+    cache.keep(4, [1, 4])                          # 留下第 5、8 个位置，挪到 4、5
+    assert cache.pos == 6 and np.array_equal(np.asarray(cache.k)[:, :, :, :6], before)

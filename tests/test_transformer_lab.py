@@ -249,3 +249,47 @@ def test_sample_inverse_cdf_single_distribution_fast_path():
     assert sample_inverse_cdf(p, 1 - 1e-17) == 4
     batch = sample_inverse_cdf(np.broadcast_to(p, (4, 6)), np.array([0.0, 0.2999, 0.3, 1 - 1e-17]))
     assert list(batch) == [2, 2, 4, 4]
+
+
+# ---------------------------------------------------------------------------
+# 手算的账：不经过 ELEMENTWISE_FLOPS、Counter.add 和 analytic_ops，每个数按定义写出来
+# ---------------------------------------------------------------------------
+HAND_CFG = LMConfig(name="hand", vocab=8, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=2, d_ff=6)
+# B = 1 个序列，缓存里已有 n_past = 1 个位置，这次喂 n_new = 2 个：t = B·n_new = 2 个 token，被看的位置 S = 3。
+# 约定（transformer_lab 的模块说明）：矩阵乘 2·行·入·出；norm 每元素 4、RoPE 3、softmax 5、SwiGLU 5、残差 1；
+# 字节按 BF16（2 字节 / 数）。因果：新位置 0 看 2 个位置、新位置 1 看 3 个，共 5 对（矩形是 2 × 3 = 6 对）。
+HAND_LEDGER = {           # op: (flops, useful, w, kv)
+    "embed": (0, 0, 16, 0),             # 读 t·d = 2·4 = 8 个数 × 2 字节
+    "attn_norm": (32, 0, 8, 0),         # 4 × t·d = 4·8；权重 d = 4 个 × 2
+    "q_proj": (64, 64, 32, 0),          # 2·t·d·(H·hd) = 2·2·4·4；权重 4·4 = 16 个 × 2
+    "k_proj": (32, 32, 16, 0),          # 2·2·4·(1·2)；权重 4·2 = 8 个 × 2
+    "v_proj": (32, 32, 16, 0),          # 同 k_proj
+    "rope": (36, 0, 0, 0),              # 3 × t·(H + Hkv)·hd = 3·2·3·2
+    "attn_scores": (48, 40, 0, 12),     # 矩形 2·H·6 对·hd = 2·2·6·2；有用 2·2·5·2；读 K：S·Hkv·hd = 6 个 × 2
+    "attn_softmax": (60, 0, 0, 0),      # 5 × H·n_new·S = 5·2·2·3
+    "attn_av": (48, 40, 0, 12),         # 同打分；读 V 6 个 × 2
+    "o_proj": (64, 64, 32, 0),          # 2·t·(H·hd)·d = 2·2·4·4
+    "attn_residual": (8, 0, 0, 0),      # 1 × t·d
+    "mlp_norm": (32, 0, 8, 0),
+    "mlp_gate": (96, 96, 48, 0),        # 2·t·d·ff = 2·2·4·6；权重 4·6 = 24 个 × 2
+    "mlp_up": (96, 96, 48, 0),
+    "mlp_act": (60, 0, 0, 0),           # 5 × t·ff = 5·2·6
+    "mlp_down": (96, 96, 48, 0),        # 2·t·ff·d
+    "mlp_residual": (8, 0, 0, 0),
+    "final_norm": (32, 0, 8, 0),
+    "lm_head": (128, 128, 64, 0),       # 每个位置都算：2·t·d·V = 2·2·4·8；权重 4·8 = 32 个 × 2
+}
+
+
+def test_ledger_equals_a_hand_worked_closed_form():
+    """真实运行的账本和 analytic_ops 共用 ELEMENTWISE_FLOPS 和 Counter.add：改错其中一个，两边一起错、仍然相等。
+    这里拿一个 1 层的小配置（B = 1，n_past = 1，n_new = 2）逐格手算，两边都和手算的数比。"""
+    m = _model(HAND_CFG)
+    toks = _toks(HAND_CFG, 1, 3)
+    cache = m.new_cache(1)
+    m.forward(toks[:, :1], cache)
+    c = Counter()
+    m.forward(toks[:, 1:], cache, counter=c)
+    hand = [dict(op=op, flops=f, useful=u, w=w, kv=kv) for op, (f, u, w, kv) in HAND_LEDGER.items()]
+    assert c.rows() == hand
+    assert analytic_ops(HAND_CFG, 1, 2, 1) == hand

@@ -1,0 +1,275 @@
+"""
+=============================================================================
+CS349E · 第 5 讲 · 06_goodput_and_slo.py —— goodput：每块 GPU 每秒能服务多少个"达标"的请求
+=============================================================================
+
+【这个脚本要回答的问题】
+演示 1：goodput（DistServe 的度量）：≥ 90% 的请求同时达到 TTFT 和 TPOT 目标时的最高到达率，除以用的 GPU 数。
+Llama-3.1-8B（一块 H100）和 Llama-3.1-70B（4 块 H100 一组）：同机（prefill 优先）、同机 + 分块 prefill、
+解耦（prefill : decode 的 GPU 比 1:1、2:1、1:2、1:3），TPOT 目标紧时谁赢、TTFT 目标紧时谁赢。
+演示 2：SLO 达标率随到达率怎么掉下来（8B，TPOT 目标紧）：一张表、一张图。
+演示 3：分块 prefill（Sarathi-Serve）的块大小从 256 扫到 4096：decode 最长卡顿和 TTFT 怎么变，拐点在哪。
+
+【怎么读输出】演示 1 的 goodput 单位是 每块 GPU 每秒的请求数（req/s/GPU）。三组随机数各找一次 goodput：
+"中位"列是三个值的中位数，"三组"列是最小到最大——范围重叠的两种部署分不出先后（网格本身的精度见演示 1 的观察 3）。TTFT = 第一个 token 出来的时刻 − 到达时刻；
+TPOT = (最后一个 token − 第一个 token) / (输出数 − 1)，每个请求一个数（DistServe 的定义）。
+演示 3 的"最长卡顿" = 一个请求相邻两个 token 之间最长的等待，取所有请求里最大的那个。
+
+【模型的假设（务必看）】
+每次迭代的时间是 roofline 下界（serving_lab.iteration_time：max(FLOPs / 峰值, 字节 / 带宽)），没有 kernel 启动、调度
+等固定开销，混合迭代（decode + 一块 prefill）和纯 decode 一样高效（**假设**；真实系统做不到，见观察）。权重和 KV 都是 BF16。
+Llama-3.1-8B 一份模型放一块 H100 SXM5；Llama-3.1-70B 一份模型放 4 块 H100，按**理想张量并行**（hw_specs.gang：带宽、
+算力、容量乘 4，卡间通信不要钱——**假设**）。goodput 按 GPU 数归一：解耦 P:D 用 (P + D) 份模型的 GPU。
+工作负载（**假设**，长度分布同本讲 02，种子固定）：每组 200 个请求，泊松到达（间隔 = −ln(1 − u) / 到达率，同一组 u 用于所有的到达率），
+提示长度在 [512, 4096) 均匀，输出长度在 [64, 512) 均匀。SLO 目标（**假设**，每个模型两组）：8B"TPOT 紧" = TTFT ≤ 0.5 s、
+TPOT ≤ 8 ms，"TTFT 紧" = TTFT ≤ 100 ms、TPOT ≤ 50 ms；70B"TPOT 紧" = TTFT ≤ 1 s、TPOT ≤ 15 ms，"TTFT 紧" = TTFT ≤ 250 ms、
+TPOT ≤ 100 ms；达标率的门槛 90%（DistServe 的例子）。goodput 还要求到达率低于 prefill 那一侧长期撑得住的上限
+（利用率 < 1，见演示 1）。三组随机数（种子不同）各找一次 goodput，表里给中位数和范围。解耦：KV 经 InfiniBand NDR 搬到 decode 机，每块 GPU 一个端口
+（单向 50 GB/s，见 hw_specs 的互联表；**假设**）；prefill 机一次一个提示、先来先服务；decode 机连续批处理。
+同机：一块（一组）GPU 既 prefill 又 decode；分块 prefill 每次迭代 decode 所有序列并顺带 prefill 排在最前面的提示的
+下 512 个 token（**假设**的块大小，演示 3 扫它）。显存：模拟不限制批大小，演示 1 的观察核对峰值 KV 装得下。
+出处：DistServe（Zhong et al., OSDI 2024, arXiv 2401.09670）：goodput 的定义（§1）、图 1 和摘要的数字；
+Sarathi-Serve（Agrawal et al., OSDI 2024, arXiv 2403.02310）：分块 prefill、不停顿的批（摘要的数字）。两篇都对照了
+arXiv 正文的转录本（不是 PDF 本身）。
+
+【运行】python3 06_goodput_and_slo.py （约 2 秒）
+
+【依赖】numpy；本目录的 serving_lab（fast_colocated、fast_disaggregated、slo_attainment、find_goodput、
+prefill_capacity、knee_chunk、poisson_arrivals、uniform_ints、link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math（max_batch）。
+"""
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
+
+from console import fmt_time, print_header, print_observations, print_plot, print_table  # noqa: E402
+from hw_specs import H100, IB_NDR, gang  # noqa: E402
+from llm_math import LLAMA31_70B, LLAMA31_8B, max_batch  # noqa: E402
+from serving_lab import (fast_colocated, fast_disaggregated, find_goodput, knee_chunk, link_time,  # noqa: E402
+                         poisson_arrivals, prefill_capacity, slo_attainment, uniform_ints)
+
+# ---- 工作负载（假设，同 02）----
+N_REQ = 200
+PROMPT_RANGE, OUT_RANGE = (512, 4096), (64, 512)
+DRAWS = ((0, 1, 2), (3, 4, 5), (6, 7, 8))        # 三组随机数（到达、提示、输出的种子）；第 1 组同 02
+GOAL, N_REFINE = 0.9, 4                          # 达标率门槛（DistServe 的例子）；粗网格的一格里再插几个点
+LINK = IB_NDR                                    # 解耦时搬 KV 的链路，每块 GPU 一个端口（假设）
+CHUNK = 512                                      # 演示 1、2 的分块大小（假设）
+# (模型, 一份模型几块 H100, 每块 GPU 的到达率粗网格 req/s, ((SLO 名, TTFT 目标 s, TPOT 目标 s), ...))——SLO 都是假设
+SETUPS = (
+    (LLAMA31_8B, 1, (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32),
+     (("TPOT 紧", 0.5, 8e-3), ("TTFT 紧", 0.1, 50e-3))),
+    (LLAMA31_70B, 4, (0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3, 4),
+     (("TPOT 紧", 1.0, 15e-3), ("TTFT 紧", 0.25, 100e-3))),
+)
+# (名字, 做法, prefill 机份数, decode 机份数)；同机是一份模型既 prefill 又 decode
+CONFIGS = (("同机", "colo", 0, 0), (f"同机+分块{CHUNK}", "chunk", 0, 0), ("解耦 1:1", "disagg", 1, 1),
+           ("解耦 2:1", "disagg", 2, 1), ("解耦 1:2", "disagg", 1, 2), ("解耦 1:3", "disagg", 1, 3))
+SWEEP_RATE = 12                                  # 演示 3：8B 每块 GPU 每秒的请求数
+SWEEP_CHUNKS = (256, 512, 1024, 2048, 4096)
+
+WORKLOADS = [(uniform_ints(*PROMPT_RANGE, N_REQ, sp), uniform_ints(*OUT_RANGE, N_REQ, so)) for _, sp, so in DRAWS]
+_RUNS = {}                                       # (模型名, 部署, 每块 GPU 的到达率, 块, 第几组) -> 模拟结果；演示之间共用
+
+
+def n_gpus(g, config):
+    """一种部署用几块 GPU：同机一份模型，解耦 P + D 份；每份 g 块。"""
+    _, kind, n_p, n_d = config
+    return g if kind != "disagg" else g * (n_p + n_d)
+
+
+def simulate(model, g, config, rate_per_gpu, chunk=CHUNK, draw=0):
+    """一种部署在"每块 GPU rate_per_gpu 个请求/秒"的负载下跑一遍第 draw 组工作负载（结果缓存起来，演示之间共用）。"""
+    key = (model.name, config[0], rate_per_gpu, chunk, draw)
+    if key not in _RUNS:
+        _, kind, n_p, n_d = config
+        chip = gang(H100, g)
+        prompts, outs = WORKLOADS[draw]
+        arr = poisson_arrivals(rate_per_gpu * n_gpus(g, config), N_REQ, DRAWS[draw][0])
+        if kind == "disagg":
+            _RUNS[key] = fast_disaggregated(model, chip, arr, prompts, outs,
+                                            lambda n: link_time(model.kv_bytes(n), LINK, g), n_p, n_d)
+        else:
+            _RUNS[key] = fast_colocated(model, chip, arr, prompts, outs, chunk=chunk if kind == "chunk" else None)
+    return _RUNS[key]
+
+
+def max_rate_per_gpu(model, g, config, draw=0):
+    """
+    每块 GPU 长期撑得住的到达率上限（必要条件）：prefill 那一侧的利用率 < 1（serving_lab.prefill_capacity）。
+    同机一份模型，解耦 P 份 prefill 机；按部署的 GPU 数归一。
+    """
+    _, kind, n_p, _ = config
+    return (n_p if kind == "disagg" else 1) * prefill_capacity(model, gang(H100, g), WORKLOADS[draw][0]) / n_gpus(g, config)
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：goodput 表
+# ---------------------------------------------------------------------------
+def demo1_goodput():
+    print_header(f"演示 1：goodput（≥ {GOAL:.0%} 的请求同时达到 TTFT 和 TPOT 目标的最高到达率，req/s/GPU；"
+                 f"{len(DRAWS)} 组随机数）")
+    rows, gp = [], {}
+    names = [c[0] for c in CONFIGS]
+    for model, g, grid, slos in SETUPS:
+        for config in CONFIGS:
+            cells = [model.name.replace("Llama-3.1-", ""), config[0], n_gpus(g, config)]
+            for slo, ttft, tpot in slos:
+                res = [find_goodput(lambda r: slo_attainment(simulate(model, g, config, r, draw=d), ttft, tpot),
+                                    grid, N_REFINE, GOAL, max_rate_per_gpu(model, g, config, d))
+                       for d in range(len(DRAWS))]
+                vals = sorted(x["goodput"] for x in res)
+                gp[(model.name, slo, config[0])] = {"median": vals[len(vals) // 2], "min": vals[0], "max": vals[-1],
+                                                    "runs": res}
+                cells += [f"{vals[len(vals) // 2]:.3g}", f"{vals[0]:.3g}–{vals[-1]:.3g}"]
+            rows.append(cells)
+    s = SETUPS[0][3]
+    print_table(["模型", "部署", "GPU", f"{s[0][0]} 中位", "三组", f"{s[1][0]} 中位", "三组"], rows)
+    for m, _, _, slos in SETUPS:
+        for n, a, b in slos:
+            print(f"SLO（假设）{m.name} {n}：TTFT ≤ {fmt_time(a)}、TPOT ≤ {fmt_time(b)}")
+    r = {"gp": gp, "win": {}}
+    lines, capped = [], []
+    for model, g, grid, slos in SETUPS:
+        parts = []
+        for slo, _, _ in slos:
+            cell = {n: gp[(model.name, slo, n)] for n in names}
+            best = max(v["median"] for v in cell.values())
+            win = [n for n in names if cell[n]["median"] == best]
+            rivals = [n for n in names if n not in win and cell[n]["max"] >= min(cell[w]["min"] for w in win)]
+            dis = max((cell[n]["median"], n) for n in names if n.startswith("解耦"))
+            r["win"][(model.name, slo)] = {"win": win, "best": best, "rivals": rivals, "disagg": dis[1],
+                                           "colo": cell["同机"]["median"]}
+            parts.append(f"{slo}时中位数最高的是 {'、'.join(win)}（{best:.3g}；同机 prefill 优先 {cell['同机']['median']:.3g}）"
+                         + (f"，{'、'.join(rivals)} 的三组范围和它重叠、分不出先后" if rivals else "，三组里都是它最高")
+                         + f"，解耦里最好的是 {dis[1]}")
+            for c in CONFIGS:
+                runs = cell[c[0]]["runs"]
+                if all(runs[d]["upper"] >= max_rate_per_gpu(model, g, c, d) for d in range(len(DRAWS))):
+                    capped.append(f"{model.name.replace('Llama-3.1-', '')} {c[0]}（{slo}）")
+        lines.append(f"{model.name}：" + "；".join(parts) + "。")
+    r["capped"] = capped
+    widths = [x["upper"] - x["goodput"] for v in gp.values() for x in v["runs"]]
+    r["width_max"] = max(widths)
+    spread, cell = max((v["max"] - v["min"], k) for k, v in gp.items())
+    r["spread_max"], r["spread_cell"] = spread, f"{cell[0].replace('Llama-3.1-', '')} {cell[2]}，{cell[1]}"
+    peak = max(simulate(m, g, c, v["runs"][d]["goodput"], draw=d)["peak_ctx"] / max_batch(m, gang(H100, g), 1)
+               for m, g, _, slos in SETUPS for slo, _, _ in slos for c in CONFIGS
+               for d in range(len(DRAWS)) for v in [gp[(m.name, slo, c[0])]] if v["runs"][d]["goodput"] > 0)
+    r["peak_kv_frac"] = peak
+    chunk_name = next(c[0] for c in CONFIGS if c[1] == "chunk")
+    r["colo_vs_chunk"] = [gp[(m.name, slos[0][0], "同机")]["median"] / gp[(m.name, slos[0][0], chunk_name)]["median"]
+                          for m, _, _, slos in SETUPS]
+    cap8 = prefill_capacity(LLAMA31_8B, H100, WORKLOADS[0][0])
+    r["cap8"] = cap8
+    print_observations(lines + [
+        f"精度：每组随机数各找一次 goodput——在粗网格上二分，再在那一格里插 {N_REFINE} 个点细找一次，"
+        f"真值离找到的值不超过 {r['width_max']:.2g} req/s/GPU（粗网格一格的 1/{N_REFINE + 1}）。"
+        f"比网格的精度大的是抽样的起伏：{N_REQ} 个请求、{len(DRAWS)} 组随机数，同一格的三个值最多差 "
+        f"{r['spread_max']:.2g} req/s/GPU（{r['spread_cell']}），所以只有范围不重叠的先后才算数。",
+        f"只发 {N_REQ} 个请求的模拟会放过撑不住的负载：prefill 队列还没排长，请求就发完了。所以到达率还要低于 prefill 那一侧的"
+        f"上限（利用率 < 1，serving_lab.prefill_capacity；8B 一块 H100 平均每秒 {cap8:.1f} 个提示）。被这个上限顶住的格子："
+        + "、".join(capped) + "——这些部署的 goodput 不是被 SLO、而是被那台 prefill 机的能力卡住的。",
+        f"TPOT 紧时，同机 prefill 优先的 goodput 只有同机分块 prefill 的 {r['colo_vs_chunk'][0]:.0%}（8B）和 "
+        f"{r['colo_vs_chunk'][1]:.0%}（70B）：每个新请求的整段 prefill 都让正在 decode 的所有用户停下来等。"
+        "分块 prefill 把 prefill 摊进 decode 步，而在这个只算 roofline 的模型里，decode 步闲着的算力能白白装下"
+        "几百个提示 token（演示 3），所以它几乎不拖慢 TPOT——这是模型对它最有利的地方。"
+        "解耦的 decode 机上没有 prefill，但 P:D 比例要配得上两边的工作量：比例不对，多出来的那一侧就闲着，"
+        "而 goodput 是按所有 GPU 算的。",
+        f"显存：所有 goodput 点上，decode 那一侧同时存着的 KV 最多占显存（减去权重）能放的 {peak:.0%}，"
+        "所以模拟不限制批大小不影响这张表。",
+        "和论文比：DistServe 图 1（13B 模型、一块 A100、输入 512 / 输出 64）同机的 goodput 约 1.6 req/s，单做 prefill 5.6、"
+        "单做 decode 10，2 块 prefill + 1 块 decode 合 3.3 req/s/GPU，是同机的 2.1 倍；摘要：最多 7.4 倍的请求或 12.6 倍紧的 SLO。"
+        "图 1 的同机是 vLLM。这里没有固定开销、混合迭代不吃亏，所以这里的分块 prefill 是它能做到的上限；"
+        "两阶段也不能选不同的并行方式（DistServe 的另一半收益），解耦少了这部分好处。",
+    ])
+    return r
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：达标率 vs 到达率
+# ---------------------------------------------------------------------------
+def demo2_attainment_curve():
+    model, g, grid, slos = SETUPS[0]
+    slo, ttft, tpot = slos[0]
+    print_header(f"演示 2：SLO 达标率 vs 每块 GPU 的到达率（{model.name}，{slo}：TTFT ≤ {fmt_time(ttft)}、"
+                 f"TPOT ≤ {fmt_time(tpot)}）")
+    curves = {c[0]: [slo_attainment(simulate(model, g, c, rate), ttft, tpot) for rate in grid] for c in CONFIGS}
+    rows = [[f"{rate:g}"] + [f"{curves[c[0]][i]:.0%}" for c in CONFIGS] for i, rate in enumerate(grid)]
+    print_table(["req/s/GPU"] + [c[0] for c in CONFIGS], rows)
+    print()
+    xs = np.linspace(grid[0], grid[-1], 72)                # 网格点之间按直线连起来，画成线
+    series = {f"{GOAL:.0%} 门槛": (xs, np.full(xs.size, GOAL * 100), ".")}
+    for name, mark in (("同机", "*"), (f"同机+分块{CHUNK}", "o"), ("解耦 1:2", "#")):
+        series[name] = (xs, np.interp(xs, grid, np.array(curves[name]) * 100), mark)
+    print_plot(series, "每块 GPU 每秒到达的请求数（req/s/GPU）；表里的点之间按直线连起来", "SLO 达标率（%）",
+               width=72, height=14)
+    colo = curves["同机"]
+    drop = next(rate for rate, a in zip(grid, colo) if a < GOAL)
+    pd12 = next(c for c in CONFIGS if c[0] == "解耦 1:2")
+    floor = [curves[c[0]][-1] for c in CONFIGS if c[1] == "disagg"]
+    r = {"curves": curves, "colo_first_fail": drop, "colo_at_top": colo[-1], "disagg_floor": (min(floor), max(floor)),
+         "pd12_last": max(rate for rate, a in zip(grid, curves[pd12[0]]) if a >= GOAL),
+         "pd12_cap": max_rate_per_gpu(model, g, pd12)}
+    print_observations([
+        f"达标率不是慢慢降的：同机在 {drop:g} req/s/GPU 时第一次低于 {GOAL:.0%}，到 {grid[-1]:g} 时只剩 {colo[-1]:.0%}。"
+        "过了某个负载，排队一长，几乎所有后来的请求都超时——所以 goodput 比\"平均延迟\"更能说明一个部署能接多少量。",
+        f"这张表只用第 1 组随机数、不管 prefill 的上限：解耦 1:2 到 {r['pd12_last']:g} req/s/GPU 还达标，"
+        f"可它那台 prefill 机长期只撑得住 {r['pd12_cap']:.2f} req/s/GPU（演示 1 的观察 4）——有限长度的模拟放过的负载。",
+        f"负载远超能力时，解耦的达标率停在 {r['disagg_floor'][0]:.0%}–{r['disagg_floor'][1]:.0%}、不是 0：最先到达的那些请求"
+        f"赶上了还没排起队的系统。这是只模拟 {N_REQ} 个请求的有限长度效应，模拟得越长，这部分越小。",
+    ])
+    return r
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：分块大小
+# ---------------------------------------------------------------------------
+def demo3_chunk_sweep():
+    model, g, _, slos = SETUPS[0]
+    slo, ttft, tpot = slos[0]
+    print_header(f"演示 3：分块 prefill 的块大小（{model.name}，一块 H100，每秒 {SWEEP_RATE} 个请求）")
+    config = next(c for c in CONFIGS if c[1] == "chunk")
+    rows, out = [], {}
+    for chunk in (None,) + SWEEP_CHUNKS:
+        res = simulate(model, g, config if chunk else CONFIGS[0], SWEEP_RATE, chunk=chunk or CHUNK)
+        s = {"stall": float(res["max_gap"].max()), "ttft_p90": float(np.percentile(res["ttft"], 90)),
+             "tpot_p90": float(np.percentile(res["tpot"], 90)), "att": slo_attainment(res, ttft, tpot)}
+        out[chunk] = s
+        rows.append(["整段（不分块）" if chunk is None else chunk, fmt_time(s["stall"]), fmt_time(s["ttft_p90"]),
+                     fmt_time(s["tpot_p90"]), f"{s['att']:.0%}"])
+    print_table(["块大小（token）", "最长卡顿", "TTFT p90", "TPOT p90", f"{slo}达标率"], rows)
+    res = simulate(model, g, config, SWEEP_RATE)
+    prompts, outs = WORKLOADS[0]
+    busy = float(np.sum(res["tpot"] * (outs - 1)))                       # 所有请求 decode 阶段的时长之和
+    span = float(res["finish"].max() - poisson_arrivals(SWEEP_RATE, N_REQ, DRAWS[0][0])[0])
+    batch = busy / span                                                  # 利特尔定律：平均同时在 decode 的序列数
+    ctx = float(prompts.mean() + outs.mean() / 2)
+    knee = knee_chunk(model, H100, max(1, round(batch)), round(batch) * round(ctx))
+    r = {"sweep": out, "batch": batch, "ctx": ctx, "knee": knee,
+         "growth": [out[b]["stall"] / out[a]["stall"] for a, b in zip(SWEEP_CHUNKS, SWEEP_CHUNKS[1:])]}
+    small, big = out[SWEEP_CHUNKS[0]], out[SWEEP_CHUNKS[-1]]
+    print_observations([
+        f"块越大，最长卡顿越长：{SWEEP_CHUNKS[0]} 时 {fmt_time(small['stall'])}，{SWEEP_CHUNKS[-1]} 时 {fmt_time(big['stall'])}，"
+        f"不分块 {fmt_time(out[None]['stall'])}（一整段长提示的 prefill）。块越小，一个提示要分的块越多、"
+        f"每块都要等一次迭代，TTFT p90 从 {fmt_time(big['ttft_p90'])}（{SWEEP_CHUNKS[-1]}）涨到 {fmt_time(small['ttft_p90'])}"
+        f"（{SWEEP_CHUNKS[0]}）——块大小是在 TPOT 和 TTFT 之间换。",
+        f"拐点：按利特尔定律这个负载下平均约 {batch:.0f} 个序列在 decode、上下文约 {ctx:.0f}；这样一步 decode 受带宽限制，"
+        f"顺带 prefill 不超过 {knee} 个 token 时这一步一点不变慢（serving_lab.knee_chunk），再大就变成 compute-bound、"
+        "每多一个 token 多一份时间。表里也是这样：块从 "
+        f"{SWEEP_CHUNKS[0]} 到 {SWEEP_CHUNKS[1]}，最长卡顿只多 {r['growth'][0] - 1:.0%}；之后块每翻一倍，卡顿是前一格的 "
+        f"{min(r['growth'][1:]):.2f}–{max(r['growth'][1:]):.2f} 倍。所以块取在几百个 token。",
+        "Sarathi-Serve 的摘要：同样的尾延迟约束下，服务能力是 vLLM 的 2.6 倍（Mistral-7B，一块 A100）、最多 3.7 倍"
+        "（Yi-34B，两块 A100）。这里的块大小表是同一个道理的 roofline 版本，不是它的实验。",
+    ])
+    return r
+
+
+if __name__ == "__main__":
+    demo1_goodput()
+    demo2_attainment_curve()
+    demo3_chunk_sweep()

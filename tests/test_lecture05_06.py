@@ -1,0 +1,148 @@
+"""
+第 5 讲 06（goodput）：演示返回它的观察引用的数；这里用原来逐个序列记账的模拟（第二条代码路径）和独立写的达标率、
+prefill 上限、利特尔定律、拐点的闭式核对，并核对观察里说的先后和大小关系。
+"""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, load_script
+
+sys.path.insert(0, os.path.join(ROOT, "lecture05"))
+
+from hw_specs import H100, IB_NDR  # noqa: E402
+from llm_math import LLAMA31_8B, prefill_time  # noqa: E402
+from serving_lab import link_time, poisson_arrivals, simulate_colocated, simulate_disaggregated  # noqa: E402
+
+M = LLAMA31_8B
+
+
+@pytest.fixture(scope="module")
+def s06():
+    return load_script("lecture05/06_goodput_and_slo.py")
+
+
+@pytest.fixture(scope="module")
+def d1(s06):
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        return s06.demo1_goodput()
+
+
+def _attain(res, ttft, tpot):
+    return float(np.mean((res["ttft"] <= ttft) & (res["tpot"] <= tpot)))
+
+
+def _slow(s06, config, rate_per_gpu, draw=0):
+    """原来的模拟（serving_lab.simulate_colocated / simulate_disaggregated，只有一台 prefill、一台 decode）。"""
+    prompts, outs = s06.WORKLOADS[draw]
+    name, kind, n_p, n_d = config
+    arr = poisson_arrivals(rate_per_gpu * s06.n_gpus(1, config), s06.N_REQ, s06.DRAWS[draw][0])
+    if kind == "disagg":
+        assert (n_p, n_d) == (1, 1)
+        return simulate_disaggregated(M, H100, arr, prompts, outs, lambda n: link_time(M.kv_bytes(n), IB_NDR))
+    return simulate_colocated(M, H100, arr, prompts, outs, chunk=512 if kind == "chunk" else None)
+
+
+def test_workloads_are_the_stated_uniform_draws(s06):
+    """第 1 组随机数和 02 一样：提示 512 + ⌊u·3584⌋（u 来自 default_rng(1)）、输出 64 + ⌊u·448⌋（default_rng(2)）。"""
+    prompts, outs = s06.WORKLOADS[0]
+    assert np.array_equal(prompts, 512 + np.floor(np.random.default_rng(1).random(200) * 3584).astype(int))
+    assert np.array_equal(outs, 64 + np.floor(np.random.default_rng(2).random(200) * 448).astype(int))
+
+
+@pytest.mark.parametrize("cfg,slo", [("同机+分块512", 0), ("同机", 1), ("解耦 1:1", 0), ("同机", 0)])
+def test_goodput_cells_pass_at_goodput_and_fail_at_upper_on_the_slow_simulator(s06, d1, cfg, slo):
+    """8B、第 1 组随机数：在 goodput 处达标率 ≥ 90%，在上界处 < 90%——用原来的模拟和独立写的达标率算。"""
+    config = next(c for c in s06.CONFIGS if c[0] == cfg)
+    name, ttft, tpot = s06.SETUPS[0][3][slo]
+    run = d1["gp"][(M.name, name, cfg)]["runs"][0]
+    assert 0 < run["goodput"] < run["upper"] < math.inf
+    assert _attain(_slow(s06, config, run["goodput"]), ttft, tpot) >= 0.9
+    assert _attain(_slow(s06, config, run["upper"]), ttft, tpot) < 0.9
+
+
+def test_prefill_cap_binds_the_decode_heavy_ratios(s06, d1):
+    """8B 解耦 1:2（TPOT 紧）：一台 prefill 机的上限 = 1 / 平均 prefill_time（llm_math，独立的路径），按 3 块 GPU 分。"""
+    prompts = s06.WORKLOADS[0][0]
+    cap = 1 / np.mean([prefill_time(M, H100, int(n)) for n in prompts])
+    assert d1["cap8"] == pytest.approx(cap, rel=1e-9) and 28 < cap < 30
+    run = d1["gp"][(M.name, "TPOT 紧", "解耦 1:2")]["runs"][0]
+    assert run["goodput"] <= cap / 3 <= run["upper"]
+    assert "8B 解耦 1:2（TPOT 紧）" in d1["capped"]
+
+
+def test_table_medians_winners_and_precision(s06, d1):
+    names = [c[0] for c in s06.CONFIGS]
+    widths = []
+    for (model, slo, cfg), v in d1["gp"].items():
+        vals = sorted(x["goodput"] for x in v["runs"])
+        assert (v["median"], v["min"], v["max"]) == (vals[1], vals[0], vals[2])
+        widths += [x["upper"] - x["goodput"] for x in v["runs"]]
+    assert d1["width_max"] == max(widths) <= 4 / 5 + 1e-12          # 8B 粗网格最宽的一格 4 req/s，插 4 个点
+    assert d1["spread_max"] == max(v["max"] - v["min"] for v in d1["gp"].values()) > d1["width_max"]
+    for (model, slo), w in d1["win"].items():
+        med = {n: d1["gp"][(model, slo, n)]["median"] for n in names}
+        assert w["best"] == max(med.values()) and set(w["win"]) == {n for n in names if med[n] == w["best"]}
+        lo = min(d1["gp"][(model, slo, n)]["min"] for n in w["win"])
+        assert set(w["rivals"]) == {n for n in names if n not in w["win"] and d1["gp"][(model, slo, n)]["max"] >= lo}
+    # 观察里的结论：8B TPOT 紧时分块 prefill 三组都最高，同机 prefill 优先远低于它
+    w = d1["win"][(M.name, "TPOT 紧")]
+    assert w["win"] == ["同机+分块512"] and not w["rivals"] and w["colo"] < w["best"] / 2
+    assert 0 < d1["peak_kv_frac"] < 1
+    for (m, slos), ratio in zip([(s06.SETUPS[0][0], s06.SETUPS[0][3]), (s06.SETUPS[1][0], s06.SETUPS[1][3])],
+                                d1["colo_vs_chunk"]):
+        slo = slos[0][0]
+        assert ratio == d1["gp"][(m.name, slo, "同机")]["median"] / d1["gp"][(m.name, slo, "同机+分块512")]["median"]
+        assert ratio < 0.5                                          # "只有……的 39%、41%"
+
+
+def test_capacity_used_for_the_memory_check():
+    from llm_math import max_batch
+    assert max_batch(M, H100, 1) == int((80e9 - 2 * 8_030_261_248) // 131072)
+
+
+def test_demo2_curve_and_the_finite_run_claim(s06, capsys):
+    r = s06.demo2_attainment_curve()
+    capsys.readouterr()
+    grid = s06.SETUPS[0][2]
+    colo = r["curves"]["同机"]
+    assert r["colo_first_fail"] == next(g for g, a in zip(grid, colo) if a < 0.9)
+    assert r["pd12_last"] > r["pd12_cap"]                           # "还达标，可它的上限是……"
+    assert r["disagg_floor"][0] > 0                                 # "不是 0"
+    # 同一组随机数，原来的模拟给出同样的达标率
+    config = next(c for c in s06.CONFIGS if c[0] == "同机")
+    ttft, tpot = s06.SETUPS[0][3][0][1:]
+    assert colo[2] == _attain(_slow(s06, config, grid[2]), ttft, tpot)
+
+
+def test_demo3_chunk_sweep(s06, capsys):
+    r = s06.demo3_chunk_sweep()
+    capsys.readouterr()
+    sw, chunks = r["sweep"], s06.SWEEP_CHUNKS
+    stalls = [sw[c]["stall"] for c in chunks]
+    assert stalls == sorted(stalls) and sw[None]["stall"] > stalls[-1]
+    assert sw[chunks[0]]["ttft_p90"] > sw[chunks[-1]]["ttft_p90"]
+    assert r["growth"] == [sw[b]["stall"] / sw[a]["stall"] for a, b in zip(chunks, chunks[1:])]
+    assert r["growth"][0] < 1.5 and all(1.8 < g < 2.0 for g in r["growth"][1:])   # 拐点以下几乎不涨，以上约翻倍
+    # 512 那一行 = 原来的模拟
+    config = next(c for c in s06.CONFIGS if c[1] == "chunk")
+    slow = _slow(s06, config, s06.SWEEP_RATE)
+    assert sw[512]["stall"] == float(slow["max_gap"].max())
+    assert sw[512]["ttft_p90"] == pytest.approx(float(np.percentile(slow["ttft"], 90)), rel=1e-12)
+    # 利特尔定律：平均在 decode 的序列数 = Σ(末 token − 首 token) / 时间跨度
+    first = slow["finish"] - slow["tpot"] * (s06.WORKLOADS[0][1] - 1)
+    span = slow["finish"].max() - poisson_arrivals(s06.SWEEP_RATE, s06.N_REQ, 0)[0]
+    assert r["batch"] == pytest.approx(float(np.sum(slow["finish"] - first)) / span, rel=1e-9)
+    # 拐点的闭式：顺带 c 个提示 token 后 FLOPs ≤ 峰值 × 读的时间（同 test_serving_lab_goodput）
+    B, L = round(r["batch"]), round(r["ctx"])
+    P, BW, mm, head, attn = 989.4e12, 3.35e12, 7_504_658_432, 128256 * 4096, 524288
+    t_mem = (2 * (8_030_261_248 - head) + 131072 * B * L) / BW
+    c = r["knee"]
+    fits = [2 * mm * B + attn * B * L + 2 * (mm - head) * x + 2 * head + attn * x * (x + 1) // 2 <= P * t_mem
+            for x in (c, c + 1)]
+    assert fits == [True, False] and 256 < c < 1024

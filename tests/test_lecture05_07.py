@@ -1,0 +1,82 @@
+"""
+第 5 讲 07（KV 内存的分配）：容量的闭式、整段预留时批大小和利用率的闭式、分页浪费 ≈ (块 − 1)/2、共享前缀省下的
+位置 = (批 − 1) × 满块的 token、FP8 的 TPOT 按 roofline 的闭式；以及观察里说的和论文数字的关系。
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, load_script
+
+sys.path.insert(0, os.path.join(ROOT, "lecture05"))
+
+W_8B = 2 * (8_030_261_248 - 128256 * 4096)           # decode 每步读的 BF16 权重（不含输入词嵌入）
+ROOM = 80e9 - 2 * 8_030_261_248                      # H100 减去 BF16 权重
+
+
+@pytest.fixture(scope="module")
+def s07():
+    return load_script("lecture05/07_paged_kv_cache.py")
+
+
+def test_capacity_closed_form(s07):
+    assert s07.CAP_BF16 == int(ROOM // 131072) == 487_819
+    assert s07.CAP_FP8 == int(ROOM // 65536)
+    # 请求就是说的均匀分布
+    assert np.array_equal(s07.PROMPTS, 512 + np.floor(np.random.default_rng(1).random(600) * 3584).astype(int))
+    assert np.array_equal(s07.OUTS, 64 + np.floor(np.random.default_rng(2).random(600) * 448).astype(int))
+
+
+def test_demo1_allocators(s07, capsys):
+    r = s07.demo1_allocators()
+    capsys.readouterr()
+    cap, mx, pg = (r["runs"][k] for k in r["runs"])
+    # 按上限预留：一次正好 ⌊容量 / 8192⌋ 个，利用率 = 平均存着的 token / 8192
+    assert cap["max_running"] == cap["mean_running"] == 487_819 // 8192 == 59
+    assert cap["used_frac"] == pytest.approx(cap["mean_tokens"] / 8192, rel=1e-12)
+    assert cap["pool_frac"] == pytest.approx(cap["used_frac"] * 59 * 8192 / 487_819, rel=1e-12)
+    assert cap["used_frac"] < mx["used_frac"] < pg["used_frac"] and pg["used_frac"] > 0.99
+    assert cap["waste_frac"] == mx["waste_frac"] == 0 and cap["preempted"] == mx["preempted"] == 0
+    assert r["gain_paged_vs_cap"] == pytest.approx(pg["mean_running"] / cap["mean_running"]) and r["gain_paged_vs_cap"] > 3
+    assert 1 < r["gain_paged_vs_maxout"] < 1.5
+    # 分页的浪费：最后一块里的空位平均约 (块 − 1)/2（观察 3），块越大越多
+    for b, s in r["sizes"].items():
+        assert s["mean_waste"] == pytest.approx((b - 1) / 2, rel=0.1)
+        assert s["waste_frac"] == pytest.approx(s["mean_waste"] / (s["mean_tokens"] + s["mean_waste"]), rel=1e-9)
+    wastes = [s["waste_frac"] for s in r["sizes"].values()]
+    assert wastes == sorted(wastes) and wastes[-1] < 0.04
+    # 和论文（图 2）比：按上限预留落在 20.4%–38.2% 之间；分页高于 vLLM 的 96.3%
+    assert 0.204 < cap["pool_frac"] < 0.382 and pg["pool_frac"] > 0.963
+    assert r["mean_out"] == pytest.approx(float(s07.OUTS.mean())) and r["mean_prompt"] > 5 * r["mean_out"]
+
+
+def test_demo2_prefix_sharing(s07, capsys):
+    r = s07.demo2_prefix_sharing()
+    capsys.readouterr()
+    assert r["full_blocks"] == 1500 // 16 == 93 and r["copied"] == 1500 - 93 * 16 == 12
+    assert r["per_request_bytes"] == 93 * 16 * 131072
+    sh = r["shared"]
+    # 每一步省下 (批 − 1) × 1488 个位置，平均起来就是 (平均批 − 1) × 1488
+    assert sh["saved_tokens"] == pytest.approx((sh["mean_running"] - 1) * 1488, rel=1e-12)
+    assert r["saved_bytes"] == pytest.approx(sh["saved_tokens"] * 131072)
+    assert r["gain"] == pytest.approx(sh["mean_running"] / r["base"]["mean_running"]) and r["gain"] > 1.5
+    assert r["base"]["saved_tokens"] == 0
+
+
+def test_demo3_fp8_tpot_on_the_roofline(s07, capsys):
+    r = s07.demo3_fp8_kv()
+    capsys.readouterr()
+    bf, f8 = r["bf16"], r["fp8"]
+    for v, kv_tok in ((bf, 131072), (f8, 65536)):
+        # 受带宽限制：每步读权重 + 批里所有序列的 KV
+        assert v["tpot"] == pytest.approx((W_8B + v["batch"] * v["ctx"] * kv_tok) / 3.35e12, rel=1e-12)
+    assert r["tpot_fp8_same_batch"] == pytest.approx((W_8B + bf["batch"] * bf["ctx"] * 65536) / 3.35e12, rel=1e-12)
+    assert 1.9 < r["batch_gain"] < 2.1 and abs(f8["tpot"] / bf["tpot"] - 1) < 0.02
+    assert f8["throughput"] / bf["throughput"] > 1.9
+    assert bf["kv_share"] == pytest.approx(bf["batch"] * bf["ctx"] * 131072 / (W_8B + bf["batch"] * bf["ctx"] * 131072))
+    assert r["weights"] == 2 * 8_030_261_248
+    for v, kv_tok in ((bf, 131072), (f8, 65536)):
+        assert v["closed"] == int(ROOM // (kv_tok * v["ctx"]))          # llm_math.max_batch 的闭式
+        assert 0 < 1 - v["batch"] / v["closed"] < 0.02                   # "少不到 2%"

@@ -1,0 +1,275 @@
+"""
+第 6 讲 08（难的位置成片出现、自适应 γ、prompt lookup）：每个演示返回它的观察引用的数；这里用另一条代码路径
+（speculative_generate_adaptive 的固定 γ 跑同样的种子、自己数每轮起点、按混合的定义手算 β、种子 04 自己的 measured_alpha、
+定理 3.8 的闭式）重新算一遍，并核对观察里说的大小关系。
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+
+from decode_lab import (TransformerLM, autoregressive_generate, induction_token, regime_models,  # noqa: E402
+                        speculative_generate_adaptive)
+from quant_lab import QCFG, sample_tokens  # noqa: E402
+from transformer_lab import config_like, init_params, softmax  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def s08():
+    return load_script("lecture06/08_correlated_acceptance.py")
+
+
+@pytest.fixture(scope="module")
+def demos(s08):
+    with contextlib.redirect_stdout(io.StringIO()):
+        d1 = s08.demo1_gap()
+        d2 = s08.demo2_mechanism()
+        d3 = s08.demo3_adaptive(d1["alpha_exact"])
+        d4 = s08.demo4_prompt_lookup()
+    return d1, d2, d3, d4
+
+
+def _eq1(a, g):
+    return sum(a ** i for i in range(g + 1))
+
+
+def _rerun(s08, stay, gamma):
+    """同样的模型、提示和种子，用 speculative_generate_adaptive（固定 γ）重跑，自己算 β、每轮起点和每轮 token。"""
+    t, d = regime_models(stay)
+    V = t.table.shape[0]
+    beta_of = np.minimum(np.exp(t.table), np.exp(d.table)).sum(1)
+    betas, hard, starts, acc, calls = [], [], [], [], 0
+    for i in range(s08.N_PROMPTS):
+        prompt = [i * V // s08.N_PROMPTS]
+        out, st = speculative_generate_adaptive(t, d, prompt, s08.N_NEW, gamma, 1.0,
+                                                np.random.default_rng(s08.SEED + i))
+        seq = prompt + [int(x) for x in out]
+        betas.append([beta_of[seq[k]] for k in range(len(seq) - 1)])
+        hard.append([seq[k] >= V // 2 for k in range(len(seq) - 1)])
+        pos, mine = 0, []
+        for n in st["accepted"]:
+            mine.append(pos)
+            pos += n + 1
+        starts.append(mine)
+        acc += st["accepted"]
+        calls += st["target_calls"]
+    return np.array(betas), np.array(hard), starts, (np.array(acc) + 1).sum() / calls
+
+
+# ---------------------------------------------------------------------------
+# 演示 1
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("stay,gamma", [(0.97, 8), (0.5, 4)])
+def test_demo1_gap_recomputed_on_a_second_code_path(s08, demos, stay, gamma):
+    d1 = demos[0]
+    b, _, _, per_call = _rerun(s08, stay, gamma)
+    a = b.mean()
+    assert d1["alphas"][(stay, gamma)] == pytest.approx(a, abs=1e-12)
+    assert d1["gaps"][(stay, gamma)] == pytest.approx(per_call / _eq1(a, gamma) - 1, abs=1e-12)
+    pairs = np.corrcoef(b[:, :-1].ravel(), b[:, 1:].ravel())[0, 1]
+    assert d1["lag1"][(stay, gamma)] == pytest.approx(pairs, abs=1e-9)
+
+
+def test_demo1_claims(s08, demos):
+    d1 = demos[0]
+    lo, hi = s08.STAYS[0], s08.STAYS[-1]
+    for g in s08.GAMMAS:
+        assert abs(d1["gaps"][(lo, g)]) < 0.03                 # 各位置独立：式 (1) 成立
+        assert d1["gaps"][(hi, g)] < -0.02                     # 成片：三个 γ 都高估
+    assert min(d1["gaps"][(hi, 4)], d1["gaps"][(hi, 8)]) < d1["gaps"][(hi, 1)]
+    assert max(d1["gaps"][(hi, 4)], d1["gaps"][(hi, 8)]) < d1["gaps"][(hi, 1)]
+    # α 固定：精确值和 stay = 0.5 的实测（三行合起来）一致；难段越长，α 的抽样波动越大
+    a_lo = np.mean([d1["alphas"][(lo, g)] for g in s08.GAMMAS])
+    assert d1["alpha_exact"] == pytest.approx(a_lo, abs=0.01)
+
+    def spread(s):
+        v = [d1["alphas"][(s, g)] for g in s08.GAMMAS]
+        return max(v) - min(v)
+    assert spread(hi) > spread(lo)
+    # 相邻相关：独立时接近 0，stay 大时接近精确值
+    assert abs(d1["lag1"][(lo, 8)]) < 0.1
+    assert d1["lag1"][(hi, 8)] == pytest.approx(d1["lag1_exact"][hi], abs=0.03)
+    assert d1["lag1_exact"][lo] == pytest.approx(0.0, abs=0.01)
+
+
+def test_demo1_seed04_model_is_nearly_uncorrelated(demos):
+    """04 的模型：β 用 softmax + np.minimum 另算一遍，α 是它的平均，r₁ 用 np.corrcoef；|r₁| < 0.1（"接近 0"）。"""
+    a04, r04 = demos[0]["seed04"]
+    P = init_params(QCFG, seed=0)
+    target = TransformerLM(P, QCFG, "t")
+    p3 = dict(P)
+    p3["layers"] = P["layers"][:3]
+    draft = TransformerLM(p3, config_like(QCFG, n_layers=3), "d")
+    toks = sample_tokens(P, QCFG, n_seq=8, length=64, seed=0)                 # 种子 04 测 α 的同一段文本
+    b = np.minimum(softmax(target.full_logits(toks)), softmax(draft.full_logits(toks))).sum(-1)
+    assert a04 == pytest.approx(b.mean(), abs=1e-12)
+    assert a04 == pytest.approx(0.828, abs=5e-4)                              # 种子 04 打印的 α（只用前 3 层）
+    assert r04 == pytest.approx(np.corrcoef(b[:, :-1].ravel(), b[:, 1:].ravel())[0, 1], abs=1e-9)
+    assert abs(r04) < 0.1
+
+
+# ---------------------------------------------------------------------------
+# 演示 2
+# ---------------------------------------------------------------------------
+def test_demo2_start_statistics_recomputed(s08, demos):
+    ms = demos[1]
+    hi, g = s08.STAYS[-1], s08.GAMMAS[-1]
+    b, hard, starts, per_call = _rerun(s08, hi, g)
+    n = b.shape[1]
+    sb = np.concatenate([b[i, [t for t in st if t < n]] for i, st in enumerate(starts)])
+    sh = np.concatenate([hard[i, [t for t in st if t < n]] for i, st in enumerate(starts)])
+    m = ms[hi]
+    assert m["alpha_start"] == pytest.approx(sb.mean(), abs=1e-12)
+    assert m["hard_start"] == pytest.approx(sh.mean(), abs=1e-12)
+    assert m["hard_all"] == pytest.approx(hard.mean(), abs=1e-12)
+    assert m["pair"] == pytest.approx(np.mean(b[:, :-1] * b[:, 1:]), abs=1e-12)
+    assert m["gap_hard"] == pytest.approx(hard.sum() / sh.sum(), abs=1e-12)
+    assert m["per_call"] == pytest.approx(per_call, abs=1e-12)
+    # 任意起点的 Σ∏β：第一条序列、第一个起点，手算
+    t0 = 0
+    want, run = 1.0, 1.0
+    for i in range(g):
+        run *= b[0, t0 + i]
+        want += run
+    assert s08.tokens_if_started_at(b[0], [t0], g)[0] == pytest.approx(want, abs=1e-12)
+
+
+def test_demo2_claims(s08, demos):
+    ms = demos[1]
+    g = s08.GAMMAS[-1]
+    lo, hi = ms[s08.STAYS[0]], ms[s08.STAYS[-1]]
+    # (a) 相关本身：乘积比 α² 大，任意起点的 Σ∏β 比式 (1) 大（低估的方向）
+    assert hi["pair"] > hi["alpha"] ** 2 + 0.05
+    assert hi["any_start"] > _eq1(hi["alpha"], g) + 0.5
+    # (b) 起点偏向难段：起点的 β 低，只在起点上算的 Σ∏β 接近实测、比式 (1) 少
+    assert hi["hard_start"] > hi["hard_all"] + 0.2
+    assert hi["alpha_start"] < hi["alpha"] - 0.1
+    assert hi["gap_hard"] < hi["gap_easy"]
+    assert hi["round_start"] == pytest.approx(hi["per_call"], rel=0.03)
+    assert hi["round_start"] < _eq1(hi["alpha"], g)
+    # 各位置独立：起点不偏
+    assert abs(lo["hard_start"] - lo["hard_all"]) < 0.03
+    assert abs(lo["alpha_start"] - lo["alpha"]) < 0.02
+
+
+# ---------------------------------------------------------------------------
+# 演示 3
+# ---------------------------------------------------------------------------
+def _speedup(a, g, c):
+    return (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
+
+
+def test_demo3_gamma_star_and_ratios(s08, demos):
+    d1, d3 = demos[0], demos[2]
+    c = s08.C_DRAFT
+    best = max(range(1, 30), key=lambda g: _speedup(d1["alpha_exact"], g, c))
+    assert best == 4
+    r = s08.run_regime(s08.STAYS[-1], best)
+    speed = (r["accepted"] + 1).sum() / (r["calls"] + c * best * r["calls"])
+    hi = d3[s08.STAYS[-1]]
+    assert hi["fixed"]["speed"] == pytest.approx(speed, rel=1e-12)
+    assert hi["fixed"]["ratio"] == pytest.approx(speed / _speedup(r["alpha"], best, c), rel=1e-12)
+    ra = s08.run_regime(s08.STAYS[-1], s08.ADAPT_START, adaptive=True)
+    sa = (ra["accepted"] + 1).sum() / (ra["calls"] + c * ra["drafted"].sum())
+    assert hi["adaptive"]["ratio"] == pytest.approx(sa / _speedup(ra["alpha"], best, c), rel=1e-12)
+
+
+def test_demo3_claims(s08, demos):
+    d3 = demos[2]
+    lo, hi = d3[s08.STAYS[0]], d3[s08.STAYS[-1]]
+    assert lo["fixed"]["ratio"] == pytest.approx(1.0, abs=0.03)
+    assert hi["fixed"]["ratio"] < 0.92
+    assert hi["recovered"] > 0.5
+    assert hi["adaptive"]["ratio"] > hi["fixed"]["ratio"]
+    assert hi["adaptive"]["gamma_easy"] > hi["adaptive"]["gamma_hard"] + 2
+    assert hi["adaptive"]["gamma_hard"] < 4 < hi["adaptive"]["gamma_easy"]          # 固定的 γ* = 4
+    assert lo["adaptive"]["ratio"] < lo["fixed"]["ratio"] - 0.03          # 不持续时吃亏
+    assert abs(lo["adaptive"]["gamma_easy"] - lo["adaptive"]["gamma_hard"]) < 0.5
+    assert lo["recovered"] is None                                      # 没有损失可找回时不打印比例
+
+
+# ---------------------------------------------------------------------------
+# 演示 4
+# ---------------------------------------------------------------------------
+def _first_repeat(seq, n0, n):
+    """第一个 t ≥ n0，使 seq[t−n:t] 在前面出现过（结尾在 t − 2 或更早）——独立的写法。"""
+    for t in range(n0, len(seq)):
+        key = tuple(seq[t - n:t])
+        if any(tuple(seq[j - n + 1:j + 1]) == key for j in range(n - 1, t - 1)):
+            return t - n0
+    return None
+
+
+def test_demo4_betas_recomputed_from_the_mixture_definition(s08, demos):
+    """β_t = λ + (1 − λ)·p_QCFG(x_t)（T = 1，x_t = 上一次出现之后的 token）；T = 0 时 β = [x_t 是混合分布的 argmax]。"""
+    res = demos[3]["res"]
+    P = init_params(QCFG, seed=0)
+    base = TransformerLM(P, QCFG, "b")
+    lam, n = s08.LAMBDA, s08.NGRAM
+    keys = list(res)
+    allseq = np.array([q for k in keys for q in res[k]["seqs"]])                 # 一样长：一次前向
+    pball = softmax(base.full_logits(allseq))
+    for j, (name, T) in enumerate(keys):
+        r = res[(name, T)]
+        seqs = r["seqs"]
+        n0 = len(seqs[0]) - s08.PL_NEW
+        pb = pball[j * len(seqs):(j + 1) * len(seqs)]
+        betas, has = [], []
+        for i, seq in enumerate(seqs):
+            for t in range(n0, len(seq)):
+                key = tuple(seq[t - n:t])
+                hits = [j for j in range(len(seq[:t]) - n) if tuple(seq[j:j + n]) == key]
+                if not hits:
+                    betas.append(0.0)
+                    has.append(False)
+                    continue
+                x = seq[max(hits) + n]
+                mix = (1 - lam) * pb[i, t - 1]
+                mix[x] += lam
+                betas.append(mix[x] if T == 1.0 else float(np.argmax(mix) == x))
+                has.append(True)
+        betas, has = np.array(betas), np.array(has)
+        assert r["alpha"] == pytest.approx(betas.mean(), abs=1e-9)
+        assert r["frac_in"] == pytest.approx(has.mean(), abs=1e-12)
+        if has.any():
+            assert r["alpha_in"] == pytest.approx(betas[has].mean(), abs=1e-9)
+        assert r["eq1"] == pytest.approx(_eq1(r["alpha"], s08.PL_GAMMA), rel=1e-12)
+        assert r["first_repeat"] == [_first_repeat(q, n0, n) for q in seqs]
+
+
+def test_demo4_claims(s08, demos):
+    d4 = demos[3]
+    qa, qb = d4["copy_p"]["QCFG"]
+    ta, tb = d4["copy_p"][[k for k in d4["copy_p"] if k != "QCFG"][0]]
+    assert qa < 0.1 and abs(qa - qb) < 0.01                     # QCFG 不会抄
+    assert tb > s08.LAMBDA and ta == pytest.approx(qa, abs=0.005)
+    res = d4["res"]
+    rep0, rep1, fr0, fr1 = res[("重复", 0.0)], res[("重复", 1.0)], res[("不重复", 0.0)], res[("不重复", 1.0)]
+    assert rep0["per_call"] == s08.PL_GAMMA + 1 and rep0["alpha_in"] == 1.0
+    assert rep1["alpha_in"] >= s08.LAMBDA and rep1["frac_in"] > 0.2
+    assert rep1["acc_when_drafted"] > 5 and rep1["per_call"] < rep1["eq1"]
+    assert fr1["frac_in"] < 0.05 and fr1["per_call"] < 1.05
+    assert fr0["frac_in"] > 0.4 and all(x is not None for x in fr0["first_repeat"])
+
+
+def test_demo4_first_repeat_comes_from_qcfg_itself(s08, demos):
+    """T = 0、不重复的提示：第一次重复之前，混合模型的贪心输出和 QCFG 本身的贪心输出逐个相同（第一条提示）。"""
+    fr0 = demos[3]["res"][("不重复", 0.0)]
+    seq = fr0["seqs"][0]
+    n0 = len(seq) - s08.PL_NEW
+    k = fr0["first_repeat"][0]
+    P = init_params(QCFG, seed=0)
+    base_greedy = autoregressive_generate(TransformerLM(P, QCFG, "b"), seq[:n0], k, 0.0, np.random.default_rng(0))
+    assert list(base_greedy) == list(seq[n0:n0 + k])
+
+
+def test_docstring_reason_for_three_token_matching():
+    """文档说：QCFG 的采样文本第 43–90 个位置里约 3% 能找到二元组的偶然重复，3 个 token 的少得多。"""
+    P = init_params(QCFG, seed=0)
+    tx = sample_tokens(P, QCFG, n_seq=8, length=91, seed=5)
+    frac = {n: np.mean([induction_token(list(q), t, n) is not None for q in tx for t in range(43, 91)]) for n in (2, 3)}
+    assert 0.015 < frac[2] < 0.06
+    assert frac[3] < frac[2] / 3

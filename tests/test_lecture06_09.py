@@ -1,0 +1,189 @@
+"""
+第 6 讲 09（token 树）：演示函数返回的数和独立的算法核对——手算的 α_k 和残差、04 脚本自己的 α（measured_alpha）、
+链的式 (1)（expected_tokens）、树 (k, 1, …, 1) 的闭式；decode_lab.build_seed04_models 和 04 脚本的 build_models 逐个数组相同。
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+from conftest import load_script
+from decode_lab import NGramLM, acceptance_beta, adjust, expected_tokens, residual_distribution
+
+S09 = load_script("lecture06/09_token_trees.py")
+S04 = load_script("lecture06/04_spec_decode_speedup.py")
+
+
+def quiet(fn, *args):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return S09.build_seed04_models()
+
+
+@pytest.fixture(scope="module")
+def r1():
+    return quiet(S09.demo1_multi_candidate)
+
+
+@pytest.fixture(scope="module")
+def r2(models):
+    return quiet(S09.demo2_tree_attention, models[0])
+
+
+@pytest.fixture(scope="module")
+def r3(models):
+    return quiet(S09.demo3_alpha_k, *models)
+
+
+@pytest.fixture(scope="module")
+def r4(models, r3):
+    return quiet(S09.demo4_chain_vs_tree, models[0], models[1], r3["alpha_k"])
+
+
+def test_builder_matches_seed04_construction(models):
+    target, drafts = models
+    t04, d04 = S04.build_models()
+    assert list(drafts) == list(d04)
+    pairs = [(target, t04)] + [(drafts[n], d04[n]) for n in d04]
+    for a, b in pairs:
+        assert type(a) is type(b) and a.name == b.name
+        if isinstance(a, NGramLM):
+            assert np.array_equal(a.table, b.table)
+            continue
+        assert a.cfg == b.cfg
+        assert np.array_equal(a.params["embed"], b.params["embed"])
+        assert np.array_equal(a.params["lm_head"], b.params["lm_head"])
+        assert len(a.params["layers"]) == len(b.params["layers"])
+        for La, Lb in zip(a.params["layers"], b.params["layers"]):
+            assert La.keys() == Lb.keys() and all(np.array_equal(La[k], Lb[k]) for k in La)
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：手算
+# ---------------------------------------------------------------------------
+def test_demo1_outputs_are_p_and_k1_is_the_ordinary_rule(r1):
+    for name, _, _ in S09.CASES:
+        assert r1[name]["err"] < S09.ENUM_BOUND and r1[name]["k1_gap"] < S09.ENUM_BOUND
+
+
+def test_demo1_alpha_k_hand_worked(r1):
+    """
+    一般情形：β₁ = 0.75，残差是 token 0 的 one-hot，之后每个候选 β = q(0) = 0.25：α_k = 1 − 0.25·0.75^(k−1)。
+    残差每次都变：β = 0.6, 0.35, 0.1, 0.1（残差 (0.25, 0.75)、(0, 1)、(0, 1)）。q one-hot：α_k = p(1) = 0.2。
+    """
+    ks = S09.KS
+    assert r1["一般情形"]["alphas"] == pytest.approx([1 - 0.25 * 0.75 ** (k - 1) for k in ks], abs=1e-15)
+    betas = [0.6, 0.35, 0.1, 0.1]
+    expect = [1 - np.prod([1 - b for b in betas[:k]]) for k in ks]
+    assert r1["残差每次都变"]["alphas"] == pytest.approx(expect, abs=1e-15)
+    assert r1["q one-hot（T = 0）"]["alphas"] == pytest.approx([0.2] * len(ks), abs=1e-15)
+    assert r1["p == q"]["alphas"] == pytest.approx([1.0] * len(ks), abs=1e-15)
+    assert r1["支撑不相交"]["alphas"] == [0.0] * len(ks)
+    hand = [[0.6, 0.4, 0, 0], [0.25, 0.75, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0]]
+    assert np.allclose(r1["residuals"], hand, atol=1e-15)
+
+
+def test_demo1_increments_shrink_in_the_cases_shown(r1):
+    for name in ("一般情形", "草稿过于自信", "残差每次都变"):
+        a = r1[name]["alphas"]
+        inc = np.diff(a)
+        assert np.all(inc > 0) and np.all(np.diff(inc) < 0), name
+
+
+# ---------------------------------------------------------------------------
+# 演示 2
+# ---------------------------------------------------------------------------
+def test_demo2_tree_attention_and_kept_path(r2):
+    assert r2["max_delta"] < S09.TREE_BOUND
+    assert r2["kv_gap"] < S09.TREE_BOUND and r2["step_gap"] < S09.TREE_BOUND
+    assert r2["n_nodes"] == 2 + 4 + 4
+    n0 = S09.PROMPT_LEN
+    # 树 (2, 2, 1) 的节点按层：0, 1 | 2, 3（0 的孩子）, 4, 5（1 的孩子）| 6..9；节点 8 的路径 1 → 4 → 8
+    assert r2["slots"] == [n0 + 1, n0 + 4, n0 + 8]
+    assert r2["positions"] == [n0] * 2 + [n0 + 1] * 4 + [n0 + 2] * 4
+    assert r2["n_leaves"] == 4 and r2["pos_paths"] == 4 * 3
+    assert r2["w_ratio"] == 4
+
+
+# ---------------------------------------------------------------------------
+# 演示 3
+# ---------------------------------------------------------------------------
+def test_demo3_alpha_1_is_seed04s_alpha(models, r3):
+    target, drafts = models
+    toks = S04.sample_tokens(target.params, S04.QCFG, n_seq=8, length=64, seed=0)
+    for name in ("INT4 量化的自己", "二元语法表"):   # α 最高和最低的两个（04 脚本的函数每次都重算目标模型）
+        assert r3["alpha_k"][name][1] == pytest.approx(S04.measured_alpha(target, drafts[name], toks, 1.0), abs=1e-12)
+    for name in drafts:
+        assert r3["alpha_k"][name]["alpha"] == pytest.approx(r3["alpha_k"][name][1], abs=1e-12)
+
+
+def test_demo3_alpha_2_by_a_second_code_path(models, r3):
+    """α_2 = E[β₁ + (1 − β₁)·β₂]，β₂ 用 residual_distribution 一个位置一个位置地算（不用向量化的 multi_draft_acceptance）。"""
+    target, drafts = models
+    toks = S04.sample_tokens(target.params, S04.QCFG, n_seq=8, length=64, seed=0)
+    p = adjust(target.full_logits(toks), 1.0).reshape(-1, S04.QCFG.vocab)
+    dr = drafts["二元语法表"]
+    q = adjust(dr.table[toks], 1.0).reshape(-1, S04.QCFG.vocab)
+    vals = []
+    for pi, qi in zip(p, q):
+        b1 = float(acceptance_beta(pi, qi))
+        b2 = float(acceptance_beta(residual_distribution(pi, qi), qi))
+        vals.append(b1 + (1 - b1) * b2)
+    assert r3["alpha_k"]["二元语法表"][2] == pytest.approx(np.mean(vals), abs=1e-12)
+
+
+def test_demo3_observations(r3):
+    A = r3["alpha_k"]
+    for name in A:
+        a = [A[name][k] for k in S09.ALPHA_KS]
+        assert np.all(np.diff(a) > 0), name
+    gains = {n: A[n][2] - A[n][1] for n in A}
+    assert gains["二元语法表"] > gains["只用前 1 层"] > gains["只用前 3 层"] > gains["INT4 量化的自己"]
+    assert r3["greedy_same"] == r3["greedy_total"] == 4 * S09.GREEDY_PROMPTS * S09.GREEDY_NEW
+
+
+# ---------------------------------------------------------------------------
+# 演示 4
+# ---------------------------------------------------------------------------
+def _closed_form(A, name, br):
+    """链：式 (1)；树 (k, 1, …, 1)（深 D）：1 + α_k·(1 − α_1^D)/(1 − α_1)。"""
+    a1 = A[name][1]
+    if all(b == 1 for b in br):
+        return expected_tokens(a1, len(br))
+    return 1 + A[name][br[0]] * (1 - a1 ** len(br)) / (1 - a1)
+
+
+def test_demo4_predictions_match_closed_forms(r3, r4):
+    A = r3["alpha_k"]
+    for (name, br), e in r4["pred"].items():
+        assert e == pytest.approx(_closed_form(A, name, br), abs=1e-12), (name, br)
+
+
+def test_demo4_where_trees_win(r3, r4):
+    A = r3["alpha_k"]
+    wins = []
+    for name in A:
+        for b in S09.BUDGETS:
+            chain = _closed_form(A, name, (1,) * b)
+            best_tree = max(_closed_form(A, name, br) for br in S09.shapes(b)[1:])
+            if best_tree > chain:
+                wins.append((name, b, best_tree / chain))
+    assert sorted((n, b) for n, b, _ in wins) == sorted(r4["wins"])
+    assert {n for n, _, _ in wins} <= {"二元语法表", "只用前 1 层"}          # 只在 α 低的草稿上
+    assert all(b > S09.BUDGETS[0] for _, b, _ in wins)                     # 位置少时链都更好
+    assert r4["win_ratio"] == pytest.approx(max(r for _, _, r in wins), abs=1e-12)
+    assert round(100 * (r4["win_ratio"] - 1)) == 9
+    lo = "二元语法表"
+    assert r4["lim_tree"] == pytest.approx(1 + A[lo][2] / (1 - A[lo][1]), abs=1e-12)
+    assert 1 / (1 - A[lo][1]) < r4["lim_tree"]                              # 树的极限高过链的极限
+
+
+def test_demo4_measurement_agrees_with_prediction(r4):
+    assert r4["zmax"] < 3
+    for (name, br), m in r4["meas"].items():
+        assert abs(m["z"]) < 3 and m["rounds"] * m["mean"] >= S09.LOOP_PROMPTS * S09.LOOP_NEW, (name, br)
