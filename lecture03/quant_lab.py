@@ -258,7 +258,7 @@ def gptq_quantize(w, x_calib, scheme, damp=0.01):
     W[i+1:] −= U[i, i+1:]ᵀ · δ / U[i, i]，U 是 H⁻¹ 的上三角 Cholesky 因子（H⁻¹ = UᵀU；论文算法 1）。
     只剩两个输入维时这就是 w₁ += (H₀₁ / H₁₁) · δ₀——让 x₁ 的那一路抵消 x₀ 那一路的舍入误差（闭式解）。
     H 加阻尼 λI，λ = damp × mean(diag H)（论文的 1%）。分组方案的 scale 在走到每组的第一行时，用这时（已被补偿改过的）
-    这一组的权重定（论文 §4 的分组做法）；每通道的方案在开始时用整列定。
+    这一组的权重定（论文的分组做法）；每通道的方案在开始时用整列定。
     【参数】x_calib [样本数, 输入维]：这一层的输入（校准激活）；scheme：SCHEMES 里的方案；damp ≥ 0。
     【边界】x_calib 的形状不对、damp < 0、未知方案、H 奇异（例如某个输入维在校准数据里全是 0，又不加阻尼）
     都抛 ValueError。这里不做论文里为 GPU 做的"lazy batch"分块（结果相同，只是更快）。
@@ -315,7 +315,7 @@ def awq_search(w, x_calib, scheme, grid=20):
     """
     AWQ 的尺度搜索 -> (w', 选中的 a, 每个 a 的相对输出误差 [grid])。awq_quantize 只返回 w'。
 
-    【推导】AWQ（Lin et al. 2023, arXiv 2306.00978 §3.2）：激活大的输入通道更"重要"，把它那一行权重放大 s 倍再量化、
+    【推导】AWQ（Lin et al. 2023, arXiv 2306.00978）：激活大的输入通道更"重要"，把它那一行权重放大 s 倍再量化、
     反量化后除回 s（真实模型里激活一侧的 1/s 并进前一层，比如 RMSNorm 的权重），它的相对舍入误差就小了。
     s_j = mean|x_j|^a（a 在 [0, 1) 的 grid 个等分点 0, 1/grid, … 上搜），除以 √(max s · min s) 让 s 在 1 附近
     （和官方实现一样）；选使校准数据上 ‖X·W − X·W'‖² 最小的 a。a = 0 时 s 全是 1，就是就近舍入，
@@ -458,7 +458,7 @@ def quantize_activations(x, granularity="token"):
 
 def smooth_scales(x, w, alpha):
     """
-    SmoothQuant（Xiao et al. 2022, arXiv 2211.10438 式 (4)）的每个输入通道的 s -> [输入维]。
+    SmoothQuant（Xiao et al. 2022, arXiv 2211.10438）的每个输入通道的平滑因子 s -> [输入维]。
 
     【推导】s_j = max|X_j|^α / max|W_j|^(1−α)：X_j 是激活的第 j 个通道（x 的第 j 列），W_j 是权重的第 j 个输入通道
     （w [输入维, 输出维] 的第 j 行）。X·W = (X / s)·(s·W)：激活除以 s、权重乘 s，结果不变，量化的难度从激活挪到权重；
