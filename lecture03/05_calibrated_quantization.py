@@ -190,8 +190,8 @@ def demo2_model_quality(ev):
     res["int3_gptq_over_int4_rtn"] = k3 / k4
     obs.append(f"少一位代价很大：INT3 就近舍入的 KL 是 INT4 的 {res[('int3-g32', 'rtn')]['kl'] / k4:.1f} 倍；"
                f"GPTQ 的 INT3 仍是 INT4 就近舍入的 {k3 / k4:.1f} 倍——在这个模型上校准补不回一整位。")
-    obs.append(f"top-1 和困惑度只用了 {N_TEXT * (LENGTH - 1)} 个位置上抽中的那一个 token，比用整个分布的 KL 吵得多"
-               "（02 的演示 3 量过），所以这里只按 KL 比较方法；表里它们的先后和 KL 不一致并不奇怪。")
+    obs.append(f"在这 {N_TEXT * (LENGTH - 1)} 个位置上，困惑度只用抽中的那一个 token，top-1 每个位置只有对 / 错两种结果，"
+               "都比用整个分布的 KL 吵得多（02 的演示 3 量过），所以这里只按 KL 比较方法；表里它们的先后和 KL 不一致并不奇怪。")
     print_observations(obs)
     return res
 
