@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100, H100_PCIE, NVLINK4, PCIE5_X16, gang, ring_allreduce  # noqa: E402
-from llm_math import (LLAMA31_70B, decode_step, max_batch, pp_decode_step, tp_decode_step,  # noqa: E402
+from llm_math import (LLAMA31_70B, max_batch, pp_decode_step, tp_decode_step,  # noqa: E402
                       tp_prefill_step, weight_bytes)
 
 MODEL = LLAMA31_70B

@@ -159,7 +159,7 @@ def demo4_h100_prefill():
                      fmt_time(flops / H100.peak_flops("bf16"))])
     print_table(["N", "分数矩阵\n（全部头）", "普通\n搬的字节", "分块\n搬的字节", "下限：\n每个张量一遍",
                  "普通\n搬运时间", "分块\n搬运时间", "计算时间\n（峰值）"], rows)
-    r4, r32 = res[4096], res[32768]
+    r32 = res[32768]
     kv_head = 2 * 32768 * d * BYTES
     print_observations([
         f"普通写法要把分数矩阵写进 HBM：32k 个 token 时一层 {fmt_bytes(r32['s_bytes'])}（还有同样大的概率矩阵），"
