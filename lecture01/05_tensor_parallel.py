@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
-from hw_specs import H100, H100_PCIE, NVLINK4, PCIE5_X16, gang, ring_allreduce  # noqa: E402
+from hw_specs import H100, H100_PCIE, IB_NDR, NVLINK4, PCIE5_X16, gang, ring_allreduce  # noqa: E402
 from llm_math import (LLAMA31_70B, max_batch, pp_decode_step, tp_decode_step,  # noqa: E402
                       tp_prefill_step, weight_bytes)
 
@@ -112,7 +112,8 @@ def demo2_decode_vs_batch():
     n_ar = 2 * MODEL.n_layers
     print_observations([
         f"每步 {n_ar} 次 all-reduce（{MODEL.n_layers} 层 × 2）。批 1：2、4、8 块 SXM 的 TPOT 是 {t2 * 1e3:.1f}、"
-        f"{t4 * 1e3:.1f}、{t8 * 1e3:.1f} ms——卡数翻倍，时间远没有减半：读权重的时间按 1/n 缩短，通信却按 2(n−1) 步变长"
+        f"{t4 * 1e3:.1f}、{t8 * 1e3:.1f} ms——卡数翻倍，时间没有减半（2→4 块剩 {100 * t4 / t2:.0f}%，4→8 块剩 "
+        f"{100 * t8 / t4:.0f}%）：读权重的时间按 1/n 缩短，通信却按 2(n−1) 步变长"
         f"（8 块卡时通信占 {100 * comm[('8×SXM', 1)] / t8:.0f}%）。",
         f"gang 只是一个下界：8 块 SXM、批 1 时 gang 给出 {fmt_time(gang_t[('8×SXM', 1)])}，算上 all-reduce 是 "
         f"{fmt_time(t8)}（{t8 / gang_t[('8×SXM', 1)]:.1f} 倍）；批 32 时是 {tpot[('8×SXM', 32)] / gang_t[('8×SXM', 32)]:.1f} 倍。",
@@ -149,26 +150,30 @@ def demo3_latency_sweep():
 # ---------------------------------------------------------------------------
 def demo4_prefill():
     print_header("演示 4：prefill 时 all-reduce 随提示变长（每跳 3 µs）")
-    rows, share, tcomm, twork = [], {}, {}, {}
+    rows, share, tcomm, twork, ar = [], {}, {}, {}, {}
     for n_tokens in (1024, 8192):
         for name, chip, n, link in CONFIGS:
             r = tp_prefill_step(MODEL, chip, n, link, n_tokens)
-            share[(name, n_tokens)] = r["comm_share"]
+            share[(name, n_tokens)], ar[(name, n_tokens)] = r["comm_share"], r["allreduce"]
             tcomm[(name, n_tokens)], twork[(name, n_tokens)] = r["t_comm"], r["t_work"]
             rows.append([n_tokens, name, fmt_bytes(n_tokens * MODEL.d_model * 2), fmt_time(r["t_work"]),
                          fmt_time(r["t_comm"]), f"{100 * r['comm_share']:.0f}%"])
     print_table(["提示 token", "配置", "每次 all-reduce", "计算（gang）", "all-reduce 合计", "通信占"], rows)
+    a1, a8 = ar[("8×SXM", 1024)], ar[("8×SXM", 8192)]
     print_observations([
         f"prefill 的 all-reduce 是整个提示的激活：8k 个 token 时一次 {fmt_bytes(8192 * MODEL.d_model * 2)}，"
-        f"带宽项成了主角。8 块 SXM 上通信占 {100 * share[('8×SXM', 1024)]:.0f}%（1k）和 "
-        f"{100 * share[('8×SXM', 8192)]:.0f}%（8k）；8 块 PCIe 卡上是 {100 * share[('8×PCIe', 1024)]:.0f}% 和 "
-        f"{100 * share[('8×PCIe', 8192)]:.0f}%。",
+        f"带宽项成了主角（8 块 SXM 上一次的带宽项 {fmt_time(a8['t_bandwidth'])}，延迟项 {fmt_time(a8['t_latency'])}）。"
+        f"8 块 SXM 上通信占 {100 * share[('8×SXM', 1024)]:.0f}%（1k）和 {100 * share[('8×SXM', 8192)]:.0f}%（8k）："
+        f"提示长了，占比反而小一些，因为 1k 时固定的延迟项还占通信的 "
+        f"{100 * a1['t_latency'] / a1['time']:.0f}%，而注意力的计算按 N² 增长。"
+        f"8 块 PCIe 卡上是 {100 * share[('8×PCIe', 1024)]:.0f}% 和 {100 * share[('8×PCIe', 8192)]:.0f}%。",
         f"这里假设计算和通信不重叠；能重叠时，通信最多藏到和计算一样长。8 块 PCIe 卡、8k 个 token 时 all-reduce "
         f"本身（{fmt_time(tcomm[('8×PCIe', 8192)])}）就比计算（{fmt_time(twork[('8×PCIe', 8192)])}）长，重叠也藏不住。"
-        f"张量并行因此通常只在一台机器的 NVLink 以内做（Megatron-LM 的实验里 8 路模型并行都在一台服务器以内，"
-        f"服务器之间只走数据并行的梯度）。",
+        f"跨机器的网络也是这个量级（hw_specs 的 Link 表：InfiniBand NDR 一个端口单向 {fmt_bytes(IB_NDR.bw)}/s，"
+        f"PCIe Gen5 x16 是 {fmt_bytes(PCIE5_X16.bw)}/s），所以按这个模型，跨机器做张量并行的 prefill 也会像"
+        f" 8 块 PCIe 卡这样，通信比计算还长。",
     ])
-    return {"share": share, "t_comm": tcomm, "t_work": twork}
+    return {"share": share, "t_comm": tcomm, "t_work": twork, "allreduce": ar}
 
 
 # ---------------------------------------------------------------------------

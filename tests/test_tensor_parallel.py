@@ -107,3 +107,43 @@ def test_script_demo5_pipeline_does_not_shorten_tpot(s5):
     d = s5["demo5_pipeline"]
     assert d["pp1"]["tpot"] > d["pp1"]["t_one_chip"] > d["tp"]["time"]
     assert d["pp1"]["busy"] == pytest.approx(d["pp1"]["t_one_chip"] / 4 / d["pp1"]["tpot"])
+
+
+def _work(n, batch, chip=H100):
+    """gang 上的 roofline 时间（不算通信），独立按闭式算。"""
+    flops = batch * (2 * (P70 - EMB - 161 * 8192) + 4 * 64 * 128 * 4096)
+    return max(flops / (chip.peak_flops("bf16") * n), ((P70 - EMB) * 2 + batch * 4096 * KV_TOKEN) / (chip.mem_bw * n))
+
+
+def test_script_demo2_observation_ratios(s5):
+    """观察 1：翻倍后剩下的比例、8 块卡的通信占比；观察 2：批 1 和批 32 时 TPOT 是 gang 的几倍。"""
+    d = s5["demo2_decode_vs_batch"]
+    t, g, c = d["tpot"], d["gang"], d["comm"]
+    assert t[("4×SXM", 1)] / t[("2×SXM", 1)] == pytest.approx(_tpot(4, 1, 3e-6) / _tpot(2, 1, 3e-6), rel=1e-12)
+    assert t[("8×SXM", 1)] / t[("4×SXM", 1)] == pytest.approx(_tpot(8, 1, 3e-6) / _tpot(4, 1, 3e-6), rel=1e-12)
+    comm8 = 160 * 14 * (3e-6 + 8192 * 2 / 8 / 450e9)
+    assert c[("8×SXM", 1)] / t[("8×SXM", 1)] == pytest.approx(comm8 / _tpot(8, 1, 3e-6), rel=1e-12)
+    for b in (1, 32):
+        assert g[("8×SXM", b)] == pytest.approx(_work(8, b), rel=1e-12)
+        assert t[("8×SXM", b)] == pytest.approx(_tpot(8, b, 3e-6), rel=1e-12)
+    assert t[("8×PCIe", 1)] / t[("8×SXM", 1)] == pytest.approx(_tpot(8, 1, 3e-6, H100_PCIE) / _tpot(8, 1, 3e-6))
+
+
+def _prefill_work(n_tokens, n, chip):
+    """prefill 的 roofline（gang，计算受限）：2 × (矩阵参数 − lm_head) × N + 2 × lm_head + 因果注意力。"""
+    flops = 2 * (P70 - 2 * EMB - 161 * 8192) * n_tokens + 2 * EMB + 4 * 64 * 128 * 80 * n_tokens * (n_tokens + 1) // 2
+    return max(flops / (chip.peak_flops("bf16") * n), (P70 - EMB) * 2 / (chip.mem_bw * n))
+
+
+@pytest.mark.parametrize("name,n,chip,bw", [("8×SXM", 8, H100, 450e9), ("8×PCIe", 8, H100_PCIE, 64e9),
+                                            ("2×SXM", 2, H100, 450e9)])
+def test_script_demo4_comm_share_by_hand(s5, name, n, chip, bw):
+    d = s5["demo4_prefill"]
+    for N in (1024, 8192):
+        comm = 160 * 2 * (n - 1) * (3e-6 + N * 8192 * 2 / n / bw)
+        work = _prefill_work(N, n, chip)
+        assert d["t_work"][(name, N)] == pytest.approx(work, rel=1e-12)
+        assert d["share"][(name, N)] == pytest.approx(comm / (comm + work), rel=1e-12)
+    a1, a8 = d["allreduce"][(name, 1024)], d["allreduce"][(name, 8192)]
+    assert a1["t_latency"] / a1["time"] == pytest.approx(3e-6 / (3e-6 + 1024 * 8192 * 2 / n / bw), rel=1e-12)
+    assert a8["t_bandwidth"] == pytest.approx(2 * (n - 1) * 8192 * 8192 * 2 / n / bw, rel=1e-12)
