@@ -62,7 +62,7 @@ def demo1_exact():
              ("非因果", 4, 2, 37, 37, 16, 8, 16, False),
              ("因果，最后 5 个 query", 4, 2, 5, 37, 16, 4, 16, True),
              ("因果，块比序列长", 2, 1, 9, 9, 8, 16, 32, True)]
-    rows, worst = [], 0.0
+    rows, worst, ios = [], 0.0, []
     for name, H, Hk, nq, nk, d, bq, bk, causal in cases:
         q = rng.standard_normal((H, nq, d))
         k = rng.standard_normal((Hk, nk, d))
@@ -71,15 +71,20 @@ def demo1_exact():
         out_n, io_n = naive_attention(q, k, v, causal)
         err = float(np.abs(out_f - out_n).max())
         worst = max(worst, err)
+        ios.append((_total(io_n), _total(io_f)))
         rows.append([name, f"{H}×{nq}×{d}", f"{Hk}×{nk}×{d}", f"{bq}×{bk}", fmt_bound(err, 1e-12),
                      _total(io_n), _total(io_f)])
     print_table(["情形", "q 形状", "k、v 形状", "块 q×k", "最大 |差|", "普通 io", "分块 io"], rows)
+    few = cases[2]
     print_observations([
         f"四种情形下分块的结果和普通写法逐个元素相差 {fmt_bound(worst, 1e-12)}（float64 的舍入）：在线 softmax 不是近似，"
         f"只是换了加法的顺序。长度不是块大小的整数倍时，最后一块短一些，照样对。",
-        "这么小的尺寸上分块反而搬得多（key/value 对每个 query 块各读一遍）；N 大了，分数矩阵的 N² 才是大头（演示 3）。",
+        f"分块省掉的是写、读分数 S 和概率 P，多搬的是 K、V：每个 query 块各读一遍。{len(cases)} 种情形里 "
+        f"{sum(f < n for n, f in ios)} 种分块搬得少；\"{few[0]}\"反而多（{ios[2][1]} 对 {ios[2][0]}）："
+        f"S 只有 {few[3]} × {few[4]}，省得少，而 {-(-few[3] // few[6])} 个 query 块各读了一遍 K、V。"
+        f"N、d、M 大时谁多谁少见演示 3。",
     ])
-    return {"worst": worst}
+    return {"worst": worst, "io": ios}
 
 
 # ---------------------------------------------------------------------------
@@ -121,16 +126,19 @@ def demo3_io_complexity():
     c_naive = [naive / (N * d + N * N) for d, M, N, naive, flash in res]
     c_flash = [flash / (N * N * d * d / M) for d, M, N, naive, flash in res]
     big = [(d, M, N, naive / flash) for d, M, N, naive, flash in res if N == 4096]
+    small = (64, 4096, flash_blocks(4096, 64)[0])
     print_observations([
-        f"两个比值列几乎不随 N、d、M 变：普通写法 ÷ (Nd + N²) 在 {min(c_naive):.2f}–{max(c_naive):.2f} 之间"
-        f"（正好是 4(Nd + N²)），分块 ÷ (N²d²/M) 在 {min(c_flash):.2f}–{max(c_flash):.2f} 之间、N 越大越接近 8"
-        f"——计数和论文定理 2 的阶一致"
+        f"普通写法 ÷ (Nd + N²) 在每一行都是 {max(c_naive):.2f}（读写 Q、K、V、O 共 4Nd，S 和 P 各写一次读一次共 4N²）；"
+        f"分块 ÷ (N²d²/M) 在 {min(c_flash):.2f}–{max(c_flash):.2f} 之间、N 越大越接近 8"
+        f"——两个计数都和论文定理 2 的阶一致"
         f"（这里 M ≤ 4d²，所以 B_r = B_c = M/4d，每个 query 块读一遍全部 K、V：2N²d/B_r = 8N²d²/M）。",
-        f"N = 4096 时普通写法搬的是分块的 {big[0][3]:.1f}、{big[1][3]:.1f}、{big[2][3]:.1f} 倍（按表里三组 d、M）："
-        f"M 越大，块越大，K、V 被重读的次数越少；普通写法的 N² 项（写 S、读 S、写 P、读 P）不管 M 多大都在。",
+        f"两种写法都按 N² 增长，所以\"普通÷分块\"不随 N 变，约为 4N² ÷ (8N²d²/M) = M/2d²："
+        f"N = 4096 时是 {big[0][3]:.1f}、{big[1][3]:.1f}、{big[2][3]:.1f}（按表里三组 d、M）。"
+        f"M 越大，块越大，K、V 被重读的次数越少；M = {small[1]}、d = {small[0]} 时块只有 "
+        f"{small[2]} 行，分块反而搬得多。在 M ≤ 4d² 的这几行里，分块能省多少取决于 M/d²，不取决于 N。",
     ])
     return {"c_naive": (min(c_naive), max(c_naive)), "c_flash": (min(c_flash), max(c_flash)),
-            "ratio_4096": [r for *_, r in big]}
+            "ratio_4096": [r for *_, r in big], "small_block": small[2]}
 
 
 # ---------------------------------------------------------------------------
@@ -161,19 +169,21 @@ def demo4_h100_prefill():
                  "普通\n搬运时间", "分块\n搬运时间", "计算时间\n（峰值）"], rows)
     r32 = res[32768]
     kv_head = 2 * 32768 * d * BYTES
+    kv_share = 1 - 2 * H * 32768 * d * BYTES / r32["flash"]        # 减去读 Q、写 O
     print_observations([
-        f"普通写法要把分数矩阵写进 HBM：32k 个 token 时一层 {fmt_bytes(r32['s_bytes'])}（还有同样大的概率矩阵），"
-        f"一块 H100 只有 {fmt_bytes(H100.mem_bytes)}；搬它要 {fmt_time(r32['naive'] / H100.mem_bw)}，"
+        f"普通写法要把分数矩阵 S 写进 HBM：32k 个 token 时一层的 S 有 {fmt_bytes(r32['s_bytes'])}，概率矩阵 P "
+        f"一样大，两个加起来比一块 H100 的 {fmt_bytes(H100.mem_bytes)} 还大。普通写法一共搬 {fmt_bytes(r32['naive'])}"
+        f"（{100 * 4 * r32['s_bytes'] / r32['naive']:.1f}% 是写、读 S 和 P），要 {fmt_time(r32['naive'] / H100.mem_bw)}，"
         f"是这一层计算时间的 {r32['naive'] / H100.mem_bw / (r32['flops'] / H100.peak_flops('bf16')):.0f} 倍。"
         f"FlashAttention 从不写出这个矩阵。",
         f"分块按本表的数法（不算 cache）搬 {fmt_bytes(r32['flash'])}，是普通写法的 "
-        f"1/{r32['naive'] / r32['flash']:.1f}；其中几乎全是 K、V 被每个 query 块、每个 query 头重读。"
+        f"1/{r32['naive'] / r32['flash']:.1f}；其中 {100 * kv_share:.1f}% 是 K、V 被每个 query 块、每个 query 头重读。"
         f"一个 KV 头 32k 个位置的 K、V 只有 {fmt_bytes(kv_head)}，放得进 {fmt_bytes(L2_BYTES)} 的 L2：同时在算的 query 块"
         f"可以共享这些读。L2 挡住的越多，HBM 流量越接近下限 {fmt_bytes(r32['low'])}"
         f"（{fmt_time(r32['low'] / H100.mem_bw)}），那时计算（{fmt_time(r32['flops'] / H100.peak_flops('bf16'))}）"
         f"就成了瓶颈；普通写法的 N² 项没有这条出路。",
     ])
-    return {"blocks": (br, bc), "res": res, "kv_head_bytes": kv_head}
+    return {"blocks": (br, bc), "res": res, "kv_head_bytes": kv_head, "kv_share": kv_share}
 
 
 # ---------------------------------------------------------------------------

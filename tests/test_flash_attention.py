@@ -141,3 +141,32 @@ def test_script_demo5_decode_intensity(s5):
     r = d5["res"][32768]
     assert r["flops"] / r["kv"] == pytest.approx(4.0)
     assert r["flops"] / r["flash"] == pytest.approx(4 * 32 * 128 * 32768 / (2 * 32 * (128 + 2 * 32768 * 128 + 128)))
+
+
+def test_script_demo1_io_counts_by_hand(s5):
+    """演示 1 的四行 io（手算，每个头再乘头数）。
+    因果 37×37、d 16、块 8×16：普通 每头 读 37·16 + 2·37·16 + 2·37² = 4514、写 2·37² + 37·16 = 3330；
+    分块 五个 query 块能看到的最后一个 key 是 7、15、23、31、36 → 读 16、16、32、32、37 行 K 和 V，
+    每头 2·133·16 + 2·37·16 = 5440。非因果：五块各读 37 行，每头 2·185·16 + 1184 = 7104。
+    最后 5 个 query（位置 32..36）、块 4×16：两块各读 37 行，每头 2·2·37·16 + 2·5·16 = 2528；
+    普通 每头 5·16 + 2·37·16 + 4·5·37 + 5·16 = 2084。9×9、d 8、一个块：分块每头 2·9·8 + 2·9·8 = 288，
+    普通每头 9·8 + 2·9·8 + 4·81 + 9·8 = 612。"""
+    assert s5["demo1_exact"]["io"] == [(4 * 7844, 4 * 5440), (4 * 7844, 4 * 7104), (4 * 2084, 4 * 2528),
+                                       (2 * 612, 2 * 288)]
+
+
+def test_script_demo3_small_block_and_demo4_shares(s5):
+    assert s5["demo3_io_complexity"]["small_block"] == 16                  # ⌈4096 / (4·64)⌉
+    d4 = s5["demo4_h100_prefill"]
+    N, H, d = 32768, 32, 128
+    rows = sum(min(((128 * (i + 1) - 1) // 228 + 1) * 228, N) for i in range(N // 128))
+    assert d4["kv_share"] == pytest.approx(2 * rows / (2 * rows + 2 * N), rel=1e-12)   # 每头：K、V 行 vs Q、O 行
+    r = d4["res"][N]
+    assert 4 * r["s_bytes"] / r["naive"] == pytest.approx(4 * N / (4 * N + 4 * d), rel=1e-12)
+
+
+def test_script_demo5_naive_minus_flash_share(s5):
+    """decode：每头 普通 = 2d + 2Nd + 4N 个元素，分块 = 2d + 2Nd，差 4N。"""
+    r = s5["demo5_decode"]["res"][32768]
+    N, d = 32768, 128
+    assert (r["naive"] - r["flash"]) / r["flash"] == pytest.approx(4 * N / (2 * d + 2 * N * d), rel=1e-12)
