@@ -74,7 +74,8 @@ def demo1_exact():
         ios.append((_total(io_n), _total(io_f)))
         rows.append([name, f"{H}×{nq}×{d}", f"{Hk}×{nk}×{d}", f"{bq}×{bk}", fmt_bound(err, 1e-12),
                      _total(io_n), _total(io_f)])
-    print_table(["情形", "q 形状", "k、v 形状", "块 q×k", "最大 |差|", "普通 io", "分块 io"], rows)
+    print_table(["情形", "q 形状", "k、v 形状", "块 q×k", "最大 |差|", "普通 io\n（元素）",
+                 "分块 io\n（元素）"], rows)
     few = cases[2]
     print_observations([
         f"四种情形下分块的结果和普通写法逐个元素相差 {fmt_bound(worst, 1e-12)}（float64 的舍入）：在线 softmax 不是近似，"
@@ -153,7 +154,7 @@ def demo4_h100_prefill():
     M = SRAM_BYTES // BYTES
     br, bc = flash_blocks(M, d)
     print_header(f"演示 4：H100 上一层注意力的 prefill（{m.name}：{H} 个 query 头、{Hk} 个 KV 头、d = {d}，BF16，因果）")
-    print(f"片上内存 M = {SRAM_BYTES // 1024} KB = {M:,} 个 BF16（假设）→ 块 B_r × B_c = {br} × {bc}")
+    print(f"片上内存 M = {SRAM_BYTES // 1024} KB（× 1024 字节）= {M:,} 个 BF16（假设）→ 块 B_r × B_c = {br} × {bc}")
     rows, res = [], {}
     for N in (4096, 32768):
         naive = _total(attention_io("naive", H, Hk, N, N, d, causal=True)) * BYTES
