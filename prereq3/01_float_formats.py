@@ -98,7 +98,8 @@ def demo1_layouts():
                        "max": f.max_value, "min_normal": f.min_normal, "min_subnormal": f.min_subnormal,
                        "epsilon": f.epsilon, "emin": f.emin, "emax": f.emax,
                        "binades": f.emax - (f.emin - f.man_bits) + 1,
-                       "digits": float((f.man_bits + 1) * np.log10(2))}     # 有效二进制位（含隐含的 1）换成十进制
+                       "digits": float((f.man_bits + 1) * np.log10(2)),     # 有效二进制位（含隐含的 1）换成十进制
+                       "overflow_at": f.max_value + 2.0 ** (f.emax - f.man_bits - 1)}   # 最大值 + 半个间隔：从这里起舍入成 inf
         rows.append([f.name, f.bits, f"1 / {f.exp_bits} / {f.man_bits}", f.bias, f"{f.max_value:.6g}",
                      "inf" if f.has_inf else "饱和到最大值"])
     print_table(["格式", "位数", "符号/指数/尾数", "偏置", "最大有限值", "溢出时"], rows)
@@ -112,7 +113,10 @@ def demo1_layouts():
         f"{r['FP16']['epsilon']:.3g}）但最大只到 {r['FP16']['max']:.0f}；BF16 的指数和 FP32 一样是 8 位，最大值 "
         f"{r['BF16']['max']:.3g} 和 FP32 的 {r['FP32']['max']:.3g} 同一个量级，代价是 ε = {r['BF16']['epsilon']:.3g}"
         f"（有效位 = {r['BF16']['man_bits']} 位尾数 + 隐含的 1 位 = {r['BF16']['man_bits'] + 1} 位二进制，约 {r['BF16']['digits']:.1f} 位十进制有效数字；"
-        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。从 FP32 转成 BF16 不会溢出（FP16 超过 65504 就溢出）：这是训练和推理常选 BF16 的一个原因。",
+        f"FP16 {r['FP16']['digits']:.1f} 位、FP32 {r['FP32']['digits']:.1f} 位）。"
+        f"从 FP32 转成 BF16，只有不小于 {r['BF16']['overflow_at']:.6g} 的数（BF16 最大值加半个间隔，离 FP32 的最大值不到 "
+        f"{100 * (1 - r['BF16']['overflow_at'] / r['FP32']['max']):.1f}%）才溢出成 inf；FP16 到 "
+        f"{r['FP16']['overflow_at']:.0f} 就溢出：这是训练和推理常选 BF16 的一个原因。",
         f"E4M3 的最大值是 {r['FP8-E4M3']['max']:.0f} 而不是 1.875 × 2^8 = {1.875 * 2 ** 8:.0f}：它没有 inf，把最大的指数码也拿来"
         f"表示数，只留 S.1111.111 当 NaN，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
         f"最大指数码给 inf 和 NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",

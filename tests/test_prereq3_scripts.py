@@ -361,3 +361,17 @@ def test_02_bits_per_value(s2):
     assert r["INT4-g128"] == 4.125 and r["INT4-g64"] == 4.25 and r["MXFP8（E4M3 元素）"] == 8.25
     assert r["INT8 每通道"] == 8 + 16 / 4096 and r["FP8-E4M3 每通道"] == 8 + 32 / 4096 and r["BF16"] == 16
     assert r["NVFP4（E2M1 元素）"] == 4 + 8 / 16
+
+
+def test_01_overflow_thresholds_of_bf16_and_fp16(s1):
+    """观察 1：BF16 从 (2 − 2⁻⁸) × 2¹²⁷（最大值加半个间隔，平局取偶进到 2¹²⁸）起溢出，FP32 的最大值也会溢出；
+    FP16 从 65520 起（numpy 自己的 float16 转换核对）。"""
+    r = s1[1]["demo1_layouts"]
+    bf, fp16 = r["BF16"]["overflow_at"], r["FP16"]["overflow_at"]
+    assert bf == (2 - 2 ** -8) * 2.0 ** 127 and fp16 == 65520.0
+    assert 1 - bf / float(np.finfo(np.float32).max) < 0.002
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float16(fp16)) and np.float16(np.nextafter(fp16, 0)) == 65504
+    from numfmt import BF16
+    assert np.isinf(round_to(bf, BF16)) and np.isinf(round_to(float(np.finfo(np.float32).max), BF16))
+    assert round_to(np.nextafter(bf, 0), BF16) == SPEC["BF16"][4]
