@@ -177,7 +177,8 @@ def demo3_granularity_outlier():
         f"每通道：只有离群值那一列坏了（那一列其他数的误差 {c4['col']:.3f}，其余的数整体 {c4['rest']:.3f}）；"
         f"每组 {GROUP}：只坏了那一组的 {GROUP - 1} 个数（误差 {g4['grp']:.3f}），整体 {g4['rest']:.3f}，几乎看不出来。"
         "粒度越细，一个离群值殃及的数越少——代价是更多的 scale（演示 5）。",
-        f"离群值本身在各方案里都被表示得很好（它就是自己那一块的最大值，正好对到 ±qmax；INT4 每组时误差 {g4['outlier_err']:.3g}）："
+        f"离群值本身在各方案里都被表示得很好（它就是自己那一块的最大值，正好对到 ±qmax；INT4 每组时绝对误差 {g4['outlier_err']:.3g}，"
+        f"是它本身的 {100 * g4['outlier_err'] / OUTLIER_SIGMA:.2f}%）："
         "受害的是和它共用 scale 的数。",
     ])
     return res

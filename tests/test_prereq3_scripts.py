@@ -267,6 +267,8 @@ def test_02_granularity_and_outlier(s2):
     # 每通道：离群值那一列的其他数都坏了，其他列不变
     assert r[(4, "channel")]["col"] > 0.99
     assert r[(8, "tensor")]["rest"] > 10 * r[(8, "tensor")]["clean"]
+    # 观察 4：离群值是它那一组的最大值，scale = FP16(50/7)，反量化 = 7 × scale
+    assert r[(4, "group")]["outlier_err"] == pytest.approx(abs(7 * float(np.float16(50 / 7)) - 50), rel=1e-9)
 
 
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
