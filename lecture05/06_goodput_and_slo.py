@@ -175,7 +175,7 @@ def demo1_goodput():
     r["cap8"] = cap8
     print_observations(lines + [
         f"精度：每组随机数各找一次 goodput——在粗网格上二分，再在那一格里插 {N_REFINE} 个点细找一次，"
-        f"真值离找到的值不超过 {r['width_max']:.2g} req/s/GPU（粗网格一格的 1/{N_REFINE + 1}）。"
+        f"只要达标率随到达率单调下降，真值离找到的值不超过 {r['width_max']:.2g} req/s/GPU（粗网格一格的 1/{N_REFINE + 1}）。"
         f"比网格的精度大的是抽样的起伏：{N_REQ} 个请求、{len(DRAWS)} 组随机数，同一格的三个值最多差 "
         f"{r['spread_max']:.2g} req/s/GPU（{r['spread_cell']}），所以只有范围不重叠的先后才算数。",
         f"只发 {N_REQ} 个请求的模拟会放过撑不住的负载：prefill 队列还没排长，请求就发完了。所以到达率还要低于 prefill 那一侧的"
