@@ -24,8 +24,8 @@ CS349E · 第 5 讲 · 07_paged_kv_cache.py —— KV 内存去哪了：整段�
 （对整段预留有利的假设：真实的连续分配还会留下放不下新请求的空洞）。共享前缀的系统提示 1500 个 token（**假设**），
 加在每个请求的提示前面。TPOT 是 roofline 下界（llm_math.decode_step），批和上下文取模拟里的平均。
 出处：vLLM / PagedAttention（Kwon et al., SOSP 2023, arXiv 2309.06180）图 2 和 §1 的数字，对照了 arXiv 正文的转录本；
-"浪费不到 4%"出自 vLLM 的博客（2023-06-20）：只对照了别处转引的原句，没有看到博客本身；论文图 2 里 vLLM 的 96.3%
-和它一致。
+"浪费不到 4%"出自 vLLM 的博客（2023-06-20，不是论文）：对照了博客在 GitHub 上的 markdown 原文；论文图 2 里 vLLM 的
+96.3% 和它一致。
 
 【运行】python3 07_paged_kv_cache.py （约 0.5 秒）
 
