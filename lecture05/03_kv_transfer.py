@@ -130,7 +130,7 @@ def demo2_transfer_vs_prefill():
         f"连 100 GbE 也只占 {r['eth_ratio_oss_2k'] * 100:.0f}%：提示 2048 时它的 KV 只有 70B 的 1/{r['kv_ratio_2k']:.1f}"
         f"（层数少、head_dim 小、滑动窗口），prefill 时间却是 70B 的 1/{r['pre_ratio_2k']:.1f}"
         f"（一块卡 vs {DEPLOY[0][3]} 块卡），比例自然小得多。",
-        f"比例小于 100% 时，不必等 prefill 全部算完再发：每算完一层就把这一层的 KV 发出去（Splitwise 的做法），"
+        f"比例小于 100% 时，不必等 prefill 全部算完再发：每算完一层就把这一层的 KV 发出去（Splitwise 的做法，Patel et al., ISCA 2024, arXiv 2311.18677），"
         f"搬运和后面的层重叠，露在外面的只剩最后一层的那份：{m70} 走一个 NDR 端口约 {fmt_time(r['exposed_layerwise_70_2k'])}"
         f"（{fmt_time(ib_t)} / {LLAMA31_70B.n_layers} 层）。比例大于 100% 时藏不住，网络决定了解耦值不值。",
     ])

@@ -123,7 +123,7 @@ def demo1_how_many_cards():
         f"{oss[2]} 块 H100。发布格式（非专家部分 BF16）是 {fmt_bytes(nat[0])} = {native_gib:.2f} GiB，{match}，"
         f"要 {nat[1]} 张 Corsair。SRAM 快但小：每张卡 {fmt_bytes(CORSAIR.mem_bytes)}，是一块 H100 的 1/{r['cap_ratio']:.0f}。",
         f"把权重放进 Corsair 的 LPDDR5X（每张 {fmt_bytes(CORSAIR.capacity_bytes)}）就不缺地方了，但那一层的带宽只有约 "
-        f"{CORSAIR.capacity_bw / 1e12:.1f} TB/s，比 H100 的 HBM（{H100.mem_bw / 1e12:.2f} TB/s）还慢（演示 2）。"
+        f"{CORSAIR.capacity_bw / 1e12:.1f} TB/s（二手来源的近似值），比 H100 的 HBM（{H100.mem_bw / 1e12:.2f} TB/s）还慢（演示 2）。"
         "所以 SRAM 芯片最适合的是**小而要快**的模型——比如投机解码的草稿。",
     ])
     return r

@@ -24,8 +24,8 @@ CS349E · 第 5 讲 · 07_paged_kv_cache.py —— KV 内存去哪了：整段�
 （对整段预留有利的假设：真实的连续分配还会留下放不下新请求的空洞）。共享前缀的系统提示 1500 个 token（**假设**），
 加在每个请求的提示前面。TPOT 是 roofline 下界（llm_math.decode_step），批和上下文取模拟里的平均。
 出处：vLLM / PagedAttention（Kwon et al., SOSP 2023, arXiv 2309.06180）图 2 和 §1 的数字，对照了 arXiv 正文的转录本；
-"浪费不到 4%"出自 vLLM 的博客（2023-06-20）：只对照了别处转引的原句，没有看到博客本身；论文图 2 里 vLLM 的 96.3%
-和它一致。
+"浪费不到 4%"出自 vLLM 的博客（2023-06-20，不是论文）：对照了博客在 GitHub 上的 markdown 原文；论文图 2 里 vLLM 的
+96.3% 和它一致。
 
 【运行】python3 07_paged_kv_cache.py （约 0.5 秒）
 
@@ -93,10 +93,10 @@ def demo1_allocators():
          "gain_paged_vs_maxout": pg["mean_running"] / mx["mean_running"], "mean_out": float(OUTS.mean()),
          "mean_prompt": float(PROMPTS.mean())}
     print_observations([
-        f"按服务上限预留（每个请求 {SERVING_CAP} 个位置）：只有 {cap['used_frac']:.1%} 的预留内存存着真 token，"
-        f"批只有 {cap['max_running']} 个请求。请求平均只存 {cap['mean_tokens']:.0f} 个 token，其余是留给它永远用不到的长度"
+        f"按服务上限预留（每个请求 {SERVING_CAP} 个位置，假设的服务上限）：只有 {cap['used_frac']:.1%} 的预留内存存着真 token，"
+        f"批只有 {cap['max_running']} 个请求。请求平均只存 {cap['mean_tokens']:.0f} 个 token，其余大多是它永远用不到的长度"
         f"（内部碎片）。按提示 + 最大输出预留好得多（{mx['used_frac']:.1%}），剩下的浪费是还没生成、"
-        f"以及最终也不会生成的输出位置（平均输出 {r['mean_out']:.0f}，却按 {MAX_OUT} 留）。",
+        f"以及最终也不会生成的输出位置（平均输出 {r['mean_out']:.0f}，却按假设的最大输出 {MAX_OUT} 留）。",
         f"分页随用随分：{pg['used_frac']:.2%} 的已分配位置存着真 token，平均并发 {pg['mean_running']:.0f}，"
         f"是按上限预留的 {r['gain_paged_vs_cap']:.1f} 倍、按最大输出预留的 {r['gain_paged_vs_maxout']:.2f} 倍。"
         f"代价是内存会被挤满：{pg['preempted']} 次要把最后进来的请求挤出去重算（这里不计它的时间）。",
@@ -153,7 +153,9 @@ def demo3_fp8_kv():
         step = decode_step(MODEL, CHIP, batch, ctx, kv_bits=bits)
         closed = max_batch(MODEL, CHIP, ctx, kv_bits=bits)
         out[name] = {"sim": s, "cap": cap, "batch": batch, "ctx": ctx, "tpot": step["time"], "closed": closed,
-                     "throughput": batch / step["time"], "kv_share": step["kv_bytes"] / (step["kv_bytes"] + step["w_bytes"])}
+                     "throughput": batch / step["time"],
+                     "free": 1 - s["pool_frac"] / s["used_frac"], "last_block": s["pool_frac"] / s["used_frac"] - s["pool_frac"],
+                     "kv_share": step["kv_bytes"] / (step["kv_bytes"] + step["w_bytes"])}
         rows.append([name, fmt_bytes(MODEL.kv_bytes_per_token(bits / 8)), f"{cap:,}", closed, batch, ctx,
                      fmt_time(step["time"]), f"{batch / step['time']:,.0f}"])
     bf, f8 = out["BF16"], out["FP8"]
@@ -166,7 +168,9 @@ def demo3_fp8_kv():
         f"权重占 {fmt_bytes(r['weights'])}，剩下的都给 KV：BF16 能放 {bf['cap']:,} 个 token，FP8 {f8['cap']:,} 个（两倍，"
         f"各自向下取整）。平均并发从 {bf['batch']} 到 {f8['batch']}（{r['batch_gain']:.2f} 倍），比按平均上下文算的闭式 "
         f"max_batch（{bf['closed']} 和 {f8['closed']}）少 {1 - bf['batch'] / bf['closed']:.1%} 和 "
-        f"{1 - f8['batch'] / f8['closed']:.1%}：分页留了 1% 的水位线，每个请求的最后一块也有空位。",
+        f"{1 - f8['batch'] / f8['closed']:.1%}（两边都取了整）。不取整：真 token 占 KV 池的 {bf['sim']['pool_frac']:.1%} 和 "
+        f"{f8['sim']['pool_frac']:.1%}，其余是放新请求时留的 1% 水位线（平均空着 {bf['free']:.1%} 和 {f8['free']:.1%}）"
+        f"和每个请求最后一块的空位（{bf['last_block']:.1%} 和 {f8['last_block']:.1%}）。",
         f"TPOT：批里 KV 的字节没变（请求多了一倍、每个 token 小了一半），每步读的字节差不多，TPOT 几乎不变（{fmt_time(bf['tpot'])} "
         f"和 {fmt_time(f8['tpot'])}，差 {abs(f8['tpot'] / bf['tpot'] - 1):.1%}），吞吐却是 {f8['throughput'] / bf['throughput']:.2f} 倍。"
         f"反过来保持 {bf['batch']} 个请求不变，FP8 让每步少读一半 KV：TPOT 从 {fmt_time(bf['tpot'])} 降到 {fmt_time(same)}"

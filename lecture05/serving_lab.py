@@ -176,7 +176,7 @@ def simulate_colocated(model, chip, arrivals, prompt_lens, out_lens, n_gpus=1, c
     它的第一个 token 在迭代结束时出来；没有等着的，所有在跑的序列 decode 一步。
     chunk=c（分块 prefill，Sarathi 的做法）：每次迭代 decode 所有在跑的序列，同时顺带 prefill 排在最前面的请求的
     下 c 个提示 token；提示算完的那次迭代给出它的第一个 token。
-    【边界】机器空闲时时间跳到下一个到达时刻。请求的数组长度不一、提示或生成数 < 1、n_gpus < 1、chunk < 1 抛 ValueError。
+    【边界】机器空闲时时间跳到下一个到达时刻。请求的数组长度不一、提示或生成数 < 1、到达时刻不是有限非负的不减序列、n_gpus < 1、chunk < 1 抛 ValueError。
     """
     _check_requests(arrivals, prompt_lens, out_lens)
     if n_gpus < 1 or (chunk is not None and chunk < 1):
@@ -267,6 +267,9 @@ def _check_requests(arrivals, prompt_lens, out_lens):
         raise ValueError(f"到达时刻、提示长度、生成数三个数组必须一样长且不空（收到 {n}, {len(prompt_lens)}, {len(out_lens)}）")
     if min(int(x) for x in prompt_lens) < 1 or min(int(x) for x in out_lens) < 1:
         raise ValueError("每个请求的提示至少 1 个 token、至少生成 1 个 token")
+    arr = np.asarray(arrivals, dtype=float)
+    if not (np.isfinite(arr).all() and (arr >= 0).all() and (np.diff(arr) >= 0).all()):
+        raise ValueError("到达时刻必须是有限、非负、不减的秒数（按到达顺序排好；NaN 会让模拟一直等下去）")
 
 
 def _decode_tick(running, t, last, gaps, gap1, out_lens):

@@ -79,4 +79,10 @@ def test_demo3_fp8_tpot_on_the_roofline(s07, capsys):
     assert r["weights"] == 2 * 8_030_261_248
     for v, kv_tok in ((bf, 131072), (f8, 65536)):
         assert v["closed"] == int(ROOM // (kv_tok * v["ctx"]))          # llm_math.max_batch 的闭式
+        # 不取整的账：池 = 真 token + 最后一块的空位 + 空着的；用每步平均的批、上下文、空位另算一遍
+        sim, pool = v["sim"], (int(ROOM // kv_tok) // 16) * 16
+        assert v["last_block"] == pytest.approx(sim["mean_waste"] * sim["mean_running"] / pool, rel=1e-9)
+        assert v["free"] == pytest.approx(1 - (sim["mean_tokens"] + sim["mean_waste"]) * sim["mean_running"] / pool,
+                                          rel=1e-9)
+        assert 0.005 < v["free"] < 0.015 and v["last_block"] < 0.005   # "空着约 1%"、"最后一块 0.3%"
         assert 0 < 1 - v["batch"] / v["closed"] < 0.02                   # "少不到 2%"

@@ -176,6 +176,14 @@ def test_goodput_functions_reject_bad_inputs_instead_of_hanging():
         fast_disaggregated(M, H100, [0.0], [10], [3], lambda n: 0.0, n_decode=0)
     with pytest.raises(ValueError, match="一样长"):
         fast_colocated(M, H100, [0.0], [10, 10], [3, 3])
+    # 回归：到达时刻是 NaN 时两个模拟都一直等下去（t 变成 NaN，"到达 ≤ t" 永远不成立）；乱序的到达会被按编号排队
+    for arr in ([0.0, float("nan")], [1.0, 0.0], [-1.0, 0.0], [0.0, float("inf")]):
+        with pytest.raises(ValueError, match="到达时刻"):
+            fast_colocated(M, H100, arr, [10, 10], [3, 3])
+        with pytest.raises(ValueError, match="到达时刻"):
+            fast_disaggregated(M, H100, arr, [10, 10], [3, 3], lambda n: 0.0)
+        with pytest.raises(ValueError, match="到达时刻"):
+            simulate_colocated(M, H100, arr, [10, 10], [3, 3])
     for bad in ([], [2, 1], [0, 1], [-1, 2]):
         with pytest.raises(ValueError, match="递增的正数"):
             find_goodput(lambda r: 1.0, bad)
