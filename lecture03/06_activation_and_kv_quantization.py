@@ -20,6 +20,7 @@ CS349E · 第 3 讲 · 06_activation_and_kv_quantization.py —— 权重之后�
   "注入离群的版本"是构造的：每层两个 RMSNorm 的 OUTLIER_CH 这几个通道的权重乘 OUTLIER_S = 20、紧跟着的矩阵的对应行
   除以 20（quant_lab.with_salient_channels：同一个函数，只是激活的这几个通道大了 20 倍）。倍数是选的。
 - 激活：原模型自己采样的 8 条 × 64 个 token（种子 1）在 float 模型里的值；KV cache：8 条 × 128 个 token（种子 0）。
+  SmoothQuant 的 s 就用这同一批激活算、在它上面量误差（论文用另外的校准数据离线定 s），所以是它的最好情形。
 - 演示 3 的"不量化"是 float64 的缓存（字节按 BF16 记）。激活量化的 scale 存成 FP16（numfmt.quantize_int 的做法）；KV 的 FP8 不做缩放（scale = 1，这里 K、V 的大小在
   1 附近）；INT8 每个 token 每个头一个 FP16 scale，INT4 每个 token 里每 8 个数一组一个 FP16 scale。
   缓存里的 K 是 RoPE 之后、每个头的列重排过的（transformer_lab 的复数写法：第 2i、2i+1 列是原来的第 i、i + 8 维）。
