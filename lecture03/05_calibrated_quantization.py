@@ -22,6 +22,8 @@ CS349E · 第 3 讲 · 05_calibrated_quantization.py —— 看数据的量化�
 - 文本：原模型在温度 1 下一次采样 20 条 × 64 个 token（种子 0），按条分成三段：校准 8 条（512 个位置的激活）、
   留出 4 条（量输出误差）、8 条量 KL 等指标。每层都用 float 模型的激活校准（不用前面的层量化以后的激活）。
   GPTQ 的阻尼 λ = 1% × mean(diag H)（论文的默认值）；AWQ 的 a 在 0, 0.05, …, 0.95 上搜（官方实现的 20 个点）。
+- AWQ 在这里每个矩阵各搜自己的 a，只看这个矩阵的输出误差；官方实现（mit-han-lab/llm-awq）让 wq/wk/wv（和
+  w_gate/w_up）共用一个 s——它要并进同一个 RMSNorm 的权重——并看整个注意力 / FFN 的输出。这里的 AWQ 因此略占便宜。
 - 演示 3 的显著通道是**构造的**：每层两个 RMSNorm 的第 SALIENT 个权重乘 SALIENT_S = 10、紧跟着的矩阵的对应行除以 10
   （同一个函数，logits 只差浮点舍入）。真实模型里这种通道是训练出来的（AWQ 论文：按激活挑出 1% 的通道最要紧）。
 - 只量化 transformer 块里的 7 个矩阵（lm_head、词嵌入、RMSNorm 不动），权重反量化成 float64 再算（只量化权重）。
@@ -156,7 +158,7 @@ def demo1_output_error(ev):
                    f"。{r['n']} 个矩阵的平均：{pct(r['mean']['rtn'])} → GPTQ {pct(r['mean']['gptq'])}、"
                    f"AWQ {pct(r['mean']['awq'])}。")
     obs.append("GPTQ 的收益来自输入之间的相关：第 i 个输入维的舍入误差 δ 可以由和它相关的后面的输入维抵消一部分"
-               "（两个输入维时就是 w₁ += (H₀₁/H₁₁)·δ₀）。表里的误差是在校准时没见过的留出文本上量的。"
+               "（两个输入维时就是 w₁ += (H₀₁/H₁₁)·δ₀，δ₀ = w₀ − q₀）。表里的误差是在校准时没见过的留出文本上量的。"
                "AWQ 在校准数据上保证不比就近舍入差（a = 0 就是就近舍入），换到留出的数据上就没有这个保证。")
     obs.append("GPTQ 论文（arXiv 2210.17323 摘要）：约 4 个 GPU 小时把 1750 亿参数的模型量化到每个权重 3 或 4 位，"
                "精度几乎不降。")
@@ -224,7 +226,7 @@ def demo3_salient_channels(ev):
             e = float(np.mean([x for k in fed for x in r["err"][k]]))
             res[(name, m)] = {"err": e, "kl": r["kl"], "agree": r["agree"]}
             rows.append([name, METHOD_ZH[m], pct(e), f"{r['kl']:.5f}", pct(r["agree"])])
-    print_table(["模型", "方法", "输出误差\n(wq…w_up 平均)", "KL（nats）", "top-1 一致"], rows)
+    print_table(["模型", "方法", "输出误差（wq/wk/wv/\nw_gate/w_up 平均）", "KL（nats）", "top-1 一致"], rows)
     grid = np.arange(len(res["base_curve"])) / len(res["base_curve"])
     print()
     print_plot({"QCFG": (grid, res["base_curve"]), "显著通道版": (grid, res["sal_curve"])},

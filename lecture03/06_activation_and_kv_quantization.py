@@ -20,6 +20,7 @@ CS349E · 第 3 讲 · 06_activation_and_kv_quantization.py —— 权重之后�
   "注入离群的版本"是构造的：每层两个 RMSNorm 的 OUTLIER_CH 这几个通道的权重乘 OUTLIER_S = 20、紧跟着的矩阵的对应行
   除以 20（quant_lab.with_salient_channels：同一个函数，只是激活的这几个通道大了 20 倍）。倍数是选的。
 - 激活：原模型自己采样的 8 条 × 64 个 token（种子 1）在 float 模型里的值；KV cache：8 条 × 128 个 token（种子 0）。
+  SmoothQuant 的 s 就用这同一批激活算、在它上面量误差（论文用另外的校准数据离线定 s），所以是它的最好情形。
 - 演示 3 的"不量化"是 float64 的缓存（字节按 BF16 记）。激活量化的 scale 存成 FP16（numfmt.quantize_int 的做法）；KV 的 FP8 不做缩放（scale = 1，这里 K、V 的大小在
   1 附近）；INT8 每个 token 每个头一个 FP16 scale，INT4 每个 token 里每 8 个数一组一个 FP16 scale。
   缓存里的 K 是 RoPE 之后、每个头的列重排过的（transformer_lab 的复数写法：第 2i、2i+1 列是原来的第 i、i + 8 维）。
@@ -115,8 +116,8 @@ def demo1_activation_outliers(ctx):
     res["token_jump"] = o["token"] / b["token"]
     print_observations([
         f"QCFG 的激活没有离群通道：每个通道的 max|x| 最大的只是中位数的 {res['spread_range'][0]:.1f}–"
-        f"{res['spread_range'][1]:.1f} 倍，INT8 的相对误差每张量不超过 {100 * res['qcfg_max_tensor']:.1f}%、"
-        f"每 token 不超过 {100 * res['qcfg_max_token']:.1f}%"
+        f"{res['spread_range'][1]:.1f} 倍，INT8 的相对误差每张量最大 {100 * res['qcfg_max_tensor']:.2f}%、"
+        f"每 token 最大 {100 * res['qcfg_max_token']:.2f}%"
         + ("（最大的都是 w_down 的输入 SiLU(gate)·up）。" if set(res["qcfg_argmax"].values()) == {"mlp_act"} else "。"),
         f"注入 {len(OUTLIER_CH)} 个 {OUTLIER_S:g} 倍的通道以后，注意力输入的 INT8 误差：每张量变成 {res['tensor_jump']:.1f} 倍，"
         f"每 token 变成 {res['token_jump']:.1f} 倍。离群值撑大了 scale，其余 {QCFG.d_model - len(OUTLIER_CH)} 个通道"
@@ -138,7 +139,7 @@ def w8a8_mean(P, acts, granularity, alpha):
 
 
 def demo2_smoothquant(ctx):
-    print_header("演示 2：SmoothQuant——s_j = max|X_j|^α / max|W_j|^(1−α)，W8A8 的输出误差（wq…w_up，4 层平均）")
+    print_header("演示 2：SmoothQuant——s_j = max|X_j|^α / max|W_j|^(1−α)，W8A8 输出误差（wq/wk/wv/w_gate/w_up 平均）")
     rows, res = [], {}
     for a in ALPHAS:
         r = {(name, g): w8a8_mean(P, acts, g, a) for name, P, acts in (("QCFG", ctx["P"], ctx["acts"]),
@@ -221,7 +222,7 @@ def demo4_h100(ctx):
         f"FP8 放得下的 token 是 BF16 的 {f8['tokens'] / bf['tokens']:.0f} 倍（{fmt_num(bf['tokens'])} → "
         f"{fmt_num(f8['tokens'])}），上下文 {CONTEXT} 的最大批 {bf['batch']} → {f8['batch']}；INT4 每 8 个一组"
         f"（{i4['bits']:g} 位）再到 {i4['batch']}。同样的批和上下文，decode 每步读的 KV 字节也按位数的比例少。",
-        "代价是演示 3 的 KL：INT8 / FP8 的 KV 几乎不改变输出，4 位的开始看得出来。",
+        "代价看演示 3 的 KL（那是在 QCFG 上量的，不是 Llama-3.1-8B）：INT8 / FP8 的 KV 几乎不改变输出，4 位的开始看得出来。",
     ])
     return res
 

@@ -164,3 +164,105 @@ def test_calibrated_model_kls_by_a_second_forward(run):
     d3 = out["demo3_salient_channels"]
     assert d3[("显著通道版", "awq")]["kl"] == pytest.approx(k_a, rel=1e-9)
     assert d3["awq_vs_base_rtn"] == pytest.approx(k_a / d3[("QCFG", "rtn")]["kl"])
+
+
+def awq_indep(w, x, qmax, grid=20):
+    """
+    AWQ 的第二种写法（不经过 quant_lab）：s = mean|x|^a / √(max·min)，a = 0, 1/grid, …；校准误差直接用 X 算
+    （lab 用 Gram 矩阵），量化用本文件的 int_group -> (w', 选中的 a, 每个 a 的相对误差的平方)。
+    """
+    m = np.abs(x).mean(0)
+    y = x @ w
+    errs, outs = [], []
+    for k in range(grid):
+        s = m ** (k / grid)
+        s = s / np.sqrt(s.max() * s.min())
+        wq = int_group(w * s[:, None], qmax) / s[:, None]
+        errs.append(np.linalg.norm(x @ wq - y) ** 2 / np.linalg.norm(y) ** 2)
+        outs.append(wq)
+    k = int(np.argmin(errs))
+    return outs[k], k / grid, np.array(errs)
+
+
+def awq_params(ctx, qmax):
+    return calibrated_params(ctx, lambda w, x: awq_indep(w, x, qmax)[0])
+
+
+@pytest.fixture(scope="module")
+def awq_ref(run):
+    """两种方案下独立算的 AWQ 权重（QCFG）和 INT4-g32 的显著通道版。"""
+    _, ev, _ = run
+    return {("base", 7): awq_params(ev["base"], 7), ("base", 3): awq_params(ev["base"], 3),
+            ("sal", 7): awq_params(ev["sal"], 7)}
+
+
+def test_demo1_awq_and_int3_gptq_figures_independently(run, awq_ref):
+    """观察 1、2 的 AWQ 最多小 / 变大的个数 / 最多大、平均，和 INT3 的 GPTQ 范围：用第二种 AWQ、gptq_quantize 重算。"""
+    _, ev, out = run
+    d1, base = out["demo1_output_error"], ev["base"]
+    P = base["P"]
+    for s, qmax in (("int4-g32", 7), ("int3-g32", 3)):
+        Pa = awq_ref[("base", qmax)]
+        rtn, awq, gq = [], [], []
+        for m in LAYER_MATRICES:                      # 和脚本一样按矩阵种类、再按层排
+            for L, La, C, A in zip(P["layers"], Pa["layers"], base["calib"], base["held"]):
+                xh = A[INPUT_OF[m]]
+                rtn.append(rel(xh, L[m], int_group(L[m], qmax)))
+                awq.append(rel(xh, L[m], La[m]))
+                gq.append(rel(xh, L[m], gptq_quantize(L[m], C[INPUT_OF[m]], s)))
+        rtn, awq, gq = map(np.array, (rtn, awq, gq))
+        r = d1[s]
+        assert r["awq_worse"] == int((awq > rtn).sum())
+        assert r["awq_cut"] == pytest.approx((float((1 - awq / rtn).min()), float((1 - awq / rtn).max())), rel=1e-9)
+        assert r["gptq_cut"] == pytest.approx((float((1 - gq / rtn).min()), float((1 - gq / rtn).max())), rel=1e-9)
+        assert r["gptq_better"] == int((gq < rtn).sum())
+        assert r["mean"]["rtn"] == pytest.approx(rtn.mean(), rel=1e-12)
+        assert r["mean"]["awq"] == pytest.approx(awq.mean(), rel=1e-9)
+        assert r["mean"]["gptq"] == pytest.approx(gq.mean(), rel=1e-9)
+
+
+def test_demo2_remaining_kls_by_a_second_forward(run, awq_ref):
+    """演示 2 引用的 AWQ（两种方案）和 INT3 GPTQ 的 KL：第二种 AWQ / gptq_quantize 的权重，朴素前向算 KL。"""
+    _, ev, out = run
+    d2, base = out["demo2_model_quality"], ev["base"]
+    P, toks = base["P"], base["toks"]
+    for s, qmax in (("int4-g32", 7), ("int3-g32", 3)):
+        k_a = kl_of(P, awq_ref[("base", qmax)], toks)
+        assert d2[(s, "awq")]["kl"] == pytest.approx(k_a, rel=1e-9)
+        assert d2[s]["awq_kl_cut"] == pytest.approx(1 - k_a / d2[(s, "rtn")]["kl"])
+    k_g3 = kl_of(P, calibrated_params(base, lambda w, x: gptq_quantize(w, x, "int3-g32")), toks)
+    assert d2[("int3-g32", "gptq")]["kl"] == pytest.approx(k_g3, rel=1e-9)
+    k4 = kl_of(P, rtn_params(P, lambda w: int_group(w, 7)), toks)
+    assert d2["int3_gptq_over_int4_rtn"] == pytest.approx(k_g3 / k4, rel=1e-9)
+
+
+def test_demo3_awq_search_and_salient_gptq_independently(run, awq_ref):
+    """演示 3 观察 1、3：显著通道版的通道比、第 0 层 wq 选中的 a 和曲线、s 的最大 / 最小，GPTQ 在显著通道版上的 KL。"""
+    mod, ev, out = run
+    d3 = out["demo3_salient_channels"]
+    base, sal = ev["base"], ev["sal"]
+    sp = [np.abs(A[k]).mean(0).max() / np.median(np.abs(A[k]).mean(0)) for A in sal["calib"] for k in ("attn_in", "mlp_in")]
+    assert d3["spread_sal"] == pytest.approx((min(sp), max(sp)))
+    for name, ctx in (("base", base), ("sal", sal)):
+        x, w = ctx["calib"][0]["attn_in"], ctx["P"]["layers"][0]["wq"]
+        _, a, errs = awq_indep(w, x, 7)
+        m = np.abs(x).mean(0)
+        assert d3[name + "_a"] == a and np.allclose(d3[name + "_curve"], errs, rtol=1e-9, atol=0)
+        assert d3[name + "_s_ratio"] == pytest.approx((m.max() / m.min()) ** a)
+        assert d3[name + "_calib_cut"] == pytest.approx(1 - errs.min() / errs[0], rel=1e-9)
+    k_sr = kl_of(sal["P"], rtn_params(sal["P"], lambda w: int_group(w, 7)), base["toks"])
+    k_sg = kl_of(sal["P"], calibrated_params(sal, lambda w, x: gptq_quantize(w, x, "int4-g32")), base["toks"])
+    assert d3["gptq_kl_cut"] == pytest.approx(1 - k_sg / k_sr, rel=1e-9)
+    k_sa = kl_of(sal["P"], awq_ref[("sal", 7)], base["toks"])
+    assert d3["awq_kl_cut"] == pytest.approx(1 - k_sa / k_sr, rel=1e-9)
+
+
+def test_demo4_zero_point_kl_by_a_second_forward(run):
+    """演示 4 观察 1 的"KL 少 x%"：零点 INT4 的 KL 用本文件的 asym_group 和朴素前向重算。"""
+    _, ev, out = run
+    d4, base = out["demo4_formats"], ev["base"]
+    P, toks = base["P"], base["toks"]
+    k_z = kl_of(P, rtn_params(P, asym_group), toks)
+    k_s = kl_of(P, rtn_params(P, lambda w: int_group(w, 7)), toks)
+    assert d4["int4-g32-zp"]["kl"] == pytest.approx(k_z, rel=1e-9)
+    assert d4["zp_kl_cut"] == pytest.approx(1 - k_z / k_s, rel=1e-9)

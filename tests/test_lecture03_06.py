@@ -119,3 +119,20 @@ def test_demo4_h100_closed_form(run):
         assert d4[name]["tokens"] == pytest.approx(room / per_tok, rel=1e-5)
         assert d4[name]["batch"] == int(d4["room"] // (per_tok * mod.CONTEXT))
     assert d4["FP8-E4M3"]["tokens"] / d4["BF16"]["tokens"] == pytest.approx(2.0)
+
+
+def test_demo1_and_demo2_remaining_cited_figures(run):
+    """演示 1 观察 1 的通道比范围（4 种输入）、每 token 误差的最大值、观察 2 的每 token 倍数；演示 2 的 QCFG 不平滑。"""
+    _, ctx, out = run
+    d1, d2 = out["demo1_activation_outliers"], out["demo2_smoothquant"]
+    keys = ("attn_in", "attn_out", "mlp_in", "mlp_act")
+    sp = [np.mean([np.abs(A[k]).max(0).max() / np.median(np.abs(A[k]).max(0)) for A in ctx["acts"]]) for k in keys]
+    assert d1["spread_range"] == pytest.approx((min(sp), max(sp)))
+    tok = [np.mean([np.linalg.norm(int8_act(A[k], "token") - A[k]) / np.linalg.norm(A[k]) for A in ctx["acts"]])
+           for k in keys]
+    assert d1["qcfg_max_token"] == pytest.approx(max(tok), rel=1e-12)
+    e = {name: np.mean([np.linalg.norm(int8_act(A["attn_in"], "token") - A["attn_in"]) / np.linalg.norm(A["attn_in"])
+                        for A in acts]) for name, acts in (("q", ctx["acts"]), ("o", ctx["acts_out"]))}
+    assert d1["token_jump"] == pytest.approx(e["o"] / e["q"], rel=1e-12)
+    q = np.mean([w8a8(A[SRC[m]], L[m], "tensor") for L, A in zip(ctx["P"]["layers"], ctx["acts"]) for m in FED])
+    assert d2["qcfg_before"] == pytest.approx(q, rel=1e-9)

@@ -65,6 +65,37 @@ def test_gptq_two_inputs_closed_form():
     assert np.allclose(x @ (w - rtn), [[0.05], [0.05]], rtol=0, atol=1e-15)
 
 
+def gptq_obs(w, x, qmax, g, damp):
+    """
+    GPTQ 的第二种写法（论文式 (2)(3) 的 OBS 形式，不用 Cholesky）：H = 2XᵀX + λI，λ = damp · mean(diag(2XᵀX))；
+    每量化一行，用 H⁻¹ 的第 i 列补偿后面的行，再从 H⁻¹ 里消去第 i 个输入维；分组的 scale 在走到每组的第一行时定。
+    """
+    n = w.shape[0]
+    H = 2 * x.T @ x
+    H = H + damp * np.mean(np.diag(H)) * np.eye(n)
+    Hinv = np.linalg.inv(H)
+    W, Q = w.copy(), np.zeros_like(w)
+    for i in range(n):
+        if i % g == 0:
+            s = fp16(np.abs(W[i:i + g]).max(axis=0) / qmax)
+        Q[i] = np.clip(np.round(W[i] / s), -qmax, qmax) * s
+        W[i + 1:] -= np.outer(Hinv[i + 1:, i], (W[i] - Q[i]) / Hinv[i, i])
+        Hinv = Hinv - np.outer(Hinv[:, i], Hinv[i, :]) / Hinv[i, i]
+    return Q
+
+
+@pytest.mark.parametrize("scheme,qmax,g,damp", [("int4-g32", 7, 32, 0.01), ("int3-g32", 3, 32, 0.5),
+                                                ("int4", 7, 64, 0.1)])
+def test_gptq_matches_obs_form_with_damping_and_group_scales(scheme, qmax, g, damp):
+    """λ = damp × mean(diag H)、分组 scale 在走到每组时用补偿过的权重定：和不用 Cholesky 的 OBS 写法逐个比。"""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((200, 64)) @ (np.eye(64) + 0.3 * rng.standard_normal((64, 64)))   # 输入之间相关
+    w = rng.standard_normal((64, 24)) * 0.1
+    got = gptq_quantize(w, x, scheme, damp=damp)
+    assert np.allclose(got, gptq_obs(w, x, qmax, g, damp), rtol=0, atol=1e-12)
+    assert not np.allclose(got, quantize_matrix(w, scheme)[0])                  # 补偿确实改变了结果
+
+
 @pytest.mark.parametrize("scheme", sorted(s for s in SCHEMES if s != "int4-g128"))
 def test_gptq_equals_rtn_when_inputs_are_uncorrelated(scheme):
     w = np.random.default_rng(1).standard_normal((64, 48)) * 0.1
