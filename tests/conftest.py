@@ -3,16 +3,20 @@ pytest 的公共设置：把各讲的实验模块所在目录放到 sys.path 上
 
 编号脚本（NN_name.py）不能按名字 import：用 load_script 按文件路径加载（不运行 __main__ 部分）。
 """
-import glob
-import importlib.util
-import json
 import os
-import tempfile
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
-import pytest
+# 测试里的矩阵都很小：多线程的 BLAS 在两核机器上别的进程也在跑时反而慢好几倍，所以整个测试进程只用一个线程。
+# 必须在任何模块 import numpy 之前设（conftest 最先被加载）；已经设了的环境变量不动。
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import glob  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAB_DIRS = ("lecture01", "lecture02", "lecture03", "lecture06", "prereq3")
