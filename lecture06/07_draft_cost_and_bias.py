@@ -295,7 +295,7 @@ def demo4_flop_ratio(target, drafts):
            else "模拟和真模型有差别，下面的推算要打折扣。"),
         f"04 的设置（{SEED04_PROMPTS} 个提示 × {N_NEW}）下比值的标准差约 {seed_set.std(ddof=1):.2f}，只有 "
         f"{np.mean((seed_set >= lo) & (seed_set <= hi)):.0%} 的抽样落在 {lo}–{hi}：04 打印的\"约 90%\"是一次抽样，"
-        f"换一组种子有 {np.mean((seed_set < lo) | (seed_set > hi)):.0%} 的机会不成立。",
+        f"按 α̂ 模拟，换一组种子有 {np.mean((seed_set < lo) | (seed_set > hi)):.0%} 的机会不成立。",
         f"标准差按 1/√(轮数) 缩小（表里从 {DRAW_PROMPTS} 个提示到 {SEED04_PROMPTS} 个：{shrink:.2f} 倍，"
         f"√{SEED04_PROMPTS // DRAW_PROMPTS} = {math.sqrt(SEED04_PROMPTS / DRAW_PROMPTS):.2f}），均值却几乎不动（只随演示 3 的截断偏差略降）："
         f"每个提示 {CAP_NEW} 个 token（γ = 8 时上下文 {QCFG.max_seq} 的上限）时均值是 {mu_cap:.3f}，离区间下沿 {lo} 只有 "
