@@ -129,7 +129,8 @@ def demo1_costs(target, drafts):
         f"c = {l1['c']:.2f}（lm_head 照算，所以比 3/4、1/4 大）。二元语法表几乎免费：c = {bg['c']:.4f}。",
         f"按定理 3.8，{len(pay)} 个草稿在最优的 γ 下比普通 decode 快，从快到慢："
         + "、".join(f"{n} {res[n]['best'][1]:.2f}×（γ = {res[n]['best'][0]}）" for n in order) + "。"
-        f"前 3 层草稿的 α = {l3['alpha']:.3f} 只比 c = {l3['c']:.2f} 高一点（推论 3.9：α > c 才有加速），"
+        f"前 3 层草稿的 α = {l3['alpha']:.3f} 只比 c = {l3['c']:.2f} 高一点（推论 3.9：α > c 时 γ = 1 就有加速；"
+        "α ≤ c 时 α + … + α^γ ≤ γc，哪个 γ 都没有），"
         "几乎白忙：04 演示 4 说它\"太贵\"，这里是具体的数。",
         f"二元语法表的 α 最低（{bg['alpha']:.3f}），却" + ("排在第一" if order[0] == "二元语法表" else f"排在第 {order.index('二元语法表') + 1}")
         + f"：它几乎免费（这里没算 kernel 启动等固定开销），γ 可以取到 {bg['best'][0]}。草稿好不好要同时看 α 和 c。",
@@ -180,7 +181,8 @@ def demo2_real_loop(target, drafts, costs):
         f"γ = 8 时总共是普通 decode 的 {res[(int4, 8)]['ops']:.2f} 倍（定理 3.11：{res[(int4, 8)]['ops_thm']:.2f}）；"
         f"前 3 层草稿 γ = 8 时 {res[(l3, 8)]['ops']:.2f} 倍。加速是用多做的运算换来的，批大了算力不闲时就不划算（05 脚本）。",
     ])
-    return res
+    return {"cells": res, "best": best, "best_thm": best_thm, "slow": slow, "slow_thm": slow_thm, "dev": dev,
+            "zmax": zmax, "rounds": (min(rounds), max(rounds)), "same": same}
 
 
 # -----------------------------------------------------------------------------
@@ -208,23 +210,25 @@ def demo3_estimator_bias(costs, real):
     print("每轮平均 = mean(被接受的个数) + 1")
     print_table(["γ", "n_new", "式 (1)", "04 的估计", "偏差", "精确的偏差", "每轮平均", "偏差"], rows)
     # 真跑的轮次：演示 2 的 16 格，两种估计之比
-    rel = [r["e"] / (np.mean(r["accepted"]) + 1) - 1 for r in real.values()]
+    rel = [r["e"] / (np.mean(r["accepted"]) + 1) - 1 for r in real["cells"].values()]
     worst = min(res, key=lambda k: res[k]["seed"] / res[k]["e"])
     big, mid = res[(G8, CAP_NEW)], res[(G8, N_NEW)]
+    gap = max(100 * abs(r["seed"] - r["exact"]) / r["e"] for r in res.values())
     print_observations([
         f"04 的估计偏低：γ = {worst[0]}、n_new = {worst[1]} 时低 {100 * (1 - res[worst]['seed'] / res[worst]['e']):.1f}%。"
         "原因是最后一轮：它照样草稿 γ 个、照样算一次目标前向，但产出被截在 n_new，多出来的 token 不算——"
         "分母多了一次不完整的前向。",
         f"偏差随 n_new 变大而缩小（大约按 1/n_new）：γ = 8 时 n_new = {BIAS_NEW[0]}、{BIAS_NEW[1]}、{BIAS_NEW[2]} 分别低 "
         + "、".join(f"{100 * (1 - res[(G8, n)]['seed'] / res[(G8, n)]['e']):.1f}%" for n in BIAS_NEW)
-        + "；和不抽样的\"精确\"一栏一致，所以偏差来自截断，不是运气。",
+        + f"；不抽样的\"精确\"一栏同样偏低，和它相差不到 {math.ceil(gap)} 个百分点（n_new ÷ 轮数 的平均不等于 n_new ÷ 平均轮数），"
+        "所以偏差来自截断，不是运气。",
         f"\"每轮平均\"（被接受的个数 + 1，最后一轮整轮计入）几乎没有偏差：γ = 8、n_new = {CAP_NEW} 时 "
         f"{100 * (big['per_round'] / big['e'] - 1):+.1f}%。04 演示 3 的\"实测\"用的是前一种（{BIAS_PROMPTS} 个提示 × {N_NEW}）："
         f"γ = 8 时它平均低 {100 * (1 - mid['seed'] / mid['e']):.1f}%，比一次抽样的标准差 "
         f"{100 * mid['seed_sd'] / mid['e']:.1f}% 小，所以在 04 那张一次抽样的表里看不出来。在演示 2 的真跑里，"
         f"前一种平均比后一种低 {-100 * np.mean(rel):.1f}%（{len(rel)} 格里 {sum(x < 0 for x in rel)} 格低）。",
     ])
-    return {"rows": res, "real_rel": rel}
+    return {"rows": res, "real_rel": rel, "gap": gap}
 
 
 # -----------------------------------------------------------------------------
@@ -291,7 +295,7 @@ def demo4_flop_ratio(target, drafts):
            else "模拟和真模型有差别，下面的推算要打折扣。"),
         f"04 的设置（{SEED04_PROMPTS} 个提示 × {N_NEW}）下比值的标准差约 {seed_set.std(ddof=1):.2f}，只有 "
         f"{np.mean((seed_set >= lo) & (seed_set <= hi)):.0%} 的抽样落在 {lo}–{hi}：04 打印的\"约 90%\"是一次抽样，"
-        f"换一组种子有 {np.mean((seed_set < lo) | (seed_set > hi)):.0%} 的机会不成立。",
+        f"按 α̂ 模拟，换一组种子有 {np.mean((seed_set < lo) | (seed_set > hi)):.0%} 的机会不成立。",
         f"标准差按 1/√(轮数) 缩小（表里从 {DRAW_PROMPTS} 个提示到 {SEED04_PROMPTS} 个：{shrink:.2f} 倍，"
         f"√{SEED04_PROMPTS // DRAW_PROMPTS} = {math.sqrt(SEED04_PROMPTS / DRAW_PROMPTS):.2f}），均值却几乎不动（只随演示 3 的截断偏差略降）："
         f"每个提示 {CAP_NEW} 个 token（γ = 8 时上下文 {QCFG.max_seq} 的上限）时均值是 {mu_cap:.3f}，离区间下沿 {lo} 只有 "

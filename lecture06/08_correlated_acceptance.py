@@ -242,7 +242,8 @@ def demo3_adaptive(alpha_exact):
             hard_start = np.concatenate([r["hard"][i, st[st < N_NEW]] for i, st in enumerate(r["starts"])])
             dr = _drafted_at_starts(r)
             out[name] = {"speed": speed, "pred": pred, "ratio": speed / pred,
-                         "gamma_easy": float(dr[~hard_start].mean()), "gamma_hard": float(dr[hard_start].mean())}
+                         "gamma_easy": float(dr[~hard_start].mean()), "gamma_hard": float(dr[hard_start].mean()),
+                         "gamma_mean": float(r["drafted"].mean())}
         loss = 1 - out["fixed"]["ratio"]
         out["recovered"] = (out["adaptive"]["ratio"] - out["fixed"]["ratio"]) / loss if loss > 0.02 else None
         res[s] = out
@@ -265,7 +266,8 @@ def demo3_adaptive(alpha_exact):
         f"{hi['adaptive']['gamma_hard']:.1f} 个（固定的是 {g_star}）：易段里一轮多拿几个，难段里少白草稿几个。",
         f"难度不持续时它反而吃亏：stay = {STAYS[0]} 时自适应只到预测的 {lo['adaptive']['ratio']:.3f}"
         f"（固定 γ = {g_star} 是 {lo['fixed']['ratio']:.3f}；γ 易 / 难 = {lo['adaptive']['gamma_easy']:.1f} / "
-        f"{lo['adaptive']['gamma_hard']:.1f}，几乎一样）——上一轮的结果预示不了下一轮，γ 只是在最优值附近来回跳。"
+        f"{lo['adaptive']['gamma_hard']:.1f}，几乎一样）——上一轮的结果预示不了下一轮，γ 来回跳，平均只有 "
+        f"{lo['adaptive']['gamma_mean']:.1f} 个，比最优的 {g_star} 短。"
         "表里是这一个模型、这一组种子的一次抽样。",
     ])
     return res

@@ -119,3 +119,12 @@ def test_06_chen_implied_alpha(s06):
     assert r["range"] == pytest.approx((1 / (4 * c + 1), 5 / (4 * c + 1)), rel=1e-12)
     t3 = [a for _, d, a0, a1 in s06.LEVIATHAN_TABLE3 if d != "二元语法" for a in (a0, a1)]
     assert (min(t3), max(t3), len(t3)) == (0.53, 0.89, 20)
+
+
+def test_06_chen_alphas_rank_among_table3_by_hand(s06):
+    """观察 2："高于其中 11 个、14 个、18 个"——表 3 神经网络草稿的 20 个 α 手抄一遍，逐个比较。"""
+    r = _quiet(s06.demo3_chen)
+    t3 = [0.88, 0.89, 0.75, 0.62, 0.80, 0.68, 0.82, 0.71, 0.65, 0.53, 0.73, 0.55, 0.74, 0.56,
+          0.61, 0.57, 0.71, 0.71, 0.75, 0.74]
+    assert sorted(r["t3"]) == sorted(t3)
+    assert [sum(a < row["alpha"] for a in t3) for row in r["rows"]] == [11, 14, 18]

@@ -3,6 +3,8 @@
 演示 1、3 按脚本的大小跑，用参数个数、首步分析的递推、手写的搜索核对；演示 2、4 真跑模型，测试里把提示数、
 种子组数、新 token 数调小（同一段代码），再用直接调用 speculative_generate、独立的计数和 statistics.NormalDist 核对。
 "比值 = (γ + 1) × 轮数 ÷ 新 token 数"这个恒等式用真跑的账本（Counter）核对。
+观察引用的是全尺寸的数，所以演示 2、3、4 也按脚本的大小各跑一次（test_07_full_*）：真跑的轮数用直接调用
+speculative_generate 抽查；模拟的数对照轮数的精确分布（更新方程按概率分布递推、卷积，不抽样）。
 """
 import contextlib
 import io
@@ -90,7 +92,7 @@ def test_07_real_loop_small(s07, models, costs, monkeypatch):
     monkeypatch.setattr(s07, "N_NEW", 24)
     monkeypatch.setattr(s07, "GAMMAS", (2, 8))
     target, drafts = models
-    res = _quiet(s07.demo2_real_loop, target, drafts, costs)
+    res = _quiet(s07.demo2_real_loop, target, drafts, costs)["cells"]
     pr = sample_tokens(target.params, QCFG, n_seq=1, length=16, seed=11)[0]
     for name in ("只用前 1 层", "二元语法表"):
         k = costs[name]
@@ -121,7 +123,7 @@ def _rounds(alpha, gamma, n):
 
 
 def test_07_estimator_bias(s07, costs):
-    fake_real = {("a", 1): {"e": 1.9, "accepted": [1, 1, 0, 1]}, ("b", 1): {"e": 2.0, "accepted": [1, 1]}}
+    fake_real = {"cells": {("a", 1): {"e": 1.9, "accepted": [1, 1, 0, 1]}, ("b", 1): {"e": 2.0, "accepted": [1, 1]}}}
     out = _quiet(s07.demo3_estimator_bias, costs, fake_real)
     a = costs["只用前 3 层"]["alpha"]
     rows = out["rows"]
@@ -139,6 +141,8 @@ def test_07_estimator_bias(s07, costs):
     mid = rows[(8, 96)]
     assert 1 - mid["seed"] / mid["e"] < mid["seed_sd"] / mid["e"]  # 比一次抽样的标准差小
     assert out["real_rel"] == pytest.approx([1.9 / 1.75 - 1, 2.0 / 2.0 - 1])
+    assert out["gap"] == pytest.approx(max(100 * abs(r["seed"] - r["exact"]) / r["e"] for r in rows.values()))
+    assert out["gap"] < 1                                         # "相差不到 1 个百分点"
 
 
 def test_07_cap_is_the_context_limit(s07):
@@ -175,14 +179,178 @@ def test_07_flop_ratio_small(s07, models, monkeypatch):
     assert r["shrink"] == pytest.approx(np.std(r["one"], ddof=1) / np.std(r["seed_set"], ddof=1), rel=1e-12)
 
 
-def test_07_histogram_counts_every_simulated_ratio_once(s07, models, monkeypatch):
-    """演示 4 的直方图：各格的次数加起来 = 模拟次数；带 * 的格加起来 = 落在 1.8–2.0 的次数（独立地数）。"""
-    for k, v in (("N_DRAWS", 2), ("DRAW_PROMPTS", 1), ("N_NEW", 24), ("SIM_REPS", 300)):
-        monkeypatch.setattr(s07, k, v)
-    r = _quiet(s07.demo4_flop_ratio, *models)
-    labels, counts = r["hist"]
-    x = r["seed_set"]
-    assert sum(counts) == len(x) == 300
-    starred = sum(c for lab, c in zip(labels, counts) if lab.endswith("*"))
-    assert starred == int(np.sum((x >= 1.8) & (x <= 2.0)))
-    assert counts[0] == int(np.sum(x < 1.5)) and counts[-1] == int(np.sum(x >= 2.3))
+# ---------------------------------------------------------------------------
+# 全尺寸：观察里打印的数（脚本的大小，不是调小的）
+# ---------------------------------------------------------------------------
+def _rounds_pmf(alpha, gamma, n):
+    """产出 n 个 token 用的轮数的精确分布 -> [n + 1]（下标 = 轮数）；各位置独立、接受率 α。"""
+    px = [alpha ** (j - 1) * (1 - alpha) for j in range(1, gamma + 1)] + [alpha ** gamma]
+    pmf = [np.eye(1, n + 1, 0)[0]]                                # 产出 0 个：0 轮
+    for m in range(1, n + 1):
+        row = np.zeros(n + 1)
+        for j, p in enumerate(px, 1):
+            row[1:] += p * pmf[max(m - j, 0)][:-1]               # 这一轮产出 j 个，再加上剩下的轮数
+        pmf.append(row)
+    return pmf[n]
+
+
+def _ratio_law(alpha, prompts, n):
+    """k 个提示 × n 个 token 时比值 9 × 总轮数 ÷ (k·n) 的精确分布 -> (取值, 概率)。"""
+    one = _rounds_pmf(alpha, 8, n)
+    tot = np.array([1.0])
+    for _ in range(prompts):
+        tot = np.convolve(tot, one)
+    return 9 * np.arange(len(tot)) / (prompts * n), tot
+
+
+def _mean_sd(x, p):
+    m = float((x * p).sum())
+    return m, math.sqrt(float((x * x * p).sum()) - m * m)
+
+
+def test_07_rounds_pmf_matches_the_renewal_mean():
+    for a, g, n in ((0.828, 8, 96), (0.5, 2, 16), (0.9, 8, 233)):
+        pmf = _rounds_pmf(a, g, n)
+        assert pmf.sum() == pytest.approx(1, abs=1e-12)
+        assert float((np.arange(n + 1) * pmf).sum()) == pytest.approx(_rounds(a, g, n), rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def full2(s07, models, costs):
+    return _quiet(s07.demo2_real_loop, *models, costs)
+
+
+def test_07_full_real_loop_figures(s07, models, costs, full2):
+    """演示 2 全尺寸（2 个提示 × 96）：两格的轮数由直接调用核对；每格的账自洽；观察 1–3 的数逐个另算。"""
+    target, drafts = models
+    prompts = sample_tokens(target.params, QCFG, n_seq=2, length=16, seed=11)
+    cells = full2["cells"]
+    for name in ("INT4 量化的自己", "只用前 3 层"):
+        calls, acc = 0, []
+        for i, pr in enumerate(prompts):
+            _, st = speculative_generate(target, drafts[name], pr, 96, 8, 1.0, np.random.default_rng(100 + i))
+            calls, acc = calls + st["target_calls"], acc + st["accepted"]
+        assert (cells[(name, 8)]["calls"], cells[(name, 8)]["accepted"]) == (calls, acc)
+    sp, thm, z = {}, {}, {}
+    for (name, g), r in cells.items():
+        assert len(r["accepted"]) == r["calls"]
+        made = sum(a + 1 for a in r["accepted"])                 # 每个提示最后一轮最多多出 γ 个
+        assert 192 <= made <= 2 * (96 + g)
+        k = costs[name]
+        sp[(name, g)] = 192 / r["calls"] / (g * k["c"] + 1)
+        thm[(name, g)] = _thm38(k["alpha"], g, k["c"])
+        x = np.arange(1, g + 2)
+        px = np.array([k["alpha"] ** (j - 1) * (1 - k["alpha"]) for j in range(1, g + 1)] + [k["alpha"] ** g])
+        m = float((x * px).sum())
+        z[(name, g)] = (192 / r["calls"] - m) / math.sqrt((float((x * x * px).sum()) - m * m) / r["calls"])
+        assert r["speedup"] == pytest.approx(sp[(name, g)], rel=1e-12) and r["z"] == pytest.approx(z[(name, g)])
+    # 观察 1：每个草稿最快的 γ 和比 1 慢的格子（表里打印的数，手抄）
+    best = {n: max((1, 2, 4, 8), key=lambda g: sp[(n, g)]) for n in NAMES}
+    assert best == full2["best"] == {NAMES[0]: 4, NAMES[1]: 1, NAMES[2]: 2, NAMES[3]: 8}
+    assert [round(sp[(n, best[n])], 2) for n in NAMES] == [1.77, 1.03, 1.33, 2.41]
+    slow = [(n, g) for n in NAMES for g in (1, 2, 4, 8) if sp[(n, g)] < 1]
+    assert slow == full2["slow"] == [(NAMES[1], 2), (NAMES[1], 4), (NAMES[1], 8), (NAMES[2], 8)]
+    # 观察 2：最大相差 13%、35–118 轮、最大 2.1 个标准差、结论和公式一样
+    dev = max(abs(sp[c] / thm[c] - 1) for c in cells)
+    assert full2["dev"] == pytest.approx(dev, rel=1e-12) and round(100 * dev) == 13
+    assert full2["rounds"] == (min(r["calls"] for r in cells.values()), max(r["calls"] for r in cells.values()))
+    assert full2["rounds"] == (35, 118)
+    zmax = max(abs(v) for v in z.values())
+    assert full2["zmax"] == pytest.approx(zmax) and round(zmax, 1) == 2.1 and zmax < 3
+    assert full2["same"] and {n: max((1, 2, 4, 8), key=lambda g: thm[(n, g)]) for n in NAMES} == best
+    assert [c for c in slow] == [(n, g) for n in NAMES for g in (1, 2, 4, 8) if thm[(n, g)] < 1]
+    # 观察 3：总运算量（草稿的运算算进去）
+    for name, want in ((NAMES[0], 3.10), (NAMES[1], 3.15)):
+        ops = (9 + 8 * costs[name]["c_hat"]) * cells[(name, 8)]["calls"] / 192
+        assert cells[(name, 8)]["ops"] == pytest.approx(ops, rel=1e-12) and round(ops, 2) == want
+    a = costs[NAMES[0]]["alpha"]
+    assert round((8 + 8 + 1) / sum(a ** i for i in range(9)), 2) == 2.72     # 定理 3.11，ĉ = 1
+
+
+def test_07_full_estimator_bias_on_the_real_runs(s07, costs, full2):
+    """演示 3 全尺寸：04 的估计的均值和标准差对照精确分布；真跑的两种估计之比 1.4%、16 格里 15 格低。"""
+    out = _quiet(s07.demo3_estimator_bias, costs, full2)
+    a = costs["只用前 3 层"]["alpha"]
+    for (g, n), r in out["rows"].items():
+        if g != 8:
+            continue
+        one = _rounds_pmf(a, 8, n)
+        tot = np.array([1.0])
+        for _ in range(8):
+            tot = np.convolve(tot, one)
+        calls = np.arange(len(tot))
+        ok = calls > 0
+        m, sd = _mean_sd(8 * n / calls[ok], tot[ok])
+        assert abs(r["seed"] - m) < 4 * sd / math.sqrt(2000)      # 2000 次重复的均值
+        assert r["seed_sd"] == pytest.approx(sd, rel=0.06)
+    mid = out["rows"][(8, 96)]
+    assert round(100 * (1 - mid["seed"] / mid["e"]), 1) == 2.7 and round(100 * mid["seed_sd"] / mid["e"], 1) == 4.6
+    rel = [r["e"] / (np.mean(r["accepted"]) + 1) - 1 for r in full2["cells"].values()]
+    assert out["real_rel"] == pytest.approx(rel, rel=1e-12)
+    assert round(-100 * float(np.mean(rel)), 1) == 1.4 and sum(x < 0 for x in rel) == 15
+
+
+@pytest.fixture(scope="module")
+def full4(s07, models):
+    return _quiet(s07.demo4_flop_ratio, *models)
+
+
+def test_07_full_flop_ratio_real_runs(s07, models, full4):
+    """演示 4 全尺寸的真跑：第 1 组种子直接调用核对；总轮数 = 788；α̂、标准误、均值、标准差、z 逐个另算。"""
+    target, drafts = models
+    pr = sample_tokens(target.params, QCFG, n_seq=4, length=16, seed=1011)
+    calls = sum(speculative_generate(target, drafts["只用前 3 层"], pr[i], 96, 8, 1.0,
+                                     np.random.default_rng(1000 + i))[1]["target_calls"] for i in range(2))
+    assert full4["ratios"][0] == pytest.approx(9 * calls / 192, rel=1e-12)
+    acc, ratios = full4["accepted"], full4["ratios"]
+    assert len(ratios) == 20 and len(acc) == 788
+    assert float(ratios.sum()) * 192 / 9 == pytest.approx(len(acc), rel=1e-12)   # 每组的轮数加起来
+    checked = sum(min(int(n) + 1, 8) for n in acc)
+    ah = sum(int(n) for n in acc) / checked
+    assert full4["alpha_hat"] == pytest.approx(ah, rel=1e-12) and round(ah, 3) == 0.842
+    se = math.sqrt(ah * (1 - ah) / checked)
+    assert full4["se"] == pytest.approx(se, rel=1e-12) and round(2 * se, 3) == 0.012
+    assert (round(float(np.mean(ratios)), 2), round(float(np.std(ratios, ddof=1)), 2)) == (1.85, 0.18)
+    z = (np.mean(ratios) - np.mean(full4["one"])) / (np.std(full4["one"], ddof=1) / math.sqrt(20))
+    assert full4["z"] == pytest.approx(z, rel=1e-12) and round(abs(z), 1) == 0.2
+    assert round(float(np.std(ratios, ddof=1) / np.std(full4["one"], ddof=1)), 2) == 1.03
+
+
+def test_07_full_flop_ratio_simulations_against_the_exact_law(s07, full4):
+    """演示 4 全尺寸的模拟：均值、标准差、落在 1.8–2.0 的比例、直方图，对照轮数的精确分布（α = 真跑的 α̂）。"""
+    ah, n_sim = full4["alpha_hat"], 4000
+    for key, k, n in (("one", 2, 96), ("seed_set", 4, 96), ("cap1", 1, 233)):
+        x, p = _ratio_law(ah, k, n)
+        m, sd = _mean_sd(x, p)
+        sim = full4[key]
+        assert abs(sim.mean() - m) < 4 * sd / math.sqrt(n_sim)
+        assert np.std(sim, ddof=1) == pytest.approx(sd, rel=0.05)
+        if key == "seed_set":
+            inside = float(p[(x >= 1.8) & (x <= 2.0)].sum())
+            frac = float(np.mean((sim >= 1.8) & (sim <= 2.0)))
+            assert abs(frac - inside) < 4 * math.sqrt(inside * (1 - inside) / n_sim)
+            assert round(frac, 2) == 0.58 and round(np.std(sim, ddof=1), 2) == 0.12
+            labels, counts = full4["hist"]
+            assert sum(counts) == n_sim
+            starred = sum(c for lab, c in zip(labels, counts) if lab.endswith("*"))
+            assert starred == int(np.sum((sim >= 1.8) & (sim <= 2.0)))
+            edges = [-np.inf] + [round(1.5 + 0.1 * i, 1) for i in range(9)] + [np.inf]
+            for c, lo, hi in zip(counts, edges[:-1], edges[1:]):
+                q = float(p[(x >= lo - 1e-12) & (x < hi - 1e-12)].sum())
+                assert abs(c / n_sim - q) < 4 * math.sqrt(q * (1 - q) / n_sim) + 1e-3
+        if key == "cap1":
+            sd_exact = sd
+    # 推算：均值 1.826（精确），要 105 个提示；按精确的标准差算，要的提示数相差不到 10%
+    mu = 9 * _rounds(ah, 8, 233) / 233
+    assert full4["mu_cap"] == pytest.approx(mu, rel=1e-12) and round(mu, 3) == 1.826
+    assert full4["need"] == 105 and 105 * s07.CAP_NEW == 24465
+
+    def need(sd1):
+        return next(p for p in range(1, 10 ** 5)
+                    if NormalDist(mu, sd1 / math.sqrt(p)).cdf(2.0) - NormalDist(mu, sd1 / math.sqrt(p)).cdf(1.8) >= .95)
+    assert need(full4["sd1"]) == 105
+    assert abs(need(sd_exact) / 105 - 1) < 0.1
+    lo = 9 * _rounds(ah + 2 * full4["se"], 8, 233) / 233
+    hi = 9 * _rounds(ah - 2 * full4["se"], 8, 233) / 233
+    assert full4["mu_range"] == pytest.approx((lo, hi), rel=1e-12)
+    assert (round(lo, 3), round(hi, 3)) == (1.753, 1.901) and lo < 1.8 < hi

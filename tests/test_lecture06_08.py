@@ -188,6 +188,9 @@ def test_demo3_claims(s08, demos):
     assert hi["adaptive"]["gamma_hard"] < 4 < hi["adaptive"]["gamma_easy"]          # 固定的 γ* = 4
     assert lo["adaptive"]["ratio"] < lo["fixed"]["ratio"] - 0.03          # 不持续时吃亏
     assert abs(lo["adaptive"]["gamma_easy"] - lo["adaptive"]["gamma_hard"]) < 0.5
+    d = s08.run_regime(0.5, s08.ADAPT_START, adaptive=True)["drafted"]          # 每轮草稿的个数，直接数
+    assert lo["adaptive"]["gamma_mean"] == pytest.approx(sum(int(x) for x in d) / len(d), rel=1e-12)
+    assert lo["adaptive"]["gamma_mean"] < 4                             # "比最优的 4 短"
     assert lo["recovered"] is None                                      # 没有损失可找回时不打印比例
 
 

@@ -187,3 +187,25 @@ def test_demo4_measurement_agrees_with_prediction(r4):
     assert r4["zmax"] < 3
     for (name, br), m in r4["meas"].items():
         assert abs(m["z"]) < 3 and m["rounds"] * m["mean"] >= S09.LOOP_PROMPTS * S09.LOOP_NEW, (name, br)
+
+
+def test_demo4_measured_cells_by_direct_calls_and_statistics(models, r3, r4):
+    """实测一格（二元语法表、链 γ = 16）直接调用 speculative_generate 另跑，均值、标准误用 statistics 另算；
+    观察 4 的"最多差 1.2 个标准误"按每格的均值、标准误和闭式的预测另算。"""
+    import statistics
+    from decode_lab import speculative_generate
+    target, drafts = models
+    big = S09.BUDGETS[-1]
+    prompts = S04.sample_tokens(target.params, S04.QCFG, n_seq=S09.LOOP_PROMPTS, length=16, seed=11)
+    produced = []
+    for i, pr in enumerate(prompts):
+        _, st = speculative_generate(target, drafts["二元语法表"], pr, S09.LOOP_NEW, big, 1.0,
+                                     np.random.default_rng(100 + i))
+        produced += [a + 1 for a in st["accepted"]]
+    m = r4["meas"][("二元语法表", (1,) * big)]
+    assert m["rounds"] == len(produced) == 306
+    assert m["mean"] == pytest.approx(statistics.mean(produced), rel=1e-12)
+    assert m["se"] == pytest.approx(statistics.stdev(produced) / len(produced) ** 0.5, rel=1e-12)
+    A = r3["alpha_k"]
+    z = [(v["mean"] - _closed_form(A, name, br)) / v["se"] for (name, br), v in r4["meas"].items()]
+    assert r4["zmax"] == pytest.approx(max(abs(x) for x in z), rel=1e-9) and round(r4["zmax"], 1) == 1.2
