@@ -276,7 +276,7 @@ def demo4_formats(ev):
     res["nv_over_mx"] = nv["w_err"] / mx["w_err"]
     print_observations([
         f"零点：多付 {z['bits'] - s['bits']:.3f} 位（每 32 个数一个 4 位零点），权重误差少 {100 * res['zp_cut']:.0f}%、"
-        f"KL 少 {100 * res['zp_kl_cut']:.0f}%。对称的 INT4 只用 −7..7 的 15 个刻度，而且要照顾绝对值最大的那一边；"
+        f"KL 少 {100 * res['zp_kl_cut']:.0f}%。对称的 INT4 只用 -7…7 的 15 个刻度，而且要照顾绝对值最大的那一边；"
         "零点把 16 个刻度对到这一组的 [最小值, 最大值] 上，一组数偏向一边时收益更大。",
         f"NVFP4（{nv['bits']:.2f} 位）的权重误差是 MXFP4（{mx['bits']:.2f} 位）的 {res['nv_over_mx']:.2f} 倍："
         "块小一半（16 对 32），块的 scale 是 E4M3 而不只是 2 的幂，块的最大值能对准 E2M1 的最大值 6。",
