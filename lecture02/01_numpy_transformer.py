@@ -196,7 +196,7 @@ def demo2_cache_equals_recompute():
     for i in (0, 1, 3, 7, 15, 31):
         rows.append([i + 1, N_PROMPT + i, " ".join(str(t) for t in seq_a[:, N_PROMPT + i]),
                      " ".join(str(t) for t in seq_b[:, N_PROMPT + i]), "是" if step_delta[i] < DELTA_BOUND else "否",
-                     f"{np.abs(lb[:, i]).max():.3g}"])
+                     f"{np.abs(lb[:, i]).max():.2f}"])
     print_table(["第几个新 token", "位置", "带缓存选出的（2 个序列）", "重算选出的", f"logits max |Δ| < {DELTA_BOUND:.0e}",
                  "max |logit|"], rows)
     max_delta = float(step_delta.max())
@@ -208,7 +208,7 @@ def demo2_cache_equals_recompute():
     print_observations([
         f"{N_DECODE} 步、{B} 个序列、每步 {CFG.vocab} 个 logits：带缓存和重算的差 max |Δ| "
         + (f"每一步都 < {DELTA_BOUND:.0e}" if within else f"有的步超过了 {DELTA_BOUND:.0e}！")
-        + f"。logits 本身（所有 {N_DECODE} 步）最大 {max_logit:.3g}，所以相对差 < {DELTA_BOUND:.0e} / {max_logit:.3g} ≈ "
+        + f"。logits 本身（所有 {N_DECODE} 步）|logit| 最大 {max_logit:.2f}，所以差相对最大的 logit < {DELTA_BOUND:.0e} / {max_logit:.2f} ≈ "
         f"{rel_bound:.0f} ε（float64 机器精度 ε = {eps:.2g}）"
         "——只是加法顺序不同的舍入；具体是几个 ε 随 BLAS 和 CPU 变，这里只给界。",
         f"两种做法贪心选出的 {B} × {N_DECODE} 个 token 完全相同：" + ("是" if same else "否") + "。"

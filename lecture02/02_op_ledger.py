@@ -97,7 +97,8 @@ def demo1_prefill_ledger():
     print_observations([
         f"账本是模型运行时按每个数组的真实形状、照 transformer_lab 的约定（矩阵乘 2·m·n·k，逐元素运算每个元素固定几次）记的账，"
         f"不是测量；公式只用配置里的几个整数。{cells} 个数逐个相等，说明公式和代码实际算的形状记的是同一本账——"
-        "本讲 03、04 脚本和第 5 讲用 analytic_ops 给 Llama-3.1-70B 记账，靠的就是这一点。"
+        "本讲 03、04 脚本和第 5 讲用同一个 analytic_ops 给 Llama-3.1-70B 记账；但这里只核对了这一个小配置、"
+        "lm_head 每个位置都算的口径（70B 那边只算最后一个位置，这个口径没有跑过）。"
         "它不说明硬件真的执行了这么多 FLOPs、搬了这么多字节（BLAS 怎么做、缓存命中多少、激活的读写，都不在账里）；"
         "两边还共用同一张逐元素约定表（ELEMENTWISE_FLOPS），相等也检验不了这张表本身。",
         f"注意力打分（attn_scores）执行了 {sc['flops']:,} 次 FLOP，有用的只有 {sc['useful']:,}："
@@ -191,10 +192,11 @@ def demo3_where_it_goes():
         "一个 token 读一遍全部权重，每个权重只做一次乘加（2 FLOPs / 2 字节 = 1）。",
         f"B = 64、上下文 8192 时，读的字节里 KV 占了 {100 * big_dec64['shares'][at][2]:.1f}%，超过了权重："
         f"批大了以后权重被 64 个 token 分摊，而每个序列的 KV 各读各的（03、04 脚本）。",
-        f"小模型的比例和 70B 不一样：d_model 只有 {CFG.d_model}，prefill 里逐元素运算占执行 FLOPs 的 "
+        f"小模型的比例和 70B 不一样：d_model 只有 {CFG.d_model}，prefill 里 norm、RoPE、激活、残差（表里的\"其余\"；"
+        "softmax 算在注意力核心里）占执行 FLOPs 的 "
         f"{100 * tiny_pre['shares'][GROUPS[2][0]][0]:.1f}%（70B：{100 * big_pre['shares'][GROUPS[2][0]][0]:.2f}%），"
         f"lm_head 占权重矩阵字节的 {100 * tiny_pre['lm_head_w_share']:.1f}%（70B：{100 * big_pre['lm_head_w_share']:.1f}%）。"
-        "所以讲大模型的比例要用公式（演示 1、2 说明公式和运行时按数组形状记的账是同一本账），不能直接看小模型。",
+        "所以讲大模型的比例要用公式（演示 1、2：在小模型上，公式和运行时按数组形状记的账逐格相等），不能直接看小模型。",
     ])
     out["ridge"] = ridge
     return out

@@ -293,3 +293,69 @@ def test_04_llama70b_recompute_is_compute_bound_and_far_costlier(s4):
         assert v["cached_bound"] == "memory" and v["recompute_bound"] == "compute"
         assert v["t_recompute_step"] > 5 * v["t_cached_step"]
         assert v["kv"] == (2048 + n - 1) * 327680
+
+
+def test_02_demo3_shares_by_hand(s2):
+    # 演示 3 观察 1、2、4 引用的占比：不经过 analytic_ops / Counter / ELEMENTWISE_FLOPS，按定义逐项写出来
+    out = s2[1]["demo3_where_it_goes"]
+    keys = [k for k in out if k != "ridge"]
+    tiny_pre, big_pre, big_dec = out[keys[0]], out[keys[2]], out[keys[3]]
+    mm, at, other = "权重矩阵乘", "注意力核心", "其余"
+
+    def other_flops(t, d, Lr, h, hkv, hd, ff):   # norm 4 次、RoPE 3 次、激活 5 次、残差 1 次（每个元素）
+        return Lr * (2 * 4 * t * d + 3 * t * (h + hkv) * hd + 5 * t * ff + 2 * t * d) + 4 * t * d
+
+    # 小模型 prefill：B = 2、n = 32，lm_head 每个位置都算；打分、加权和按整个 n × n 矩形执行，softmax 每个元素 5 次
+    B, n = 2, 32
+    t = B * n
+    f_other = other_flops(t, D, L, H, HKV, HD, FF)
+    f_attn = L * (2 * 2 * B * H * n * n * HD + 5 * B * H * n * n)
+    f_all = 2 * t * M_TINY + f_attn + f_other
+    assert tiny_pre["shares"][other][0] == pytest.approx(f_other / f_all, rel=1e-12)
+    assert f"{100 * f_other / f_all:.1f}%" == "1.7%"
+    assert tiny_pre["lm_head_w_share"] == pytest.approx(V * D / M_TINY, rel=1e-12)            # 8.0%
+
+    # 70B prefill：B = 1、2048 个 token，lm_head 只算最后一个位置
+    P, hv = LLAMA31_70B.matmul_params(), 128256 * 8192
+    d70, L70, H70, K70, hd70, ff70, n70 = 8192, 80, 64, 8, 128, 28672, 2048
+    mm_f = 2 * (P - hv) * n70 + 2 * hv
+    at_useful = 4 * H70 * hd70 * L70 * n70 * (n70 + 1) // 2
+    at_exec = L70 * (2 * 2 * H70 * n70 * n70 * hd70 + 5 * H70 * n70 * n70)
+    o70 = other_flops(n70, d70, L70, H70, K70, hd70, ff70)
+    assert big_pre["shares"][mm][1] == pytest.approx(mm_f / (mm_f + at_useful), rel=1e-12)      # 98.1%
+    assert big_pre["shares"][at][1] == pytest.approx(at_useful / (mm_f + at_useful), rel=1e-12)  # 1.9%
+    assert big_pre["shares"][other][0] == pytest.approx(o70 / (mm_f + at_exec + o70), rel=1e-12)  # 0.01%
+    assert big_pre["lm_head_w_share"] == pytest.approx(hv / P, rel=1e-12)                     # 1.5%
+
+    # 70B decode，B = 1、上下文 2048：读的字节 = 权重矩阵 + KV + 一行词嵌入 + norm 的权重
+    kv = 2048 * 2 * 80 * 8 * 128 * 2
+    rest = d70 * 2 + (2 * L70 + 1) * d70 * 2
+    assert big_dec["shares"][mm][2] == pytest.approx(2 * P / (2 * P + kv + rest), rel=1e-12)   # 99.5%
+
+
+def test_03_chip_ridges_from_datasheet_numbers(s3):
+    # 演示 1 观察 4：拐点 = BF16 稠密峰值 ÷ 带宽（数据手册的数，手写在这里）
+    rid = s3[1]["demo1_two_intensities"]["ridges"]
+    want = {"H100 SXM5": 989.4 / 3.35, "H100 PCIe": 756.5 / 2.0, "H200 SXM": 989.4 / 4.8,
+            "A100 80GB SXM": 312 / 2.039, "B200": 2250 / 8.0}
+    assert rid == pytest.approx(want, rel=1e-12)
+    assert min(rid, key=rid.get) == "A100 80GB SXM" and max(rid, key=rid.get) == "H100 PCIe"   # "从 … 到 …"
+
+
+def test_03_step_intensity_cells_and_memory_caveat(s3):
+    r = s3[1]["demo3_step_intensity_limit"]
+    P, ridge = LLAMA31_70B.matmul_params(), 989.4 / 3.35
+    for ctx, v in r["by_ctx"].items():   # 每格：B·(2P + 4·H·hd·L·ctx) / (2P + B·KV/序列)
+        for B, x in v["by_batch"].items():
+            F = 2 * P + 4 * 64 * 128 * 80 * ctx
+            assert x == pytest.approx(B * F / (2 * P + B * 327680 * ctx), rel=1e-12)
+    assert f"{r['by_ctx'][4096]['by_batch'][1024]:.0f}" == "101"        # 观察 3
+    # 观察 2 的附注：上下文 1024 时过拐点的最小批，逐个 B 试（不用脚本的闭式）
+    ctx = r["ctx_ok"]
+    assert ctx == 1024
+
+    def above(B):
+        return B * (2 * P + 4 * 64 * 128 * 80 * ctx) / (2 * P + B * 327680 * ctx) > ridge
+    b = next(B for B in range(1, 5000) if above(B))
+    assert r["b_min"] == b == 964
+    assert r["kv_at_b_min"] == 964 * 1024 * 327680 and r["kv_at_b_min"] > 4 * 80e9
