@@ -92,7 +92,7 @@ def demo1_cache_size():
         f"占一块 H100（{fmt_bytes(H100.mem_bytes)}）的 {100 * r70['per_seq'][131072] / H100.mem_bytes:.0f}%。",
         f"KV cache 和批大小、上下文都成正比：B × 上下文 超过约 {r70['break_even_ctx']:,.0f} 个 token，{m.name} 的 KV 就比权重"
         f"（{fmt_bytes(r70['weights'])}）还大。B = 32、上下文 32768 时 KV 有 {fmt_bytes(grid[(32, 32768)])}。"
-        "服务时能开多大的批，常常是 KV cache 的容量说了算。",
+        "服务时能开多大的批，常常受 KV cache 的显存限制（vLLM 论文，Kwon 等 2023，arXiv 2309.06180；第 5 讲 07）。",
         f"decode 每一步都要把整个缓存读一遍：公式记的账（analytic_ops）里上下文 8192 时一步读的 KV = {ledger_kv:,} 字节，"
         f"正好等于缓存的大小 {int(m.kv_bytes(8192)):,} 字节——" + ("一致" if ledger_kv == m.kv_bytes(8192) else "不一致！") + "。",
         f"三个模型的 KV 头都是 8 个、head_dim 都是 128，每 token 的 KV 只和层数成正比；405B 的参数是 8B 的 "
@@ -146,8 +146,9 @@ def demo2_mha_gqa_mqa():
         f"参数量变化不大：只有 k/v 投影跟着 KV 头数变（MHA {mha['params'] / 1e9:.2f} B，比 GQA 多 "
         f"{100 * (mha['params'] / gqa['params'] - 1):.0f}%；MQA {mqa['params'] / 1e9:.2f} B，少 "
         f"{100 * (1 - mqa['params'] / gqa['params']):.1f}%），KV cache 却差 "
-        f"{mha['kv_total'] / mqa['kv_total']:g} 倍（MHA vs MQA）。代价在质量：共享 KV 头的表达力更弱——MQA 来自 Shazeer 2019（arXiv 1911.02150），GQA 来自 Ainslie 等 2023（arXiv 2305.13245），"
-        "它们的质量对比要看论文里的实验，这个脚本只算账。",
+        f"{mha['kv_total'] / mqa['kv_total']:g} 倍（MHA vs MQA）。代价在质量上，这个脚本只算账、量不出来："
+        "MQA 出自 Shazeer 2019（arXiv 1911.02150）；Ainslie 等 2023（arXiv 2305.13245）报告 MQA 比 MHA 质量有所下降，"
+        "GQA 的质量接近 MHA、速度接近 MQA。",
         f"图里三条线平行（KV 都和上下文成正比），相邻两条差 {mha['kv_total'] / gqa['kv_total']:g} 倍（KV 头数之比）。"
         f"批 {B} 时 KV 总量追上权重（"
         f"{fmt_bytes(w_gqa)}）的上下文：MHA {cross[variants[0][0]]:,.0f}、GQA {cross[variants[1][0]]:,.0f}、"
@@ -260,11 +261,15 @@ def demo3_cache_vs_recompute():
     print("最后一步的时间是 H100 上的 roofline 下界：")
     print_table(["生成 n 个", "有用：带缓存", "重算", "重算 ÷ 缓存", "最后一步：带缓存", "重算", "缓存的 KV"], rows2)
     r96 = res[n_max]
+    pos_cached, pos_re = N_PROMPT + n_max - 1, n_max * N_PROMPT + n_max * (n_max - 1) // 2
+    attn_cached, attn_re = tri(pos_cached), tet(pos_cached) - tet(N_PROMPT - 1)   # 因果的 (query, key) 对数
     print_observations([
         f"账本和闭式公式逐格相等（{sum(v['closed_ok'] for v in res.values())}/{len(res)} 行 × 两种做法）；两种做法贪心生成的 "
         f"{n_max} 个 token " + ("完全相同" if same_tokens else "不同！") + "（01 脚本演示 2）。",
         f"生成 {n_max} 个 token，重算的有用 FLOPs 是带缓存的 {r96['recompute']['useful'] / r96['cached']['useful']:.1f} 倍："
-        f"带缓存总共只算 {N_PROMPT} + {n_max} − 1 个位置，重算每一步都把前缀从头再算一遍，约 n·(p + n/2) 个位置。",
+        f"带缓存总共只算 {N_PROMPT} + {n_max} − 1 = {pos_cached} 个位置，重算每一步都把前缀从头再算一遍，共 "
+        f"n·p + n(n − 1)/2 = {pos_re:,} 个位置（{pos_re / pos_cached:.1f} 倍）；FLOPs 之比小一些，"
+        f"因为注意力那部分之比只有 {attn_re / attn_cached:.1f}（因果的 (query, key) 对：{attn_re:,} vs {attn_cached:,}）。",
         f"按账本的口径，两种做法读的权重矩阵和 KV 字节一样多（之比 {r96['recompute']['w'] / r96['cached']['w']:.2f}× 和 "
         f"{r96['recompute']['kv'] / r96['cached']['kv']:.2f}×）：每步一次前向、读一遍权重；重算的那次前向自己算出 K、V 再用。"
         "缓存省的是 FLOPs，花的是存 KV 的显存（演示 1）。",
@@ -273,7 +278,8 @@ def demo3_cache_vs_recompute():
         f"重算则相当于一次 {p + 1023} 个 token 的 prefill，{fmt_time(big[1024]['t_recompute_step'])}"
         f"（受{BOUND_CN[big[1024]['recompute_bound']]}限制）。换来这一点的代价是每个序列 {fmt_bytes(big[1024]['kv'])} 的 KV cache。",
     ])
-    return {"by_n": res, "tokens_agree": same_tokens, "llama70b": big}
+    return {"by_n": res, "tokens_agree": same_tokens, "llama70b": big, "positions": (pos_cached, pos_re),
+            "attn_pairs": (attn_cached, attn_re)}
 
 
 if __name__ == "__main__":

@@ -359,3 +359,25 @@ def test_03_step_intensity_cells_and_memory_caveat(s3):
     b = next(B for B in range(1, 5000) if above(B))
     assert r["b_min"] == b == 964
     assert r["kv_at_b_min"] == 964 * 1024 * 327680 and r["kv_at_b_min"] > 4 * 80e9
+
+
+def test_04_observation_figures_by_hand(s4):
+    mod, out, _ = s4
+    # 演示 3 观察 2：位置数和因果 (query, key) 对数，逐步加起来（不用脚本的 tri / tet）
+    p, n = 32, 64
+    r = out["demo3_cache_vs_recompute"]
+    assert r["positions"] == (p + n - 1, sum(p + i for i in range(n))) == (95, 4064)
+    pairs_re = sum(sum(range(1, p + i + 1)) for i in range(n))
+    assert r["attn_pairs"] == (sum(range(1, 96)), pairs_re) == (4560, 141984)
+    useful = r["by_n"][n]
+    assert useful["recompute"]["useful"] / useful["cached"]["useful"] < 4064 / 95     # "FLOPs 之比小一些"
+    # 演示 1 观察 1、4；演示 2 观察 3
+    d1 = out["demo1_cache_size"]
+    assert f"{100 * 131072 * 327680 / 80e9:.0f}" == "54"
+    assert f"{405_853_388_800 / 8_030_261_248:.0f}" == "51"            # config.json 数出来的参数（CURRICULUM §5）
+    assert LLAMA31_405B.params() == 405_853_388_800 and LLAMA31_8B.params() == 8_030_261_248
+    assert d1["models"][LLAMA31_405B.name]["per_token"] / d1["models"][LLAMA31_8B.name]["per_token"] == 126 / 32
+    mha = out["demo2_mha_gqa_mqa"]["MHA（假想）"]
+    t_proj = 2 * (70_553_706_496 - 128256 * 8192 - 161 * 8192 + 80 * 2 * 8192 * (64 - 8) * 128) / 3.35e12   # 去掉词嵌入和 norm
+    assert mha["t_proj"] == pytest.approx(t_proj, rel=1e-12)
+    assert f"{mha['t_attn'] / t_proj:.1f}" == "4.4"
