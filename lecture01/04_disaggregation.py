@@ -142,6 +142,8 @@ def demo2_comparative_advantage():
     per_w = {k: (PROMPT / res[k]["prefill"] / power[k], BATCH / res[k]["decode"] / power[k]) for k in res}
     a_vs_h = (per_w["A100"][0] / per_w["H100"][0], per_w["A100"][1] / per_w["H100"][1])   # A100 每瓦 ÷ H100 每瓦
     beaten = [c.name for c in GPUS if per_w[short(c)][1] < per_w["A100"][1]]              # decode 每瓦比 A100 低的卡
+    better = sorted((c for c in GPUS if per_w[short(c)][1] > per_w["A100"][1]),             # 比 A100 高的卡，高的在前
+                    key=lambda c: -per_w[short(c)][1])
     print_observations([
         f"prefill 受算力限制，快多少看算力之比；decode 受带宽限制，看带宽之比。两者之比（\"decode 优势\"）"
         f"正好是拐点之比：拐点越低的芯片，相对越适合 decode。",
@@ -152,12 +154,13 @@ def demo2_comparative_advantage():
         f"（{per_w[best_dec][1]:.2f}）{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。"
         f"\"decode 优势\"回答的是另一个问题：一块卡两样工作里哪一样相对更强，不是谁的 decode 最省电。"
         f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}），可它 decode 每瓦只有 {per_w['A100'][1]:.2f}，"
-        f"不如 B200（{per_w['B200'][1]:.2f}）和 H200（{per_w['H200'][1]:.2f}），表里只比 {'、'.join(beaten)} 高："
+        f"不如 {'、'.join(f'{c.name}（{per_w[short(c)][1]:.2f}）' for c in better)}，表里只比 {'、'.join(beaten)} 高："
         f"每瓦 decode 是 H100 SXM5 的 {a_vs_h[1]:.2f}×，prefill 只有 {a_vs_h[0]:.2f}×。所以已经有 A100 和 H100 时，让 A100 做 decode、"
         "H100 做 prefill；要新买卡，按每瓦看是另一个答案。",
     ])
     res["best_prefill_per_w"], res["best_decode_per_w"], res["best_adv"] = best_pre, best_dec, best_adv
     res["per_w"], res["a100_vs_h100_per_w"] = per_w, a_vs_h
+    res["decode_per_w_above_a100"], res["decode_per_w_below_a100"] = [short(c) for c in better], beaten
     return res
 
 
@@ -182,7 +185,8 @@ def demo3_kv_transfer():
         f"{m.name} 的 {fmt_bytes(kv)} KV cache 经 InfiniBand NDR 要 {fmt_time(t_ib)}，加上协调是 prefill 时间的 "
         f"{100 * res['InfiniBand NDR']:.0f}%；经 100 GbE 要 {100 * res['100 GbE 以太网']:.0f}%，"
         f"在同一台机器里经 NVLink 只要 {100 * res['NVLink 4']:.0f}%。",
-        "这段时间直接加在 TTFT 上（演示 4 就这么算）；真实系统按层边算边传，把它大部分藏在 prefill 后面。"
+        "这段时间直接加在 TTFT 上（演示 4 就这么算）；真实系统可以按层边算边传（Splitwise，arXiv 2311.18677），"
+        "把它大部分藏在 prefill 后面。"
         "其他模型（70B；gpt-oss-120b 每 token 的 KV 本来就小，滑动窗口再让长提示的 KV 减半）和更长的提示见第 5 讲 03_kv_transfer.py。",
     ])
     return {"ratio": res, "t_ib": t_ib, "kv_bytes": kv, "t_prefill": tp}
