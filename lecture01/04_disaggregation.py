@@ -98,16 +98,19 @@ def demo1_intensity_vs_ridge():
     i_dec = intens["decode，批 64"]
     i_dec256 = intens["decode，批 256"]
     util = i_dec / H100.ridge_point("bf16")
+    i_lim = m.flops_per_token(PROMPT) / m.kv_bytes(PROMPT)      # B → ∞：权重摊薄到 0，只剩每个序列自己的账
     min_ratio = min(i_pre / c.ridge_point("bf16") for c in GPUS)
     print_observations([
         f"prefill {PROMPT} 个 token 的强度是 {i_pre:.0f} FLOP/字节，至少是每块 GPU 拐点的 {min_ratio:.1f} 倍：它要的是算力。",
         f"decode 批 64、上下文 {PROMPT} 的强度只有 {i_dec:.1f}：在 H100 上只用上 {100 * util:.1f}% 的算力；批加到 256 也只有 "
-        f"{i_dec256:.1f}——KV cache 的强度停在 GQA 组大小 {m.group}。它要的是带宽（和放 KV 的容量）。",
+        f"{i_dec256:.1f}：每多一个序列都带来它自己的 KV 字节（KV 这部分的强度只有 GQA 组大小 {m.group}），"
+        f"批再大，整步的强度也只趋于 {i_lim:.0f}（每个序列的 FLOPs ÷ 它的 KV 字节），低于每块 GPU 的拐点。"
+        f"它要的是带宽（和放 KV 的容量）。",
         f"同一块芯片同时服务两种工作，总有一种资源闲着：prefill 时带宽闲着，decode 时算力闲着。"
         f"拐点只有 {CORSAIR.ridge_point('mxint8'):.0f}（MXINT8）的 SRAM 芯片是 decode 型工作的极端（第 5 讲）。",
     ])
     return {"i_prefill": i_pre, "i_decode64": i_dec, "i_decode256": i_dec256, "h100_util_decode64": util,
-            "min_ratio_prefill": min_ratio,
+            "min_ratio_prefill": min_ratio, "i_decode_limit": i_lim,
             "group": m.group}
 
 

@@ -377,6 +377,11 @@ def test_04_intensity_vs_ridge(s04, capsys):
     kv = 4096 * 327_680
     f = m.flops_per_token(4096)
     assert r["i_decode64"] == pytest.approx(64 * f / (2 * m.active_params() + 64 * kv))
+    # 观察 2 的极限：B → ∞ 时强度 → 每个序列的 FLOPs ÷ 它的 KV 字节；闭式用 config.json 的整数
+    body = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672) + 128256 * 8192
+    lim = (2 * body + 4 * 64 * 128 * 80 * 4096) / kv
+    assert r["i_decode_limit"] == pytest.approx(lim, rel=1e-12)
+    assert r["i_decode256"] < lim < min(ridges)
 
 
 def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
