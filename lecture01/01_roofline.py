@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import (fmt_bytes, fmt_num, fmt_sig, fmt_time, print_header, print_observations, print_plot,  # noqa: E402
                      print_table)
 from hw_specs import A100, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
-from llm_math import LLAMA31_8B, decode_step, matmul_intensity, prefill_step  # noqa: E402
+from llm_math import LLAMA31_8B, compute_bound_batch, decode_step, matmul_intensity, prefill_step  # noqa: E402
 
 # 每块芯片比较时用的数据类型：GPU 用 BF16（稠密）；Corsair 只有 MX 整数格式，用 MXINT8。
 GPUS = (A100, H100_PCIE, H100, H200, B200)
@@ -94,8 +94,8 @@ def demo1_chips():
         f"之后拐点没有接着升：H200 是同样的计算芯片配更快的 HBM（带宽 ×{h200_bw:.2f}），拐点降到 {r['H200']:.0f}；"
         f"B200 的带宽涨得比算力多（相对 H100：×{B200.mem_bw / H100.mem_bw:.2f} vs ×{B200.peak_flops('bf16') / H100.peak_flops('bf16'):.2f}），"
         f"拐点 {r['B200']:.0f}，也比 H100 低。低精度一列同样不是一路上升（A100 INT8 {low['A100']:.0f}、H100 FP8 {low['H100']:.0f}、"
-        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}）；只有 B200 的 FP4（{fmt_num(B200.peak_flops('fp4'))}FLOP/s ÷ "
-        f"{fmt_bytes(B200.mem_bw)}/s = {b200_fp4:.0f}）比 H100 的 FP8 高。",
+        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}）；这四代里只有 B200 的 FP4 比 H100 SXM5 的 FP8 高"
+        f"（表里没有：{fmt_num(B200.peak_flops('fp4'))}FLOP/s ÷ {fmt_bytes(B200.mem_bw)}/s = {b200_fp4:.0f}）。",
         f"低精度把算力翻倍（H100 的 FP8：{fmt_num(H100.peak_flops('fp8'))}FLOP/s），带宽不变，拐点也翻倍（{H100.ridge_point('fp8'):.0f}）；"
         f"但每个数也只占 1 个字节，同一个算子的 FLOP/字节跟着翻倍：两者抵消，受哪一项限制不变，时间都减半。",
         f"Corsair 反过来：片上 SRAM 带宽 {fmt_bytes(CORSAIR.mem_bw)}/s 是 H100 的 {CORSAIR.mem_bw / H100.mem_bw:.0f} 倍，"
@@ -180,17 +180,19 @@ def demo3_llm_ops():
     print_table(["芯片", "拐点 FLOP/B", "最小 B"], [[c.name, f"{ridge(c):.0f}", cross[short(c)]] for c in GPUS])
     i1 = matmul_intensity(1, k, n)
     i64 = matmul_intensity(64, k, n)
+    b_step = math.ceil(compute_bound_batch(m, H100, 0))     # decode 整步（只算权重字节）越过拐点的最小批
     print_observations([
         f"B = 1（decode 一个序列）时矩阵乘的强度是 {i1:.3f}：每读一个 BF16 权重（2 字节）只做一次乘加（2 FLOPs）。"
         f"B 不大时强度约等于 B（B = 64 时 {i64:.1f}）：同一份权重被 B 个 token 共用——这就是 decode 要攒大批的原因。",
         f"H100 上 B ≥ {cross['H100']} 时这个矩阵乘才受算力限制，A100 上 B ≥ {cross['A100']}，H200 上 B ≥ {cross['H200']}："
         f"拐点越高，要攒的批越大。prefill 一次处理整个提示：几千个 token 的提示在每块 GPU 上都越过了拐点（表里 B = 4096 一行）。"
         f"（这里的字节含读输入激活、写输出（llm_math.matmul_intensity），所以比只算权重字节的 decode 整步的结论"
-        f"（⌈B*⌉ = {math.ceil(ridge(H100))} 左右，第 1 讲 03、第 2 讲 03）大一些。）",
+        f"（H100、上下文 0 时 ⌈B*⌉ = {b_step}，第 1 讲 03、第 2 讲 03）大一些。）",
         f"decode 时注意力核心的强度是 {attn_i:.2f}（= GQA 组大小 {m.group}：每个 KV 头被 {m.group} 个 query 头共用），"
         f"和批大小无关——每个序列读自己的 KV cache，批再大也不共用。它在每块 GPU 上都受带宽限制。",
     ])
-    return {"crossover": cross, "i_b1": i1, "i_b64": i64, "attn_intensity": attn_i, "group": m.group}
+    return {"crossover": cross, "i_b1": i1, "i_b64": i64, "attn_intensity": attn_i, "group": m.group,
+            "b_step_h100": b_step}
 
 
 # ---------------------------------------------------------------------------

@@ -192,7 +192,7 @@ def demo3_flops_and_kv():
                        "ratio": f0 / (2 * m.active_params())}
         rows.append([m.name, fmt_num(m.matmul_params()), f"{fmt_num(f0)}FLOP", f"{fmt_num(fc)}FLOP",
                      f"{100 * (fc - f0) / fc:.1f}%"])
-    print_table(["模型", "乘的权重/token", "FLOPs/token（上下文 0）", f"（上下文 {ctx}）", "其中注意力"], rows)
+    print_table(["模型", "乘的权重/token", "FLOPs/token（上下文 0）", f"（上下文 {ctx}）", "其中注意力核心"], rows)
     print()
     print_table(["模型", "KV/token", f"KV/序列（{ctx}）", f"KV/序列（{long_ctx}）"],
                 [[m.name, fmt_bytes(m.kv_bytes_per_token()), fmt_bytes(m.kv_bytes(ctx)), fmt_bytes(m.kv_bytes(long_ctx))]

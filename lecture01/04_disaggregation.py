@@ -98,16 +98,19 @@ def demo1_intensity_vs_ridge():
     i_dec = intens["decode，批 64"]
     i_dec256 = intens["decode，批 256"]
     util = i_dec / H100.ridge_point("bf16")
+    i_lim = m.flops_per_token(PROMPT) / m.kv_bytes(PROMPT)      # B → ∞：权重摊薄到 0，只剩每个序列自己的账
     min_ratio = min(i_pre / c.ridge_point("bf16") for c in GPUS)
     print_observations([
         f"prefill {PROMPT} 个 token 的强度是 {i_pre:.0f} FLOP/字节，至少是每块 GPU 拐点的 {min_ratio:.1f} 倍：它要的是算力。",
         f"decode 批 64、上下文 {PROMPT} 的强度只有 {i_dec:.1f}：在 H100 上只用上 {100 * util:.1f}% 的算力；批加到 256 也只有 "
-        f"{i_dec256:.1f}——KV cache 的强度停在 GQA 组大小 {m.group}。它要的是带宽（和放 KV 的容量）。",
+        f"{i_dec256:.1f}：每多一个序列都带来它自己的 KV 字节（KV 这部分的强度只有 GQA 组大小 {m.group}），"
+        f"批再大，整步的强度也只趋于 {i_lim:.0f}（每个序列的 FLOPs ÷ 它的 KV 字节），低于每块 GPU 的拐点。"
+        f"它要的是带宽（和放 KV 的容量）。",
         f"同一块芯片同时服务两种工作，总有一种资源闲着：prefill 时带宽闲着，decode 时算力闲着。"
         f"拐点只有 {CORSAIR.ridge_point('mxint8'):.0f}（MXINT8）的 SRAM 芯片是 decode 型工作的极端（第 5 讲）。",
     ])
     return {"i_prefill": i_pre, "i_decode64": i_dec, "i_decode256": i_dec256, "h100_util_decode64": util,
-            "min_ratio_prefill": min_ratio,
+            "min_ratio_prefill": min_ratio, "i_decode_limit": i_lim,
             "group": m.group}
 
 
@@ -142,6 +145,8 @@ def demo2_comparative_advantage():
     per_w = {k: (PROMPT / res[k]["prefill"] / power[k], BATCH / res[k]["decode"] / power[k]) for k in res}
     a_vs_h = (per_w["A100"][0] / per_w["H100"][0], per_w["A100"][1] / per_w["H100"][1])   # A100 每瓦 ÷ H100 每瓦
     beaten = [c.name for c in GPUS if per_w[short(c)][1] < per_w["A100"][1]]              # decode 每瓦比 A100 低的卡
+    better = sorted((c for c in GPUS if per_w[short(c)][1] > per_w["A100"][1]),             # 比 A100 高的卡，高的在前
+                    key=lambda c: -per_w[short(c)][1])
     print_observations([
         f"prefill 受算力限制，快多少看算力之比；decode 受带宽限制，看带宽之比。两者之比（\"decode 优势\"）"
         f"正好是拐点之比：拐点越低的芯片，相对越适合 decode。",
@@ -152,12 +157,13 @@ def demo2_comparative_advantage():
         f"（{per_w[best_dec][1]:.2f}）{'：新一代芯片可以两样都最好' if best_pre == best_dec else ''}。"
         f"\"decode 优势\"回答的是另一个问题：一块卡两样工作里哪一样相对更强，不是谁的 decode 最省电。"
         f"decode 优势最大的是 {best_adv}（{res[best_adv]['adv']:.2f}），可它 decode 每瓦只有 {per_w['A100'][1]:.2f}，"
-        f"不如 B200（{per_w['B200'][1]:.2f}）和 H200（{per_w['H200'][1]:.2f}），表里只比 {'、'.join(beaten)} 高："
+        f"不如 {'、'.join(f'{c.name}（{per_w[short(c)][1]:.2f}）' for c in better)}，表里只比 {'、'.join(beaten)} 高："
         f"每瓦 decode 是 H100 SXM5 的 {a_vs_h[1]:.2f}×，prefill 只有 {a_vs_h[0]:.2f}×。所以已经有 A100 和 H100 时，让 A100 做 decode、"
         "H100 做 prefill；要新买卡，按每瓦看是另一个答案。",
     ])
     res["best_prefill_per_w"], res["best_decode_per_w"], res["best_adv"] = best_pre, best_dec, best_adv
     res["per_w"], res["a100_vs_h100_per_w"] = per_w, a_vs_h
+    res["decode_per_w_above_a100"], res["decode_per_w_below_a100"] = [short(c) for c in better], beaten
     return res
 
 
@@ -182,7 +188,8 @@ def demo3_kv_transfer():
         f"{m.name} 的 {fmt_bytes(kv)} KV cache 经 InfiniBand NDR 要 {fmt_time(t_ib)}，加上协调是 prefill 时间的 "
         f"{100 * res['InfiniBand NDR']:.0f}%；经 100 GbE 要 {100 * res['100 GbE 以太网']:.0f}%，"
         f"在同一台机器里经 NVLink 只要 {100 * res['NVLink 4']:.0f}%。",
-        "这段时间直接加在 TTFT 上（演示 4 就这么算）；真实系统按层边算边传，把它大部分藏在 prefill 后面。"
+        "这段时间直接加在 TTFT 上（演示 4 就这么算）；真实系统可以按层边算边传（Splitwise，arXiv 2311.18677），"
+        "把它大部分藏在 prefill 后面。"
         "其他模型（70B；gpt-oss-120b 每 token 的 KV 本来就小，滑动窗口再让长提示的 KV 减半）和更长的提示见第 5 讲 03_kv_transfer.py。",
     ])
     return {"ratio": res, "t_ib": t_ib, "kv_bytes": kv, "t_prefill": tp}

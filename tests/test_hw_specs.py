@@ -4,12 +4,15 @@ import pytest
 from hw_specs import A100, ALL_CHIPS, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time
 
 # (芯片, 带宽 B/s, 容量 B, {dtype: 稠密 FLOP/s}) —— 数据手册值（CURRICULUM §5）
+# 数据手册印的是带 2:4 稀疏的数（H100 SXM5 BF16 1979、FP8/INT8 3958、TF32 989；PCIe BF16 1513、FP8/INT8 3026、
+# TF32 756；A100 BF16 312（稠密）、INT8 624（稠密）、TF32 156；HGX B200 八卡 BF16 36、FP8 72、FP4 144 PFLOPS）：÷ 2 得稠密
 DATASHEET = [
-    (H100, 3.35e12, 80e9, {"bf16": 989.4e12, "fp8": 1978.9e12}),
-    (H100_PCIE, 2.0e12, 80e9, {"bf16": 756.5e12}),
+    (H100, 3.35e12, 80e9, {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp8": 1978.9e12,
+                           "int8": 1978.9e12}),
+    (H100_PCIE, 2.0e12, 80e9, {"bf16": 1513e12 / 2, "tf32": 756e12 / 2, "fp8": 3026e12 / 2, "int8": 3026e12 / 2}),
     (H200, 4.8e12, 141e9, {"bf16": 989.4e12, "fp8": 1978.9e12}),
-    (A100, 2.039e12, 80e9, {"bf16": 312e12}),
-    (B200, 8.0e12, 180e9, {"bf16": 2250e12}),
+    (A100, 2.039e12, 80e9, {"bf16": 312e12, "tf32": 156e12, "int8": 624e12}),
+    (B200, 8.0e12, 180e9, {"bf16": 36e15 / 8 / 2, "fp8": 72e15 / 8 / 2, "fp4": 144e15 / 8 / 2}),
     (CORSAIR, 150e12, 2e9, {"mxint8": 2400e12, "mxint4": 9600e12}),
 ]
 
@@ -23,8 +26,12 @@ def test_chip_matches_datasheet(chip, bw, cap, flops):
 
 
 def test_power_and_links():
-    assert (H100.power_w, A100.power_w) == (700, 400)
-    assert H100.link_bw == 900e9
+    """板卡功耗（第 1 讲 04 的每瓦 token 用它们）：H100 SXM5 700 W、PCIe 350 W（数据手册 300–350 W 取上限）、
+    H200 700 W、A100 SXM 400 W、B200 1000 W（近似）；NVLink 双向合计：H100/H200 900、A100/H100 PCIe 600、B200 1800 GB/s。"""
+    power = {c.name: c.power_w for c in (H100, H100_PCIE, H200, A100, B200)}
+    assert power == {"H100 SXM5": 700, "H100 PCIe": 350, "H200 SXM": 700, "A100 80GB SXM": 400, "B200": 1000}
+    links = [c.link_bw for c in (H100, H200, A100, H100_PCIE, B200)]
+    assert links == [900e9, 900e9, 600e9, 600e9, 1800e9]
 
 
 def test_corsair_capacity_tier_and_mx_only():

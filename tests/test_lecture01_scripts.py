@@ -151,7 +151,10 @@ def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
     assert low["H200"] < low["B200"] < low["H100"]
     assert r["b200_fp4_ridge"] == pytest.approx(9000 / 8.0) and r["b200_fp4_ridge"] > low["H100"]
     out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察在 100 列处折行：先接回一行
-    assert "越新的芯片越难喂饱" not in out and "= 1125）比 H100 的 FP8 高" in out
+    assert "越新的芯片越难喂饱" not in out and "只有 B200 的 FP4 比 H100 SXM5 的 FP8 高" in out and "= 1125）" in out
+    # 观察 2 的其他数：H200 相对 H100 的带宽、B200 相对 H100 的带宽和算力
+    assert r["h200_bw"] == pytest.approx(4.8 / 3.35, rel=1e-12)
+    assert "（带宽 ×1.43）" in out and "×2.39 vs ×2.27" in out
 
 
 def test_01_time_vs_intensity(s01, capsys):
@@ -173,6 +176,9 @@ def test_01_matmul_crossover_closed_form(s01, capsys):
         # 2Bkn / (2(Bk + kn + Bn)) ≥ ridge  ⟺  B ≥ ridge·kn / (kn − ridge(k + n))
         assert r["crossover"][key] == math.ceil(ridge * k * n / (k * n - ridge * (k + n)))
     assert r["attn_intensity"] == pytest.approx(4.0) and r["group"] == 4
+    # 观察 2 对比的 decode 整步的 ⌈B*⌉（H100、上下文 0）：B·2·matmul / P ≥ 2·(总参数 − 词嵌入) / BW
+    assert r["b_step_h100"] == math.ceil(W_STEP_8B * P_H100 / (BW_H100 * 2 * MATMUL_8B)) == 296
+    assert r["b_step_h100"] < r["crossover"]["H100"]
 
 
 def test_01_roofline_plot_marks(s01, capsys):
@@ -226,6 +232,28 @@ def test_02_bytes(s02, capsys):
     assert r["bytes"][(LLAMA31_405B.name, "int8")] == pytest.approx(int8, rel=1e-12)
     assert r["fp8_over_int8_405b"] == pytest.approx(fp8 / int8, rel=1e-12)
     assert math.ceil(fp8 / 80e9) == 6                          # 演示 4 的"FP8 只要 6 块"
+
+
+def test_02_gpt_oss_shares_by_hand(s02, capsys):
+    """演示 1 观察 2 的 4.4%、98.2%，演示 2 观察 2、3 的 114.66B / 2.17B、1.9% / 6.6%、gpt-oss-20b 的 12.82 GiB：
+    只用 config.json 的整数手算（专家：gate_up 2880→5760 和 down 2880→2880 的矩阵加偏置）。"""
+    r1 = s02.demo1_parameters()
+    r2 = s02.demo2_bytes_per_format()
+    total, d, f = 116_829_156_672, 2880, 2880
+    exp_mat = 36 * 128 * 3 * d * f                              # 专家的矩阵
+    exp_all = exp_mat + 36 * 128 * (2 * f + d)                  # 加上专家的偏置
+    assert r1["expert_share_120b"] == pytest.approx(exp_all / total, rel=1e-12)
+    assert round(100 * exp_all / total, 1) == 98.2
+    assert round(100 * r1["active_ratio_120b"], 1) == 4.4
+    assert r2["expert_matrix_params_120b"] == exp_mat and round(exp_mat / 1e9, 2) == 114.66
+    ck = exp_mat * 4.25 / 8 + (total - exp_mat) * 2
+    assert r2["ckpt_120b_gib"] == pytest.approx(ck / GIB, rel=1e-12)
+    assert (round(100 * (total - exp_mat) / total, 1), round(100 * 2 * (total - exp_mat) / ck, 1)) == (1.9, 6.6)
+    out = capsys.readouterr().out
+    assert "只占 1.9% 的" in out and "checkpoint 的 6.6%" in out
+    total20, exp20 = 20_914_757_184, 24 * 32 * 3 * d * f
+    assert r2["ckpt_20b_gib"] == pytest.approx((exp20 * 4.25 / 8 + (total20 - exp20) * 2) / GIB, rel=1e-12)
+    assert round(r2["ckpt_20b_gib"], 2) == 12.82
 
 
 def test_02_flops_and_kv(s02, capsys):
@@ -295,6 +323,8 @@ def test_03_compute_bound_batch(s03, capsys):
     assert (r["longest_compute_ctx"][LLAMA31_8B.name], r["longest_compute_ctx"][LLAMA31_70B.name]) == (393, 1476)
     assert r["crossover"][(LLAMA31_8B.name, 4096)] is None
     assert r["max_batch_at_longest_8b"] < r["batch_at_longest"][LLAMA31_8B.name]
+    # 观察 2 的"一块 H100 的显存只放得下 1,241 个"：(80 GB − BF16 权重) // (上下文 393 的 KV)
+    assert r["max_batch_at_longest_8b"] == (80e9 - 2 * TOTAL_8B) // (KV_TOK_8B * 393) == 1241
 
 
 def test_03_prefill(s03, capsys):
@@ -333,12 +363,25 @@ def test_04_intensity_vs_ridge(s04, capsys):
     r = s04.demo1_intensity_vs_ridge()
     ridges = [c.ridge_point("bf16") for c in (A100, H100_PCIE, H100, H200, B200)]
     assert r["i_prefill"] > 10 * max(ridges) and r["min_ratio_prefill"] > 10
+    # 观察 1 的强度和"至少 11.1 倍"：Llama-3.1-70B（config.json）的 prefill 4096 闭式，对最高的拐点（H100 PCIe）
+    n, V, d, L, ff = 4096, 128256, 8192, 80, 28672
+    body = L * (2 * d * d + 2 * d * 1024 + 3 * d * ff)
+    flops = 2 * body * n + 2 * V * d + 4 * 64 * 128 * L * n * (n + 1) // 2
+    i_pre = flops / (2 * (70_553_706_496 - V * d))
+    assert r["i_prefill"] == pytest.approx(i_pre, rel=1e-12)
+    assert r["min_ratio_prefill"] == pytest.approx(i_pre / (756.5 / 2.0), rel=1e-12)
+    assert round(r["min_ratio_prefill"], 1) == 11.1
     assert r["i_decode256"] < min(ridges)
     assert r["group"] == 8
     m = LLAMA31_70B
     kv = 4096 * 327_680
     f = m.flops_per_token(4096)
     assert r["i_decode64"] == pytest.approx(64 * f / (2 * m.active_params() + 64 * kv))
+    # 观察 2 的极限：B → ∞ 时强度 → 每个序列的 FLOPs ÷ 它的 KV 字节；闭式用 config.json 的整数
+    body = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672) + 128256 * 8192
+    lim = (2 * body + 4 * 64 * 128 * 80 * 4096) / kv
+    assert r["i_decode_limit"] == pytest.approx(lim, rel=1e-12)
+    assert r["i_decode256"] < lim < min(ridges)
 
 
 def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
@@ -347,6 +390,11 @@ def test_04_comparative_advantage_is_ridge_ratio(s04, capsys):
         assert r[key]["adv"] == pytest.approx(H100.ridge_point("bf16") / chip.ridge_point("bf16"), rel=1e-9)
     assert r["H200"]["sp_pre"] == pytest.approx(1.0) and r["H200"]["sp_dec"] == pytest.approx(4.8 / 3.35)
     assert r["best_adv"] == "A100"
+    # 观察 3："不如 B200、H200 SXM、H100 PCIe，只比 H100 SXM5 高"：受带宽限制时每瓦 ∝ 带宽 / 功耗（同一个批和上下文）
+    ratio = {"A100": 2.039 / 400, "H100 PCIe": 2.0 / 350, "H100": 3.35 / 700, "H200": 4.8 / 700, "B200": 8.0 / 1000}
+    above = sorted((k for k in ratio if ratio[k] > ratio["A100"]), key=lambda k: -ratio[k])
+    assert r["decode_per_w_above_a100"] == above == ["B200", "H200", "H100 PCIe"]
+    assert r["decode_per_w_below_a100"] == ["H100 SXM5"]
     assert r["best_prefill_per_w"] == "B200" and r["best_decode_per_w"] == "B200"
     # decode 优势最大的 A100，decode 每瓦并不好：受带宽限制时 token/s/W = B / ((W + B·KV) / 带宽) / 功耗
     chips = {"A100": A100, "H100": H100, "H200": H200, "B200": B200}
