@@ -79,7 +79,8 @@ def test_fmt_bound_prints_the_bound_not_the_residual():
 
 from console import format_bars, format_plot, wrap_text  # noqa: E402
 
-PROTECTED = ["3.1 ms", "γ = 8", "bandwidth-bound", "128 个", "1 − α", "0.897 ms", "12.3 GB", "Leviathan"]
+PROTECTED = ["3.1 ms", "γ = 8", "bandwidth-bound", "128 个", "1 − α", "0.897 ms", "12.3 GB", "Leviathan",
+             "9.00 PFLOP/s"]
 
 
 def test_wrap_keeps_numbers_units_formulas_and_words_whole():
