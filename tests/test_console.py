@@ -171,3 +171,10 @@ def test_plot_puts_a_known_point_in_the_right_cell_log():
 def test_plot_rejects_bad_input(series, kw, match):
     with pytest.raises(ValueError, match=match):
         format_plot(series, "x", "y", **kw)
+
+
+def test_a_number_keeps_a_long_unit_on_its_line():
+    """"9.00 PFLOP/s"（单位 7 个字符）不在数和单位之间断开：换不同的前缀长度，让断点落在各处。"""
+    for n in range(12):
+        lines = wrap_text("汉" * n + "约 9.00 PFLOP/s 的算力", 24)
+        assert any("9.00 PFLOP/s" in line for line in lines), lines
