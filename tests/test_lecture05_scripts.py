@@ -102,6 +102,32 @@ def test_02_interference(s02, capsys):
         assert 0 < r[n]["extra_chunked"] < r[n]["t_pre"]
 
 
+def test_02_chunked_prefill_closed_form(s02, capsys):
+    """
+    演示 1 观察 3 的"最慢的一步 1.25 倍、只多占 10.0 ms、约 84%"：8B、批 32、上下文 2048，4096 个提示 token
+    分 8 块，每个混合步的 roofline 闭式 max(FLOPs / P, 字节 / BW) 逐块写出来（不调 serving_lab）。
+    """
+    r = s02.demo1_interference()
+    capsys.readouterr()
+    P, BW = 989.4e12, 3.35e12
+    matmul, head, attn, kv_pos = 7_504_658_432, 128256 * 4096, 4 * 32 * 128 * 32, 131072
+    w = 2 * (8_030_261_248 - head)                                     # 每步读的 BF16 权重（不含输入词嵌入）
+    dec_f, dec_b = 2 * matmul * 32 + attn * 32 * 2048, w + kv_pos * 32 * 2048
+    t_dec = max(dec_f / P, dec_b / BW)
+    steps = []
+    for i in range(8):                                                  # 第 i 块：提示的第 512i+1 .. 512(i+1) 个 token
+        pairs = sum(range(512 * i + 1, 512 * (i + 1) + 1))
+        f = dec_f + 2 * (matmul - head) * 512 + 2 * head + attn * pairs
+        b = dec_b + kv_pos * 512 * i                                    # 读前面几块已经算好的 KV
+        steps.append(max(f / P, b / BW))
+    p = r[4096]
+    assert r["t_dec"] == pytest.approx(t_dec, rel=1e-12)
+    assert p["worst_mixed"] == pytest.approx(max(steps), rel=1e-12) and round(max(steps) / t_dec, 2) == 1.25
+    extra = sum(steps) - 8 * t_dec
+    assert p["extra_chunked"] == pytest.approx(extra, rel=1e-9) and round(extra * 1e3, 1) == 10.0
+    assert round((1 - extra / p["t_pre"]) * 100) == 84
+
+
 def test_02_simulation_claims(s02, capsys):
     r = s02.demo2_simulation()
     capsys.readouterr()
@@ -337,6 +363,11 @@ def test_04_reconciles_best_gamma_with_seed05(s04, capsys):
     # 第四行（去掉网络、换成精确的 5.13B）正是上表的"4.25 位，有开销"：6 和 24
     assert r["recon_row4_is_table"] and (r["g_gpu"], r["g_sram"]) == (6, 24)
     assert r["seed_active"] == pytest.approx(5.0856e9, rel=1e-12)     # 1.5e9 + 36 × 4 × 24.9e6
+    # 观察 1 的"种子 05 印 2.51 ms"和观察 5 的"目标一步长 0.37%"：种子的目标一步用独立闭式算
+    t_seed = 1.5e-3 + 5.0856e9 * 4.25 / 8 / (3.35e12 * 0.8)
+    assert r["t_tgt_seed"] == pytest.approx(t_seed, rel=1e-12) and round(t_seed * 1e3, 2) == 2.51
+    t_exact = 1.5e-3 + OSS_ACTIVE * 4.25 / 8 / (3.35e12 * 0.8)
+    assert round(t_exact * 1e3, 2) == 2.52 and round((t_exact / t_seed - 1) * 100, 2) == 0.37
     # 每一步都让 SRAM 加速变大：网格 → 整数 → 去网络 → 精确参数（观察 5 的箭头方向）
     assert rc[0]["s_sram"] < rc[1]["s_sram"] < rc[2]["s_sram"] < rc[3]["s_sram"]
 
