@@ -20,7 +20,7 @@ CS349E · 第 5 讲 · 01_batching_tradeoff.py —— 连续批处理：吞吐�
 （带宽、容量、算力都乘 8，卡间通信不要钱——**假设**）。演示 1 里一批序列的上下文都按 2048 个位置算，演示 2 换着看（**假设**）；
 "显存装得下的最大批"只算权重和 KV，不算激活和碎片（上界）。演示 3 的 512 个请求、提示 1024 个 token、
 输出长度在 [16, 1024) 里均匀分布（种子固定）都是**假设的工作负载**；模拟里 prefill 不占时间，
-观察 3 另算一次一个提示的 prefill 时间（llm_math.prefill_time）加到两边。硬件数字见 ../lecture01/hw_specs 的出处。
+观察 4 另算一次一个提示的 prefill 时间（llm_math.prefill_time）加到两边。硬件数字见 ../lecture01/hw_specs 的出处。
 
 【运行】python3 01_batching_tradeoff.py （约 0.5 秒）
 

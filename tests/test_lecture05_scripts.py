@@ -86,7 +86,7 @@ def test_01_continuous_batching(s01, capsys):
     head, n = 128256 * 4096, 1024
     flops = 2 * (7_504_658_432 - head) * n + 2 * head + 4 * 32 * 128 * 32 * n * (n + 1) // 2
     assert r["t_prefill"] == pytest.approx(512 * flops / 989.4e12, rel=1e-12)
-    # 两边加上同样的 prefill 时间，倍数变小（观察 3："1.26 降到 1.20"）
+    # 两边加上同样的 prefill 时间，倍数变小（观察 4："1.26 降到 1.20"）
     assert 1 < r["gain_pre_128"] < r["gain_128"] and 1 < r["gain_pre_32"] < r["gain_32"]
     assert round(r["gain_128"], 2) == 1.26 and round(r["gain_pre_128"], 2) == 1.20
 
@@ -293,6 +293,14 @@ def test_01_continuous_batching_cuts_completion_time(s01, capsys):
         assert r["tpot_tok"][(slots, True)] > r["tpot_tok"][(slots, False)]
         assert r["done_mean"][(slots, True)] < r["done_mean"][(slots, False)]
         assert r["done_p90"][(slots, True)] < r["done_p90"][(slots, False)]
+    # 观察 2 和 4 的倍数，用独立路径的总时间（最后一个请求完成的时刻）算：吞吐比 = 总时间之反比（token 一样多）
+    tot = {(sl, c): _independent_batching(outs, sl, c)[0].max() for sl in (32, 128) for c in (False, True)}
+    for sl, g, gp in ((128, 1.26, 1.20), (32, 1.63, 1.55)):
+        assert r[f"gain_{sl}"] == pytest.approx(tot[(sl, False)] / tot[(sl, True)], rel=1e-9)
+        assert round(r[f"gain_{sl}"], 2) == g
+        pre = (tot[(sl, False)] + r["t_prefill"]) / (tot[(sl, True)] + r["t_prefill"])
+        assert r[f"gain_pre_{sl}"] == pytest.approx(pre, rel=1e-9) and round(pre, 2) == gp
+    assert round(r["t_prefill"], 2) == 7.54
     # issue 里的数：128 个位置平均 16.6 → 13.2 s，32 个位置 42.7 → 26.4 s
     assert [round(r["done_mean"][k], 1) for k in ((128, False), (128, True), (32, False), (32, True))] == \
         [16.6, 13.2, 42.7, 26.4]
