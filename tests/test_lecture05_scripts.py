@@ -425,3 +425,26 @@ def test_01_throughput_ceiling(s01, capsys):
     w8 = 2 * (8_030_261_248 - 128256 * 4096)
     assert r["ceil_share_8b"] == pytest.approx(238 / ((w8 + 238 * k8) / 3.35e12) / (3.35e12 / k8), rel=1e-12)
     assert 0.75 < r["ceil_share_70b"] < r["ceil_share_8b"] < 0.85                # "81% 和 78%"
+    # "最多再涨 23% 和 28%"：上限 / 装满时的吞吐 − 1，闭式
+    w70 = 2 * (70_553_706_496 - 128256 * 8192)
+    more8 = (3.35e12 / k8) / (238 / ((w8 + 238 * k8) / 3.35e12)) - 1
+    more70 = (8 * 3.35e12 / k70) / (743 / ((w70 + 743 * k70) / (8 * 3.35e12))) - 1
+    assert (round(more8 * 100), round(more70 * 100)) == (23, 28)
+    assert 1 / r["ceil_share_8b"] - 1 == pytest.approx(more8, rel=1e-12)
+    assert 1 / r["ceil_share_70b"] - 1 == pytest.approx(more70, rel=1e-12)
+
+
+def test_01_batch_sweep_closed_form(s01, capsys):
+    """演示 1 观察 1–3、5 的数：memory-bound 时 TPOT = (W + B·k) / BW，逐个闭式写出来（不调 llm_math）。"""
+    r = s01.demo1_batch_sweep()
+    capsys.readouterr()
+    k8, k70 = 131072 * 2048, 327680 * 2048
+    w8, w70 = 2 * (8_030_261_248 - 128256 * 4096), 2 * (70_553_706_496 - 128256 * 8192)
+    t8 = {b: (w8 + b * k8) / 3.35e12 for b in (1, 64, 238)}
+    assert r["tpot_8b_b64"] == pytest.approx(t8[64], rel=1e-12) and r["tpot_8b_bmax"] == pytest.approx(t8[238], rel=1e-12)
+    assert round(t8[64] / t8[1], 2) == 2.11 and round(64 * t8[1] / t8[64], 1) == 30.4       # "×2.11"、"30.4 倍"
+    assert round(238 * t8[1] / t8[238]) == 46 and round(t8[238] / t8[1], 1) == 5.2         # "46 倍"、"5.2 倍"
+    assert r["kv_over_w_8b_bmax"] == pytest.approx(238 * k8 / w8, rel=1e-12) and round(238 * k8 / w8, 1) == 4.3
+    t70 = {b: (w70 + b * k70) / (8 * 3.35e12) for b in (1, 743)}
+    assert r["tpot_70b_b1"] == pytest.approx(t70[1], rel=1e-12) and r["tpot_70b_bmax"] == pytest.approx(t70[743], rel=1e-12)
+    assert round(743 / t70[743]) == 31229
