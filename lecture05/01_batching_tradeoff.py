@@ -20,7 +20,7 @@ CS349E · 第 5 讲 · 01_batching_tradeoff.py —— 连续批处理：吞吐�
 （带宽、容量、算力都乘 8，卡间通信不要钱——**假设**）。演示 1 里一批序列的上下文都按 2048 个位置算，演示 2 换着看（**假设**）；
 "显存装得下的最大批"只算权重和 KV，不算激活和碎片（上界）。演示 3 的 512 个请求、提示 1024 个 token、
 输出长度在 [16, 1024) 里均匀分布（种子固定）都是**假设的工作负载**；模拟里 prefill 不占时间，
-观察 3 另算一次一个提示的 prefill 时间（llm_math.prefill_time）加到两边。硬件数字见 ../lecture01/hw_specs 的出处。
+观察 4 另算一次一个提示的 prefill 时间（llm_math.prefill_time）加到两边。硬件数字见 ../lecture01/hw_specs 的出处。
 
 【运行】python3 01_batching_tradeoff.py （约 0.5 秒）
 
@@ -104,7 +104,8 @@ def demo1_batch_sweep():
         f"两张图：TPOT 随 B 是一条直线（截距是读一遍权重，斜率是每个序列读自己的 KV），吞吐 = B / TPOT 越涨越慢，"
         f"趋向 带宽 / 每个序列的 KV 字节 这个上限：{m8} 是 {r['ceil_8b']:,.0f} tok/s，{m70}（8 卡）是 "
         f"{r['ceil_70b']:,.0f} tok/s。显存装满时分别到了上限的 {r['ceil_share_8b'] * 100:.0f}% 和 "
-        f"{r['ceil_share_70b'] * 100:.0f}%：即使显存再大，再加批吞吐也涨不了多少。",
+        f"{r['ceil_share_70b'] * 100:.0f}%：即使显存再大，再加批吞吐也最多再涨 {(1 / r['ceil_share_8b'] - 1) * 100:.0f}% 和 "
+        f"{(1 / r['ceil_share_70b'] - 1) * 100:.0f}%。",
         f"{m70} 在 8 块 H100 上同理：B = 1 时 {fmt_time(r['tpot_70b_b1'])}，装满（B = {b70}）时 {fmt_time(r['tpot_70b_bmax'])}、"
         f"{r['thr_70b_bmax']:,.0f} tok/s。连续批处理（演示 3）的目的就是让批一直保持在这么大。",
     ])

@@ -42,7 +42,7 @@ from serving_lab import link_time  # noqa: E402
 DEPLOY = ((LLAMA31_70B, gang(H100, 8), 16.0, 8), (GPT_OSS_120B, H100, 4.25, 1))
 PROMPTS = (2048, 32768)
 SHORT = {LLAMA31_70B.name: "70B", GPT_OSS_120B.name: "oss"}          # 演示 2 表头里的简称
-LINK_SHORT = {NVLINK4.name: "NVLink 4，每块 GPU", IB_NDR.name: "IB NDR，一个端口", ETH_400G.name: "400 GbE",
+LINK_SHORT = {NVLINK4.name: "NVLink 4，一块 GPU", IB_NDR.name: "IB NDR，一个端口", ETH_400G.name: "400 GbE",
               ETH_100G.name: "100 GbE", "InfiniBand NDR × 每块 GPU 一个端口": "IB NDR，每块 GPU 一个"}
 
 
@@ -105,7 +105,8 @@ def demo2_transfer_vs_prefill():
             cells += [fmt_time(t), f"{t / t_pre * 100:.1f}%"]
         rows.append(cells)
     print_table(["链路", "GB/s"] + [h for head in heads for h in (head, "占比")], rows)
-    print("（GB/s：每条链路的单向带宽；每组两列：搬运时间、占它前面那次 prefill 的百分比）")
+    print("（GB/s：每条链路的单向带宽；每组两列：搬运时间、占它前面那次 prefill 的百分比；")
+    print(f" 前 {len(links) - 1} 行整份 KV 走一条链路，最后一行每块 GPU 用自己的端口送自己那份）")
     m70, mo = LLAMA31_70B.name, GPT_OSS_120B.name
     ib1, ib8 = IB_NDR.name, links[-1][0]
     t_pre70 = cols[0][4]

@@ -275,7 +275,7 @@ def demo3_cost_coefficient():
          "t_gpu": b["t_gpu"], "t_sram": b["t_sram"], "t_tgt": b["t_tgt"], "sram_ovh_share": OVH_SRAM / b["t_sram"],
          "g_gpu": b["g_gpu"], "g_sram": b["g_sram"], "s_gpu": b["s_gpu"], "s_sram": b["s_sram"],
          "d_bytes": d_bytes, "t_bytes": t_bytes["seed"], "native_bytes": t_bytes["native"],
-         "native": n, "native_no_ovh": nb, "recon": recon, "seed_active": seed_active,
+         "native": n, "native_no_ovh": nb, "recon": recon, "seed_active": seed_active, "t_tgt_seed": t0,
          "native_extra": t_bytes["native"] / t_bytes["seed"] - 1,
          "per_tok": {k: (o["t_tgt"] / o["s_gpu"], o["t_tgt"] / o["s_sram"]) for k, o in out.items()}}
     rc = recon
@@ -284,7 +284,7 @@ def demo3_cost_coefficient():
     same = "，正是上表\"4.25 位，有开销\"那一列" if r["recon_row4_is_table"] else "，和上表对不上"
     print_observations([
         f"按种子 05 的假设：草稿在 GPU 上一步 {fmt_time(b['t_gpu'])}、在两张 Corsair 上 {fmt_time(b['t_sram'])}，目标一步 "
-        f"{fmt_time(b['t_tgt'])}；c 从 {b['c_gpu']:.3f} 降到 {b['c_sram']:.4f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
+        f"{fmt_time(b['t_tgt'])}（种子 05 印 {fmt_time(t0)}：它按近似的 {seed_active / 1e9:.2f}B 激活参数算，见观察 5 ③）；c 从 {b['c_gpu']:.3f} 降到 {b['c_sram']:.4f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
         "c 随硬件变了十几倍（第 6 讲 04 说的\"第 5 讲 §8.3\"）。c 不是模型的属性，是模型 × 硬件 × 实现的属性。",
         f"只看带宽的话差 {a['ratio']:.1f} 倍（两张卡的 SRAM 带宽 / 一块 H100 的 HBM 带宽）。加上固定开销后，SRAM 草稿一步里 "
         f"{r['sram_ovh_share'] * 100:.0f}% 是 {fmt_time(OVH_SRAM)} 的固定开销——倍数由开销决定，这个假设值最值得怀疑。"

@@ -86,7 +86,7 @@ def test_01_continuous_batching(s01, capsys):
     head, n = 128256 * 4096, 1024
     flops = 2 * (7_504_658_432 - head) * n + 2 * head + 4 * 32 * 128 * 32 * n * (n + 1) // 2
     assert r["t_prefill"] == pytest.approx(512 * flops / 989.4e12, rel=1e-12)
-    # 两边加上同样的 prefill 时间，倍数变小（观察 3："1.26 降到 1.20"）
+    # 两边加上同样的 prefill 时间，倍数变小（观察 4："1.26 降到 1.20"）
     assert 1 < r["gain_pre_128"] < r["gain_128"] and 1 < r["gain_pre_32"] < r["gain_32"]
     assert round(r["gain_128"], 2) == 1.26 and round(r["gain_pre_128"], 2) == 1.20
 
@@ -100,6 +100,32 @@ def test_02_interference(s02, capsys):
     for n in (512, 1024, 2048, 4096):
         assert r[n]["worst_mixed"] < r[n]["t_pre"] + r["t_dec"]
         assert 0 < r[n]["extra_chunked"] < r[n]["t_pre"]
+
+
+def test_02_chunked_prefill_closed_form(s02, capsys):
+    """
+    演示 1 观察 3 的"最慢的一步 1.25 倍、只多占 10.0 ms、约 84%"：8B、批 32、上下文 2048，4096 个提示 token
+    分 8 块，每个混合步的 roofline 闭式 max(FLOPs / P, 字节 / BW) 逐块写出来（不调 serving_lab）。
+    """
+    r = s02.demo1_interference()
+    capsys.readouterr()
+    P, BW = 989.4e12, 3.35e12
+    matmul, head, attn, kv_pos = 7_504_658_432, 128256 * 4096, 4 * 32 * 128 * 32, 131072
+    w = 2 * (8_030_261_248 - head)                                     # 每步读的 BF16 权重（不含输入词嵌入）
+    dec_f, dec_b = 2 * matmul * 32 + attn * 32 * 2048, w + kv_pos * 32 * 2048
+    t_dec = max(dec_f / P, dec_b / BW)
+    steps = []
+    for i in range(8):                                                  # 第 i 块：提示的第 512i+1 .. 512(i+1) 个 token
+        pairs = sum(range(512 * i + 1, 512 * (i + 1) + 1))
+        f = dec_f + 2 * (matmul - head) * 512 + 2 * head + attn * pairs
+        b = dec_b + kv_pos * 512 * i                                    # 读前面几块已经算好的 KV
+        steps.append(max(f / P, b / BW))
+    p = r[4096]
+    assert r["t_dec"] == pytest.approx(t_dec, rel=1e-12)
+    assert p["worst_mixed"] == pytest.approx(max(steps), rel=1e-12) and round(max(steps) / t_dec, 2) == 1.25
+    extra = sum(steps) - 8 * t_dec
+    assert p["extra_chunked"] == pytest.approx(extra, rel=1e-9) and round(extra * 1e3, 1) == 10.0
+    assert round((1 - extra / p["t_pre"]) * 100) == 84
 
 
 def test_02_simulation_claims(s02, capsys):
@@ -267,6 +293,14 @@ def test_01_continuous_batching_cuts_completion_time(s01, capsys):
         assert r["tpot_tok"][(slots, True)] > r["tpot_tok"][(slots, False)]
         assert r["done_mean"][(slots, True)] < r["done_mean"][(slots, False)]
         assert r["done_p90"][(slots, True)] < r["done_p90"][(slots, False)]
+    # 观察 2 和 4 的倍数，用独立路径的总时间（最后一个请求完成的时刻）算：吞吐比 = 总时间之反比（token 一样多）
+    tot = {(sl, c): _independent_batching(outs, sl, c)[0].max() for sl in (32, 128) for c in (False, True)}
+    for sl, g, gp in ((128, 1.26, 1.20), (32, 1.63, 1.55)):
+        assert r[f"gain_{sl}"] == pytest.approx(tot[(sl, False)] / tot[(sl, True)], rel=1e-9)
+        assert round(r[f"gain_{sl}"], 2) == g
+        pre = (tot[(sl, False)] + r["t_prefill"]) / (tot[(sl, True)] + r["t_prefill"])
+        assert r[f"gain_pre_{sl}"] == pytest.approx(pre, rel=1e-9) and round(pre, 2) == gp
+    assert round(r["t_prefill"], 2) == 7.54
     # issue 里的数：128 个位置平均 16.6 → 13.2 s，32 个位置 42.7 → 26.4 s
     assert [round(r["done_mean"][k], 1) for k in ((128, False), (128, True), (32, False), (32, True))] == \
         [16.6, 13.2, 42.7, 26.4]
@@ -337,6 +371,11 @@ def test_04_reconciles_best_gamma_with_seed05(s04, capsys):
     # 第四行（去掉网络、换成精确的 5.13B）正是上表的"4.25 位，有开销"：6 和 24
     assert r["recon_row4_is_table"] and (r["g_gpu"], r["g_sram"]) == (6, 24)
     assert r["seed_active"] == pytest.approx(5.0856e9, rel=1e-12)     # 1.5e9 + 36 × 4 × 24.9e6
+    # 观察 1 的"种子 05 印 2.51 ms"和观察 5 的"目标一步长 0.37%"：种子的目标一步用独立闭式算
+    t_seed = 1.5e-3 + 5.0856e9 * 4.25 / 8 / (3.35e12 * 0.8)
+    assert r["t_tgt_seed"] == pytest.approx(t_seed, rel=1e-12) and round(t_seed * 1e3, 2) == 2.51
+    t_exact = 1.5e-3 + OSS_ACTIVE * 4.25 / 8 / (3.35e12 * 0.8)
+    assert round(t_exact * 1e3, 2) == 2.52 and round((t_exact / t_seed - 1) * 100, 2) == 0.37
     # 每一步都让 SRAM 加速变大：网格 → 整数 → 去网络 → 精确参数（观察 5 的箭头方向）
     assert rc[0]["s_sram"] < rc[1]["s_sram"] < rc[2]["s_sram"] < rc[3]["s_sram"]
 
@@ -386,3 +425,26 @@ def test_01_throughput_ceiling(s01, capsys):
     w8 = 2 * (8_030_261_248 - 128256 * 4096)
     assert r["ceil_share_8b"] == pytest.approx(238 / ((w8 + 238 * k8) / 3.35e12) / (3.35e12 / k8), rel=1e-12)
     assert 0.75 < r["ceil_share_70b"] < r["ceil_share_8b"] < 0.85                # "81% 和 78%"
+    # "最多再涨 23% 和 28%"：上限 / 装满时的吞吐 − 1，闭式
+    w70 = 2 * (70_553_706_496 - 128256 * 8192)
+    more8 = (3.35e12 / k8) / (238 / ((w8 + 238 * k8) / 3.35e12)) - 1
+    more70 = (8 * 3.35e12 / k70) / (743 / ((w70 + 743 * k70) / (8 * 3.35e12))) - 1
+    assert (round(more8 * 100), round(more70 * 100)) == (23, 28)
+    assert 1 / r["ceil_share_8b"] - 1 == pytest.approx(more8, rel=1e-12)
+    assert 1 / r["ceil_share_70b"] - 1 == pytest.approx(more70, rel=1e-12)
+
+
+def test_01_batch_sweep_closed_form(s01, capsys):
+    """演示 1 观察 1–3、5 的数：memory-bound 时 TPOT = (W + B·k) / BW，逐个闭式写出来（不调 llm_math）。"""
+    r = s01.demo1_batch_sweep()
+    capsys.readouterr()
+    k8, k70 = 131072 * 2048, 327680 * 2048
+    w8, w70 = 2 * (8_030_261_248 - 128256 * 4096), 2 * (70_553_706_496 - 128256 * 8192)
+    t8 = {b: (w8 + b * k8) / 3.35e12 for b in (1, 64, 238)}
+    assert r["tpot_8b_b64"] == pytest.approx(t8[64], rel=1e-12) and r["tpot_8b_bmax"] == pytest.approx(t8[238], rel=1e-12)
+    assert round(t8[64] / t8[1], 2) == 2.11 and round(64 * t8[1] / t8[64], 1) == 30.4       # "×2.11"、"30.4 倍"
+    assert round(238 * t8[1] / t8[238]) == 46 and round(t8[238] / t8[1], 1) == 5.2         # "46 倍"、"5.2 倍"
+    assert r["kv_over_w_8b_bmax"] == pytest.approx(238 * k8 / w8, rel=1e-12) and round(238 * k8 / w8, 1) == 4.3
+    t70 = {b: (w70 + b * k70) / (8 * 3.35e12) for b in (1, 743)}
+    assert r["tpot_70b_b1"] == pytest.approx(t70[1], rel=1e-12) and r["tpot_70b_bmax"] == pytest.approx(t70[743], rel=1e-12)
+    assert round(743 / t70[743]) == 31229
