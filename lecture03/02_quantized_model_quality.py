@@ -367,7 +367,7 @@ def demo2_lm_head(ev):
         "这个份额是这个模型、这一批文本上的事，不是一般规律。QCFG 的残差支路是有意调小的"
         f"（wo、w_down 的尺度系数 {QCFG.wo_gain:g}、{QCFG.down_gain:g}，quant_lab），块里的误差只改动残差流的一小部分；"
         f"lm_head 的误差 x·ΔW 却直接加在 logits 上，而 lm_head 的尺度（系数 {QCFG.head_gain:g}，每个位置 logits 的标准差"
-        f"平均 {logit_std:.2f}）是为第 6 讲的草稿选的。换一个训练出来的模型，两部分的比例会不同。",
+        f"平均 {logit_std:.2f}）是为第 6 讲的草稿选的。换一个训练出来的模型，两部分的比例不一定一样。",
         f"第 6 讲拿来当草稿的\"INT4 量化的自己\"是 int4-g32 连 lm_head 一起量化的：KL {g32['kl_with']:.4f}、"
         f"top-1 一致 {100 * g32['agree_with']:.1f}%、Σmin(p,q) = {g32['alpha_with']:.3f}——最后这个数就是投机解码的接受率 α"
         "（第 6 讲：α = E[Σmin(p,q)]）。草稿不需要完全一样，拒绝采样会把输出纠正回目标模型的分布。"

@@ -111,6 +111,23 @@ def test_demo1_claims(q02):
         assert d1[s]["log_ppl_ratio"] > 0
 
 
+def test_int8_disagreements_sit_where_the_top_two_nearly_tie(ev, q02):
+    """
+    演示 1 观察 1 引的两个中位数（INT8 和原模型 top-1 不一致的位置上、和所有位置上，原模型前两名的对数概率之差），
+    用 decode_lab 的整段前向在全部 32 条序列上独立重算（np.partition 取前两名，不经过 position_metrics）。
+    """
+    P = init_params(QCFG, seed=0)
+    toks = ev["toks"]
+    lp = np.log(softmax(TransformerLM(P, QCFG).full_logits(toks))[:, :-1])
+    lq = TransformerLM(quantize_params(P, "int8")[0], QCFG).full_logits(toks)[:, :-1]
+    top2 = np.partition(lp, -2, axis=-1)[..., -2:]
+    margin = np.abs(top2[..., 1] - top2[..., 0])
+    dis = lp.argmax(-1) != lq.argmax(-1)
+    assert dis.sum() == round((1 - q02[0]["int8"]["agree"]) * dis.size)
+    assert q02[0]["int8_disagree_margin"] == pytest.approx(float(np.median(margin[dis])), rel=1e-6)
+    assert q02[0]["all_margin"] == pytest.approx(float(np.median(margin)), rel=1e-9)
+
+
 def test_log_perplexity_gap_estimates_kl(s02, ev):
     """样本上的 log 困惑度之差是平均 KL 的无偏估计：差在 4 个标准误以内（docstring 和演示 3 的说法）。"""
     for (scheme, head), (m, _) in ev["runs"].items():
