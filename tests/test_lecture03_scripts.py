@@ -351,6 +351,22 @@ def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
     assert d["speedup_w4"][64] - d["speedup_w4"][128] > d["speedup_w4"][16] - d["speedup_w4"][64]
 
 
+def test_demo2_llama8b_at_context_512_never_compute_bound_closed_form(s03):
+    """
+    演示 2 观察 4：Llama-3.1-8B 上下文 512 时每序列每步的 FLOPs（≈ 15.3 G）和 KV 字节（≈ 67.1 MB）、整步强度的上限
+    （≈ 228 FLOP/字节）都从形状手算：线性层参数 + lm_head 的 2 倍，注意力 4·头数·head_dim·层数·上下文；
+    KV = 2·层·KV 头·head_dim·上下文·2 字节。上限低于 BF16 和 FP8 的拐点，所以表里全是"永远不会"。
+    """
+    m, ctx = LLAMA31_8B, s03.CONTEXT
+    assert ctx == 512
+    flops = 2 * (_lin_params(m) + 4096 * 128256) + 4 * 32 * 128 * 32 * ctx
+    kv = 2 * 32 * 8 * 128 * ctx * 2
+    assert m.flops_per_token(ctx) == pytest.approx(flops, rel=1e-12)
+    assert m.kv_bytes(ctx) == kv
+    assert round(flops / 1e9, 1) == 15.3 and round(kv / 1e6, 1) == 67.1 and round(flops / kv) == 228
+    assert flops / kv < 989.4 / 3.35 < 1978.9 / 3.35
+
+
 def test_demo3_context(s03, capsys):
     d = s03.demo3_context()
     m, B = LLAMA31_8B, s03.BATCH3
