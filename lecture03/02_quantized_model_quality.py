@@ -424,7 +424,7 @@ def demo3_significance(ev):
         + (f"：{'、'.join(pair_name(p) for p in kl_sig)}" if kl_sig else "") +
         f"；log 困惑度之差有 {len(nll_sig)} 对，top-1 一致率之差有 {len(ag_sig)} 对。",
         f"KL 在每个位置上用了整个分布（{QCFG.vocab} 个概率），配对之后两个方案共有的噪声抵消，所以很稳；"
-        f"log 困惑度之差也估计同一个量（平均 KL），但只用了抽中的那一个 token，标准误是 KL 的 "
+        f"log 困惑度之差估计的也是它（两个方案的平均 KL 之差），但只用了抽中的那一个 token，标准误是 KL 的 "
         f"{min(se_ratio):.0f}–{max(se_ratio):.0f} 倍（表里 {len(PAIRS)} 对方案各一个比值，中位数 {ratio_se:.0f} 倍）。"
         "top-1 只有对/错两种结果，同样吵。",
         lesson_text + f"KL 之差在全部 {len(PAIRS)} 对上都至少 {min(kl_z.values()):.1f} 个标准误。"
