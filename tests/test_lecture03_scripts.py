@@ -447,6 +447,11 @@ def test_demo2_published_counts(s04, capsys):
     assert big["ckpt_bytes"] == weight_bytes(GPT_OSS_120B, "bf16", expert_fmt="mxfp4")
     assert big["ckpt_bytes"] < H100.mem_bytes
     assert 0.29 < big["attn_head_active_share"] < 0.31
+    # 观察 1 的 98.2%：专家参数手算 = 36 层 × 128 个 × (gate/up/down 3 个 2880×2880 + 偏置 2·2880 + 2880)
+    experts = 36 * 128 * (3 * 2880 * 2880 + 3 * 2880)
+    assert experts == 114_701_598_720
+    assert big["expert_share"] == pytest.approx(experts / 116_829_156_672, rel=1e-12)
+    assert round(100 * big["expert_share"], 1) == 98.2
     for m in (GPT_OSS_120B, GPT_OSS_20B):
         parts = {name: (t, a) for name, t, a in d[m.name]["parts"]}
         norm = [v for name, v in parts.items() if name.startswith("RMSNorm")][0]
