@@ -349,6 +349,20 @@ def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
     assert d["w4_only_compute"] == [128, 256]
     assert d["speedup_w4"][256] < d["speedup_w4"][128] < d["speedup_w4"][64]
     assert d["speedup_w4"][64] - d["speedup_w4"][128] > d["speedup_w4"][16] - d["speedup_w4"][64]
+    # 观察 1 的"缩小得更快"：拐点 B4 两侧每多一个序列加速比少多少，闭式（两侧各自的 max 分支）重算
+    b4 = d["b_w4"]
+
+    def closed_speedup(b):
+        t16 = max(b * flops / 989.4e12, (w16 + b * kv) / H100.mem_bw)
+        t4 = max(b * flops / 989.4e12, (w4 + b * kv) / H100.mem_bw)
+        return t16 / t4
+    assert (w4 + (b4 - 1) * kv) / H100.mem_bw > (b4 - 1) * flops / 989.4e12      # B4 − 1：W4 还受带宽限制
+    assert d["w4_slope_before"] == pytest.approx(closed_speedup(b4 - 2) - closed_speedup(b4 - 1), rel=1e-9)
+    assert d["w4_slope_after"] == pytest.approx(closed_speedup(b4) - closed_speedup(b4 + 1), rel=1e-9)
+    # 带宽一侧的斜率 ≈ 导数 KV·(W16 − W4) / (W4 + B·KV)²；算力一侧大 3 倍以上
+    b = b4 - 1.5
+    assert d["w4_slope_before"] == pytest.approx(kv * (w16 - w4) / (w4 + b * kv) ** 2, rel=1e-3)
+    assert d["w4_slope_after"] > 3 * d["w4_slope_before"] > 0
 
 
 def test_demo2_llama8b_at_context_512_never_compute_bound_closed_form(s03):
