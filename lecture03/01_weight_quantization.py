@@ -172,7 +172,7 @@ def demo2_llama_sized():
         f"{1 - q['int4-g128'] / q['int4']:.0%}。",
         f"整数方案的误差和\"均匀舍入误差\"估计 √(间隔²/12) / RMS(w) 最多差 {worst_est:.1%}：误差几乎完全由间隔（= 块的 max|w| / qmax）决定。",
         f"同样 4.25 位：mxfp4 {q['mxfp4']:.4f} vs int4-g64 {q['int4-g64']:.4f}"
-        + ("（int4-g64 更准：E2M1 不等间距的格子本身就比等间距的 INT4 略差，MX 的 scale 只能取 2 的幂又添了更多误差；"
+        + ("（int4-g64 更准：在这种正态权重上，E2M1 不等间距的格子本身就比等间距的 INT4 略差，MX 的 scale 只能取 2 的幂又添了更多误差；"
            "02 脚本演示 1 把这两处分开量）" if q["int4-g64"] < q["mxfp4"] else "") + "；"
         f"8 位里 int8 每通道 {q['int8']:.4f}（{res['int8']['bits']:.4f} 位）比 fp8-e4m3 {q['fp8-e4m3']:.4f}"
         f"（{res['fp8-e4m3']['bits']:.4f} 位，FP32 scale）" + ("准" if q["int8"] < q["fp8-e4m3"] else "差") + "——对这种没有离群值的正态权重，"

@@ -367,7 +367,7 @@ def demo2_lm_head(ev):
         "这个份额是这个模型、这一批文本上的事，不是一般规律。QCFG 的残差支路是有意调小的"
         f"（wo、w_down 的尺度系数 {QCFG.wo_gain:g}、{QCFG.down_gain:g}，quant_lab），块里的误差只改动残差流的一小部分；"
         f"lm_head 的误差 x·ΔW 却直接加在 logits 上，而 lm_head 的尺度（系数 {QCFG.head_gain:g}，每个位置 logits 的标准差"
-        f"平均 {logit_std:.2f}）是为第 6 讲的草稿选的。换一个训练出来的模型，两部分的比例会不同。",
+        f"平均 {logit_std:.2f}）是为第 6 讲的草稿选的。换一个训练出来的模型，两部分的比例不一定一样。",
         f"第 6 讲拿来当草稿的\"INT4 量化的自己\"是 int4-g32 连 lm_head 一起量化的：KL {g32['kl_with']:.4f}、"
         f"top-1 一致 {100 * g32['agree_with']:.1f}%、Σmin(p,q) = {g32['alpha_with']:.3f}——最后这个数就是投机解码的接受率 α"
         "（第 6 讲：α = E[Σmin(p,q)]）。草稿不需要完全一样，拒绝采样会把输出纠正回目标模型的分布。"
@@ -424,7 +424,7 @@ def demo3_significance(ev):
         + (f"：{'、'.join(pair_name(p) for p in kl_sig)}" if kl_sig else "") +
         f"；log 困惑度之差有 {len(nll_sig)} 对，top-1 一致率之差有 {len(ag_sig)} 对。",
         f"KL 在每个位置上用了整个分布（{QCFG.vocab} 个概率），配对之后两个方案共有的噪声抵消，所以很稳；"
-        f"log 困惑度之差也估计同一个量（平均 KL），但只用了抽中的那一个 token，标准误是 KL 的 "
+        f"log 困惑度之差估计的也是它（两个方案的平均 KL 之差），但只用了抽中的那一个 token，标准误是 KL 的 "
         f"{min(se_ratio):.0f}–{max(se_ratio):.0f} 倍（表里 {len(PAIRS)} 对方案各一个比值，中位数 {ratio_se:.0f} 倍）。"
         "top-1 只有对/错两种结果，同样吵。",
         lesson_text + f"KL 之差在全部 {len(PAIRS)} 对上都至少 {min(kl_z.values()):.1f} 个标准误。"

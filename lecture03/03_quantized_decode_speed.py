@@ -199,14 +199,18 @@ def demo2_batch():
     sw, mem_b = res["speedup_w4"], res["both_memory"]
     kv_last = res["kv_bytes"][mem_b[-1]]
     mid_b = [b for b in batches if b4 <= b < b16]          # 只有 INT4 受算力限制的批
-    res.update({"w4_only_compute": mid_b})
+    # 拐点两侧，每多一个序列 W4A16 的加速比少多少（表里的批不等距，只比表里的数看不出快慢）
+    sp = {b: step(m, "BF16", b, CONTEXT)["time"] / step(m, W4, b, CONTEXT)["time"] for b in (b4 - 2, b4 - 1, b4, b4 + 1)}
+    slope_before, slope_after = sp[b4 - 2] - sp[b4 - 1], sp[b4] - sp[b4 + 1]
+    res.update({"w4_only_compute": mid_b, "w4_slope_before": slope_before, "w4_slope_after": slope_after})
     w4_bits = read_bits(m, SETUPS[W4][0])
     print_observations([
         f"W4A16 在 B = 1 时快 {sw[1]:.2f}×。两者都还受带宽限制时，好处就已经在缩小（"
         + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mem_b[1:]) + "）：每个序列还要读自己的 KV cache，"
         f"它仍是 BF16，W4A16 和 BF16 读得一样多，而且随 B 线性增长（B = {mem_b[-1]} 时 {fmt_bytes(kv_last)}，"
         f"W4A16 的权重才 {fmt_bytes(res['w4_w_bytes'])}）。批大小 {b4} 起 INT4 模型变成受算力限制（它读的字节少，"
-        f"更早喂饱算力），好处缩小得更快（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
+        f"更早喂饱算力），好处缩小得更快：在这以前每多一个序列，加速比少 {slope_before:.4f}×，这以后每多一个少 "
+        f"{slope_after:.4f}×（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
         f"批大小 {b16} 起 BF16 也受算力限制，"
         f"两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失（B = {big}：{sw[big]:.2f}×）。"
         "只量化权重省的是字节，不省 FLOPs。",

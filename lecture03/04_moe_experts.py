@@ -17,7 +17,8 @@ CS349E · 第 3 讲 · 04_moe_experts.py —— MoE：每个 token 只用一小�
 
 【模型的假设（务必看）】
 - 公式和模拟都假设路由**均匀、独立**：每个 token 从 E 个专家里等可能地选 k 个不同的（无放回），token 之间互不相关。
-  真实的路由器不均匀（有热门专家），相邻、相似的 token 常常选相同的专家，所以实际碰到的专家一般**比公式少**；
+  真实的路由器不均匀（有热门专家），相邻、相似的 token 常常选相同的专家（Mixtral 的路由分析，arXiv 2401.04088 §5：
+  相邻 token 选同一专家的比例高于随机），所以实际碰到的专家一般**比公式少**；
   公式是上限附近的估计。
 - 模拟：每个 token 给 E 个专家各抽一个 rng.random() 的均匀数，取最小的 k 个——这正是"等可能地选 k 个不同的"
   （每个 k 元子集概率相同）。只用 np.random.default_rng(种子).random()，不依赖 numpy 的 choice 实现。
@@ -297,7 +298,8 @@ def demo3_decode_bytes():
         "只读一小部分权重，是 MoE 在单用户、低延迟场景的优势。",
         f"批一变大，每个 token 选的专家不同，读的字节迅速增加：B = 64 时每层碰到 {b64['touched']:.0f} 个专家，"
         f"一步读 {fmt_bytes(b64['w_bytes'])}（{100 * b64['w_bytes'] / all_bytes:.0f}%）；B ≥ {n99} 时碰到 99% 以上，"
-        f"一步的字节和'读全部 {m.params() / 1e9:.0f}B 参数'的稠密读法几乎一样——这就是 MoE 追上稠密代价的地方。",
+        f"一步的字节和读全部 {m.params() / 1e9:.0f}B 参数（{fmt_bytes(all_bytes)}，同样的格式）几乎一样——这就是 MoE 追上"
+        "稠密代价的地方。",
         f"计算量却始终只按激活参数算（每 token ≈ {m.flops_per_token(0) / 1e9:.1f} GFLOP），所以要把读全部权重的代价摊平，"
         f"批要大得多：上下文 0（第一张表，只读权重）时 B ≥ {b_moe} 才受算力限制；激活参数一样多、每步只读 "
         f"{fmt_bytes(s1['w_bytes'])} 的稠密模型，B ≥ {b_dense} 就够了。过了这个批大小，两者每 token 的时间才一样"
@@ -311,8 +313,9 @@ def demo3_decode_bytes():
         f"一块 H100 上，只有上下文不超过 {res['max_ctx_compute_and_fit']} 个 token 时，受算力限制的批才放得进显存。"
         "MoE 用显存和带宽（所有专家都在、都要读）换每个 token 的计算量。",
         f"第 5 讲 05 的陷阱也在这里：投机解码验证 γ + 1 个 token，就像批大小变成 γ + 1——γ = 7 时验证 8 个 token，"
-        f"每层碰到的专家从 {m.top_k} 个变成 {res['steps'][8]['touched']:.1f} 个，一步读 {fmt_bytes(res['steps'][8]['w_bytes'])}"
-        f"（不是 {fmt_bytes(s1['w_bytes'])}），验证并不免费。",
+        f"按均匀、独立路由的公式，每层碰到的专家从 {m.top_k} 个变成 {res['steps'][8]['touched']:.1f} 个，一步读 "
+        f"{fmt_bytes(res['steps'][8]['w_bytes'])}（不是 {fmt_bytes(s1['w_bytes'])}），验证并不免费。这 8 个 token 来自同一个"
+        "序列，真实路由里相邻的 token 常选相同的专家（【模型的假设】），碰到的一般会少一些（至少 4 个）。",
     ])
     return res
 

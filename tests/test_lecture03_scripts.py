@@ -111,6 +111,23 @@ def test_demo1_claims(q02):
         assert d1[s]["log_ppl_ratio"] > 0
 
 
+def test_int8_disagreements_sit_where_the_top_two_nearly_tie(ev, q02):
+    """
+    演示 1 观察 1 引的两个中位数（INT8 和原模型 top-1 不一致的位置上、和所有位置上，原模型前两名的对数概率之差），
+    用 decode_lab 的整段前向在全部 32 条序列上独立重算（np.partition 取前两名，不经过 position_metrics）。
+    """
+    P = init_params(QCFG, seed=0)
+    toks = ev["toks"]
+    lp = np.log(softmax(TransformerLM(P, QCFG).full_logits(toks))[:, :-1])
+    lq = TransformerLM(quantize_params(P, "int8")[0], QCFG).full_logits(toks)[:, :-1]
+    top2 = np.partition(lp, -2, axis=-1)[..., -2:]
+    margin = np.abs(top2[..., 1] - top2[..., 0])
+    dis = lp.argmax(-1) != lq.argmax(-1)
+    assert dis.sum() == round((1 - q02[0]["int8"]["agree"]) * dis.size)
+    assert q02[0]["int8_disagree_margin"] == pytest.approx(float(np.median(margin[dis])), rel=1e-6)
+    assert q02[0]["all_margin"] == pytest.approx(float(np.median(margin)), rel=1e-9)
+
+
 def test_log_perplexity_gap_estimates_kl(s02, ev):
     """样本上的 log 困惑度之差是平均 KL 的无偏估计：差在 4 个标准误以内（docstring 和演示 3 的说法）。"""
     for (scheme, head), (m, _) in ev["runs"].items():
@@ -332,6 +349,36 @@ def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
     assert d["w4_only_compute"] == [128, 256]
     assert d["speedup_w4"][256] < d["speedup_w4"][128] < d["speedup_w4"][64]
     assert d["speedup_w4"][64] - d["speedup_w4"][128] > d["speedup_w4"][16] - d["speedup_w4"][64]
+    # 观察 1 的"缩小得更快"：拐点 B4 两侧每多一个序列加速比少多少，闭式（两侧各自的 max 分支）重算
+    b4 = d["b_w4"]
+
+    def closed_speedup(b):
+        t16 = max(b * flops / 989.4e12, (w16 + b * kv) / H100.mem_bw)
+        t4 = max(b * flops / 989.4e12, (w4 + b * kv) / H100.mem_bw)
+        return t16 / t4
+    assert (w4 + (b4 - 1) * kv) / H100.mem_bw > (b4 - 1) * flops / 989.4e12      # B4 − 1：W4 还受带宽限制
+    assert d["w4_slope_before"] == pytest.approx(closed_speedup(b4 - 2) - closed_speedup(b4 - 1), rel=1e-9)
+    assert d["w4_slope_after"] == pytest.approx(closed_speedup(b4) - closed_speedup(b4 + 1), rel=1e-9)
+    # 带宽一侧的斜率 ≈ 导数 KV·(W16 − W4) / (W4 + B·KV)²；算力一侧大 3 倍以上
+    b = b4 - 1.5
+    assert d["w4_slope_before"] == pytest.approx(kv * (w16 - w4) / (w4 + b * kv) ** 2, rel=1e-3)
+    assert d["w4_slope_after"] > 3 * d["w4_slope_before"] > 0
+
+
+def test_demo2_llama8b_at_context_512_never_compute_bound_closed_form(s03):
+    """
+    演示 2 观察 4：Llama-3.1-8B 上下文 512 时每序列每步的 FLOPs（≈ 15.3 G）和 KV 字节（≈ 67.1 MB）、整步强度的上限
+    （≈ 228 FLOP/字节）都从形状手算：线性层参数 + lm_head 的 2 倍，注意力 4·头数·head_dim·层数·上下文；
+    KV = 2·层·KV 头·head_dim·上下文·2 字节。上限低于 BF16 和 FP8 的拐点，所以表里全是"永远不会"。
+    """
+    m, ctx = LLAMA31_8B, s03.CONTEXT
+    assert ctx == 512
+    flops = 2 * (_lin_params(m) + 4096 * 128256) + 4 * 32 * 128 * 32 * ctx
+    kv = 2 * 32 * 8 * 128 * ctx * 2
+    assert m.flops_per_token(ctx) == pytest.approx(flops, rel=1e-12)
+    assert m.kv_bytes(ctx) == kv
+    assert round(flops / 1e9, 1) == 15.3 and round(kv / 1e6, 1) == 67.1 and round(flops / kv) == 228
+    assert flops / kv < 989.4 / 3.35 < 1978.9 / 3.35
 
 
 def test_demo3_context(s03, capsys):
@@ -414,6 +461,11 @@ def test_demo2_published_counts(s04, capsys):
     assert big["ckpt_bytes"] == weight_bytes(GPT_OSS_120B, "bf16", expert_fmt="mxfp4")
     assert big["ckpt_bytes"] < H100.mem_bytes
     assert 0.29 < big["attn_head_active_share"] < 0.31
+    # 观察 1 的 98.2%：专家参数手算 = 36 层 × 128 个 × (gate/up/down 3 个 2880×2880 + 偏置 2·2880 + 2880)
+    experts = 36 * 128 * (3 * 2880 * 2880 + 3 * 2880)
+    assert experts == 114_701_598_720
+    assert big["expert_share"] == pytest.approx(experts / 116_829_156_672, rel=1e-12)
+    assert round(100 * big["expert_share"], 1) == 98.2
     for m in (GPT_OSS_120B, GPT_OSS_20B):
         parts = {name: (t, a) for name, t, a in d[m.name]["parts"]}
         norm = [v for name, v in parts.items() if name.startswith("RMSNorm")][0]
