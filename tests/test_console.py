@@ -178,3 +178,8 @@ def test_a_number_keeps_a_long_unit_on_its_line():
     for n in range(12):
         lines = wrap_text("汉" * n + "约 9.00 PFLOP/s 的算力", 24)
         assert any("9.00 PFLOP/s" in line for line in lines), lines
+
+
+def test_a_value_with_its_error_is_a_number():
+    lines = format_table(["名字", "均值 ± 标准误"], [["a", "7.88 ± 0.02"], ["b", "15.22 ± 0.04"]])
+    assert lines[2].endswith(" 7.88 ± 0.02") and lines[3].endswith("15.22 ± 0.04")   # 右对齐

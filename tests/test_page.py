@@ -16,7 +16,7 @@ SEEDS = {"lecture05/05_heterogeneous_spec_decode.py", "lecture06/04_spec_decode_
 SCRIPTS = numbered_scripts()
 # 测试自己的"数"的写法：可选比较符 / 符号，数字（可带小数、千分位、指数、范围），可选一个短单位
 _NUM = r"[-+]?(\d[\d,]*\.?\d*|\.\d+)([eE][-+]?\d+)?"
-NUMBER = re.compile(r"^([<>≤≥≈~] ?)?" + _NUM + r"( ?[–-] ?" + _NUM + r")?( ?([A-Za-zµ%×/²³·]{1,8}|[\u4e00-\u9fff]{1,2}))?$")
+NUMBER = re.compile(r"^([<>≤≥≈~] ?)?" + _NUM + r"( ?[–-] ?" + _NUM + r"| ?± ?" + _NUM + r")?( ?([A-Za-zµ%×/²³·]{1,8}|[\u4e00-\u9fff]{1,2}))?$")
 PLACEHOLDER = re.compile(r"^(|—|–|-|--|n/a|[\u4e00-\u9fff（）]{1,5})$")
 
 
