@@ -296,7 +296,7 @@ def test_05_verify_cost(s05, capsys):
     T = s05.TARGET
     f1 = 2 * T.matmul_params() + 4 * T.n_heads * T.head_dim * T.n_layers * 512
     t_mem = (2 * T.active_params() + 512 * 2 * 2 * T.n_kv_heads * T.head_dim * T.n_layers) / (8 * H100_BW)
-    t_c1 = f1 / (8 * H100_BF16)
+    t_c1 = f1 / (8 * H100_BF16)                 # 含注意力核心（观察 1："γ + 1 行查询的注意力 FLOPs 已经记在这笔运算里"）
     assert r["t_mem_b1"] == pytest.approx(t_mem, rel=1e-12) and r["t_comp_b1"] == pytest.approx(9 * t_c1, rel=1e-12)
     assert r["extra_sum_b1"] == pytest.approx((9 * t_c1 + t_mem) / (t_c1 + t_mem) - 1, rel=1e-12)
     assert 0.02 < r["extra_sum_b1"] < 0.04
