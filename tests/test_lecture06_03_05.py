@@ -238,6 +238,26 @@ def test_03_greedy_is_token_for_token_identical(s03, models03, capsys):
     assert r["n_tokens"] == r["n_cfg"] * s03.GREEDY_PROMPTS * s03.GREEDY_NEW
     for (name, g), v in r["per_cfg"].items():
         assert 1.0 <= v["tokens_per_call"] <= g + 1
+        # 各轮产出 ≥ 留下的；每个提示最后一轮最多多出 γ 个
+        kept = s03.GREEDY_PROMPTS * s03.GREEDY_NEW
+        assert kept <= v["produced"] <= v["calls"] * (g + 1) and v["produced"] - kept <= s03.GREEDY_PROMPTS * g
+    # 观察 2 的"一共确认了 86 个"，另一条路：T = 0 时每轮是确定的，让生成器不截断（n_new = 它在各提示上产出的个数），
+    # 前向次数必须一样，输出必须是目标贪心序列的延长；各提示产出的个数加起来 = 打印的"确认了"。
+    from decode_lab import autoregressive_generate, speculative_generate
+    from quant_lab import QCFG, sample_tokens
+    target, drafts = models03
+    best = max(r["per_cfg"], key=lambda k: r["per_cfg"][k]["tokens_per_call"])
+    assert best == ("INT4 量化的自己", 8)
+    prompts = sample_tokens(target.params, QCFG, n_seq=s03.GREEDY_PROMPTS, length=16, seed=11)
+    total, calls = 0, 0
+    for i, pr in enumerate(prompts):
+        _, st = speculative_generate(target, drafts[best[0]], pr, s03.GREEDY_NEW, 8, 0.0, np.random.default_rng(i))
+        m = st["target_calls"] + sum(st["accepted"])
+        toks, st2 = speculative_generate(target, drafts[best[0]], pr, m, 8, 0.0, np.random.default_rng(i))
+        assert st2["target_calls"] == st["target_calls"] and len(toks) == m
+        np.testing.assert_array_equal(toks, autoregressive_generate(target, pr, m, 0.0, np.random.default_rng(0)))
+        total, calls = total + m, calls + st["target_calls"]
+    assert (r["per_cfg"][best]["produced"], r["per_cfg"][best]["calls"]) == (total, calls) == (86, 22)
 
 
 # ---------------------------------------------------------------------------
