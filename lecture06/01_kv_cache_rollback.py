@@ -342,8 +342,8 @@ def demo3_generation(target):
         f"{err_med:.2f}（中位数），argmax 换了人的那些位置前两名只差 {gap_flip:.2f}（中位数）——argmax 很容易翻，"
         "两个分布却整体重叠得很多。",
         f"读 KV 的总量：投机解码 γ = {GAMMAS3[-1]} 是普通 decode 的 {g8['ledger'][2] / base[2]:.2f} 倍（前向次数少，每次多看几个位置）；"
-        f"重算和普通 decode 一样（{res['recompute']['ledger'][2] / base[2]:.2f} 倍），但它多做了 "
-        f"{res['recompute']['ledger'][0] / base[0]:.1f} 倍的矩阵乘。",
+        f"重算和普通 decode 一样（{res['recompute']['ledger'][2] / base[2]:.2f} 倍），但它的矩阵乘是普通 decode 的 "
+        f"{res['recompute']['ledger'][0] / base[0]:.1f} 倍。",
     ])
     return res
 
