@@ -177,7 +177,7 @@ def demo1_rollback(target):
         "注意验证那一次前向的第 i 行是\"喂到第 i 个 token 之后\"的分布：p₁ 来自提示的最后一个 token，所以这里的预填充故意"
         "少喂一个、把它留给验证的那次前向。decode_lab 的生成器没有单独的预填充（第一轮的那次前向把提示和草稿一起喂），"
         "每轮结束把缓存退回到 len(seq) − 1（truncate），刚确定的最后一个 token 也留到下一轮和草稿一起喂——同一个道理。"
-        "被拒绝的草稿后面的行也要作废。缓存位置和 logits 行差一个的错误，是投机解码实现里常见的 bug。",
+        "被拒绝的草稿后面的行也要作废。缓存位置和 logits 行差一个是实现时容易写错的地方，而且像观察 3 那样不会报错。",
     ])
     return {"n_accepted": n_acc, "n_rolled_back": n_back, "pos_before": p1, "pos_after": p1 - n_back,
             "cache_shape": tuple(cache.k.shape), "cache_bytes": kv_bytes, "stale_kept": stale_kept,
@@ -342,8 +342,8 @@ def demo3_generation(target):
         f"{err_med:.2f}（中位数），argmax 换了人的那些位置前两名只差 {gap_flip:.2f}（中位数）——argmax 很容易翻，"
         "两个分布却整体重叠得很多。",
         f"读 KV 的总量：投机解码 γ = {GAMMAS3[-1]} 是普通 decode 的 {g8['ledger'][2] / base[2]:.2f} 倍（前向次数少，每次多看几个位置）；"
-        f"重算和普通 decode 一样（{res['recompute']['ledger'][2] / base[2]:.2f} 倍），但它多做了 "
-        f"{res['recompute']['ledger'][0] / base[0]:.1f} 倍的矩阵乘。",
+        f"重算和普通 decode 一样（{res['recompute']['ledger'][2] / base[2]:.2f} 倍），但它的矩阵乘是普通 decode 的 "
+        f"{res['recompute']['ledger'][0] / base[0]:.1f} 倍。",
     ])
     return res
 

@@ -301,9 +301,13 @@ def demo3_greedy(target, drafts):
                 calls += st["target_calls"]
                 acc += st["accepted"]
             tpc = GREEDY_PROMPTS * GREEDY_NEW / calls
-            rows.append([name, g, diff, calls, f"{tpc:.2f}", f"{np.mean(acc) / g:.3f}"])
-            out[(name, g)] = {"diff": diff, "calls": calls, "tokens_per_call": tpc}
-    print_table(["草稿", "γ", "和贪心不同的 token 数", "目标前向次数", "每次目标前向的 token", "被接受的草稿比例"], rows)
+            produced = calls + sum(acc)                     # 每轮产出 1 + 接受的个数（截到 n 之前）
+            rows.append([name, g, diff, calls, f"{produced / calls:.2f}", f"{tpc:.2f}", f"{np.mean(acc) / g:.3f}"])
+            out[(name, g)] = {"diff": diff, "calls": calls, "tokens_per_call": tpc, "produced": produced}
+    print_table(["草稿", "γ", "和贪心不同\n的 token 数", "目标\n前向次数", "各轮产出\n÷ 前向", "留下的\n÷ 前向",
+                 "被接受的\n草稿比例"], rows)
+    print(f"（各轮产出：每轮 1 + 接受的草稿个数；留下的：每个提示截到 {GREEDY_NEW} 个，"
+          f"{GREEDY_PROMPTS} × {GREEDY_NEW} = {GREEDY_PROMPTS * GREEDY_NEW} 个）")
     n_cfg = len(out)
     total = n_cfg * GREEDY_PROMPTS * GREEDY_NEW
     n_diff = sum(v["diff"] for v in out.values())
@@ -312,7 +316,11 @@ def demo3_greedy(target, drafts):
         f"{n_cfg} 种（草稿, γ）组合、共 {total} 个 token，和目标模型贪心解码不同的有 {n_diff} 个："
         "T = 0 时 p 和 q 都是 one-hot，草稿 token 等于目标的 argmax 就接受，否则残差就是目标 argmax 的 one-hot——"
         "输出必然是目标的贪心序列，草稿只决定一次前向能确认几个。",
-        f"快慢仍取决于草稿：{best[0]}、γ = {best[1]} 时每次目标前向确认 {out[best]['tokens_per_call']:.2f} 个 token。"
+        f"快慢仍取决于草稿：{best[0]}、γ = {best[1]} 时 {out[best]['calls']} 次目标前向一共确认了 "
+        f"{out[best]['produced']} 个 token（每次 {out[best]['produced'] / out[best]['calls']:.2f} 个）；"
+        f"每个提示最后一轮凑够 {GREEDY_NEW} 个之后多出的共 "
+        f"{out[best]['produced'] - GREEDY_PROMPTS * GREEDY_NEW} 个被截掉，按留下的算是每次 "
+        f"{out[best]['tokens_per_call']:.2f} 个。"
         "同一个投机解码实现，T = 0 下逐 token 对比是最便宜的正确性检查；T > 0 时只能像演示 1 那样比分布。",
     ])
     return {"n_diff": n_diff, "n_tokens": total, "n_cfg": n_cfg, "per_cfg": out}

@@ -321,6 +321,46 @@ def test_sampling_matches_p_and_catches_the_bug(e4):
     assert oh["counts"][0] == N and oh["dof"] == 0
 
 
+def test_sampling_observation_figures_recomputed():
+    """
+    演示 4 观察 1、3、4 引用的数，用独立的算法从计数重算，再和打印的句子比：Pearson χ² 自己写（只数 p > 0 的格子，
+    这些情形的期望次数都 ≥ 1000，不用合并），p 值用闭式（自由度 3：erfc(√z) + 2√(z/π)·e^{−z}；自由度 1：erfc(√z)，
+    z = χ²/2）；接受率用手算的 α（ALPHA_BY_HAND；朴素规则 Σ p·q 手算 = 0.25），标准误 √(α(1 − α)/N)。
+    """
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        res = S02.demo4_sampling()
+    out = "".join(buf.getvalue().split())                    # 折行和空白都去掉再比（折行处可能吃掉一个空格）
+
+    def said(text):
+        return "".join(text.split()) in out
+    N = S02.N_SAMPLES
+    cases = {name: p for name, p, _ in S02.case_arrays()}
+
+    def p_value(counts, p):
+        m = p > 0
+        x = float((((counts[m] - N * p[m]) ** 2) / (N * p[m])).sum())
+        z, k = x / 2, int(m.sum()) - 1
+        if k == 3:
+            return x, math.erfc(math.sqrt(z)) + 2 * math.sqrt(z / math.pi) * math.exp(-z)
+        assert k == 1
+        return x, math.erfc(math.sqrt(z))
+    pv = {name: p_value(res[(name, "correct")]["counts"], p)[1]
+          for name, p in cases.items() if (p > 0).sum() > 1}
+    assert len(pv) == 5
+    assert said(f"{len(pv)} 个可检验的情形，χ² 检验的 p 值最小 {min(pv.values()):.3f}")
+    alpha = dict(ALPHA_BY_HAND)
+    z = [abs(res[(k, "correct")]["accept"] - a) / math.sqrt(a * (1 - a) / N) for k, a in alpha.items() if 0 < a < 1]
+    z.append(abs(res[("一般情形", "naive")]["accept"] - 0.25) / math.sqrt(0.25 * 0.75 / N))
+    z.append(abs(res[("一般情形", "resample_p")]["accept"] - 0.75) / math.sqrt(0.75 * 0.25 / N))
+    assert said(f"相差最多 {max(z):.1f} 个标准误")
+    naive = res[("一般情形", "naive")]
+    assert said(f"朴素规则实测接受 {naive['accept']:.3f}（精确 Σ p·q = 0.250），"
+                f"分布检验 p 值 {p_value(naive['counts'], cases['一般情形'])[1]:.3f}")
+    x_bad, p_bad = p_value(res[("一般情形", "resample_p")]["counts"], cases["一般情形"])
+    assert said(f"χ² = {x_bad:.0f}，p 值 < 1e{math.floor(math.log10(p_bad)) + 1}")
+
+
 def test_correct_rule_is_sampled_by_the_lab_generator():
     """演示 4 的修正拒绝采样跑的是 decode_lab.speculative_generate：p == q 时每轮都接受、第 1 个 token 就是草稿 token；
     支撑不相交时一轮都不接受、输出只在 p 的支撑上；同一个种子直接调生成器，第 1 轮的 token 相同。"""

@@ -238,6 +238,26 @@ def test_03_greedy_is_token_for_token_identical(s03, models03, capsys):
     assert r["n_tokens"] == r["n_cfg"] * s03.GREEDY_PROMPTS * s03.GREEDY_NEW
     for (name, g), v in r["per_cfg"].items():
         assert 1.0 <= v["tokens_per_call"] <= g + 1
+        # 各轮产出 ≥ 留下的；每个提示最后一轮最多多出 γ 个
+        kept = s03.GREEDY_PROMPTS * s03.GREEDY_NEW
+        assert kept <= v["produced"] <= v["calls"] * (g + 1) and v["produced"] - kept <= s03.GREEDY_PROMPTS * g
+    # 观察 2 的"一共确认了 86 个"，另一条路：T = 0 时每轮是确定的，让生成器不截断（n_new = 它在各提示上产出的个数），
+    # 前向次数必须一样，输出必须是目标贪心序列的延长；各提示产出的个数加起来 = 打印的"确认了"。
+    from decode_lab import autoregressive_generate, speculative_generate
+    from quant_lab import QCFG, sample_tokens
+    target, drafts = models03
+    best = max(r["per_cfg"], key=lambda k: r["per_cfg"][k]["tokens_per_call"])
+    assert best == ("INT4 量化的自己", 8)
+    prompts = sample_tokens(target.params, QCFG, n_seq=s03.GREEDY_PROMPTS, length=16, seed=11)
+    total, calls = 0, 0
+    for i, pr in enumerate(prompts):
+        _, st = speculative_generate(target, drafts[best[0]], pr, s03.GREEDY_NEW, 8, 0.0, np.random.default_rng(i))
+        m = st["target_calls"] + sum(st["accepted"])
+        toks, st2 = speculative_generate(target, drafts[best[0]], pr, m, 8, 0.0, np.random.default_rng(i))
+        assert st2["target_calls"] == st["target_calls"] and len(toks) == m
+        np.testing.assert_array_equal(toks, autoregressive_generate(target, pr, m, 0.0, np.random.default_rng(0)))
+        total, calls = total + m, calls + st["target_calls"]
+    assert (r["per_cfg"][best]["produced"], r["per_cfg"][best]["calls"]) == (total, calls) == (86, 22)
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +316,7 @@ def test_05_verify_cost(s05, capsys):
     T = s05.TARGET
     f1 = 2 * T.matmul_params() + 4 * T.n_heads * T.head_dim * T.n_layers * 512
     t_mem = (2 * T.active_params() + 512 * 2 * 2 * T.n_kv_heads * T.head_dim * T.n_layers) / (8 * H100_BW)
-    t_c1 = f1 / (8 * H100_BF16)
+    t_c1 = f1 / (8 * H100_BF16)                 # 含注意力核心（观察 1："γ + 1 行查询的注意力 FLOPs 已经记在这笔运算里"）
     assert r["t_mem_b1"] == pytest.approx(t_mem, rel=1e-12) and r["t_comp_b1"] == pytest.approx(9 * t_c1, rel=1e-12)
     assert r["extra_sum_b1"] == pytest.approx((9 * t_c1 + t_mem) / (t_c1 + t_mem) - 1, rel=1e-12)
     assert 0.02 < r["extra_sum_b1"] < 0.04
