@@ -37,7 +37,7 @@ import unicodedata
 import numpy as np
 
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
-           "wrap_text", "print_bars", "print_plot", "format_bars", "format_plot", "is_numeric_cell",
+           "wrap_text", "print_note", "print_bars", "print_plot", "format_bars", "format_plot", "is_numeric_cell",
            "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound", "fmt_p", "RULE_WIDTH"]
 
 RULE_WIDTH = 100
@@ -299,6 +299,11 @@ def wrap_text(text, width=RULE_WIDTH, first_prefix="", rest_prefix=""):
             cur_empty = False
         lines.append(cur.rstrip())
     return lines
+
+
+def print_note(text, rest_prefix=""):
+    """打印一段说明文字（表格上下的注、图的说明）：在 100 列处折行，续行以 rest_prefix 开头。"""
+    _emit("note", wrap_text(text, RULE_WIDTH, "", rest_prefix))
 
 
 def print_observations(items):

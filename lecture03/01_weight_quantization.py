@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_observations, print_plot, print_table, wrap_text  # noqa: E402
+from console import print_header, print_note, print_observations, print_plot, print_table  # noqa: E402
 from numfmt import INT_QMAX, bits_per_value  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, SCHEMES, quantize_matrix, quantize_params  # noqa: E402
 from transformer_lab import init_params  # noqa: E402
@@ -216,9 +216,9 @@ def demo3_outliers():
         res[scheme] = r
         rows.append([scheme, f"{bits:.4f}", f"{r['clean']:.4f}", f"{r['row_rest']:.4f}", f"{r['row_ratio']:.2f}×",
                      f"{r['col_rest']:.4f}", f"{r['col_ratio']:.2f}×"])
-    print("\n".join(wrap_text(f"行放大 = 输入通道 {i0}（W 的一行）× {OUTLIER_GAIN:g}；列放大 = 输出通道 {j0}"
-                               f"（W 的一列）× {OUTLIER_GAIN:g}。表里是其余权重的相对误差；变坏 = 它和没有离群值时"
-                               "同一批权重的误差之比。")))
+    print_note(f"行放大 = 输入通道 {i0}（W 的一行）× {OUTLIER_GAIN:g}；列放大 = 输出通道 {j0}"
+               f"（W 的一列）× {OUTLIER_GAIN:g}。表里是其余权重的相对误差；变坏 = 它和没有离群值时"
+               "同一批权重的误差之比。")
     print_table(["方案", "位/参数", "没有\n离群值", "行放大：\n其余权重", "行放大：\n变坏", "列放大：\n其余权重",
                  "列放大：\n变坏"], rows)
     r = res

@@ -45,7 +45,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table, wrap_text  # noqa: E402
+from console import fmt_bytes, fmt_num, fmt_time, print_header, print_note, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import (GPT_OSS_120B, GPT_OSS_20B, active_weight_bytes, bits_per_param, decode_step,  # noqa: E402
                       expected_touched_experts, max_batch, weight_bytes)
@@ -149,8 +149,8 @@ def demo1_touched_experts():
         rows.append(cells)
     e1, e2 = GPT_OSS_120B, GPT_OSS_20B
     short = {m.name: m.name.replace("gpt-oss-", "") for m in (e1, e2)}
-    print("\n".join(wrap_text("；".join(f"{short[m.name]} = {m.name}（E = {m.n_experts}、k = {m.top_k}）" for m in (e1, e2))
-                               + "；占全部 = 公式 ÷ E。")))
+    print_note("；".join(f"{short[m.name]} = {m.name}（E = {m.n_experts}、k = {m.top_k}）" for m in (e1, e2))
+               + "；占全部 = 公式 ÷ E。")
     print_table(["token 数\nn"] + [f"{short[m.name]}\n{col}" for m in (e1, e2)
                                     for col in ("n·k", "公式", "模拟", "占全部")], rows)
     z = max(abs(v["sim"] - v["formula"]) / v["se"] for v in res.values() if v["se"] > 0)
@@ -281,9 +281,9 @@ def demo3_decode_bytes():
     res.update({"by_context": by_ctx, "critical_context": l_crit, "ckpt_bytes": ckpt,
                 "max_ctx_fitting_b_moe": l_fit, "max_ctx_compute_and_fit": c_ok})
     print()
-    print("\n".join(wrap_text(f"有 KV cache 时：每个序列每步读自己的 KV（{CHIP.name} 拐点 {CHIP.ridge_point('bf16'):.0f} "
-                               f"FLOP/字节）；显存 {fmt_bytes(CHIP.mem_bytes)} 减去 checkpoint {fmt_bytes(ckpt)} 放 KV。"
-                               "强度上限 = 批无穷大时整步的 FLOPs ÷ 字节 = 每 token 的 FLOPs ÷ 每序列的 KV 字节。")))
+    print_note(f"有 KV cache 时：每个序列每步读自己的 KV（{CHIP.name} 拐点 {CHIP.ridge_point('bf16'):.0f} "
+               f"FLOP/字节）；显存 {fmt_bytes(CHIP.mem_bytes)} 减去 checkpoint {fmt_bytes(ckpt)} 放 KV。"
+               "强度上限 = 批无穷大时整步的 FLOPs ÷ 字节 = 每 token 的 FLOPs ÷ 每序列的 KV 字节。")
     print_table(["上下文", "每序列\nKV", "强度上限\n（FLOP/字节）", "受算力限制\n的最小批", "放得下\n的批"], ctx_rows)
     b64 = res["steps"][64]
     dense16 = 2 * m.active_params()                        # 同样多参数的稠密模型，全部 BF16

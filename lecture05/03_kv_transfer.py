@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import fmt_bytes, fmt_time, print_header, print_observations, print_table, wrap_text  # noqa: E402
+from console import fmt_bytes, fmt_time, print_header, print_note, print_observations, print_table  # noqa: E402
 from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
@@ -92,7 +92,7 @@ def demo2_transfer_vs_prefill():
                 [["prefill 时间"] + [fmt_time(t) for *_, t, _ in cols],
                  ["KV 字节"] + [fmt_bytes(b) for *_, b in cols]])
     note = "；".join(f"{SHORT[m.name]} = {m.name}，在 {chip.name} 上 prefill" for m, chip, _, _ in DEPLOY)
-    print("\n".join(wrap_text(f"（{note}；后面的数是提示长度）", rest_prefix=" ")))
+    print_note(f"（{note}；后面的数是提示长度）", rest_prefix=" ")
     print()
     links = [(lk.name, lk, 1) for lk in ALL_LINKS] + [("InfiniBand NDR × 每块 GPU 一个端口", IB_NDR, None)]
     rows, out = [], {}

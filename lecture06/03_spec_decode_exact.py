@@ -43,7 +43,7 @@ for sub in ("lecture03", "prereq3"):
 
 from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoregressive_generate,  # noqa: E402
                         chi2_gof, residual_distribution, speculative_generate, speculative_step_probs)
-from console import fmt_bound, fmt_p, print_bars, print_header, print_observations, print_table, wrap_text  # noqa: E402
+from console import fmt_bound, fmt_p, print_bars, print_header, print_note, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params, sample_inverse_cdf  # noqa: E402
 
@@ -59,12 +59,6 @@ EXACT_BOUND = 1e-14               # 演示 2：精确枚举只差浮点舍入，
 
 
 # -----------------------------------------------------------------------------
-def say(text):
-    """打印一段说明文字，在 100 列处折行（console.wrap_text）。"""
-    for line in wrap_text(text):
-        print(line)
-
-
 def build_models():
     """目标 = 第 3 讲的 QCFG 模型；草稿 = INT4 量化的自己、只用前 3 层 / 前 1 层、二元语法表（04 脚本重新写了一遍同样的构造）。"""
     P = init_params(QCFG, seed=0)
@@ -156,7 +150,7 @@ def demo1_distribution(target, drafts):
         rows.append([int(x), f"{p1[x]:.3f}"] + [f"{np.mean(runs[k][:, 0] == x):.3f}" for k in cols])
     rest = ~np.isin(np.arange(QCFG.vocab), top)
     rows.append(["其余", f"{p1[rest].sum():.3f}"] + [f"{np.mean(rest[runs[k][:, 0]]):.3f}" for k in cols])
-    say(f"提示 = {prompt.tolist()}；目标模型下一个 token 最可能的 6 个（共 {QCFG.vocab} 个），各做法抽到它的频率：")
+    print_note(f"提示 = {prompt.tolist()}；目标模型下一个 token 最可能的 6 个（共 {QCFG.vocab} 个），各做法抽到它的频率：")
     print_table(["token", "精确 p₁"] + ["自回归"] + [f"{name} γ=1" for name in drafts], rows)
 
     # 图：第 1 个 token，投机解码的 8 种（草稿, γ）合在一起的频率 vs 精确 p₁（最可能的 8 个 token）
@@ -165,7 +159,7 @@ def demo1_distribution(target, drafts):
     freq_pooled = np.bincount(pooled, minlength=QCFG.vocab) / len(pooled)
     top8 = np.argsort(-p1, kind="stable")[:8]
     print()
-    say(f"第 1 个 token 的直方图：投机解码 {len(spec)} 种（草稿, γ）合起来抽 {len(pooled)} 次，抽到的次数（\"抽\"）"
+    print_note(f"第 1 个 token 的直方图：投机解码 {len(spec)} 种（草稿, γ）合起来抽 {len(pooled)} 次，抽到的次数（\"抽\"）"
         f"vs 精确分布下的期望次数 {len(pooled)}·p₁（\"精\"，取整），最可能的 8 个 token：")
     labels, vals = [], []
     for x in top8:
@@ -182,7 +176,7 @@ def demo1_distribution(target, drafts):
         beta = "-" if g == 0 else f"{betas[name]:.3f}"
         rows.append([name, "-" if g == 0 else g, beta] + [x for s, _, pv in res for x in (f"{s:.1f}", fmt_p(pv))])
     print()
-    say(f"χ² 拟合优度（期望次数 < 5 的格子合并；自由度：第 1 个 {dofs[0]}，第 2 个 {dofs[1]}，联合 {dofs[2]}——"
+    print_note(f"χ² 拟合优度（期望次数 < 5 的格子合并；自由度：第 1 个 {dofs[0]}，第 2 个 {dofs[1]}，联合 {dofs[2]}——"
         f"两个位置各分 {JOINT_K} + 1 类）；β = 这个提示处第 1 个草稿被接受的概率 Σ min(p₁, q₁)")
     print_table(["做法", "γ", "β", "第 1 个 χ²", "p 值", "第 2 个 χ²", "p 值", "联合 χ²", "p 值"], rows)
 
@@ -249,10 +243,10 @@ def demo2_power(target, drafts, correct_min_p=None, correct_n_p=None):
                      f"{res['from_p'][0]:.3f}", f"{res['from_p'][1]:.1f}", fmt_p(res['from_p'][2]),
                      f"{res['no_check'][0]:.3f}", f"{res['no_check'][1]:.1f}", fmt_p(res['no_check'][2])])
         out[name] = {"beta": beta, "exact_dev": exact_dev, "from_p": res["from_p"], "no_check": res["no_check"]}
-    say("正确：精确枚举一步\"草稿抽 x → 接受 / 拒绝 → 残差重抽\"的输出分布，和 p₁ 的最大差（不抽样）。")
-    say("错误 A：拒绝后直接从 p 重抽（不从残差抽）——输出分布 = min(p, q) + (1 − β)·p（02 脚本演示 3），"
+    print_note("正确：精确枚举一步\"草稿抽 x → 接受 / 拒绝 → 残差重抽\"的输出分布，和 p₁ 的最大差（不抽样）。")
+    print_note("错误 A：拒绝后直接从 p 重抽（不从残差抽）——输出分布 = min(p, q) + (1 − β)·p（02 脚本演示 3），"
         "在 q > p 的 token 上偏多。")
-    say("错误 B：不验证，直接输出草稿的 token——输出分布 = q。两种错误第 1 个 token 的分布都精确算出，直接从它抽 "
+    print_note("错误 B：不验证，直接输出草稿的 token——输出分布 = q。两种错误第 1 个 token 的分布都精确算出，直接从它抽 "
         f"{N_RUNS} 次（不跑错误的生成器），做同样的 χ² 检验。")
     print_table(["草稿", "β", "正确：max|Δ|", "错误 A：TV", "χ²", "p 值", "错误 B：TV", "χ²", "p 值"], rows)
 

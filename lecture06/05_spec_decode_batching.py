@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from decode_lab import expected_tokens, walltime_speedup  # noqa: E402
-from console import fmt_time, print_header, print_observations, print_plot, print_table, wrap_text  # noqa: E402
+from console import fmt_time, print_header, print_note, print_observations, print_plot, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402
 from hw_specs import gang  # noqa: E402
@@ -56,12 +56,6 @@ CONTEXTS = (128, 512, 1024, 2048, 4096, 8192)
 
 
 BOUND_NAME = {"memory": "带宽", "compute": "算力"}
-
-
-def say(text):
-    """打印一段说明文字，在 100 列处折行（console.wrap_text）。"""
-    for line in wrap_text(text):
-        print(line)
 
 
 def round_cost(batch, gamma, context):
@@ -159,7 +153,7 @@ def demo2_speedup():
     print_table(["批 B", "目标一步", "草稿一步", "c = 草稿 / 目标"] + [f"γ = {g}" for g in GAMMAS], rows)
     be = {g: break_even_batch(a, CONTEXT, gamma=g) for g in GAMMAS}
     bmax = max_batch(TARGET, CHIP, CONTEXT, others=(DRAFT,))
-    say(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
+    print_note(f"加速比 < 1 的最小批（逐个整数找，显存上限 B = {bmax}）：" +
         "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
     grid = sorted({int(round(x)) for x in [1.0] + [1.2 ** k for k in range(1, 60)] if x <= bmax} | set(BATCHES))
     curves = {"加速比 = 1（不赚不赔）": (grid, [1.0] * len(grid), "-")}

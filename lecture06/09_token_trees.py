@@ -44,7 +44,7 @@ from decode_lab import (NGramLM, acceptance_rate, adjust, autoregressive_generat
                         multi_draft_acceptance, multi_draft_step_probs, residual_distribution,
                         speculative_generate, speculative_step_probs, tree_expected_tokens, tree_parents,
                         tree_speculative_generate)
-from console import fmt_bound, fmt_bytes, print_header, print_observations, print_table, wrap_text  # noqa: E402
+from console import fmt_bound, fmt_bytes, print_header, print_note, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import MATMUL_OPS, Counter, sample_inverse_cdf, tree_mask  # noqa: E402
 
@@ -70,12 +70,6 @@ BUDGETS = (4, 8, 16)              # 演示 4：一次目标前向打分的草稿
 LOOP_DRAFTS = ("二元语法表", "INT4 量化的自己")   # 演示 4 真的跑：α 最低和最高的草稿
 LOOP_PROMPTS, LOOP_NEW = 8, 96    # 演示 4 的实测：8 个提示 × 96 个新 token，温度 1（同 04 脚本）
 SEED = 0
-
-
-def say(text):
-    """打印一段说明：在 100 列处折行。"""
-    for line in wrap_text(text):
-        print(line)
 
 
 def fmt_dist(x):
@@ -169,7 +163,7 @@ def demo2_tree_attention(target):
         seen = "".join("#" if v else "." for v in mask[i, n0:])
         rows.append([i, parents[i], len(path), int(pos[i]), n0 + i, seen, "→".join(str(j) for j in path),
                      fmt_bound(deltas[-1], TREE_BOUND)])
-    say(f"提示 {n0} 个 token（缓存的第 0..{n0 - 1} 个槽，每个节点都能看）；节点的 token 在词表上均匀地抽"
+    print_note(f"提示 {n0} 个 token（缓存的第 0..{n0 - 1} 个槽，每个节点都能看）；节点的 token 在词表上均匀地抽"
         "（精确性和 token 是什么无关）。\"能看的节点\"：第 j 个字符是 # 表示能看节点 j。")
     print_table(["节点", "父节点", "深度", "RoPE 位置", "缓存槽", "能看的节点", "路径", "max |Δ| vs\n路径当普通序列"],
                 rows)
@@ -245,7 +239,7 @@ def demo3_alpha_k(target, drafts):
             same += int(np.sum(out == g))
             total += GREEDY_NEW
     print()
-    say(f"T = 0：树 {GREEDY_BRANCHING}（{len(tree_parents(GREEDY_BRANCHING))} 个节点）× {len(drafts)} 个草稿 × "
+    print_note(f"T = 0：树 {GREEDY_BRANCHING}（{len(tree_parents(GREEDY_BRANCHING))} 个节点）× {len(drafts)} 个草稿 × "
         f"{GREEDY_PROMPTS} 个提示 × {GREEDY_NEW} 个新 token：和目标模型自己贪心解码相同的 token {same} / {total}")
     lo, hi = "二元语法表", "INT4 量化的自己"
     print_observations([
@@ -273,7 +267,7 @@ def demo4_chain_vs_tree(target, drafts, A):
             best = int(np.argmax(es))
             rows.append([f"{name}（α = {A[name][1]:.2f}）", budget + 1] + [f"{e:.2f}" for e in es]
                         + [["链", "树 (2, …)", "树 (4, …)"][best], f"{(budget + 1) / es[best]:.2f}"])
-    say("每格是预测的每次前向产出的 token = 1 + Σ_d (a₁·…·a_d)，a_j = α_{k_j}（演示 3 的表）。形状：链 (1, …, 1)；"
+    print_note("每格是预测的每次前向产出的 token = 1 + Σ_d (a₁·…·a_d)，a_j = α_{k_j}（演示 3 的表）。形状：链 (1, …, 1)；"
         "树 (2, 1, …, 1)：第 1 层 2 个候选；树 (4, 1, …, 1)：第 1 层 4 个。")
     print_table(["草稿", "位置/次", "链", "树 (2, 1, …)", "树 (4, 1, …)", "最好", "位置 / 产出的\ntoken（最好）"], rows)
 
@@ -296,7 +290,7 @@ def demo4_chain_vs_tree(target, drafts, A):
             rows2.append([name, shape_name(br), len(br), len(produced), f"{pred[(name, br)]:.2f}",
                           f"{m:.2f} ± {se:.2f}", f"{(big + 1) / m:.2f}"])
     print()
-    say(f"真的跑（{big + 1} 个位置/次，{LOOP_PROMPTS} 个提示 × {LOOP_NEW} 个新 token）：实测 = 每轮产出的 token 的平均 ± 标准误；"
+    print_note(f"真的跑（{big + 1} 个位置/次，{LOOP_PROMPTS} 个提示 × {LOOP_NEW} 个新 token）：实测 = 每轮产出的 token 的平均 ± 标准误；"
         "链用 04 脚本的 speculative_generate，树用 tree_speculative_generate。")
     print_table(["草稿", "形状", "草稿前向\n/轮", "轮数", "每次前向的\ntoken 预测", "实测", "位置 / 产出的\ntoken（实测）"],
                 rows2)

@@ -183,3 +183,11 @@ def test_a_number_keeps_a_long_unit_on_its_line():
 def test_a_value_with_its_error_is_a_number():
     lines = format_table(["名字", "均值 ± 标准误"], [["a", "7.88 ± 0.02"], ["b", "15.22 ± 0.04"]])
     assert lines[2].endswith(" 7.88 ± 0.02") and lines[3].endswith("15.22 ± 0.04")   # 右对齐
+
+
+def test_print_note_wraps_at_100_columns(capsys):
+    from console import print_note
+    print_note("说明" * 80, rest_prefix=" ")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all(display_width(l) <= 100 for l in lines)
+    assert lines[1].startswith(" 说") and "".join(l.strip() for l in lines) == "说明" * 80
