@@ -11,30 +11,15 @@ import pytest
 from decode_lab import (NGramLM, TransformerLM, acceptance_rate, adjust, autoregressive_generate, best_gamma,
                         chi2_gof, chi2_sf, expected_tokens, ops_factor, residual_distribution,
                         speculative_generate, speculative_step_probs, truncated_geometric, walltime_speedup)
-from transformer_lab import MATMUL_OPS, Counter, LMConfig, analytic_ops, config_like, init_params, sum_rows
+from sampler_cases import HAND_CASES, TINY, dist as _dist
+from transformer_lab import MATMUL_OPS, Counter, analytic_ops, config_like, init_params, sum_rows
 
-TINY = LMConfig(name="tiny6", vocab=6, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
-                max_seq=64, head_gain=3.0)
-
-
-def _dist(v):
-    v = np.asarray(v, dtype=float)
-    return v / v.sum()
 
 
 # ---------------------------------------------------------------------------
 # 一步接受 / 拒绝：精确枚举
 # ---------------------------------------------------------------------------
-HAND = {
-    "p == q": (_dist([1, 2, 3, 4]), _dist([1, 2, 3, 4])),
-    "不相交的支撑": (_dist([1, 1, 0, 0]), _dist([0, 0, 1, 1])),
-    "q 在 p 有的地方为 0": (_dist([1, 2, 3, 4]), _dist([0, 0, 1, 1])),
-    "p 在 q 有的地方为 0": (_dist([0, 0, 1, 1]), _dist([1, 2, 3, 4])),
-    "p 是 one-hot（T = 0）": (np.array([0.0, 0, 1, 0]), _dist([4, 3, 2, 1])),
-    "q 是 one-hot": (_dist([4, 3, 2, 1]), np.array([0.0, 1, 0, 0])),
-    "两个都是 one-hot，不同": (np.array([1.0, 0, 0, 0]), np.array([0.0, 0, 0, 1])),
-    "舍入后几乎相等": (_dist([1, 2, 3, 4]), _dist([1, 2, 3, 4 + 1e-15])),
-}
+HAND = HAND_CASES
 
 
 @pytest.mark.parametrize("name", list(HAND))

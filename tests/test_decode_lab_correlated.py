@@ -11,10 +11,9 @@ from decode_lab import (CopyingLM, NGramLM, PromptLookup, TransformerLM, accepta
                         autoregressive_generate, bigram_chain_stats, expected_tokens, induction_token,
                         lag1_correlation, regime_models, round_starts, speculative_generate,
                         speculative_generate_adaptive, speculative_step_probs, tokens_if_started_at)
-from transformer_lab import LMConfig, init_params
+from sampler_cases import TINY
+from transformer_lab import init_params
 
-TINY = LMConfig(name="tiny6", vocab=6, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
-                max_seq=64, head_gain=3.0)
 
 
 @pytest.fixture(scope="module")

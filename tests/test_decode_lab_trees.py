@@ -14,34 +14,18 @@ from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoreg
                         expected_tokens, multi_draft_acceptance, multi_draft_step_probs, multi_draft_verify,
                         speculative_generate, speculative_step_probs, tree_expected_tokens, tree_parents,
                         tree_speculative_generate)
+from sampler_cases import HAND_CASES, TINY, dist as _dist
 from transformer_lab import KVCache, LMConfig, config_like, init_params
 
-TINY = LMConfig(name="tiny6", vocab=6, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32,
-                max_seq=64, head_gain=3.0)
 WIDE = LMConfig(name="wide", vocab=37, d_model=24, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=6, d_ff=48,
                 max_seq=96, head_gain=2.0)
-
-
-def _dist(v):
-    v = np.asarray(v, dtype=float)
-    return v / v.sum()
 
 
 # ---------------------------------------------------------------------------
 # 多候选验证：精确枚举
 # ---------------------------------------------------------------------------
-HAND = {
-    "一般情形": (_dist([5, 2, 2, 1]), _dist([1, 1, 1, 1])),
-    "p == q": (_dist([1, 2, 3, 4]), _dist([1, 2, 3, 4])),
-    "不相交的支撑": (_dist([1, 1, 0, 0]), _dist([0, 0, 1, 1])),
-    "q 在 p 有的地方为 0": (_dist([1, 2, 3, 4]), _dist([0, 0, 1, 1])),
-    "p 在 q 有的地方为 0": (_dist([0, 0, 1, 1]), _dist([1, 2, 3, 4])),
-    "p 是 one-hot（T = 0）": (np.array([0.0, 0, 1, 0]), _dist([4, 3, 2, 1])),
-    "q 是 one-hot": (_dist([4, 3, 2, 1]), np.array([0.0, 1, 0, 0])),
-    "两个都是 one-hot，不同": (np.array([1.0, 0, 0, 0]), np.array([0.0, 0, 0, 1])),
-    "两个都是 one-hot，相同": (np.array([0.0, 0, 1, 0]), np.array([0.0, 0, 1, 0])),
-    "舍入后几乎相等": (_dist([1, 2, 3, 4]), _dist([1, 2, 3, 4 + 1e-15])),
-}
+HAND = {"一般情形": (_dist([5, 2, 2, 1]), _dist([1, 1, 1, 1])), **HAND_CASES,
+        "两个都是 one-hot，相同": (np.array([0.0, 0, 1, 0]), np.array([0.0, 0, 1, 0]))}
 
 
 def _brute_force(p, q, k):
