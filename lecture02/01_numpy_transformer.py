@@ -19,7 +19,8 @@ CS349E · 第 2 讲 · 01_numpy_transformer.py —— 一个 Llama 形状的 num
 
 【运行】python3 01_numpy_transformer.py （约 0.3 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、init_params、LEC2_CFG、random_tokens）；../lecture01 的 console。
+【依赖】numpy；本目录的 transformer_lab（NumpyTransformer、init_params、LEC2_CFG、random_tokens）、ledger_lab（MATMUL_OPS）；
+../lecture01 的 console。
 """
 import math
 import os
@@ -32,8 +33,8 @@ for sub in ("lecture01", "lecture02"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from transformer_lab import (LEC2_CFG, MATMUL_OPS, NumpyTransformer, init_params, random_tokens,  # noqa: E402
-                             softmax)
+from transformer_lab import LEC2_CFG, NumpyTransformer, init_params, random_tokens, softmax  # noqa: E402
+from ledger_lab import MATMUL_OPS  # noqa: E402
 
 # ---- 这一讲的小模型：transformer_lab.LEC2_CFG（Llama 的形状，尺寸是随意选的小数字；02、04 脚本用同一个）----
 CFG = LEC2_CFG

@@ -23,7 +23,7 @@ CS349E · 第 2 讲 · 02_op_ledger.py —— 逐运算的账本：跑出来的�
 
 【运行】python3 02_op_ledger.py （约 0.2 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、Counter、analytic_ops、sum_rows、LEC2_CFG、random_tokens）；
+【依赖】numpy；本目录的 transformer_lab（NumpyTransformer、LEC2_CFG、random_tokens）、ledger_lab（Counter、analytic_ops、sum_rows）；
 ../lecture01 的 console、hw_specs、llm_math。
 """
 import os
@@ -36,8 +36,8 @@ for sub in ("lecture01", "lecture02"):
 from console import fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B  # noqa: E402
-from transformer_lab import (ALL_OPS, ATTN_CORE_OPS, FIELDS, LEC2_CFG, MATMUL_OPS, Counter,  # noqa: E402
-                             NumpyTransformer, analytic_ops, init_params, random_tokens, sum_rows)
+from transformer_lab import LEC2_CFG, NumpyTransformer, init_params, random_tokens  # noqa: E402
+from ledger_lab import ALL_OPS, ATTN_CORE_OPS, Counter, FIELDS, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 # ---- 小模型（transformer_lab.LEC2_CFG，同 01 脚本）和演示用的形状 ----
 CFG = LEC2_CFG

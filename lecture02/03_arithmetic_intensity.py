@@ -21,7 +21,7 @@ kernel 启动开销。70B 的权重（141 GB）一块 H100（80 GB）放不下�
 
 【运行】python3 03_arithmetic_intensity.py （约 0.2 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
+【依赖】numpy；本目录的 ledger_lab（analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
 ../lecture01 的 console、hw_specs、llm_math（critical_context）。
 """
 import math
@@ -35,7 +35,7 @@ for sub in ("lecture01", "lecture02"):
 from console import fmt_bytes, fmt_sig, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import A100, B200, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, critical_context  # noqa: E402
-from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
+from ledger_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 M = LLAMA31_70B
 CHIP = H100

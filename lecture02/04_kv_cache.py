@@ -23,7 +23,7 @@ MQA 的出处：Shazeer 2019（arXiv 1911.02150）；GQA：Ainslie 等 2023（ar
 
 【运行】python3 04_kv_cache.py （约 0.4 秒）
 
-【依赖】numpy；../lecture02 的 transformer_lab（NumpyTransformer、Counter、analytic_ops、sum_rows、LEC2_CFG、random_tokens）；
+【依赖】numpy；本目录的 transformer_lab（NumpyTransformer、LEC2_CFG、random_tokens）、ledger_lab（Counter、analytic_ops、sum_rows）；
 ../lecture01 的 console、hw_specs、llm_math（decode_step、prefill_step）。
 """
 import math
@@ -41,8 +41,8 @@ from console import (fmt_bytes, fmt_num, fmt_time, print_header, print_observati
                      print_table)
 from hw_specs import H100, roofline_time  # noqa: E402
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, decode_step, prefill_step  # noqa: E402
-from transformer_lab import (ATTN_CORE_OPS, LEC2_CFG, MATMUL_OPS, Counter, NumpyTransformer,  # noqa: E402
-                             analytic_ops, init_params, random_tokens, sum_rows)
+from transformer_lab import LEC2_CFG, NumpyTransformer, init_params, random_tokens  # noqa: E402
+from ledger_lab import ATTN_CORE_OPS, Counter, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 # ---- 演示 3 的小模型（transformer_lab.LEC2_CFG，同 01 脚本）----
 CFG = LEC2_CFG

@@ -27,7 +27,7 @@ attention_io（同样的数、按公式，大尺寸只能这样数；测试核�
 
 【运行】python3 05_flash_attention.py （约 1 秒）
 
-【依赖】numpy；本目录的 transformer_lab（flash_attention、naive_attention、attention_io、flash_blocks、online_softmax）；
+【依赖】numpy；本目录的 flash_lab（flash_attention、naive_attention、attention_io、flash_blocks、online_softmax）；
 ../lecture01 的 console、hw_specs、llm_math（Llama-3.1-8B 的形状）。
 """
 import os
@@ -42,8 +42,7 @@ for sub in ("lecture01", "lecture02"):
 from console import fmt_bound, fmt_bytes, fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_8B  # noqa: E402
-from transformer_lab import (attention_io, flash_attention, flash_blocks, naive_attention,  # noqa: E402
-                             online_softmax)
+from flash_lab import attention_io, flash_attention, flash_blocks, naive_attention, online_softmax  # noqa: E402
 
 SRAM_BYTES = 228 * 1024            # H100 一个 SM 的共享内存（白皮书）；当作片上内存 M（假设）
 BYTES = 2                          # BF16

@@ -1,22 +1,14 @@
 """
-transformer_lab —— 一个 Llama 形状的 numpy transformer，和它的逐运算账本。
+transformer_lab —— 一个 Llama 形状的 numpy transformer：配置、初始化、带 KV cache 的前向（运行时把账记到账本上）。
 
 【模型】decoder-only：词嵌入 → n_layers × [RMSNorm → 注意力（RoPE、GQA）→ 残差 → RMSNorm → SwiGLU FFN → 残差]
 → RMSNorm → lm_head（不和词嵌入共享）。权重存成 (输入维, 输出维)，前向是 x @ W（picoGPT 的写法）。
 全部用 **float64** 计算：带 KV cache 的增量 decode 和一次算完整个序列，差别只有浮点舍入（测试断言 < 1e-12），
 而且选出的 token 完全一样——这是后面所有"精确"结论（回滚、投机解码不改变分布）的前提。
 
-【KV cache】预先分配好的数组 + 一个位置 pos（likejazz/llama3.np、karpathy/nanochat 的做法）：
-写入第 pos.. 个位置；回滚就是把 pos 往回挪（先检查不越界）。回滚后再喂同样的 token，得到的状态和从头算一样。
-
-【账本（Counter）】模型真的运行时，每个算子按**实际数组的形状**把四个数记到账上：
-- "flops"：代码真正执行的浮点运算。矩阵乘 2·m·n·k；逐元素运算按每个元素的固定次数（见 ELEMENTWISE_FLOPS）；
-  注意力的打分和 softmax 按整个矩形算（因果遮罩挡住的那一半也算了，代码确实算了）。
-- "useful"：数学上需要的矩阵乘 FLOPs——因果遮罩挡住的上半部分不算；softmax、norm、RoPE、激活都算 0。
-  这是 roofline 里拿去和 peak_flops 比的"张量核心的活"。
-- "w"：读的权重字节，按 BF16（每个 2 字节）记，不管 numpy 里是什么 dtype；一次前向每个权重矩阵读一遍。
-- "kv"：注意力读的 K 和 V 的字节，按 BF16 记，包括缓存里的和这次新算的所有被看的位置。
-analytic_ops 用公式算同样的四个数。测试断言：同样的形状，真实运行的账本和公式**逐算子、逐字段完全相等**。
+【同一讲的其他实验模块】ledger_lab（逐运算的账本：真实运行记的 Counter 和公式算的 analytic_ops，两者逐算子相等）、
+kvcache_lab（KV cache：预先分配的数组 + 位置 pos，回滚、树形遮罩、写入时量化）、flash_lab（分块注意力）。
+账本和 KV cache 的名字从这里再导出（种子脚本从 transformer_lab 导入 Counter、analytic_ops 等）。
 
 【随机数】init_params 只用 rng.standard_normal；采样只用 rng.random() 的均匀数，自己做 CDF 反查
 （cumsum + searchsorted），所以打印出来的抽样结果不依赖 numpy 的版本（choice / integers 的实现会变）。
@@ -28,31 +20,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lecture01"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "..", "lecture01"))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 from llm_math import ModelConfig  # noqa: E402
+# 账本和 KV cache 各在自己的实验模块里；这里再导出，因为种子脚本从 transformer_lab 导入它们（CURRICULUM §2）
+from ledger_lab import (ALL_OPS, ATTN_CORE_OPS, BYTES_PER_EL, ELEMENTWISE_FLOPS, FIELDS, MATMUL_OPS,  # noqa: E402,F401
+                        Counter, analytic_ops, sum_rows)
+from kvcache_lab import KVCache, tree_mask  # noqa: E402,F401
 
 __all__ = ["LMConfig", "LEC2_CFG", "random_tokens", "init_params", "config_like", "NumpyTransformer", "KVCache", "Counter",
            "analytic_ops", "sum_rows", "MATMUL_OPS", "ATTN_CORE_OPS", "ALL_OPS", "ELEMENTWISE_FLOPS",
-           "FIELDS", "BYTES_PER_EL", "softmax", "sample_inverse_cdf",
-           "tree_mask"]
-
-# 一次前向里的算子，按执行顺序。每层的算子在账本里按名字累加（所有层合在一行）。
-ALL_OPS = ("embed", "attn_norm", "q_proj", "k_proj", "v_proj", "rope", "attn_scores", "attn_softmax",
-           "attn_av", "o_proj", "attn_residual", "mlp_norm", "mlp_gate", "mlp_up", "mlp_act", "mlp_down",
-           "mlp_residual", "final_norm", "lm_head")
-MATMUL_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "mlp_gate", "mlp_up", "mlp_down", "lm_head")
-ATTN_CORE_OPS = ("attn_scores", "attn_softmax", "attn_av")
-FIELDS = ("flops", "useful", "w", "kv")
-BYTES_PER_EL = 2  # 账本里的字节按 BF16 记
-
-# 逐元素运算每个元素算几次 FLOP（约定，真实运行和公式用同一张表）：
-ELEMENTWISE_FLOPS = {
-    "norm": 4,      # RMSNorm：平方、求和、乘 1/rms、乘权重
-    "rope": 3,      # 旋转：x·cos + rot(x)·sin 每个输出元素 2 次乘 1 次加
-    "softmax": 5,   # 缩放、减最大值、exp、求和、除
-    "act": 5,       # SiLU(gate)·up：取负、exp、加 1、除、乘 up
-    "residual": 1,  # 残差相加
-}
+           "FIELDS", "BYTES_PER_EL", "softmax", "sample_inverse_cdf", "tree_mask"]
 
 
 # ---------------------------------------------------------------------------
@@ -155,101 +135,6 @@ def init_params(cfg, seed=0):
 
 
 # ---------------------------------------------------------------------------
-# 账本
-# ---------------------------------------------------------------------------
-class Counter:
-    """逐算子的账本：op 名 -> {"flops", "useful", "w", "kv"}，都是 Python 整数（精确）。"""
-
-    def __init__(self):
-        self.ops = {}
-
-    def add(self, op, flops=0, useful=0, w=0, kv=0):
-        row = self.ops.setdefault(op, dict.fromkeys(FIELDS, 0))
-        row["flops"] += int(flops)
-        row["useful"] += int(useful)
-        row["w"] += int(w)
-        row["kv"] += int(kv)
-
-    def total(self, field, ops=None):
-        """ops 这些算子（None = 全部）的 field 之和。"""
-        if field not in FIELDS:
-            raise ValueError(f"未知的字段 {field!r}；可用：{', '.join(FIELDS)}")
-        return sum(r[field] for op, r in self.ops.items() if ops is None or op in ops)
-
-    def rows(self):
-        """和 analytic_ops 同样格式的行（按 ALL_OPS 的顺序）。"""
-        return [dict(op=op, **self.ops[op]) for op in ALL_OPS if op in self.ops]
-
-
-def _causal_pairs(n_new, n_past):
-    """n_new 个新位置、前面已有 n_past 个位置时，因果注意力里 (query, key) 的对数。"""
-    return n_new * n_past + n_new * (n_new + 1) // 2
-
-
-def _layer_ledger(add, cfg, B, n, n_past):
-    """一层的账，从配置用公式算（真实运行的账在 NumpyTransformer.forward 里按数组形状记，两者互相核对）。"""
-    d, ff, hd = cfg.d_model, cfg.d_ff, cfg.head_dim
-    H, Hkv = cfg.n_heads, cfg.n_kv_heads
-    t = B * n                       # 这一步的 token 数
-    S = n_past + n                  # 被看的位置数（缓存的 + 新的）
-    e = ELEMENTWISE_FLOPS
-    add("attn_norm", e["norm"] * t * d, 0, d * BYTES_PER_EL, 0)
-    for op, k_in, k_out in (("q_proj", d, H * hd), ("k_proj", d, Hkv * hd), ("v_proj", d, Hkv * hd)):
-        add(op, 2 * t * k_in * k_out, 2 * t * k_in * k_out, k_in * k_out * BYTES_PER_EL, 0)
-    add("rope", e["rope"] * t * (H + Hkv) * hd, 0, 0, 0)
-    rect = 2 * B * H * n * S * hd
-    causal = 2 * B * H * _causal_pairs(n, n_past) * hd
-    kv_bytes = B * Hkv * S * hd * BYTES_PER_EL
-    add("attn_scores", rect, causal, 0, kv_bytes)
-    add("attn_softmax", e["softmax"] * B * H * n * S, 0, 0, 0)
-    add("attn_av", rect, causal, 0, kv_bytes)
-    add("o_proj", 2 * t * H * hd * d, 2 * t * H * hd * d, H * hd * d * BYTES_PER_EL, 0)
-    add("attn_residual", e["residual"] * t * d, 0, 0, 0)
-    add("mlp_norm", e["norm"] * t * d, 0, d * BYTES_PER_EL, 0)
-    for op in ("mlp_gate", "mlp_up"):
-        add(op, 2 * t * d * ff, 2 * t * d * ff, d * ff * BYTES_PER_EL, 0)
-    add("mlp_act", e["act"] * t * ff, 0, 0, 0)
-    add("mlp_down", 2 * t * ff * d, 2 * t * ff * d, ff * d * BYTES_PER_EL, 0)
-    add("mlp_residual", e["residual"] * t * d, 0, 0, 0)
-
-
-def _edge_ledger(add, cfg, B, n, n_head_rows):
-    """层外面的账：词嵌入查表、最后的 RMSNorm、lm_head（算 n_head_rows 个位置）。"""
-    d, V = cfg.d_model, cfg.vocab
-    add("embed", 0, 0, B * n * d * BYTES_PER_EL, 0)  # 查表：读 B·n 行（重复的行也按读一次算）
-    add("final_norm", ELEMENTWISE_FLOPS["norm"] * B * n * d, 0, d * BYTES_PER_EL, 0)
-    add("lm_head", 2 * n_head_rows * d * V, 2 * n_head_rows * d * V, d * V * BYTES_PER_EL, 0)
-
-
-def analytic_ops(model_cfg, B, n_new, n_past, last_only=False):
-    """
-    用公式算一次前向（B 个序列，每个 n_new 个新位置，前面已缓存 n_past 个）的账 -> 行的列表，每个算子一行：
-    {"op", "flops", "useful", "w", "kv"}（所有层合在一行）。
-
-    【参数】model_cfg：llm_math.ModelConfig，或任何有 to_model_config() 的配置（LMConfig）。
-    last_only=True：lm_head 只算最后一个位置（生成时真正需要的）；False：每个位置都算（TransformerLM 的做法）。
-    【边界】MoE 配置不在这里（numpy 模型是稠密的）：抛 ValueError。
-    """
-    cfg = model_cfg.to_model_config()
-    if getattr(cfg, "is_moe", False):
-        raise ValueError(f"analytic_ops 只支持稠密模型（{cfg.name} 是 MoE）")
-    if B < 1 or n_new < 1 or n_past < 0:
-        raise ValueError(f"需要 B ≥ 1、n_new ≥ 1、n_past ≥ 0（收到 B={B}, n_new={n_new}, n_past={n_past}）")
-    c = Counter()
-    _edge_ledger(c.add, cfg, B, n_new, B * (1 if last_only else n_new))
-    for _ in range(cfg.n_layers):
-        _layer_ledger(c.add, cfg, B, n_new, n_past)
-    return c.rows()
-
-
-def sum_rows(rows, field, ops=None):
-    """rows 里属于 ops（None = 全部）的行的 field 之和。"""
-    if field not in FIELDS:
-        raise ValueError(f"未知的字段 {field!r}；可用：{', '.join(FIELDS)}")
-    return sum(r[field] for r in rows if ops is None or r["op"] in ops)
-
-
-# ---------------------------------------------------------------------------
 # 前向计算
 # ---------------------------------------------------------------------------
 def softmax(x, axis=-1):  # [..., n] -> [..., n]
@@ -277,90 +162,6 @@ def sample_inverse_cdf(probs, u):  # [..., V], [...] -> [...] (int)
         last = probs.shape[-1] - 1 - np.argmax((probs > 0)[..., ::-1], axis=-1)
         j = np.where(over, last, j)
     return j
-
-
-class KVCache:
-    """
-    预先分配的 KV cache：k, v 形状 [层, B, Hkv, max_len, head_dim]，pos = 已经写入的位置数。
-
-    rollback(n)：丢掉最后 n 个位置（只挪 pos；被丢掉的位置之后会被覆盖）。
-    keep(start, offsets)：只留下 start 以后的几个位置、按顺序挪到一起（树形验证之后留下被接受的路径）。
-    quant：None（默认：float64 原样存）或者一个函数 f(块) -> 同形状的块，K 和 V 每次写进缓存时先经过它
-    （量化再反量化：缓存里存的就是低精度的值；第 3 讲 06 用它，见本文件末尾的 quantizing_store）。
-    """
-
-    def __init__(self, cfg, batch, max_len=None, quant=None):
-        max_len = cfg.max_seq if max_len is None else max_len
-        if max_len > cfg.max_seq:
-            raise ValueError(f"KV cache 长度 {max_len} 超过模型的上下文 max_seq = {cfg.max_seq}")
-        shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
-        self.k = np.zeros(shape)
-        self.v = np.zeros(shape)
-        if quant is not None:
-            self.k, self.v = quantizing_store(self.k, quant), quantizing_store(self.v, quant)
-        self.batch, self.max_len, self.pos = batch, max_len, 0
-
-    def rollback(self, n):
-        """丢掉最后 n 个位置。n 必须在 0..pos 之间，否则抛 ValueError。"""
-        if not 0 <= n <= self.pos:
-            raise ValueError(f"回滚 {n} 个位置超出范围：缓存里只有 {self.pos} 个位置（允许 0..{self.pos}）")
-        self.pos -= n
-
-    def keep(self, start, offsets):
-        """
-        只留下第 start 个位置以后的 offsets 这几个位置，按原来的顺序挪到 start, start + 1, …；pos = start + len(offsets)。
-
-        【用途】树形验证之后留下被接受的那条路径（树的节点在缓存里按节点顺序排，路径上的节点不相邻）：
-        路径节点的 K 已经按它的深度转过 RoPE，挪到 start + 深度 − 1 之后，缓存和从头喂"前缀 + 这条路径"的一样。
-        【参数】offsets：相对 start 的下标，严格递增（批里每个序列留同样的位置）。
-        【边界】start 不在 0..pos、offsets 不是 0..pos − start − 1 里严格递增的整数时抛 ValueError；
-        offsets 为空就是 rollback(pos − start)。
-        """
-        if not (isinstance(start, (int, np.integer)) and not isinstance(start, bool) and 0 <= start <= self.pos):
-            raise ValueError(f"start = {start!r} 超出范围：缓存里有 {self.pos} 个位置（允许 0..{self.pos}）")
-        offs = np.asarray(offsets)
-        n_new = self.pos - start
-        if offs.size == 0:
-            offs = np.zeros(0, dtype=np.int64)
-        if (offs.ndim != 1 or offs.dtype.kind not in "iu" or np.any(offs < 0) or np.any(offs >= n_new)
-                or np.any(np.diff(offs) <= 0)):
-            raise ValueError(f"offsets 必须是 0..{n_new - 1} 里严格递增的整数（start = {start} 之后有 {n_new} 个位置），"
-                             f"收到 {list(np.ravel(offsets))}")
-        m = len(offs)
-        self.k[:, :, :, start:start + m] = self.k[:, :, :, start + offs]   # 右边先取出副本，重叠也没关系
-        self.v[:, :, :, start:start + m] = self.v[:, :, :, start + offs]
-        self.pos = start + m
-
-
-def tree_mask(parents, n_past):  # [n] -> [n, n_past + n] bool, [n] int
-    """
-    一棵 token 树的注意力遮罩和 RoPE 位置 -> (mask, positions)，交给 NumpyTransformer.forward 一次算完整棵树。
-
-    【参数】parents[i]：第 i 个新位置的父节点，-1 = 接在已缓存的 n_past 个位置后面，否则是更早的新位置的下标 0..i−1
-    （节点按"父节点在前"的顺序排，例如按层）。
-    mask[i, j] = True 表示新位置 i 能看第 j 个位置：缓存里的 n_past 个位置全都能看，新位置里只看自己的祖先和自己。
-    positions[i] = n_past + depth(i) − 1，depth = 到缓存的步数（父节点是 -1 的节点深度为 1）：兄弟节点位置相同。
-    【边界】链 parents = [-1, 0, 1, …] 得到普通的因果遮罩和位置 n_past, n_past + 1, …；
-    空的或不是一维的 parents、parents[i] 不在 -1..i−1 里、n_past < 0 抛 ValueError。
-    """
-    arr = np.asarray(parents)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"parents 必须是非空的一维整数列表（收到 {parents!r}）")
-    par = list(arr)
-    if not (isinstance(n_past, (int, np.integer)) and not isinstance(n_past, bool) and n_past >= 0):
-        raise ValueError(f"n_past 必须是 ≥ 0 的整数（收到 {n_past!r}）")
-    n = len(par)
-    mask = np.zeros((n, n_past + n), dtype=bool)
-    mask[:, :n_past] = True
-    depth = np.ones(n, dtype=np.int64)
-    for i, a in enumerate(par):
-        if not (isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) and -1 <= a < i):
-            raise ValueError(f"parents[{i}] = {a!r}：父节点必须是 -1（接在缓存后面）或更早的节点 0..{i - 1}")
-        if a >= 0:
-            mask[i, n_past:n_past + i] = mask[a, n_past:n_past + i]   # 父节点的祖先（和父节点自己）
-            depth[i] = depth[a] + 1
-        mask[i, n_past + i] = True
-    return mask, n_past + depth - 1
 
 
 def _check_tree_args(attn_mask, positions, n, p0, max_seq):
@@ -532,207 +333,3 @@ class NumpyTransformer:
                 self._head.size * BYTES_PER_EL, 0)
         cache.pos = S
         return logits
-
-
-# ---------------------------------------------------------------------------
-# 分块注意力（FlashAttention）与它的 HBM 流量（第 2 讲 05 用）
-# ---------------------------------------------------------------------------
-def _check_attention(q, k, v, causal):
-    """检查注意力的输入形状：q [H, n_q, d]，k、v [H_kv, n_k, d]，H 是 H_kv 的整数倍；因果时 n_q ≤ n_k。"""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    if q.ndim != 3 or k.ndim != 3 or v.shape != k.shape:
-        raise ValueError(f"形状应为 q [H, n_q, d]、k 和 v [H_kv, n_k, d]（收到 q {q.shape}、k {k.shape}、v {v.shape}）")
-    H, n_q, d = q.shape
-    H_kv, n_k, d_k = k.shape
-    if d != d_k or min(H, H_kv, n_q, n_k, d) < 1 or H % H_kv:
-        raise ValueError(f"q 的头数 {H} 必须是 K/V 头数 {H_kv} 的整数倍、head_dim 相同且各维为正"
-                         f"（收到 q {q.shape}、k {k.shape}）")
-    if causal and n_q > n_k:
-        raise ValueError(f"因果注意力里 query 是最后 n_q 个位置：n_q = {n_q} 不能超过 n_k = {n_k}")
-    return q, k, v
-
-
-def flash_attention(q, k, v, block_q, block_k, causal=True):  # [H, n_q, d], [H_kv, n_k, d] x2 -> [H, n_q, d]
-    """
-    分块注意力（FlashAttention 的算法，FlashAttention-2 的循环顺序）-> (out, io)。
-
-    【推导】softmax(q·kᵀ/√d + 遮罩)·v 不写出整个 n_q × n_k 的分数矩阵：query 按 block_q 行一块放进片上内存，
-    key/value 按 block_k 行一块流过；每来一块 key，算这一块的分数 s，更新每行的"到目前为止的最大值" m 和
-    "指数和" l（在线 softmax）：m' = max(m, rowmax(s))，l' = e^{m−m'}·l + Σ e^{s−m'}，
-    输出累加器 acc' = e^{m−m'}·acc + e^{s−m'}·v；所有块走完，out = acc / l。（Dao et al. 2022, arXiv 2205.14135，
-    算法 1；FlashAttention-2, arXiv 2307.08691 把 query 块放在外层循环。）结果和普通写法只差浮点舍入。
-    【io】数在 HBM 和片上块之间搬了多少个**元素**（乘每个元素的字节数才是字节）：每个 query 头单独走一遍
-    它的 K/V 头（GQA：组里的头各读一遍）；每个 query 块读一次（block_q × d）、输出写一次；每个 key/value 块
-    对每个 query 块各读一次（2 × block_k × d）；因果时整块都在对角线上方的 key 块跳过、不计。
-    m、l 留在片上（只做推理，不为反向传播写 logsumexp）。返回 {"read": …, "written": …}。
-    【参数】q [H, n_q, d]，k、v [H_kv, n_k, d]；causal=True 时 query 是 n_k 个位置里的最后 n_q 个
-    （第 i 个 query 的位置是 n_k − n_q + i，能看 0..它自己）。
-    【边界】长度不必是块大小的整数倍（最后一块短一些）；block_q、block_k < 1 抛 ValueError。
-    """
-    q, k, v = _check_attention(q, k, v, causal)
-    if not (int(block_q) == block_q >= 1 and int(block_k) == block_k >= 1):
-        raise ValueError(f"块大小必须是正整数（收到 block_q={block_q}, block_k={block_k}）")
-    H, n_q, d = q.shape
-    H_kv, n_k, _ = k.shape
-    group = H // H_kv
-    scale = 1.0 / math.sqrt(d)
-    out = np.empty_like(q)
-    read = written = 0
-    offset = n_k - n_q                                   # 因果时 query i 的绝对位置 = offset + i
-    for h in range(H):
-        kh, vh = k[h // group], v[h // group]
-        for q0 in range(0, n_q, block_q):
-            q1 = min(q0 + block_q, n_q)
-            qb = q[h, q0:q1] * scale                      # 读一个 query 块 [bq, d]
-            read += qb.size
-            m = np.full(q1 - q0, -np.inf)
-            l = np.zeros(q1 - q0)
-            acc = np.zeros((q1 - q0, d))
-            last = offset + q1 - 1 if causal else n_k - 1  # 这块 query 能看到的最后一个 key
-            for k0 in range(0, last + 1, block_k):
-                k1 = min(k0 + block_k, n_k)
-                kb, vb = kh[k0:k1], vh[k0:k1]             # 读一个 key 块和一个 value 块 [bk, d]
-                read += kb.size + vb.size
-                s = qb @ kb.T                             # [bq, bk]，只在片上
-                if causal:
-                    pos_q = offset + np.arange(q0, q1)[:, None]
-                    s = np.where(np.arange(k0, k1)[None, :] <= pos_q, s, -np.inf)
-                m_new = np.maximum(m, s.max(axis=1))
-                alpha = np.exp(m - m_new)                 # 旧的累加按新的最大值缩小
-                p = np.exp(s - m_new[:, None])
-                l = alpha * l + p.sum(axis=1)
-                acc = alpha[:, None] * acc + p @ vb
-                m = m_new
-            out[h, q0:q1] = acc / l[:, None]              # 写一个输出块
-            written += (q1 - q0) * d
-    return out, {"read": read, "written": written}
-
-
-def naive_attention(q, k, v, causal=True):  # [H, n_q, d], [H_kv, n_k, d] x2 -> [H, n_q, d]
-    """
-    不分块的注意力，三个 kernel（打分、softmax、乘 V）之间经过 HBM -> (out, io)，io 的口径同 flash_attention。
-
-    【io】每个 query 头：打分 kernel 读 q（n_q·d）和 k（n_k·d）、写分数 S（n_q·n_k，遮罩挡住的也写：矩阵是整块的）；
-    softmax kernel 读 S、写概率 P（各 n_q·n_k）；第三个 kernel 读 P 和 v（n_k·d）、写输出（n_q·d）。
-    合计 读 = n_q·d + 2·n_k·d + 2·n_q·n_k，写 = 2·n_q·n_k + n_q·d。
-    """
-    q, k, v = _check_attention(q, k, v, causal)
-    H, n_q, d = q.shape
-    H_kv, n_k, _ = k.shape
-    group = H // H_kv
-    out = np.empty_like(q)
-    read = written = 0
-    for h in range(H):
-        S = (q[h] / math.sqrt(d)) @ k[h // group].T        # kernel 1：写 S [n_q, n_k]
-        read += q[h].size + k[h // group].size
-        written += S.size
-        if causal:
-            S = np.where(np.arange(n_k)[None, :] <= (n_k - n_q + np.arange(n_q))[:, None], S, -np.inf)
-        P = softmax(S, axis=-1)                            # kernel 2：读 S、写 P
-        read += S.size
-        written += P.size
-        out[h] = P @ v[h // group]                         # kernel 3：读 P 和 V、写输出
-        read += P.size + v[h // group].size
-        written += out[h].size
-    return out, {"read": read, "written": written}
-
-
-def flash_blocks(M, d):
-    """
-    FlashAttention 按片上内存大小选块：片上能放 M 个元素时 B_c = ⌈M / 4d⌉（key 块行数），B_r = min(B_c, d)（query 块行数）
-    -> (B_r, B_c)。（Dao et al. 2022 算法 1 第 1 行。）【边界】M < d 或 d < 1 抛 ValueError（放不下一行）。
-    """
-    if d < 1 or M < d:
-        raise ValueError(f"片上内存 M = {M} 个元素至少要放下一行（d = {d}）")
-    bc = -(-M // (4 * d))
-    return min(bc, d), bc
-
-
-__all__ += ["flash_attention", "naive_attention", "flash_blocks"]
-
-
-def attention_io(kind, H, H_kv, n_q, n_k, d, block_q=None, block_k=None, causal=True):
-    """
-    不运行、只按公式数 naive_attention / flash_attention 搬的元素 -> {"read": …, "written": …}（和真实运行的计数
-    逐个相等，测试核对）。大尺寸（32k 的提示）只能这样数。
-
-    【推导】naive：每个 query 头 读 n_q·d + 2·n_k·d + 2·n_q·n_k，写 2·n_q·n_k + n_q·d。
-    flash：每个 query 头、每个 query 块 [q0, q1)：读这块 (q1 − q0)·d；它能看到的最后一个 key 是 last
-    （因果：n_k − n_q + q1 − 1；否则 n_k − 1），要读的 key 块有 ⌊last / block_k⌋ + 1 个，共 min(块数 × block_k, n_k) 行，
-    K 和 V 各读这么多行 × d；写 (q1 − q0)·d。
-    【边界】kind 只能是 "naive" 或 "flash"；flash 需要 block_q、block_k。
-    """
-    if kind == "naive":
-        per = {"read": n_q * d + 2 * n_k * d + 2 * n_q * n_k, "written": 2 * n_q * n_k + n_q * d}
-        return {key: H * val for key, val in per.items()}
-    if kind != "flash":
-        raise ValueError(f"未知的注意力写法 {kind!r}；可用：naive、flash")
-    if not (block_q and block_k and block_q >= 1 and block_k >= 1):
-        raise ValueError(f"flash 需要正的块大小（收到 block_q={block_q}, block_k={block_k}）")
-    if causal and n_q > n_k:
-        raise ValueError(f"因果注意力里 n_q = {n_q} 不能超过 n_k = {n_k}")
-    read = 0
-    for q0 in range(0, n_q, block_q):
-        q1 = min(q0 + block_q, n_q)
-        last = n_k - n_q + q1 - 1 if causal else n_k - 1
-        rows = min((last // block_k + 1) * block_k, n_k)
-        read += (q1 - q0) * d + 2 * rows * d
-    return {"read": H * read, "written": H * n_q * d}
-
-
-def online_softmax(scores, block):  # [n] -> [(块最大值, m, l), ...]
-    """
-    一行分数按 block 个一块地流过时，在线 softmax 的两个累计量 -> 每块之后的 (这块的最大值, m, l) 列表。
-
-    【推导】m = 到目前为止的最大值，l = Σ e^{s − m}（到目前为止的分数）。来一块新分数 s_b：
-    m' = max(m, max s_b)，l' = e^{m − m'}·l + Σ e^{s_b − m'}——旧的和按新的最大值缩小一次就对了，不用回头重算。
-    走完所有块，l·e^{m} = Σ e^{s}，softmax = e^{s − m} / l（flash_attention 的每一行就是这样算的）。
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 1 or s.size == 0 or not (int(block) == block >= 1):
-        raise ValueError(f"scores 必须是非空的一维数组、block 是正整数（收到形状 {s.shape}、block={block}）")
-    m, l, out = -np.inf, 0.0, []
-    for i in range(0, s.size, block):
-        b = s[i:i + block]
-        m_new = max(m, float(b.max()))
-        l = math.exp(m - m_new) * l + float(np.exp(b - m_new).sum())
-        m = m_new
-        out.append((float(b.max()), m, l))
-    return out
-
-
-__all__ += ["attention_io", "online_softmax"]
-
-
-# ---------------------------------------------------------------------------
-# 量化的 KV cache（第 3 讲 06 用）：写进缓存时量化
-# ---------------------------------------------------------------------------
-class _QuantizingStore(np.ndarray):
-    """
-    KV cache 的存储数组：cache.k[...] = 块 时先把块交给 quant（量化再反量化）再存；取出来的是普通的 ndarray 视图。
-
-    前向（NumpyTransformer.forward）不用改一个字：它本来就是"写第 p0..S 个位置、再读 0..S"，
-    写的那一刻就是量化的那一刻，和真实的推理引擎一样（每个新 token 的 K、V 写进缓存时量化）。
-    KVCache.keep 挪位置时，挪过去的值会再经过 quant 一次：quant 必须是幂等的（量化已经量化过的值不变；
-    quant_lab.kv_quantizer 的格式都是，测试核对）。
-    """
-
-    def __setitem__(self, idx, value):
-        np.ndarray.__setitem__(self, idx, self._quant(np.asarray(value, dtype=np.float64)))
-
-    def __getitem__(self, idx):
-        return np.ndarray.__getitem__(self.view(np.ndarray), idx)
-
-
-def quantizing_store(arr, quant):
-    """把 arr 包成写入时经过 quant 的存储（共享 arr 的内存）-> _QuantizingStore。"""
-    if not callable(quant):
-        raise ValueError(f"quant 必须是函数 f(块) -> 同形状的块（收到 {quant!r}）")
-    store = arr.view(_QuantizingStore)
-    store._quant = quant
-    return store
-
-
-__all__ += [
-    "quantizing_store",
-]

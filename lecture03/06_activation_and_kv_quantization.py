@@ -31,7 +31,7 @@ CS349E · 第 3 讲 · 06_activation_and_kv_quantization.py —— 权重之后�
 【运行】python3 06_activation_and_kv_quantization.py （约 1.5 秒）
 
 【依赖】numpy；本目录的 quant_lab（layer_inputs、with_salient_channels、quantize_activations、w8a8_error、
-kv_quantizer、kv_bits、compare_logits；需要 ../prereq3 的 numfmt）；../lecture02 的 transformer_lab（KVCache 的 quant 选项）；
+kv_quantizer、kv_bits、compare_logits；需要 ../prereq3 的 numfmt）；../lecture02 的 transformer_lab、kvcache_lab（KVCache 的 quant 选项）；
 ../lecture01 的 console、hw_specs（H100）、llm_math（LLAMA31_8B、max_batch、weight_bytes）。
 """
 import os
@@ -55,7 +55,8 @@ from llm_math import LLAMA31_8B, max_batch, weight_bytes  # noqa: E402
 from quant_lab import (INPUT_OF, KV_FORMATS, LAYER_MATRICES, QCFG, compare_logits, kv_bits,  # noqa: E402
                        kv_quantizer, layer_inputs, quantize_activations, sample_tokens, w8a8_error,
                        with_salient_channels)
-from transformer_lab import KVCache, NumpyTransformer, init_params  # noqa: E402
+from transformer_lab import NumpyTransformer, init_params  # noqa: E402
+from kvcache_lab import KVCache  # noqa: E402
 
 # ---- 实验的设定（样本的多少、种子、注入的离群通道都是选的，不是事实）----
 ACT_TEXT = (8, 64, 1)                 # 取激活的文本：条数、长度、种子

@@ -35,7 +35,7 @@ Corsair 卡上（Gimlet Labs 博客的部署；种子 05 按两张卡的带宽�
 
 【运行】python3 04_sram_accelerators.py （约 0.3 秒）
 
-【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（step_time）；../lecture06 的 decode_lab（best_gamma，定理 3.8；
+【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（step_time）；../lecture06 的 spec_math_lab（best_gamma，定理 3.8；
 expected_tokens，式 (1)）；../lecture01 的 console、hw_specs、llm_math（含 expected_touched_experts，第 3 讲 §7.6）。
 """
 import math
@@ -48,7 +48,7 @@ for sub in ("lecture01", "lecture06"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
-from decode_lab import best_gamma, expected_tokens  # noqa: E402
+from spec_math_lab import best_gamma, expected_tokens  # noqa: E402
 from hw_specs import CORSAIR, H100  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B  # noqa: E402
 from llm_math import active_weight_bytes, expected_touched_experts, weight_bytes  # noqa: E402

@@ -26,7 +26,7 @@ CS349E · 第 6 讲 · 01_kv_cache_rollback.py —— KV cache 的回滚：投�
 【运行】python3 01_kv_cache_rollback.py （约 0.4 秒）
 
 【依赖】numpy；本目录的 decode_lab（TransformerLM、speculative_generate、autoregressive_generate、adjust、acceptance_rate）；
-../lecture02 的 transformer_lab（Counter、analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
+../lecture02 的 ledger_lab（Counter、analytic_ops、sum_rows、MATMUL_OPS、ATTN_CORE_OPS）；
 ../lecture03 的 quant_lab（QCFG、quantize_params、sample_tokens，需要 ../prereq3）；../lecture01 的 console（fmt_bound 等）。
 """
 import os
@@ -39,11 +39,12 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (TransformerLM, acceptance_rate, adjust, autoregressive_generate,  # noqa: E402
-                        speculative_generate)
+from decode_lab import (acceptance_rate, adjust, autoregressive_generate, speculative_generate,  # noqa: E402
+                        TransformerLM)
 from console import fmt_bound, fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
-from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, Counter, analytic_ops, init_params, sum_rows  # noqa: E402
+from transformer_lab import init_params  # noqa: E402
+from ledger_lab import ATTN_CORE_OPS, Counter, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 SEED = 0                 # 目标模型参数的种子（同 04 脚本）
 PROMPT_SEED = 11         # 提示：从目标模型自己采样（同 04 脚本的提示种子）

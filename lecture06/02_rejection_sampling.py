@@ -10,7 +10,7 @@ CS349E · 第 6 讲 · 02_rejection_sampling.py —— 接受 / 拒绝规则：�
 演示 3：别的规则会怎样：朴素规则"草稿 token 等于目标新抽的 token 就接受"分布也对，但接受率只有 Σ p·q；
 "拒绝后从 p 重抽"或"草稿一律接受"分布就错了。
 演示 4：用随机数真的抽（固定种子）：修正拒绝采样直接跑 decode_lab.speculative_generate（见下面【演示 4 怎么抽】），
-别的规则用本脚本的向量化抽样器；每个情形抽 N 次，计数和 p 做 χ² 拟合优度检验（decode_lab.chi2_gof）；错误的规则被检验抓出来。
+别的规则用本脚本的向量化抽样器；每个情形抽 N 次，计数和 p 做 χ² 拟合优度检验（stats_lab.chi2_gof）；错误的规则被检验抓出来。
 
 【怎么读输出】p = 目标模型（target）的分布，q = 草稿模型（draft）的分布（Leviathan 的记号；Chen 等人的论文正好相反）。
 分布按 token 0, 1, 2, 3 的顺序列出。"max |输出 − p|" 是精确枚举得到的输出分布和 p 的最大差：只有浮点舍入，打印成上界
@@ -30,7 +30,7 @@ Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
 【运行】python3 02_rejection_sampling.py （约 1.4 秒）
 
 【依赖】numpy；本目录的 decode_lab（residual_distribution、speculative_step_probs、acceptance_rate、adjust、
-expected_tokens、chi2_gof、NGramLM、speculative_generate）；../lecture02 的 transformer_lab（sample_inverse_cdf）；
+NGramLM、speculative_generate）、spec_math_lab（expected_tokens）、stats_lab（chi2_gof）；../lecture02 的 transformer_lab（sample_inverse_cdf）；
 ../lecture01 的 console（fmt_bound 等）。
 """
 import os
@@ -43,8 +43,10 @@ for sub in ("lecture06", "lecture02", "lecture01"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from console import fmt_bound, fmt_p, print_header, print_observations, print_table  # noqa: E402
-from decode_lab import (NGramLM, acceptance_rate, adjust, chi2_gof, expected_tokens,  # noqa: E402
-                        residual_distribution, speculative_generate, speculative_step_probs)
+from decode_lab import (acceptance_rate, adjust, NGramLM, residual_distribution, speculative_generate,  # noqa: E402
+                        speculative_step_probs)
+from spec_math_lab import expected_tokens  # noqa: E402
+from stats_lab import chi2_gof  # noqa: E402
 from transformer_lab import sample_inverse_cdf  # noqa: E402
 
 # ---- 手工构造的 (p, q)：p = 目标，q = 草稿（都是假设的例子，不来自任何模型）----

@@ -23,11 +23,11 @@ p 值都写成三位小数；小于 0.001 的只写数量级上界（"< 1e-11"�
 
 【模型的假设（务必看）】模型和草稿同 04 脚本（第 3 讲 quant_lab 的随机模型，不是训练出来的语言模型）。
 提示 = 从目标模型采样的 8 个 token（种子固定）；温度 1；每种做法抽 600 次。所有随机数种子固定，每次运行输出完全相同。
-χ² 检验把期望次数 < 5 的格子合并成一格（decode_lab.chi2_gof），p 值用 χ² 分布近似。
+χ² 检验把期望次数 < 5 的格子合并成一格（stats_lab.chi2_gof），p 值用 χ² 分布近似。
 
 【运行】python3 03_spec_decode_exact.py （约 4.3 秒）
 
-【依赖】numpy；本目录的 decode_lab；../lecture02 的 transformer_lab；../lecture03 的 quant_lab（需要 ../prereq3）；
+【依赖】numpy；本目录的 decode_lab（模型与采样器）、stats_lab（χ² 检验）；../lecture02 的 transformer_lab；../lecture03 的 quant_lab（需要 ../prereq3）；
 ../lecture01 的 console。
 """
 import math
@@ -41,8 +41,9 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoregressive_generate,  # noqa: E402
-                        chi2_gof, residual_distribution, speculative_generate, speculative_step_probs)
+from decode_lab import (acceptance_beta, adjust, autoregressive_generate, NGramLM, residual_distribution,  # noqa: E402
+                        speculative_generate, speculative_step_probs, TransformerLM)
+from stats_lab import chi2_gof  # noqa: E402
 from console import fmt_bound, fmt_p, print_bars, print_header, print_note, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params, sample_inverse_cdf  # noqa: E402

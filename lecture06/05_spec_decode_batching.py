@@ -27,7 +27,7 @@ CS349E · 第 6 讲 · 05_spec_decode_batching.py —— 批大了，投机解�
 
 【运行】python3 05_spec_decode_batching.py （约 0.6 秒）
 
-【依赖】numpy；本目录的 decode_lab（式 (1)）；../lecture01 的 console、hw_specs（gang）、llm_math（decode_step、max_batch、compute_bound_batch）。
+【依赖】numpy；本目录的 spec_math_lab（式 (1)、定理 3.8）；../lecture01 的 console、hw_specs（gang）、llm_math（decode_step、max_batch、compute_bound_batch）。
 """
 import math
 import os
@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from decode_lab import expected_tokens, walltime_speedup  # noqa: E402
+from spec_math_lab import expected_tokens, walltime_speedup  # noqa: E402
 from console import fmt_time, print_header, print_note, print_observations, print_plot, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step  # noqa: E402

@@ -21,8 +21,8 @@ Chen et al. 2023（arXiv 2302.01318）表 1 和实验设置（目标 14.1 ms/tok
 
 【运行】python3 06_papers_vs_formulas.py （约 1 秒）
 
-【依赖】numpy；本目录的 decode_lab（walltime_speedup、best_gamma、alpha_for_speedup、expected_tokens、build_seed04_models、
-alphas_on_text）；../lecture03 的 quant_lab（QCFG、sample_tokens，需要 ../prereq3）；../lecture01 的 console。
+【依赖】numpy；本目录的 spec_math_lab（walltime_speedup、best_gamma、alpha_for_speedup、expected_tokens）、
+decode_lab（adjust、alphas_on_text）、drafts_lab（build_seed04_models）；../lecture03 的 quant_lab（QCFG、sample_tokens，需要 ../prereq3）；../lecture01 的 console。
 """
 import os
 import sys
@@ -34,8 +34,9 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (adjust, alpha_for_speedup, alphas_on_text, best_gamma, build_seed04_models,  # noqa: E402
-                        expected_tokens, walltime_speedup)
+from decode_lab import adjust, alphas_on_text  # noqa: E402
+from spec_math_lab import alpha_for_speedup, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
+from drafts_lab import build_seed04_models  # noqa: E402
 from console import print_header, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 

@@ -27,8 +27,8 @@ CS349E · 第 6 讲 · 07_draft_cost_and_bias.py —— 把草稿的账算进去
 
 【运行】python3 07_draft_cost_and_bias.py （约 2.5 秒）
 
-【依赖】numpy；本目录的 decode_lab（生成器、公式、simulate_rounds、expected_rounds、build_seed04_models、alphas_on_text）；
-../lecture01 的 console；../lecture02 的 transformer_lab（账本）；../lecture03 的 quant_lab（QCFG、sample_tokens）；
+【依赖】numpy；本目录的 decode_lab（生成器、alphas_on_text）、spec_math_lab（公式、simulate_rounds、
+expected_rounds）、drafts_lab（build_seed04_models）；../lecture01 的 console；../lecture02 的 ledger_lab（账本）；../lecture03 的 quant_lab（QCFG、sample_tokens）；
 ../prereq3 的 numfmt（INT4 的位数）。
 """
 import math
@@ -42,13 +42,14 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (NGramLM, alphas_on_text, best_gamma, build_seed04_models, expected_rounds,  # noqa: E402
-                        expected_tokens, ops_factor, simulate_rounds, speculative_generate, truncated_geometric,
-                        walltime_speedup)
+from decode_lab import alphas_on_text, NGramLM, speculative_generate  # noqa: E402
+from spec_math_lab import (best_gamma, expected_rounds, expected_tokens, ops_factor, simulate_rounds,  # noqa: E402
+                           truncated_geometric, walltime_speedup)
+from drafts_lab import build_seed04_models  # noqa: E402
 from console import fmt_bytes, fmt_num, print_bars, print_header, print_observations, print_table  # noqa: E402
 from numfmt import bits_per_value  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
-from transformer_lab import MATMUL_OPS, Counter  # noqa: E402
+from ledger_lab import Counter, MATMUL_OPS  # noqa: E402
 
 # ---- 设置（和 04 的演示 3、4 一样的提示长度、新 token 数、温度）----
 N_NEW = 96                     # 每个提示的新 token（04 的演示 3、4）

@@ -18,12 +18,12 @@ CS349E · 第 6 讲 · 08_correlated_acceptance.py —— 难的位置成片出�
 "差" = 实测 / 式 (1) − 1：负数就是式 (1) 高估了。r₁ = 相邻两个位置的 β 的相关系数。
 
 【模型的假设（务必看）】
-- 演示 1–3 的模型是**假设**的二元语法表（decode_lab.regime_models，词表 192 = 2 个状态 × 96 个词）：状态"易 / 难"写在
+- 演示 1–3 的模型是**假设**的二元语法表（correlated_lab.regime_models，词表 192 = 2 个状态 × 96 个词）：状态"易 / 难"写在
   token 里，以概率 stay 保持、1 − stay 换；草稿在易状态很像目标（β 约 0.96）、在难状态很不像（β 约 0.26）。
   两半的形状相同、状态链对称，所以总的 α 按构造不随 stay 变（见 regime_models 的推导），stay 只改变难段的长短：
   平均一段 1 / (1 − stay) 个 token，stay = 0.5 时各位置的状态独立。温度 1。
 - 演示 3 的时间：一轮 = 目标前向 1 + 每个草稿 token c（定理 3.8 的模型），c = 0.05 是**假设**。
-- 演示 4 的目标 = 第 3 讲的 QCFG 模型与"归纳规则"的混合（decode_lab.CopyingLM）：以概率 λ = 0.97 照抄最后 3 个 token
+- 演示 4 的目标 = 第 3 讲的 QCFG 模型与"归纳规则"的混合（lookup_lab.CopyingLM）：以概率 λ = 0.97 照抄最后 3 个 token
   上一次出现时的下一个 token。这个混合是**假设**，代替训练出来的模型里的归纳头（induction heads）：QCFG 自己不会抄
   （表里看得到）。用 3 个而不是 2 个 token 去匹配：QCFG 的文本里二元组常常偶然重复（采样文本第 43–90 个位置里约 3%），
   λ 这么大时一次偶然重复就会引出一长段照抄，"不重复的提示"也就不成立了；3 个 token 的偶然重复少得多。
@@ -31,7 +31,8 @@ CS349E · 第 6 讲 · 08_correlated_acceptance.py —— 难的位置成片出�
 
 【运行】python3 08_correlated_acceptance.py （约 2 秒）
 
-【依赖】numpy；本目录的 decode_lab（regime_models、PromptLookup、CopyingLM、speculative_generate_adaptive、式 (1)）；
+【依赖】numpy；本目录的 decode_lab（生成器）、spec_math_lab（式 (1)）、correlated_lab（regime_models 等）、
+lookup_lab（PromptLookup、CopyingLM、speculative_generate_adaptive）；
 ../lecture02 的 transformer_lab；../lecture03 的 quant_lab（QCFG，需要 ../prereq3）；../lecture01 的 console。
 """
 import os
@@ -44,10 +45,11 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (CopyingLM, PromptLookup, TransformerLM, acceptance_beta, adjust, best_gamma,  # noqa: E402
-                        bigram_chain_stats, expected_tokens, induction_token, lag1_correlation, regime_models,
-                        round_starts, speculative_generate, speculative_generate_adaptive, tokens_if_started_at,
-                        walltime_speedup)
+from decode_lab import acceptance_beta, adjust, speculative_generate, TransformerLM  # noqa: E402
+from spec_math_lab import best_gamma, expected_tokens, walltime_speedup  # noqa: E402
+from correlated_lab import (bigram_chain_stats, lag1_correlation, regime_models, round_starts,  # noqa: E402
+                            tokens_if_started_at)
+from lookup_lab import CopyingLM, induction_token, PromptLookup, speculative_generate_adaptive  # noqa: E402
 from console import print_header, print_observations, print_plot, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params  # noqa: E402

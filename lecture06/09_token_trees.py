@@ -26,8 +26,9 @@ E = 1 + Σ_d (a₁·a₂·…·a_d)，a_j = 第 j 层的接受率 α_{k_j}（k_j
 
 【运行】python3 09_token_trees.py （约 2 秒）
 
-【依赖】numpy；本目录的 decode_lab（multi_draft_step_probs、multi_draft_acceptance、tree_expected_tokens、tree_parents、
-tree_speculative_generate、build_seed04_models 等）；../lecture02 的 transformer_lab（tree_mask、KVCache.keep）；
+【依赖】numpy；本目录的 tree_lab（multi_draft_step_probs、multi_draft_acceptance、tree_expected_tokens、tree_parents、
+tree_speculative_generate）、decode_lab（生成器）、drafts_lab（build_seed04_models）；
+../lecture02 的 kvcache_lab（tree_mask、KVCache.keep）、ledger_lab（账本）；
 ../lecture03 的 quant_lab（QCFG、sample_tokens；需要 ../prereq3）；../lecture01 的 console。
 """
 import os
@@ -40,13 +41,16 @@ sys.path.insert(0, HERE)
 for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from decode_lab import (NGramLM, acceptance_rate, adjust, autoregressive_generate, build_seed04_models,  # noqa: E402
-                        multi_draft_acceptance, multi_draft_step_probs, residual_distribution,
-                        speculative_generate, speculative_step_probs, tree_expected_tokens, tree_parents,
-                        tree_speculative_generate)
+from decode_lab import (acceptance_rate, adjust, autoregressive_generate, NGramLM, residual_distribution,  # noqa: E402
+                        speculative_generate, speculative_step_probs)
+from tree_lab import (multi_draft_acceptance, multi_draft_step_probs, tree_expected_tokens, tree_parents,  # noqa: E402
+                      tree_speculative_generate)
+from drafts_lab import build_seed04_models  # noqa: E402
 from console import fmt_bound, fmt_bytes, print_header, print_note, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
-from transformer_lab import MATMUL_OPS, Counter, sample_inverse_cdf, tree_mask  # noqa: E402
+from transformer_lab import sample_inverse_cdf  # noqa: E402
+from ledger_lab import Counter, MATMUL_OPS  # noqa: E402
+from kvcache_lab import tree_mask  # noqa: E402
 
 # ---- 手工构造的 (p, q)：p = 目标，q = 草稿（假设的例子，不来自任何模型）----
 CASES = [

@@ -15,9 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _sub in ("lecture06", "lecture03", "prereq3", "lecture02", "lecture01"):
     sys.path.insert(0, os.path.join(ROOT, _sub))
 
-from decode_lab import TransformerLM, autoregressive_generate, speculative_generate  # noqa: E402
+from decode_lab import autoregressive_generate, speculative_generate, TransformerLM  # noqa: E402
 from quant_lab import QCFG, quantize_params  # noqa: E402
-from transformer_lab import Counter, config_like, init_params  # noqa: E402
+from transformer_lab import config_like, init_params  # noqa: E402
+from ledger_lab import Counter  # noqa: E402
 
 
 def best_of(fn, repeat=5):

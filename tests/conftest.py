@@ -10,6 +10,7 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import faulthandler  # noqa: E402
 import glob  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -19,11 +20,41 @@ import sys  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAB_DIRS = ("lecture01", "lecture02", "lecture03", "lecture06", "prereq3")
+LAB_DIRS = ("lecture01", "lecture02", "lecture03", "lecture05", "lecture06", "prereq3")  # 每个有实验模块的目录
 for sub in LAB_DIRS:
     p = os.path.join(ROOT, sub)
     if p not in sys.path:
         sys.path.insert(0, p)
+
+
+# 每个测试的时间上限：一个卡死的循环（例如一个永远不释放块的分配器）让测试集失败，而不是挂住。
+# 只用标准库：到时间 faulthandler 打印所有线程的调用栈并结束进程（pytest 随之失败）。上限要比最慢的真实测试
+# （两个真实模型的脚本同时跑）宽得多；CS349E_TEST_TIMEOUT（秒）可以改它。
+TEST_TIMEOUT = float(os.environ.get("CS349E_TEST_TIMEOUT", "600"))
+
+
+_REAL_STDERR = []
+
+
+def pytest_configure(config):
+    """记下真正的 stderr（pytest 捕获输出时 fd 2 指向临时文件，超时的调用栈写到那里就看不见了）。"""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        capman.suspend_global_capture(in_=False)
+    try:
+        _REAL_STDERR.append(os.fdopen(os.dup(2), "w"))
+    finally:
+        if capman is not None:
+            capman.resume_global_capture()
+
+
+def pytest_runtest_setup(item):
+    out = _REAL_STDERR[0] if _REAL_STDERR else sys.stderr
+    faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True, file=out)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    faulthandler.cancel_dump_traceback_later()
 
 
 def numbered_scripts():

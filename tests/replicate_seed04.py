@@ -23,10 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _sub in ("lecture06", "lecture03", "prereq3", "lecture02", "lecture01"):
     sys.path.insert(0, os.path.join(ROOT, _sub))
 
-from decode_lab import (NGramLM, TransformerLM, adjust, autoregressive_generate, chi2_gof,  # noqa: E402
-                        expected_tokens, ops_factor, speculative_generate, truncated_geometric)
+from decode_lab import adjust, autoregressive_generate, NGramLM, speculative_generate, TransformerLM  # noqa: E402
+from spec_math_lab import expected_tokens, ops_factor, truncated_geometric  # noqa: E402
+from stats_lab import chi2_gof  # noqa: E402
 from quant_lab import QCFG, quantize_params, sample_tokens  # noqa: E402
-from transformer_lab import MATMUL_OPS, Counter, config_like, init_params  # noqa: E402
+from transformer_lab import config_like, init_params  # noqa: E402
+from ledger_lab import Counter, MATMUL_OPS  # noqa: E402
 
 GAMMAS = (1, 2, 4, 8)
 NAMES = ("INT4 量化的自己", "只用前 3 层", "只用前 1 层", "二元语法表")

@@ -8,9 +8,10 @@ import warnings
 import numpy as np
 import pytest
 
-from decode_lab import (NGramLM, TransformerLM, acceptance_rate, adjust, autoregressive_generate, best_gamma,
-                        chi2_gof, chi2_sf, expected_tokens, ops_factor, residual_distribution,
-                        speculative_generate, speculative_step_probs, truncated_geometric, walltime_speedup)
+from decode_lab import (acceptance_rate, adjust, autoregressive_generate, NGramLM, residual_distribution,
+                        speculative_generate, speculative_step_probs, TransformerLM)
+from spec_math_lab import best_gamma, expected_tokens, ops_factor, truncated_geometric, walltime_speedup
+from stats_lab import chi2_gof, chi2_sf
 from sampler_cases import HAND_CASES, TINY, dist as _dist
 from transformer_lab import MATMUL_OPS, Counter, analytic_ops, config_like, init_params, sum_rows
 

@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from decode_lab import (CopyingLM, NGramLM, PromptLookup, TransformerLM, acceptance_beta, adjust,
-                        autoregressive_generate, bigram_chain_stats, expected_tokens, induction_token,
-                        lag1_correlation, regime_models, round_starts, speculative_generate,
-                        speculative_generate_adaptive, speculative_step_probs, tokens_if_started_at)
+from decode_lab import (acceptance_beta, adjust, autoregressive_generate, NGramLM, speculative_generate,
+                        speculative_step_probs, TransformerLM)
+from spec_math_lab import expected_tokens
+from correlated_lab import bigram_chain_stats, lag1_correlation, regime_models, round_starts, tokens_if_started_at
+from lookup_lab import CopyingLM, induction_token, PromptLookup, speculative_generate_adaptive
 from sampler_cases import TINY
 from transformer_lab import init_params
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import load_script
-from decode_lab import (NGramLM, alpha_for_speedup, alphas_on_text, build_seed04_models, expected_rounds,
-                        simulate_rounds)
+from decode_lab import alphas_on_text, NGramLM
+from spec_math_lab import alpha_for_speedup, expected_rounds, simulate_rounds
+from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
 
 

@@ -9,13 +9,16 @@ import warnings
 import numpy as np
 import pytest
 
-import decode_lab
-from decode_lab import (NGramLM, TransformerLM, acceptance_beta, adjust, autoregressive_generate, chi2_gof,
-                        expected_tokens, multi_draft_acceptance, multi_draft_step_probs, multi_draft_verify,
-                        speculative_generate, speculative_step_probs, tree_expected_tokens, tree_parents,
-                        tree_speculative_generate)
+import tree_lab
+from decode_lab import (acceptance_beta, adjust, autoregressive_generate, NGramLM, speculative_generate,
+                        speculative_step_probs, TransformerLM)
+from spec_math_lab import expected_tokens
+from stats_lab import chi2_gof
+from tree_lab import (multi_draft_acceptance, multi_draft_step_probs, multi_draft_verify,
+                      tree_expected_tokens, tree_parents, tree_speculative_generate)
 from sampler_cases import HAND_CASES, TINY, dist as _dist
-from transformer_lab import KVCache, LMConfig, config_like, init_params
+from transformer_lab import LMConfig, config_like, init_params
+from kvcache_lab import KVCache
 
 WIDE = LMConfig(name="wide", vocab=37, d_model=24, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=6, d_ff=48,
                 max_seq=96, head_gain=2.0)
@@ -289,7 +292,7 @@ def test_tree_joint_distribution_of_two_tokens_matches_target(tiny_models, draft
 def test_the_same_statistic_catches_a_wrong_residual(tiny_models, monkeypatch):
     """检出力：把残差换成"拒绝后从 p_i 重抽"（常见的错误），同样的 χ² 检验必须判为不一致。"""
     target, drafts = tiny_models
-    monkeypatch.setattr(decode_lab, "residual_distribution", lambda p, q: np.asarray(p, dtype=np.float64))
+    monkeypatch.setattr(tree_lab, "residual_distribution", lambda p, q: np.asarray(p, dtype=np.float64))
     counts = _joint_counts(target, drafts["另一个模型"], (3, 2), 1000, 42)
     stat, dof, pval = chi2_gof(counts, _exact_joint(target, [1, 4, 2], 1.0))
     assert pval < 1e-6, (stat, dof, pval)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import load_script
-from transformer_lab import attention_io, flash_attention, flash_blocks, naive_attention, online_softmax
+from flash_lab import attention_io, flash_attention, flash_blocks, naive_attention, online_softmax
 
 
 def reference_attention(q, k, v, causal):

@@ -12,7 +12,8 @@ import pytest
 from conftest import load_script
 from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B
 import transformer_lab
-from transformer_lab import LEC2_CFG, analytic_ops, sum_rows
+from transformer_lab import LEC2_CFG
+from ledger_lab import analytic_ops, sum_rows
 
 S1, S2, S3, S4 = ("lecture02/01_numpy_transformer.py", "lecture02/02_op_ledger.py",
                   "lecture02/03_arithmetic_intensity.py", "lecture02/04_kv_cache.py")

@@ -11,7 +11,8 @@ import pytest
 
 from conftest import load_script
 from quant_lab import QCFG, kv_quantizer
-from transformer_lab import KVCache, NumpyTransformer
+from transformer_lab import NumpyTransformer
+from kvcache_lab import KVCache
 
 S = "lecture03/06_activation_and_kv_quantization.py"
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_script
 
-from decode_lab import expected_tokens  # noqa: E402
+from spec_math_lab import expected_tokens  # noqa: E402
 from transformer_lab import softmax  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def test_03_chi2_statistics_recomputed(s03, r1):
 
 
 def _chi2_sf_closed(x, k):
-    """χ² 右尾概率的闭式（不用 decode_lab.chi2_sf）：k 偶数时 e^{−z} Σ_{i<k/2} z^i/i!；
+    """χ² 右尾概率的闭式（不用 stats_lab.chi2_sf）：k 偶数时 e^{−z} Σ_{i<k/2} z^i/i!；
     k 奇数时 erfc(√z) + e^{−z} Σ_{i<(k−1)/2} z^{i+1/2}/Γ(i + 3/2)，z = x/2。"""
     z = x / 2.0
     if k % 2 == 0:
@@ -329,7 +329,7 @@ def test_05_speedup_and_break_even(s05, capsys):
     for (b, g), s in r["speedup"].items():
         assert s == pytest.approx(_speedup(0.8, g, b, 512, T, D), rel=1e-12)
     # B = 1：验证免费，加速比 = 定理 3.8
-    from decode_lab import walltime_speedup
+    from spec_math_lab import walltime_speedup
     assert r["speedup"][(1, 4)] == pytest.approx(walltime_speedup(0.8, 4, r["c"][1]), rel=1e-9)
     assert r["c"][1] == pytest.approx(r["w_ratio"], rel=0.02)
     assert r["kv_ratio"] == pytest.approx(32 / 80)

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from conftest import load_script
-from decode_lab import autoregressive_generate, build_seed04_models, speculative_generate
+from decode_lab import autoregressive_generate, speculative_generate
+from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
-from transformer_lab import MATMUL_OPS, Counter, config_like
+from transformer_lab import config_like
+from ledger_lab import Counter, MATMUL_OPS
 
 NAMES = ("INT4 量化的自己", "只用前 3 层", "只用前 1 层", "二元语法表")
 

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import load_script
 
-from decode_lab import (TransformerLM, autoregressive_generate, induction_token, regime_models,  # noqa: E402
-                        speculative_generate_adaptive)
+from decode_lab import autoregressive_generate, TransformerLM  # noqa: E402
+from correlated_lab import regime_models  # noqa: E402
+from lookup_lab import induction_token, speculative_generate_adaptive  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params, softmax  # noqa: E402
 

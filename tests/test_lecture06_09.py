@@ -1,6 +1,6 @@
 """
 第 6 讲 09（token 树）：演示函数返回的数和独立的算法核对——手算的 α_k 和残差、04 脚本自己的 α（measured_alpha）、
-链的式 (1)（expected_tokens）、树 (k, 1, …, 1) 的闭式；decode_lab.build_seed04_models 和 04 脚本的 build_models 逐个数组相同。
+链的式 (1)（expected_tokens）、树 (k, 1, …, 1) 的闭式；drafts_lab.build_seed04_models 和 04 脚本的 build_models 逐个数组相同。
 """
 import contextlib
 import io
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import load_script
-from decode_lab import NGramLM, acceptance_beta, adjust, expected_tokens, residual_distribution
+from decode_lab import acceptance_beta, adjust, NGramLM, residual_distribution
+from spec_math_lab import expected_tokens
 
 S09 = load_script("lecture06/09_token_trees.py")
 S04 = load_script("lecture06/04_spec_decode_speedup.py")

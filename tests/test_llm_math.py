@@ -84,7 +84,7 @@ def test_bad_configs_raise():
 from llm_math import (GPT_OSS_120B as _OSS, active_weight_bytes, compute_bound_batch, critical_context,  # noqa: E402
                       max_batch, prefill_step, weight_bytes)
 from hw_specs import gang  # noqa: E402
-from transformer_lab import MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
+from ledger_lab import MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 
 @pytest.mark.parametrize("model", [LLAMA31_8B, LLAMA31_70B], ids=lambda m: m.name)

@@ -75,7 +75,7 @@ def test_sample_tokens_is_reproducible_and_in_range(P):
 
 def test_target_entropy_is_language_like(P):
     """QCFG 的设定说目标模型的熵约 3.8 nats（均匀分布是 ln 192 ≈ 5.26）。"""
-    from decode_lab import TransformerLM, adjust
+    from decode_lab import adjust, TransformerLM
     toks = sample_tokens(P, QCFG, 8, 64, seed=0)
     p = adjust(TransformerLM(P, QCFG).full_logits(toks), 1.0)
     H = float(-(p * np.log(p)).sum(-1).mean())
@@ -83,7 +83,7 @@ def test_target_entropy_is_language_like(P):
 
 
 def test_sample_tokens_greedy_and_bad_temperature(P):
-    from decode_lab import TransformerLM, autoregressive_generate
+    from decode_lab import autoregressive_generate, TransformerLM
     g = sample_tokens(P, QCFG, n_seq=2, length=12, seed=3, T=0)
     m = TransformerLM(P, QCFG)
     for row in g:

@@ -10,7 +10,8 @@ import pytest
 
 from quant_lab import (QCFG, kv_bits, kv_quantizer, quantize_activations, sample_tokens, smooth_scales,
                        w8a8_error)
-from transformer_lab import KVCache, NumpyTransformer, init_params
+from transformer_lab import NumpyTransformer, init_params
+from kvcache_lab import KVCache
 
 
 def fp16(x):

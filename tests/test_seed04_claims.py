@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import script_stdout
-from decode_lab import best_gamma, chi2_gof, ops_factor, truncated_geometric, walltime_speedup
+from spec_math_lab import best_gamma, ops_factor, truncated_geometric, walltime_speedup
+from stats_lab import chi2_gof
 
 SEED = "lecture06/04_spec_decode_speedup.py"
 DRAFTS = ("INT4 量化的自己", "只用前 3 层", "只用前 1 层", "二元语法表")

@@ -7,7 +7,7 @@ import pytest
 from conftest import load_script, script_stdout
 from hw_specs import H100
 from llm_math import LLAMA31_70B
-from transformer_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows
+from ledger_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows
 
 SEED = "lecture05/05_heterogeneous_spec_decode.py"
 FFN_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "mlp_gate", "mlp_up", "mlp_down", "lm_head")
@@ -108,7 +108,7 @@ def test_printed_best_gamma_is_the_grid_optimum_and_the_integer_optimum_is_longe
     所有整数里是 3、6、9、24（第 5 讲 04 演示 3 的对账表）。GPU 草稿、验证代价不变时种子的加速比就是定理 3.8，
     用 decode_lab.walltime_speedup 独立地算。
     """
-    from decode_lab import walltime_speedup
+    from spec_math_lab import walltime_speedup
     out = script_stdout(SEED)
     block = out.split("每种情况下最好的草稿长度和加速比：")[1].split("观察")[0]
     printed = [int(l.split()[-2]) for l in block.splitlines() if l.strip().endswith("×")]

@@ -5,7 +5,9 @@ transformer_lab 的树形注意力：一次前向算整棵 token 树，每个节
 import numpy as np
 import pytest
 
-from transformer_lab import ATTN_CORE_OPS, Counter, LMConfig, NumpyTransformer, init_params, tree_mask
+from transformer_lab import LMConfig, NumpyTransformer, init_params
+from ledger_lab import ATTN_CORE_OPS, Counter
+from kvcache_lab import tree_mask
 
 CONFIGS = [LMConfig(name="gqa"), LMConfig(name="mha", n_kv_heads=4),
            LMConfig(name="odd", vocab=37, d_model=24, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=4, d_ff=40)]

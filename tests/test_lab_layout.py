@@ -1,0 +1,56 @@
+"""
+实验模块的形状（第 6 讲的拆分之后）：每个实验模块只做一件事、不超过约 500 行；解码不依赖量化；
+种子 04 从 decode_lab 导入的九个名字都还在；conftest 把每个有实验模块的目录放到 sys.path 上。
+"""
+import ast
+import glob
+import os
+import re
+
+import pytest
+
+from conftest import LAB_DIRS, ROOT
+
+MAX_LINES = 500
+LABS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "*", "*.py"))
+              if not re.match(r"\d\d_", os.path.basename(p)) and not p.startswith(os.path.join(ROOT, "tests")))
+
+
+def test_every_lab_folder_is_on_the_test_path():
+    assert sorted({os.path.dirname(p) for p in LABS}) == sorted(LAB_DIRS)
+
+
+@pytest.mark.parametrize("rel", [p for p in LABS if p.split(os.sep)[0] in ("lecture02", "lecture05", "lecture06")])
+def test_lab_is_at_most_about_500_lines(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        n = sum(1 for _ in f)
+    assert n <= MAX_LINES, f"{rel} 有 {n} 行：按职责拆开"
+
+
+@pytest.mark.parametrize("rel", LABS)
+def test_lab_docstring_states_its_one_job(rel):
+    """模块说明的第一行是"名字 —— 它做的一件事"。"""
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    name = os.path.basename(rel)[:-3]
+    assert doc and doc.splitlines()[0].startswith(f"{name} —— "), rel
+
+
+def test_lab_names_are_unique_across_folders():
+    names = [os.path.basename(p) for p in LABS]
+    assert len(names) == len(set(names))
+
+
+def test_decoding_does_not_import_quantization():
+    """decode_lab 的源码里连一个量化模块的名字都没有（函数里面也不行）。"""
+    with open(os.path.join(ROOT, "lecture06", "decode_lab.py"), encoding="utf-8") as f:
+        src = f.read()
+    for mod in ("quant_lab", "numfmt", "quantize"):
+        assert mod not in src, mod
+
+
+def test_seed04_names_come_from_decode_lab():
+    import decode_lab
+    for name in ("NGramLM", "TransformerLM", "adjust", "autoregressive_generate", "best_gamma", "expected_tokens",
+                 "ops_factor", "speculative_generate", "walltime_speedup"):
+        assert callable(getattr(decode_lab, name)), name
