@@ -16,7 +16,7 @@ class KVCache:
 
     rollback(n)：丢掉最后 n 个位置（只挪 pos；被丢掉的位置之后会被覆盖）。
     keep(start, offsets)：只留下 start 以后的几个位置、按顺序挪到一起（树形验证之后留下被接受的路径）。
-    quant：None（默认：float64 原样存）或者一个函数 f(块) -> 同形状的块，K 和 V 每次写进缓存时先经过它
+    quant：None（默认：按模型的 dtype 原样存，float64 或 float32）或者一个函数 f(块) -> 同形状的块，K 和 V 每次写进缓存时先经过它
     （量化再反量化：缓存里存的就是低精度的值；第 3 讲 06 用它，见本文件末尾的 quantizing_store）。
     """
 
@@ -25,8 +25,9 @@ class KVCache:
         if max_len > cfg.max_seq:
             raise ValueError(f"KV cache 长度 {max_len} 超过模型的上下文 max_seq = {cfg.max_seq}")
         shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
-        self.k = np.zeros(shape)
-        self.v = np.zeros(shape)
+        dtype = np.dtype(getattr(cfg, "dtype", "float64"))                # 和模型同一个浮点类型
+        self.k = np.zeros(shape, dtype=dtype)
+        self.v = np.zeros(shape, dtype=dtype)
         if quant is not None:
             self.k, self.v = quantizing_store(self.k, quant), quantizing_store(self.v, quant)
         self.batch, self.max_len, self.pos = batch, max_len, 0
@@ -108,7 +109,7 @@ class _QuantizingStore(np.ndarray):
     """
 
     def __setitem__(self, idx, value):
-        np.ndarray.__setitem__(self, idx, self._quant(np.asarray(value, dtype=np.float64)))
+        np.ndarray.__setitem__(self, idx, self._quant(np.asarray(value, dtype=self.dtype)))
 
     def __getitem__(self, idx):
         return np.ndarray.__getitem__(self.view(np.ndarray), idx)

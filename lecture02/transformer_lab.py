@@ -3,8 +3,9 @@ transformer_lab —— 一个 Llama 形状的 numpy transformer：配置、初�
 
 【模型】decoder-only：词嵌入 → n_layers × [RMSNorm → 注意力（RoPE、GQA）→ 残差 → RMSNorm → SwiGLU FFN → 残差]
 → RMSNorm → lm_head（不和词嵌入共享）。权重存成 (输入维, 输出维)，前向是 x @ W（picoGPT 的写法）。
-全部用 **float64** 计算：带 KV cache 的增量 decode 和一次算完整个序列，差别只有浮点舍入（测试断言 < 1e-12），
-而且选出的 token 完全一样——这是后面所有"精确"结论（回滚、投机解码不改变分布）的前提。
+玩具模型和种子全部用 **float64** 计算：带 KV cache 的增量 decode 和一次算完整个序列，差别只有浮点舍入
+（测试断言 < 1e-12），而且选出的 token 完全一样——这是后面所有"精确"结论（回滚、投机解码不改变分布）的前提。
+真实模型（real_model_lab）还可以选 float32（LMConfig.dtype）：快一倍、内存减半，舍入误差大约 1e-5 量级。
 
 【同一讲的其他实验模块】ledger_lab（逐运算的账本：真实运行记的 Counter 和公式算的 analytic_ops，两者逐算子相等）、
 kvcache_lab（KV cache：预先分配的数组 + 位置 pos，回滚、树形遮罩、写入时量化）、flash_lab（分块注意力）。
@@ -38,6 +39,9 @@ __all__ = ["LMConfig", "LEC2_CFG", "random_tokens", "init_params", "config_like"
 # ---------------------------------------------------------------------------
 # 配置与初始化
 # ---------------------------------------------------------------------------
+DTYPES = ("float64", "float32")  # 模型能用的浮点类型（LMConfig.dtype）
+
+
 @dataclass(frozen=True)
 class LMConfig:
     """
@@ -46,6 +50,9 @@ class LMConfig:
     【初始化】词嵌入 N(0, emb_std²)；wq/wk/wv/w_gate/w_up 的标准差 in_gain/√d_model；
     wo 的标准差 wo_gain/√(n_heads·head_dim)；w_down 的标准差 down_gain/√d_ff；lm_head 的标准差 head_gain/√d_model；
     RMSNorm 的权重全为 1。默认值（全是 1）是"方差保持"的初始化；第 3 讲的 QCFG 改了其中几个（见 quant_lab）。
+    【真实模型】tied = True：lm_head 就是词嵌入矩阵的转置（SmolLM2 这样；参数量只算一次）；
+    dtype = "float64"（默认：玩具模型和种子都用它）或 "float32"：模型的权重、激活、RoPE 表、遮罩和 KV cache
+    全部用这个类型（numpy 里 float32 × float64 会升成 float64，所以每一处都要显式地用同一个类型）。
     """
     name: str = "tiny"
     vocab: int = 64
@@ -63,6 +70,8 @@ class LMConfig:
     wo_gain: float = 1.0
     down_gain: float = 1.0
     head_gain: float = 1.0
+    tied: bool = False
+    dtype: str = "float64"
 
     def __post_init__(self):
         for f in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq"):
@@ -73,6 +82,8 @@ class LMConfig:
             raise ValueError(f"n_heads = {self.n_heads} 必须是 n_kv_heads = {self.n_kv_heads} 的整数倍（GQA 分组）")
         if self.head_dim % 2:
             raise ValueError(f"head_dim = {self.head_dim} 必须是偶数（RoPE 把它分成两半旋转）")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"LMConfig.dtype 必须是 {' 或 '.join(DTYPES)}（收到 {self.dtype!r}）")
 
     @property
     def group(self):
@@ -82,7 +93,7 @@ class LMConfig:
         """对应的 llm_math.ModelConfig（参数量、matmul_params、analytic_ops 都用它）。"""
         return ModelConfig(self.name, vocab=self.vocab, d_model=self.d_model, n_layers=self.n_layers,
                            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                           d_ff=self.d_ff, max_seq=self.max_seq)
+                           d_ff=self.d_ff, tied=self.tied, max_seq=self.max_seq)
 
 
 # 第 2 讲的演示模型：Llama 的形状（GQA 组大小 4），尺寸是随意选的小数字，初始化用默认的方差保持尺度（不像语言模型，
@@ -207,12 +218,16 @@ class NumpyTransformer:
       旋转就是乘 e^{iθ}。q·k 对两边同样的重排不变，所以注意力完全一样（缓存里的 K 也是重排后的）。
     这些变换只改变浮点舍入的顺序：测试断言带缓存的 decode 和一次算完的差别 < 1e-12（float64）。
     params 之后不应再修改。
+    【类型】一切按 cfg.dtype（float64 或 float32）算：融合的矩阵、词嵌入、RoPE 表（complex128 / complex64）、遮罩、
+    KV cache 都是这个类型，所以 float32 的模型从头到尾是 float32（测试断言 logits 和缓存的 dtype）。
     """
 
     def __init__(self, params, cfg):
         if len(params["layers"]) != cfg.n_layers:
             raise ValueError(f"params 有 {len(params['layers'])} 层，配置说 n_layers = {cfg.n_layers}")
         self.params, self.cfg = params, cfg
+        dt = self._dt = np.dtype(cfg.dtype)
+        self._cdt = np.dtype(np.complex64 if dt == np.float32 else np.complex128)
         hd, half = cfg.head_dim, cfg.head_dim // 2
         # 每个头内的列重排：新的第 2i 列 = 原来的第 i 列，第 2i+1 列 = 原来的第 half+i 列
         perm = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()
@@ -226,13 +241,14 @@ class NumpyTransformer:
             g1, g2 = sd * L["attn_norm"][:, None], sd * L["mlp_norm"][:, None]
             wq = rope_cols(L["wq"], cfg.n_heads) / math.sqrt(hd)
             wk = rope_cols(L["wk"], cfg.n_kv_heads)
-            wqkv = np.ascontiguousarray(g1 * np.concatenate([wq, wk, L["wv"]], axis=1))
-            wgu = np.ascontiguousarray(g2 * np.concatenate([L["w_gate"], L["w_up"]], axis=1))
-            self._layers.append((wqkv, L["wo"], wgu, L["w_down"]))
-        self._head = sd * params["final_norm"][:, None] * params["lm_head"]
+            wqkv = np.ascontiguousarray(g1 * np.concatenate([wq, wk, L["wv"]], axis=1), dtype=dt)
+            wgu = np.ascontiguousarray(g2 * np.concatenate([L["w_gate"], L["w_up"]], axis=1), dtype=dt)
+            self._layers.append((wqkv, np.asarray(L["wo"], dtype=dt), wgu, np.asarray(L["w_down"], dtype=dt)))
+        self._head = np.ascontiguousarray(sd * params["final_norm"][:, None] * params["lm_head"], dtype=dt)
+        self._embed = np.asarray(params["embed"], dtype=dt)
         inv_freq = cfg.rope_theta ** (-np.arange(half) / half)
-        ang = np.arange(cfg.max_seq)[:, None] * inv_freq[None, :]      # [max_seq, hd/2]
-        self._rot = np.exp(1j * ang)                                   # e^{iθ}，[max_seq, hd/2]
+        ang = np.arange(cfg.max_seq)[:, None] * inv_freq[None, :]      # [max_seq, hd/2]，角度按 float64 算
+        self._rot = np.exp(1j * ang).astype(self._cdt)                 # e^{iθ}，[max_seq, hd/2]
 
     def new_cache(self, batch=1, max_len=None):
         return KVCache(self.cfg, batch, max_len)
@@ -270,12 +286,12 @@ class NumpyTransformer:
         rot = self._rot[p0:S, None, :] if positions is None else self._rot[positions][:, None, :]  # [n, 1, hd/2]
         mask = None
         if attn_mask is not None:  # 树形注意力：调用者给的遮罩
-            mask = np.where(attn_mask, 0.0, -np.inf)
+            mask = np.where(attn_mask, 0.0, -np.inf).astype(self._dt)
         elif n > 1:  # 新位置 i（绝对位置 p0 + i）只能看 ≤ p0 + i 的位置
-            mask = np.where(np.arange(S)[None, :] > (p0 + np.arange(n))[:, None], -np.inf, 0.0)  # [n, S]
+            mask = np.where(np.arange(S)[None, :] > (p0 + np.arange(n))[:, None], -np.inf, 0.0).astype(self._dt)
         add = counter.add if counter is not None else None
         e = ELEMENTWISE_FLOPS
-        x = self.params["embed"][toks]                                   # [B, n, d]
+        x = self._embed[toks]                                            # [B, n, d]
         if add:
             add("embed", 0, 0, x.size * BYTES_PER_EL, 0)
         for li, (wqkv, wo, wgu, wdown) in enumerate(self._layers):
@@ -283,7 +299,7 @@ class NumpyTransformer:
             h = _rms_scale(x, eps_d)
             qkv = h @ wqkv                                               # [B, n, nq + 2·nkv]
             # RoPE：q 和 k 一起，按复数乘 e^{iθ}
-            qk = (qkv[..., :nq + nkv].view(np.complex128).reshape(B, n, H + Hkv, hd // 2) * rot).view(np.float64)
+            qk = (qkv[..., :nq + nkv].view(self._cdt).reshape(B, n, H + Hkv, hd // 2) * rot).view(self._dt)
             cache.k[li, :, :, p0:S] = qk[:, :, H:].transpose(0, 2, 1, 3)
             cache.v[li, :, :, p0:S] = qkv[..., nq + nkv:].reshape(B, n, Hkv, hd).transpose(0, 2, 1, 3)
             K, Vv = cache.k[li, :, :, :S], cache.v[li, :, :, :S]           # [B, Hkv, S, hd]
