@@ -192,6 +192,7 @@ class GGUFFile:
 
         align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
+            # llama.cpp 的 gguf.cpp 也拒绝不是 2 的幂的对齐数（"alignment %zu is not a power of 2"）
             raise ValueError(f"GGUF 文件 {self.path} 的 general.alignment = {align!r} 不合法：应当是 2 的正整数次幂")
         self.alignment = align
 
