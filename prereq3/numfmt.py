@@ -369,8 +369,9 @@ def bits_per_value(kind, n_in=None, group=None):
 #   编码：m = 块的最小值，d = (最大值 − 最小值) / 15，q = min(15, ⌊(x − m) / d + 0.5⌋)。
 # - 4 位的排法（Q4_0 和 Q4_1 一样）：第 j 个字节（j < 16）的**低** 4 位是第 j 个数，**高** 4 位是第 j + 16 个数
 #   （不是相邻两个数拼一个字节）。
-# - 解码在 float32 里算：d、m 从 fp16 变成 float32，d·q 舍入到 float32 再加 m（gguf-py 也是这样两步；ggml 的 C 代码
-#   若被编译器合成一次 FMA，Q4_1 的结果可能差 1 个 float32 的 ulp）。
+# - 解码在 float32 里算：d、m 从 fp16 变成 float32（gguf-py 和 ggml 的 C 代码都这样）。d 只有 11 位有效数字、q 最多
+#   8 位，所以 d·q 在 float32 里是精确的，唯一的舍入是 Q4_1 的 "+ m"：结果就是精确的 d·q + m 舍入到 float32
+#   （用不用 FMA 都一样）。
 # 编码用的是参考实现的"就近取整"，不搜索最优的 d（llama.cpp 的 imatrix / K-quant 那些更好的编码不在这里）。
 __all__ += ["GGUF_BLOCK", "GGUF_BLOCK_BYTES", "GGUF_BITS_PER_WEIGHT", "decode_blocks", "encode_blocks",
             "quantize_gguf"]
