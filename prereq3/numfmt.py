@@ -353,3 +353,134 @@ def bits_per_value(kind, n_in=None, group=None):
     if kind == "fp32":
         return 32.0
     raise ValueError(f"未知的格式 {kind!r}；可用：int8、int4、int3、int4-zp、fp8、mxfp4、mxfp8、nvfp4、bf16、fp16、fp32")
+
+
+# ===========================================================================
+# GGUF 的块格式（llama.cpp / ggml）：Q8_0、Q4_0、Q4_1
+# ===========================================================================
+# 【来源】ggml 的 ggml-common.h（block_q8_0 / block_q4_0 / block_q4_1）、ggml-quants.c（quantize_row_*_ref、
+# dequantize_row_*）；gguf-py 的 quants.py 用 numpy 复刻同样的公式。都是小端，每块 32 个数，块里依次是：
+# - Q8_0：fp16 d，32 个 int8 q；w = d·q。34 字节 / 32 个 = 8.5 位。
+#   编码：d = max|x| / 127，q = round(x / d)（C 的 roundf：一样近时远离 0，不是取偶）。
+# - Q4_0：fp16 d，16 字节 4 位 q；w = d·(q − 8)。18 字节 / 32 = 4.5 位。
+#   编码：取绝对值最大的那个数 x_max（带符号），d = x_max / −8，q = min(15, ⌊x / d + 8.5⌋)——最大的那个数落在
+#   q = 0（−8·d = x_max），刻度是不对称的 −8…7。
+# - Q4_1：fp16 d，fp16 m，16 字节 4 位 q；w = d·q + m。20 字节 / 32 = 5.0 位。
+#   编码：m = 块的最小值，d = (最大值 − 最小值) / 15，q = min(15, ⌊(x − m) / d + 0.5⌋)。
+# - 4 位的排法（Q4_0 和 Q4_1 一样）：第 j 个字节（j < 16）的**低** 4 位是第 j 个数，**高** 4 位是第 j + 16 个数
+#   （不是相邻两个数拼一个字节）。
+# - 解码在 float32 里算：d、m 从 fp16 变成 float32（gguf-py 和 ggml 的 C 代码都这样）。d 只有 11 位有效数字、q 最多
+#   8 位，所以 d·q 在 float32 里是精确的，唯一的舍入是 Q4_1 的 "+ m"：结果就是精确的 d·q + m 舍入到 float32
+#   （用不用 FMA 都一样）。
+# 编码用的是参考实现的"就近取整"，不搜索最优的 d（llama.cpp 的 imatrix / K-quant 那些更好的编码不在这里）。
+__all__ += ["GGUF_BLOCK", "GGUF_BLOCK_BYTES", "GGUF_BITS_PER_WEIGHT", "decode_blocks", "encode_blocks",
+            "quantize_gguf"]
+
+GGUF_BLOCK = 32
+GGUF_BLOCK_BYTES = {"Q8_0": 2 + 32, "Q4_0": 2 + 16, "Q4_1": 2 + 2 + 16}
+GGUF_BITS_PER_WEIGHT = {k: 8 * v / GGUF_BLOCK for k, v in GGUF_BLOCK_BYTES.items()}  # 8.5、4.5、5.0
+
+# 一个字节 -> 它的低 4 位 / 高 4 位（float32），查表比先移位再转类型快
+_NIB_LO = (np.arange(256) & 0x0F).astype(np.float32)
+_NIB_HI = (np.arange(256) >> 4).astype(np.float32)
+
+
+def _check_block_kind(kind):
+    if kind not in GGUF_BLOCK_BYTES:
+        raise ValueError(f"未知的 GGUF 块格式 {kind!r}；可用：{', '.join(GGUF_BLOCK_BYTES)}")
+    return GGUF_BLOCK_BYTES[kind]
+
+
+def _fp16_field(blocks, start):
+    """每块第 start、start+1 字节上的 fp16 -> float32 的列 [n_blocks, 1]。"""
+    return np.ascontiguousarray(blocks[:, start:start + 2]).view("<f2").astype(np.float32)
+
+
+def decode_blocks(raw, kind):
+    """
+    把 GGUF 块格式的字节解码成权重 -> float32 的一维数组（n_blocks × 32 个数，按文件里的顺序）。
+
+    【推导】见本节开头：Q8_0 w = d·q；Q4_0 w = d·(q − 8)；Q4_1 w = d·q + m；都在 float32 里算。
+    【参数】raw：uint8 数组或 bytes（长度是块字节数的整数倍）；kind："Q8_0"、"Q4_0"、"Q4_1"。
+    【边界】长度不是整块时抛 ValueError；空输入得到空数组。
+    """
+    nb = _check_block_kind(kind)
+    raw = np.frombuffer(raw, dtype=np.uint8) if isinstance(raw, (bytes, bytearray)) else np.asarray(raw, np.uint8)
+    raw = raw.reshape(-1)
+    if raw.size % nb:
+        raise ValueError(f"{kind} 每块 {nb} 字节，{raw.size} 字节不是整块")
+    blocks = raw.reshape(-1, nb)                      # [n_blocks, nb]
+    d = _fp16_field(blocks, 0)                         # [n_blocks, 1]
+    if kind == "Q8_0":
+        q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.float32)
+        return (q * d).reshape(-1)
+    qs = blocks[:, nb - 16:]                           # [n_blocks, 16]：第 j 字节 = 第 j 个（低 4 位）和第 j+16 个（高 4 位）
+    out = np.empty((blocks.shape[0], GGUF_BLOCK), dtype=np.float32)
+    out[:, :16] = _NIB_LO[qs]
+    out[:, 16:] = _NIB_HI[qs]
+    if kind == "Q4_0":
+        out -= np.float32(8)
+        out *= d
+    else:  # Q4_1
+        out *= d
+        out += _fp16_field(blocks, 2)
+    return out.reshape(-1)
+
+
+def _roundf(x):
+    """C 的 roundf：就近取整，一样近时远离 0（np.round 是取偶，不一样）。"""
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def encode_blocks(w, kind):
+    """
+    把权重编码成 GGUF 块格式的字节 -> uint8 的一维数组（n_blocks × 块字节数），用 llama.cpp 参考实现的公式。
+
+    【推导】见本节开头（Q8_0：d = max|x|/127；Q4_0：d = x_max/−8；Q4_1：d = (max − min)/15，m = min）。
+    先把 w 转成 float32（llama.cpp 量化的是 float32 的行），按 C 顺序拉平，每 32 个一块。
+    【边界】元素个数不是 32 的倍数时抛 ValueError；全 0 的块 d = 0、q 全 0（Q4_0 是 q = 8），解码回 0。
+    """
+    nb = _check_block_kind(kind)
+    x = np.asarray(w, dtype=np.float32).reshape(-1)
+    if x.size % GGUF_BLOCK:
+        raise ValueError(f"{kind} 每块 {GGUF_BLOCK} 个数，{x.size} 个数不是整块")
+    x = x.reshape(-1, GGUF_BLOCK)                      # [n_blocks, 32]
+    out = np.empty((x.shape[0], nb), dtype=np.uint8)
+    with np.errstate(divide="ignore"):
+        if kind == "Q8_0":
+            d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+            inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+            q = _roundf(x * inv).astype(np.int8)
+            out[:, 2:] = q.view(np.uint8)
+        else:
+            if kind == "Q4_0":
+                xmax = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+                d = xmax / np.float32(-8)
+                inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+                q = np.floor(x.astype(np.float64) * inv + 8.5)   # 参考实现：(int8)(x·id + 8.5f)，截断
+            else:
+                lo = x.min(axis=1, keepdims=True)
+                d = (x.max(axis=1, keepdims=True) - lo) / np.float32(15)
+                inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+                q = np.floor((x - lo) * inv + np.float32(0.5))
+                out[:, 2:4] = lo.astype("<f2").view(np.uint8)
+            q = np.clip(q, 0, 15).astype(np.uint8)
+            out[:, nb - 16:] = q[:, :16] | (q[:, 16:] << 4)
+    out[:, 0:2] = d.astype("<f2").view(np.uint8)
+    return out.reshape(-1)
+
+
+def quantize_gguf(w, kind):
+    """
+    按 GGUF 的块格式量化再反量化 -> w'（float64，和 w 同形状），w 按课程的 [输入维, 输出维] 存。
+
+    【推导】GGUF 的矩阵是 [out, in]，块沿输入维（连续的那一维）：所以对 w.T 的每一行每 32 个一块，
+    encode_blocks 再 decode_blocks。每个数的位数见 GGUF_BITS_PER_WEIGHT（含 scale 和 min）。
+    【边界】输入维不是 32 的倍数时抛 ValueError。
+    """
+    w = np.asarray(w, dtype=np.float64)
+    n_in, n_out = w.shape
+    if n_in % GGUF_BLOCK:
+        raise ValueError(f"GGUF 的块是 {GGUF_BLOCK} 个数，输入维 {n_in} 必须是它的倍数")
+    deq = decode_blocks(encode_blocks(w.T, kind), kind)
+    return deq.astype(np.float64).reshape(n_out, n_in).T.copy()
