@@ -420,6 +420,21 @@ def test_smollm2_chat_ids_by_hand(smollm2):
     assert smollm2.chat("What is the capital of France?") == [i for i, _ in expected]
 
 
+def test_smollm2_chat_matches_the_files_template(smollm2, fixture_cases):
+    """
+    文件的 tokenizer.chat_template（jinja2 渲染，add_generation_prompt=True）给的 HF id：
+    只有 user 消息时模板自己加默认 system 轮 -> chat(text, system=那句默认话)；给了 system 消息 -> chat(text, system=它)。
+    不给 system 的 chat(text)（本课程用的形式）正好是模板 id 去掉 system 轮的后半段。
+    """
+    default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    first, second = fixture_cases["chat_cases"]
+    question = first["messages"][0]["content"]
+    assert smollm2.chat(question, system=default_system) == first["ids"]
+    assert smollm2.chat(question, system=second["messages"][0]["content"]) == second["ids"]
+    plain = smollm2.chat(question)
+    assert first["ids"][-len(plain):] == plain and first["ids"][-len(plain) - 2:-len(plain)] == [2, 198]
+
+
 def test_smollm2_digits_are_single_tokens(smollm2):
     """
     数字单切：" 2026" = Ġ 2 0 2 6（id 216 34 32 34 38）。SmolLM2 就是这样训练的：词表里除了 0–9 本身，没有一个
