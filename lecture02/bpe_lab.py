@@ -9,9 +9,9 @@ bpe_lab —— SmolLM2 的分词器：GPT-2 式字节级 BPE（byte-level BPE）
    单独成一段。
 3. GPT-2 的预分词正则，在第 2 步切出的每一段里各自跑：
    's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+
-   （缩写只认小写：'S 不算；空白串在下一个非空白字符前留下最后一个空格，让它和后面的词连成 " word"）。
+   （缩写只认小写：'S 不算；空白串在下一个非空白字符前留下最后一个空白字符，是空格时它和后面的词连成 " word"）。
 4. 字节级：每一片（piece）编成 UTF-8 字节，每个字节按 GPT-2 的 bytes_to_unicode 表换成一个可见字符
-   （空格 → "Ġ"，换行 → "Ċ"），于是 BPE 在"字节"上做，任何文本都不会有未登录字符。
+   （空格 → "Ġ"，换行 → "Ċ"），于是 BPE 在"字节"上做：词表有全部 256 个单字节 token 时，任何文本都编得出来。
 5. BPE：从单字节符号开始，反复找相邻两个符号里 merge 表中排名最靠前（rank 最小）的一对，把这一对在整片里从左到右
    全部合并；没有可合并的一对时停。rank = merges 列表里的下标（列表顺序就是训练时学到 merge 的顺序）。
    每片的结果按片缓存（同一片永远得到同样的 id）。
@@ -33,13 +33,19 @@ encode(text, parse_special=False) 就是这个行为。llama.cpp 解码时 CONTR
 （common_token_to_piece 默认 true）。本模块的 decode 总是给出特殊 token 的字符串。
 注意：默认行为下，用户文本里写的 "<|im_end|>" 会真的结束一个对话轮——把不可信文本放进 chat() 前想清楚。
 
+【词表缺的字节】SmolLM2 的词表只有 235 个单字节 token，缺 21 个：0x04 0x06 0x13 0x14 0x16 0x1D 六个控制字符，
+UTF-8 里永远不出现的 0xC0 0xC1 0xF5–0xFF，和只出现在 U+40000–U+BFFFF（未分配的第 4–11 平面）里的 0xF1 0xF2。
+含这些字节的文本编码不出来：HF（unk_token 为空）在每一片里悄悄丢掉这些字节，本模块抛 ValueError（属性
+missing_bytes 列出它们）。其余文本 decode(encode(text)) == text。
+
 【和参考实现逐 id 对过】tests/fixtures/smollm2_tokenizer_ids.json：用 tokenizers 包（HF）按 SmolLM2 的 tokenizer.json
 的配置、同一份词表和 merge 表编码的一批难文本（CJK、各类数字、组合附加符、emoji 和 ZWJ 序列、空白串、缩写、
 特殊 token、仓库自己的文件），做法见 tests/fixtures/make_tokenizer_fixture.py。
 
 【出处】
 - llama.cpp src/llama-vocab.cpp：LLAMA_VOCAB_PRE_TYPE_SMOLLM 的 regex_exprs = { "\\p{N}", 上面的 GPT-2 正则
-  （去掉最后的 |\\s+；它的 unicode.cpp 对这条正则用手写的切分，行为含 \\s+ 这一支）}，BPE 合并按 rank 用优先队列；
+  （少了最后的 |\\s+；unicode.cpp 认出这条正则，交给手写的 unicode_regex_split_custom_gpt2，不剩下没切的字符）}，
+  第二条只在第一条切出的段里匹配；BPE 合并按 rank 用优先队列；
 - Hugging Face tokenizers：pre_tokenizers/digits.rs（individual_digits 时按 char::is_numeric 单切，Isolated）、
   pre_tokenizers/byte_level.rs（GPT-2 正则 + bytes_to_unicode）；SmolLM2 的 tokenizer.json：
   normalizer null，pre_tokenizer Sequence[Digits(individual_digits=true), ByteLevel(add_prefix_space=false,
@@ -154,7 +160,7 @@ def pre_tokenize(text: str) -> List[str]:
     "不含数字的一段"和"单个数字"交替的若干段，ByteLevel 的正则只在每段内部匹配——所以 "abc 2026" 是
     ["abc", " ", "2", "0", "2", "6"]：空格到了段尾，和后面的 "2" 分开了（GPT-2 原版会切成 " 2026"）。
     llama.cpp 的 smollm 是同一件事：regex_exprs 的第二条正则只在第一条（"\\p{N}"）切出的段内匹配。
-    【边界】空串 → []。正则的最后一支 \\s+ 兜底，任何字符都会落进某一片，所以不会丢字符。
+    【边界】空串 → []。字母、数字、空白、其他四类字符各有一支能匹配它，findall 不会跳过字符，所以不会丢字符。
     """
     digit_re, gpt2_re = _regexes()
     pieces: List[str] = []
@@ -224,7 +230,8 @@ class BPETokenizer:
     - bos_id / eos_id：记下来给调用方用（eos_id 是一轮对话结束的 id）；encode 不自动加 BOS（SmolLM2 的
       add_bos_token 是 false）。
     属性：tokens、merges（(左, 右) 的列表）、ranks、token_types、special_ids（{字符串: id}）、vocab（{字符串: id}）、
-    bos_id、eos_id、im_start_id / im_end_id（词表里有 "<|im_start|>" / "<|im_end|>" 时的 id，否则 None）。
+    bos_id、eos_id、im_start_id / im_end_id（词表里有 "<|im_start|>" / "<|im_end|>" 时的 id，否则 None）、
+    missing_bytes（词表里没有单字节 token 的字节，升序；含它们的文本 encode 抛 ValueError）。
     """
 
     def __init__(self, tokens: Sequence[str], merges: Sequence, token_types: Optional[Sequence[int]] = None,
@@ -282,6 +289,7 @@ class BPETokenizer:
             if value is not None and not 0 <= value < len(self.tokens):
                 raise ValueError(f"{name} = {value} 不在 0..{len(self.tokens) - 1} 里")
         self.bos_id, self.eos_id = bos_id, eos_id
+        self.missing_bytes = [b for b in range(256) if self.byte_to_char[b] not in self.vocab]
         self.im_start_id = self.special_ids.get("<|im_start|>")
         self.im_end_id = self.special_ids.get("<|im_end|>")
         # 特殊 token 的切分正则：按长度从长到短排，re 的"最左、先列出的先赢"就成了最左最长匹配（和 HF 一样）
@@ -332,10 +340,10 @@ class BPETokenizer:
         for c in symbols:
             if c not in self.vocab:
                 b = self.char_to_byte[c]
-                raise ValueError(f"{piece!r} 里的字节 0x{b:02X} 在词表里没有单字节 token，编码不出来：SmolLM2 的词表"
-                                 f"缺 21 个字节（0x04 0x06 0x13 0x14 0x16 0x1D 这几个控制字符、永远不出现在 UTF-8 里的"
-                                 f" 0xC0 0xC1 0xF5–0xFF，和只出现在 U+40000–U+BFFFF 里的 0xF1 0xF2）。"
-                                 f"HF tokenizers（unk_token 为空）会悄悄丢掉这个字节，本模块报错")
+                listed = " ".join(f"0x{m:02X}" for m in self.missing_bytes)
+                raise ValueError(f"{piece!r} 里的字节 0x{b:02X} 在词表里没有单字节 token，编码不出来（词表缺 "
+                                 f"{len(self.missing_bytes)} 个字节：{listed}）。HF tokenizers（unk_token 为空）"
+                                 f"会悄悄丢掉这个字节，本模块报错")
         ids = tuple(self.vocab[s] for s in bpe_merge(symbols, self.ranks))
         self._cache[piece] = ids
         return ids
@@ -345,8 +353,8 @@ class BPETokenizer:
 
         【参数】parse_special：True（默认，和 HF 一样）时文本里的特殊 token 字符串变成它的 id；
         False（llama.cpp 的 common_tokenize 的默认）时它们也当普通文本切。
-        【边界】空串 → []。含孤立代理（U+D800–DFFF，不是合法的 Unicode 标量值）或词表缺的字节时抛 ValueError。
-        decode(encode(text)) == text 对其余任何文本成立。
+        【边界】空串 → []。含孤立代理（U+D800–DFFF，不是合法的 Unicode 标量值）或词表缺的字节（missing_bytes）
+        时抛 ValueError。decode(encode(text)) == text 对其余任何文本成立。
         """
         if not isinstance(text, str):
             raise ValueError(f"text 要一个 str，收到 {type(text).__name__}")

@@ -32,13 +32,15 @@ TINY_MERGES = [
     "b c",        # 9 -> bc     265
     "a b",        # 10 -> ab    266
     "a bc",       # 11 -> abc   267
+    "2 0",        # 12 -> 20    270（排在两个特殊 token 后面）：数字单切时它永远用不上
 ]
 TINY_MERGED = ["ll", "he", "hell", "hello", "Ġw", "or", "Ġwor", "Ġworl", "Ġworld", "bc", "ab", "abc"]
 TINY_SPECIAL = ["<|im_end|>", "<|im_start|>"]          # 268, 269
+TINY_TYPES = [1] * (256 + len(TINY_MERGED)) + [3] * len(TINY_SPECIAL) + [1]
 
 
 def tiny_tokens():
-    return [_B[b] for b in range(256)] + TINY_MERGED + TINY_SPECIAL
+    return [_B[b] for b in range(256)] + TINY_MERGED + TINY_SPECIAL + ["20"]
 
 
 def tiny(merges=None, drop_bytes=()):
@@ -46,7 +48,7 @@ def tiny(merges=None, drop_bytes=()):
     tokens = tiny_tokens()
     for b in drop_bytes:
         tokens[b] = f"<unused{b}>"
-    types = [1] * (256 + len(TINY_MERGED)) + [3] * len(TINY_SPECIAL)
+    types = list(TINY_TYPES)
     for b in drop_bytes:
         types[b] = 5        # UNUSED：不当特殊 token，也不参与解码以外的任何事
     return BPETokenizer(tokens, TINY_MERGES if merges is None else merges, types, eos_id=268)
@@ -82,6 +84,18 @@ def test_hand_worked_merges_on_tiny_vocab():
     assert tok.encode("abcabc") == [267, 267]
     assert tok.encode("hex") == [257, 120]           # he + x（x = 0x78 = 120）
     assert tok.encode("") == []
+
+
+def test_digits_never_merge():
+    """
+    小词表里有 merge "2 0"（rank 12），但数字单切让每个数字自成一片，BPE 看不到 (2, 0) 这一对：
+    "2026" = [50, 48, 50, 54]（'2' 0x32 = 50，'0' 48，'6' 54）；"a20" = [97, 50, 48]。
+    同一对符号直接交给 bpe_merge 就会合成 "20"。
+    """
+    tok = tiny()
+    assert tok.encode("2026") == [50, 48, 50, 54]
+    assert tok.encode("a20") == [97, 50, 48]
+    assert bpe_merge(["2", "0"], tok.ranks) == ["20"]
 
 
 def test_bpe_merge_function_directly():
@@ -146,6 +160,7 @@ PRE_TOKENIZE_CASES = [
     ("👨\u200d👩\u200d👧", ["👨\u200d👩\u200d👧"]),
     # U+001C 不是空白（Python 的 str.isspace 说是，Unicode 的 White_Space 说不是）；NBSP、全角空格是空白
     ("a\x1cb", ["a", "\x1c", "b"]),
+    ("x \x1cy", ["x", " \x1c", "y"]),        # 把 U+001C 当空白会切成 "x" " " "\x1c" "y"
     ("a\u00a0b", ["a", "\u00a0", "b"]),
     ("a\u3000 b", ["a", "\u3000", " b"]),
     ("", []),
@@ -243,7 +258,7 @@ def meta(**override):
     """一份最小的 GGUF 元数据（小词表），override 里的键覆盖或删除（值为 None 时删除）。"""
     m = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tiny_tokens(),
          "tokenizer.ggml.merges": list(TINY_MERGES),
-         "tokenizer.ggml.token_type": [1] * (256 + len(TINY_MERGED)) + [3, 3],
+         "tokenizer.ggml.token_type": list(TINY_TYPES),
          "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.bos_token_id": 269, "tokenizer.ggml.eos_token_id": 268}
     for k, v in override.items():
         key = "tokenizer.ggml." + k
@@ -291,14 +306,15 @@ def test_merges_as_pairs_are_accepted():
 
 def test_encode_errors():
     tok = tiny(drop_bytes=(0x04,))
-    with pytest.raises(ValueError, match="字节 0x04 在词表里没有单字节 token"):
+    assert tok.missing_bytes == [0x04] and tiny().missing_bytes == []
+    with pytest.raises(ValueError, match="字节 0x04 在词表里没有单字节 token.*词表缺 1 个字节：0x04"):
         tok.encode("a\x04b")
     with pytest.raises(ValueError, match="孤立代理 U\\+D800"):
         tok.encode("ok\ud800")
     with pytest.raises(ValueError, match="要一个 str"):
         tok.encode(b"bytes")
-    with pytest.raises(ValueError, match="id 270 不在 0..269 里"):
-        tok.decode([1, 270])
+    with pytest.raises(ValueError, match="id 271 不在 0..270 里"):
+        tok.decode([1, 271])
     with pytest.raises(ValueError, match="id 要整数"):
         tok.decode(["a"])
     with pytest.raises(ValueError, match="不是 ChatML"):
@@ -345,6 +361,8 @@ def test_smollm2_vocab_facts(smollm2):
     assert sorted(smollm2.special_ids.values()) == list(range(17))
     assert (smollm2.im_start_id, smollm2.im_end_id, smollm2.eos_id) == (1, 2, 2)
     assert smollm2.merges[0] == ("Ġ", "t")
+    assert smollm2.missing_bytes == [0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2,
+                                     0xF5, 0xF6, 0xF7, 0xF8, 0xF9, 0xFA, 0xFB, 0xFC, 0xFD, 0xFE, 0xFF]
 
 
 def test_smollm2_matches_hf_ids(smollm2, fixture_cases):
@@ -366,7 +384,7 @@ def test_smollm2_matches_hf_ids(smollm2, fixture_cases):
         assert smollm2.encode(text, parse_special=False) == as_text, label
         assert smollm2.decode(case["ids"]) == text == case["hf_decoded"], label
         compared += 1
-    assert compared == 44
+    assert compared == 45
     for case in fixture_cases["decode_cases"]:
         assert smollm2.decode(case["ids"]) == case["hf_text"]
 
@@ -402,10 +420,34 @@ def test_smollm2_chat_ids_by_hand(smollm2):
     assert smollm2.chat("What is the capital of France?") == [i for i, _ in expected]
 
 
+def test_smollm2_chat_matches_the_files_template(smollm2, fixture_cases):
+    """
+    文件的 tokenizer.chat_template（jinja2 渲染，add_generation_prompt=True）给的 HF id：
+    只有 user 消息时模板自己加默认 system 轮 -> chat(text, system=那句默认话)；给了 system 消息 -> chat(text, system=它)。
+    不给 system 的 chat(text)（本课程用的形式）正好是模板 id 去掉 system 轮的后半段。
+    """
+    default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    first, second = fixture_cases["chat_cases"]
+    question = first["messages"][0]["content"]
+    assert smollm2.chat(question, system=default_system) == first["ids"]
+    assert smollm2.chat(question, system=second["messages"][0]["content"]) == second["ids"]
+    plain = smollm2.chat(question)
+    assert first["ids"][-len(plain):] == plain and first["ids"][-len(plain) - 2:-len(plain)] == [2, 198]
+
+
 def test_smollm2_digits_are_single_tokens(smollm2):
-    """数字单切：" 2026" = Ġ 2 0 2 6（id 216 34 32 34 38），不会有 "2026" 或 "Ġ2" 这样的 token 出现。"""
+    """
+    数字单切：" 2026" = Ġ 2 0 2 6（id 216 34 32 34 38）。SmolLM2 就是这样训练的：词表里除了 0–9 本身，没有一个
+    token 的字节里有 ASCII 数字（所以在这个词表上，少了数字单切，ASCII 数字串的 id 也不变——要靠小词表的
+    test_digits_never_merge 和预分词的用例抓这个 bug）。
+    """
     assert smollm2.encode(" 2026") == [216, 34, 32, 34, 38]
     assert [smollm2.tokens[i] for i in (216, 34, 32, 38)] == ["Ġ", "2", "0", "6"]
+    table = bytes_to_unicode()
+    digit_chars = {table[b] for b in b"0123456789"}
+    with_digit = [t for t in smollm2.tokens if len(t) > 1 and any(c in digit_chars for c in t)
+                  and t not in smollm2.special_ids]
+    assert with_digit == []
 
 
 def test_smollm2_round_trip_random_text(smollm2):
