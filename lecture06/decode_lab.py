@@ -40,6 +40,7 @@ from transformer_lab import NumpyTransformer, sample_inverse_cdf, softmax  # noq
 from spec_math_lab import best_gamma, expected_tokens, ops_factor, walltime_speedup  # noqa: E402,F401（种子 04 从这里导入）
 
 __all__ = ["TransformerLM", "NGramLM", "adjust", "autoregressive_generate", "speculative_generate", "verify_chain",
+           "sample_from_prompts",
            "residual_distribution", "speculative_step_probs", "acceptance_beta", "acceptance_rate", "alphas_on_text",
            "expected_tokens", "walltime_speedup", "ops_factor", "best_gamma"]
 
@@ -191,6 +192,31 @@ def speculative_step_probs(target_probs, draft_probs):  # [V], [V] -> [V]
     return out
 
 
+def _stop_set(stop):
+    """停止 token 的集合（None = 不停）。【边界】不是整数的 id 抛 ValueError。"""
+    if stop is None:
+        return frozenset()
+    ids = [stop] if isinstance(stop, (int, np.integer)) else list(stop)
+    for t in ids:
+        if not (isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0):
+            raise ValueError(f"停止 token 必须是 ≥ 0 的整数 id（收到 {t!r}）")
+    return frozenset(int(t) for t in ids)
+
+
+def _finish(seq, n0, n_new, stop):
+    """新 token（seq[n0:]）截到 n_new 个、并截到第一个停止 token（含它）-> int 数组。"""
+    new = seq[n0:n0 + n_new]
+    for i, t in enumerate(new):
+        if t in stop:
+            return np.asarray(new[:i + 1], dtype=np.int64)
+    return np.asarray(new, dtype=np.int64)
+
+
+def _stopped(seq, start, stop):
+    """seq[start:] 里有停止 token 吗（一轮新加的 token 里）。"""
+    return bool(stop) and any(t in stop for t in seq[start:])
+
+
 def _vocab(model):
     return model.cfg.vocab if hasattr(model, "cfg") else model.table.shape[-1]
 
@@ -248,23 +274,58 @@ def verify_chain(target_probs, draft_probs, drafts, rng):  # [k + 1, V], k × [V
 # ---------------------------------------------------------------------------
 # 生成
 # ---------------------------------------------------------------------------
-def autoregressive_generate(model, prompt, n_new, T, rng, counter=None):
+def autoregressive_generate(model, prompt, n_new, T, rng, counter=None, stop=None):
     """
     普通的自回归生成 -> int 数组 [n_new]（不含提示）。每个新 token 一次前向；第一次前向覆盖整个提示。
 
-    【参数】T：温度（0 = 贪心）；rng：np.random.Generator（每个 token 用一个均匀数）；counter：记目标模型的账。
+    【参数】T：温度（0 = 贪心）；rng：np.random.Generator（每个 token 用一个均匀数）；counter：记目标模型的账；
+    stop：停止 token 的 id（一个或几个；默认 None = 不停，种子的调用不变）。
+    【停止】抽到停止 token 就结束：它是返回的最后一个 token（所以输出可能短于 n_new）；之后不再前向。
     """
     adjust(np.zeros(1), T)  # 尽早检查 T
+    stop = _stop_set(stop)
     seq = _check_generation(prompt, n_new, [model])
     n0 = len(seq)
     sess = model.session()
     for _ in range(n_new):
         probs = adjust(sess.logits(seq, counter)[-1], T)
         seq.append(int(sample_inverse_cdf(probs, rng.random())))
+        if seq[-1] in stop:
+            break
     return np.asarray(seq[n0:], dtype=np.int64)
 
 
-def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=None):
+def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
+    """
+    从给定的提示成批地生成（模型自己的"文本"）-> list：每个提示 n_per_prompt 条，每条是新 token 的 int 数组。
+
+    【做法】同一个提示的 n_per_prompt 条序列放在一批里：一次前向喂整个提示，然后每步一次 [n, 1] 的前向（一个 KV cache）。
+    每步每条序列一个 rng.random()（按序列的顺序），CDF 反查；停下的序列照样消耗随机数、照样前向（结果丢掉），
+    所以一条序列抽到什么只取决于种子和它的位置。第 3、6 讲用它在真实模型上取"模型自己的文本"
+    （quant_lab.sample_tokens 从一个均匀随机的 token 开始，对真实词表不合适）。
+    【参数】model：TransformerLM（或任何 NumpyTransformer）；prompts：token id 的 list 的 list；
+    stop：停止 token（每条序列截到第一个停止 token，含它）；T = 0 是贪心（同一个提示的各条相同）。
+    【边界】n_per_prompt、n_new < 1，空提示、越界的 token、提示 + n_new − 1 超过上下文：ValueError。
+    """
+    adjust(np.zeros(1), T)
+    stop = _stop_set(stop)
+    if not (isinstance(n_per_prompt, (int, np.integer)) and not isinstance(n_per_prompt, bool) and n_per_prompt >= 1):
+        raise ValueError(f"n_per_prompt 必须是 ≥ 1 的整数（收到 {n_per_prompt!r}）")
+    out = []
+    for prompt in prompts:
+        seq = _check_generation(prompt, n_new, [model])
+        cache = model.new_cache(n_per_prompt, len(seq) + n_new - 1)
+        logits = model.forward(np.tile(np.asarray(seq), (n_per_prompt, 1)), cache)[:, -1]   # [n, V]
+        toks = np.zeros((n_per_prompt, n_new), dtype=np.int64)
+        for t in range(n_new):
+            toks[:, t] = sample_inverse_cdf(adjust(logits, T), rng.random(n_per_prompt))
+            if t + 1 < n_new:
+                logits = model.forward(toks[:, t:t + 1], cache)[:, -1]
+        out += [_finish(list(row), 0, n_new, stop) for row in toks]
+    return out
+
+
+def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=None, stop=None):
     """
     投机解码（Leviathan 算法 1）-> (新 token 的 int 数组 [n_new], stats)。
 
@@ -277,16 +338,21 @@ def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=
       4. 有拒绝（位置 n + 1）：从 norm(max(0, p_{n+1} − q_{n+1})) 抽修正 token；全部接受：从 p_{γ+1} 抽额外的 token；
       5. 两个模型的缓存都回滚到已确定的序列（新抽的那个 token 还没喂过）。
     每轮都草稿 γ 个；最后输出截到 n_new 个。
+    【停止】stop（停止 token 的 id，默认 None = 不停）：一轮留下的 token（被接受的草稿 + 修正 / 额外的 token）里出现停止
+    token，就在它之后截断（它是输出的最后一个 token）并结束，不再开新的一轮；stats 记的是实际跑过的轮：
+    target_calls 不变，accepted 是验证规则在每轮接受的个数（最后一轮停止 token 之后被接受、又被截掉的草稿也算在内，
+    和"截到 n_new"时一样）。T = 0 时输出正好是带同样停止 token 的贪心序列（测试断言）。
     【边界】γ < 1 抛 ValueError（γ = 0 就是普通解码，用 autoregressive_generate）；T = 0 时输出正好是目标模型的贪心序列。
     """
     if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
         raise ValueError(f"草稿长度 γ 必须是 ≥ 1 的整数（收到 {gamma!r}）；γ = 0 是普通解码")
     adjust(np.zeros(1), T)
+    stop = _stop_set(stop)
     seq = _check_generation(prompt, n_new, [target, draft], gamma)
     n0 = len(seq)
     t_sess, d_sess = target.session(), draft.session()
     calls, accepted = 0, []
-    while len(seq) - n0 < n_new:
+    while len(seq) - n0 < n_new and not _stopped(seq, n0, stop):
         # 1. 草稿 γ 个
         drafts, qs = [], []
         for _ in range(gamma):
@@ -303,7 +369,7 @@ def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=
         # 5. 回滚：两个模型都只保留已确定的前缀（最后一个新 token 下一轮再喂）
         t_sess.truncate(len(seq) - 1)
         d_sess.truncate(len(seq) - 1)
-    return np.asarray(seq[n0:n0 + n_new], dtype=np.int64), {"target_calls": calls, "accepted": accepted}
+    return _finish(seq, n0, n_new, stop), {"target_calls": calls, "accepted": accepted}
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ lookup_lab —— 不用模型的草稿和会照抄的目标：prompt lookup（v
 """
 import numpy as np
 
-from decode_lab import _check_generation, _vocab, adjust, verify_chain  # noqa: E402
+from decode_lab import _check_generation, _finish, _stop_set, _stopped, _vocab, adjust, verify_chain  # noqa: E402
 from transformer_lab import sample_inverse_cdf, softmax  # noqa: E402（decode_lab 已把 lecture02 放到 sys.path 上）
 
 __all__ = ["PromptLookup", "induction_token", "CopyingLM", "speculative_generate_adaptive"]
@@ -113,7 +113,8 @@ class _CopySession:
         self.inner.truncate(m)
 
 
-def speculative_generate_adaptive(target, draft, prompt, n_new, gamma, T, rng, gamma_max=None, counter_t=None):
+def speculative_generate_adaptive(target, draft, prompt, n_new, gamma, T, rng, gamma_max=None, counter_t=None,
+                                  stop=None):
     """
     草稿长度可变的投机解码 -> (新 token 的 int 数组 [n_new], stats)；每轮的接受 / 拒绝和 speculative_generate 完全一样。
 
@@ -123,6 +124,7 @@ def speculative_generate_adaptive(target, draft, prompt, n_new, gamma, T, rng, g
     测试断言）。否则按 Hugging Face transformers 的 "heuristic" 规则：这一轮的草稿全部被接受，下一轮 γ + 2
     （不超过 gamma_max）；有拒绝就 γ − 1（不少于 1）；这一轮没有草稿（prompt lookup 找不到）时不变。
     stats：target_calls（轮数）、accepted（每轮接受的个数）、drafted（每轮草稿的个数）。
+    stop：停止 token，规则同 decode_lab.speculative_generate。
     【边界】gamma < 1、gamma_max < gamma 抛 ValueError；上下文按 gamma_max（或 gamma）检查。
     """
     g_top = gamma if gamma_max is None else gamma_max
@@ -139,7 +141,8 @@ def speculative_generate_adaptive(target, draft, prompt, n_new, gamma, T, rng, g
     d_sess = None if lookup else draft.session()
     V = _vocab(target)
     calls, accepted, drafted, g = 0, [], [], int(gamma)
-    while len(seq) - n0 < n_new:
+    stop = _stop_set(stop)
+    while len(seq) - n0 < n_new and not _stopped(seq, n0, stop):
         # 1. 草稿
         if lookup:
             drafts = draft.propose(seq, g)
@@ -166,5 +169,4 @@ def speculative_generate_adaptive(target, draft, prompt, n_new, gamma, T, rng, g
         # 6. 下一轮的 γ
         if gamma_max is not None and k > 0:
             g = min(g + 2, gamma_max) if n == k else max(g - 1, 1)
-    return (np.asarray(seq[n0:n0 + n_new], dtype=np.int64),
-            {"target_calls": calls, "accepted": accepted, "drafted": drafted})
+    return _finish(seq, n0, n_new, stop), {"target_calls": calls, "accepted": accepted, "drafted": drafted}

@@ -7,7 +7,7 @@ SpecInfer（Miao et al. 2024，arXiv 2305.09781）的多步投机采样：一个
 """
 import numpy as np
 
-from decode_lab import _check_generation, acceptance_beta, adjust, residual_distribution  # noqa: E402
+from decode_lab import _check_generation, _finish, _stop_set, _stopped, acceptance_beta, adjust, residual_distribution  # noqa: E402
 from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # noqa: E402
 
 __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
@@ -122,7 +122,7 @@ def tree_parents(branching):
     return parents
 
 
-def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, counter_t=None):
+def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, counter_t=None, stop=None):
     """
     树形投机解码 -> (新 token 的 int 数组 [n_new], stats)，约定同 speculative_generate：
     stats["target_calls"] = 轮数 = 目标模型的前向次数；stats["accepted"] = 每轮被接受的深度（0..len(branching)）的列表。
@@ -136,6 +136,7 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
       4. 两个模型的缓存都只留下被接受的路径（KVCache.keep），和从头喂这条路径一样。
     【随机数】每轮：每个节点一个（按节点顺序抽草稿）；验证时每检查一个候选一个；最后一个抽修正 / 额外的 token。
     branching 全是 1（一条链）时和 speculative_generate 用随机数的顺序完全一样。
+    stop：停止 token，规则同 decode_lab.speculative_generate。
     【边界】目标模型必须是 TransformerLM（要树形注意力）；branching 不合规矩（见 tree_parents）、提示 + 新 token − 1 + 树的
     节点数超过上下文都抛 ValueError。T = 0 时草稿的候选全一样（q 是 one-hot），输出正好是目标模型的贪心序列。
     """
@@ -155,7 +156,8 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
         children[a + 1].append(i)
     t_sess, d_sess = target.session(), draft.session()
     calls, accepted = 0, []
-    while len(seq) - n0 < n_new:
+    stop = _stop_set(stop)
+    while len(seq) - n0 < n_new and not _stopped(seq, n0, stop):
         L = len(seq)
         # 1. 草稿按层长树：qs[a + 1] = 节点 a 的孩子们的草稿分布
         qs = [adjust(d_sess.logits(seq)[-1], T)] + [None] * N
@@ -191,4 +193,4 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
         # 4. 缓存只留下被接受的路径（草稿没喂过叶子）
         t_sess.keep(L, path)
         d_sess.keep(L, [c for c in path if c < starts[D - 1]])
-    return np.asarray(seq[n0:n0 + n_new], dtype=np.int64), {"target_calls": calls, "accepted": accepted}
+    return _finish(seq, n0, n_new, stop), {"target_calls": calls, "accepted": accepted}

@@ -86,8 +86,64 @@ def run_script(relpath, cwd=None, console_log=None):
     env.pop("CS349E_CONSOLE_LOG", None)
     if console_log:
         env["CS349E_CONSOLE_LOG"] = console_log
-    r = subprocess.run([sys.executable, path], cwd=cwd, capture_output=True, env=env, timeout=120)
+    r = subprocess.run([sys.executable, path], cwd=cwd, capture_output=True, env=env, timeout=600)
     return r.returncode, r.stdout, r.stderr
+
+
+# ---------------------------------------------------------------------------
+# 真实模型（SmolLM2-135M-Instruct，第 2 讲 real_model_lab）：整个测试会话只找 / 下载一次
+# ---------------------------------------------------------------------------
+REQUIRE_ENV = "CS349E_REQUIRE_MODEL"   # .ci/run 设成 1：拿不到模型文件就是失败，不是跳过
+_REAL = {}
+
+
+def real_model_path():
+    """
+    真实模型文件的路径（hub_lab.gguf_path：CS349E_GGUF，否则缓存，否则第一次用时下载）-> str。
+
+    拿不到（离线）时：设了 CS349E_REQUIRE_MODEL=1 就让测试失败，否则跳过，消息里有下载的命令。
+    在启动任何脚本之前调用，所以同时跑的两个脚本不会抢着下载，下载那一行 stderr 也不会出现在脚本的输出里。
+    """
+    import pytest
+    if "path" not in _REAL:
+        from hub_lab import ModelUnavailableError, gguf_path
+        try:
+            _REAL["path"] = gguf_path()
+        except ModelUnavailableError as e:
+            _REAL["path"] = None
+            _REAL["why"] = str(e)
+    if _REAL["path"] is None:
+        msg = "真实模型的文件拿不到，这个测试需要它：\n" + _REAL["why"]
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return _REAL["path"]
+
+
+def smollm2_path():
+    """同 real_model_path，但只给 SmolLM2 本身（哈希核对）：数字钉死在 SmolLM2 上的测试用它；CS349E_GGUF 指向别的文件时跳过。"""
+    import pytest
+    from hub_lab import is_smollm2
+    path = real_model_path()
+    if not is_smollm2(path):
+        pytest.skip(f"{path} 不是课程的 SmolLM2-135M-Instruct 文件（sha256 不同）：钉死在 SmolLM2 上的数字不适用")
+    return path
+
+
+def real_model(dtype="float64"):
+    """装好的真实模型 -> (params, cfg, tokenizer)，每种 dtype 整个会话只装一次（float64 约 2 GB）。"""
+    import numpy as np
+    from real_model_lab import load_gguf
+    path = real_model_path()
+    if dtype not in _REAL:
+        _REAL[dtype] = load_gguf(path, dtype=np.dtype(dtype))
+    return _REAL[dtype]
+
+
+def is_real_model_script(relpath):
+    """脚本用真实模型吗（源码里导入 real_model_lab）。"""
+    with open(os.path.join(ROOT, relpath), encoding="utf-8") as f:
+        return "real_model_lab" in f.read()
 
 
 _OUTPUTS = {}
@@ -101,6 +157,8 @@ def script_run_pair(relpath):
     第二次运行同时让 console 记下它打印的块（script_console_blocks 读它）。
     """
     if relpath not in _OUTPUTS:
+        if is_real_model_script(relpath):
+            real_model_path()          # 先把文件准备好（或者跳过 / 失败），再同时启动两个进程
         fd, log = tempfile.mkstemp(suffix=".jsonl")
         os.close(fd)
         try:

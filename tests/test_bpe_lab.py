@@ -1,8 +1,8 @@
 """
 bpe_lab 的测试：小词表上手算的 merge、预分词的切法、往返、错误信息；真文件上和 HF tokenizers 的参考 id 逐个对。
 
-真文件（SmolLM2-135M-Instruct.Q4_1.gguf）的路径：环境变量 CS349E_GGUF，没有时用 hub_lab.cached_gguf_path()
-（只看缓存，不下载）；都没有就跳过要它的测试（并说明原因）。
+真文件（SmolLM2-135M-Instruct.Q4_1.gguf）由 conftest.smollm2_path() 给出（第一次用时下载；离线时跳过，
+CI 里 CS349E_REQUIRE_MODEL=1 时失败；CS349E_GGUF 指向别的文件时这些钉死在 SmolLM2 上的测试跳过）。
 """
 import json
 import os
@@ -327,19 +327,8 @@ def test_encode_errors():
 
 # ---------------------------------------------------------------- 真文件
 def _gguf_path():
-    path = os.environ.get("CS349E_GGUF")
-    if path:
-        if not os.path.isfile(path):
-            pytest.skip(f"环境变量 CS349E_GGUF = {path!r} 不是一个文件")
-        return path
-    try:
-        import hub_lab
-    except ImportError:
-        pytest.skip("没有真模型文件：没设环境变量 CS349E_GGUF，也没有 hub_lab（缓存里的 SmolLM2 GGUF）")
-    path = hub_lab.cached_gguf_path()
-    if path is None:
-        pytest.skip("没有真模型文件：没设 CS349E_GGUF，hub_lab 的缓存里也还没有 SmolLM2 的 GGUF")
-    return path
+    from conftest import smollm2_path
+    return smollm2_path()
 
 
 @pytest.fixture(scope="module")

@@ -217,17 +217,12 @@ def test_unsupported_tensor_type_lists_but_refuses_to_load(tmp_path):
 
 # 真文件（在机器上时） ---------------------------------------------------------------------------------
 def _real_path():
-    import hub_lab
-    env = os.environ.get("CS349E_GGUF")
-    if env and os.path.isfile(env):
-        return env
-    return hub_lab.cached_gguf_path()
+    from conftest import smollm2_path
+    return smollm2_path()
 
 
 def test_real_smollm2_file_directory_and_first_block():
     path = _real_path()
-    if path is None:
-        pytest.skip("SmolLM2 的 GGUF 不在缓存里（hub_lab.gguf_path() 会下载它）")
     g = read_gguf(path)
     assert g.version == 3 and len(g.metadata) == 33 and len(g.tensors) == 272
     assert "general.alignment" not in g.metadata and g.alignment == 32
