@@ -1,5 +1,6 @@
 """
-serving_lab：一次迭代的时间（和 llm_math 逐个对上）、链路时间、种子 05 的 step_time、确定的随机数、模拟的守恒与边界。
+第 5 讲的 iteration_lab（一次迭代的时间，和 llm_math 逐个对上；链路时间；种子 05 的 step_time）、workload_lab（确定的
+随机数）、batching_lab 和 disagg_lab（模拟的守恒与边界、卡住时报错），以及 serving_lab 按旧名字转出的是同一些函数。
 权重字节、max_batch、compute_bound_batch、critical_context 搬到了 llm_math，测试在 tests/test_llm_math.py。
 """
 import math
@@ -17,8 +18,10 @@ sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4, PCIE5_X16  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
-from serving_lab import (iteration_time, link_time, poisson_arrivals, simulate_batching,  # noqa: E402
-                         simulate_colocated, simulate_disaggregated, step_time, uniform_ints)
+from batching_lab import simulate_batching  # noqa: E402
+from disagg_lab import simulate_colocated, simulate_disaggregated  # noqa: E402
+from iteration_lab import iteration_time, link_time, step_time  # noqa: E402
+from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 
 # ---- 互联表（hw_specs 末尾）----

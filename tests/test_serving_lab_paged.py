@@ -1,5 +1,5 @@
 """
-serving_lab 的 KV 内存分配模拟：手算的小例子（整段预留、分页的挤出重算、共享前缀的写时复制），
+paging_lab 的 KV 内存分配模拟：手算的小例子（整段预留、分页的挤出重算、共享前缀的写时复制），
 一个逐个请求贪心装箱的独立实现（只生成 1 个 token 的请求：每步一批），以及不合法的输入报 ValueError。
 """
 import os
@@ -12,7 +12,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
-from serving_lab import simulate_kv_allocation  # noqa: E402
+from paging_lab import simulate_kv_allocation  # noqa: E402
 
 
 def test_reserve_hand_worked():
