@@ -1,6 +1,6 @@
 """
-goodput_lab —— goodput（DistServe 的定义）：SLO 达标率、达标率 ≥ 90% 的最高到达率（二分细找）、一台 prefill 机
-长期撑得住的到达率上限。
+goodput_lab —— goodput（DistServe 的定义）：SLO 达标率、达标率 ≥ 门槛（默认 90%）的最高到达率（二分细找）、
+一台 prefill 机长期撑得住的到达率上限。
 
 要模拟的部署（同机、分块 prefill、P:D 几台对几台）在 disagg_lab：find_goodput 只要一个"到达率 → 达标率"的函数。
 【出处】DistServe（Zhong et al., OSDI 2024, arXiv 2401.09670）：goodput = 满足 SLO 达标率的最高请求率。
