@@ -24,7 +24,7 @@ CS349E · 第 5 讲 · 01_batching_tradeoff.py —— 连续批处理：吞吐�
 
 【运行】python3 01_batching_tradeoff.py （约 0.5 秒）
 
-【依赖】numpy；本目录的 serving_lab（simulate_batching、uniform_ints）；../lecture01 的 console、hw_specs（gang）、
+【依赖】numpy；本目录的 batching_lab（simulate_batching）、workload_lab（uniform_ints）；../lecture01 的 console、hw_specs（gang）、
 llm_math（decode_step、max_batch、compute_bound_batch、critical_context、prefill_time）。
 """
 import math
@@ -42,7 +42,8 @@ from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
 from llm_math import compute_bound_batch, critical_context, max_batch  # noqa: E402
-from serving_lab import simulate_batching, uniform_ints  # noqa: E402
+from batching_lab import simulate_batching  # noqa: E402
+from workload_lab import uniform_ints  # noqa: E402
 
 # ---- 部署和工作负载（假设，见文件开头）----
 CONTEXT = 2048                                   # 演示 1、2：批里每个序列的上下文长度

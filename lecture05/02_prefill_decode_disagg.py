@@ -22,7 +22,8 @@ Llama-3.1-8B，BF16 权重和 KV，每块 H100 SXM5 放一份完整的模型。�
 
 【运行】python3 02_prefill_decode_disagg.py （约 1 秒）
 
-【依赖】numpy；本目录的 serving_lab；../lecture01 的 console、hw_specs、llm_math。
+【依赖】numpy；本目录的 iteration_lab（iteration_time、link_time）、workload_lab（poisson_arrivals、uniform_ints）、
+disagg_lab（simulate_colocated、simulate_disaggregated）；../lecture01 的 console、hw_specs、llm_math。
 """
 import os
 import sys
@@ -36,8 +37,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100, IB_NDR  # noqa: E402
 from llm_math import LLAMA31_8B  # noqa: E402
-from serving_lab import (iteration_time, link_time, poisson_arrivals, simulate_colocated,  # noqa: E402
-                         simulate_disaggregated, uniform_ints)
+from disagg_lab import simulate_colocated, simulate_disaggregated  # noqa: E402
+from iteration_lab import iteration_time, link_time  # noqa: E402
+from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 # ---- 模型、硬件、工作负载（假设，见文件开头）----
 MODEL, CHIP, LINK = LLAMA31_8B, H100, IB_NDR

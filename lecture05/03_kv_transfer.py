@@ -22,7 +22,7 @@ PCIe Gen5 x16 约 64 GB/s、400 GbE 50 GB/s、100 GbE 12.5 GB/s），出处写�
 
 【运行】python3 03_kv_transfer.py （约 0.3 秒）
 
-【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math。
+【依赖】numpy（iteration_lab 要用）；本目录的 iteration_lab（link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math。
 """
 import os
 import sys
@@ -36,7 +36,7 @@ from console import fmt_bytes, fmt_time, print_header, print_note, print_observa
 from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
-from serving_lab import link_time  # noqa: E402
+from iteration_lab import link_time  # noqa: E402
 
 # ---- 部署（假设，见文件开头）：(模型, 芯片, 权重位数, prefill 机的 GPU 数) ----
 DEPLOY = ((LLAMA31_70B, gang(H100, 8), 16.0, 8), (GPT_OSS_120B, H100, 4.25, 1))

@@ -35,7 +35,7 @@ Corsair 卡上（Gimlet Labs 博客的部署；种子 05 按两张卡的带宽�
 
 【运行】python3 04_sram_accelerators.py （约 0.3 秒）
 
-【依赖】numpy（serving_lab 要用）；本目录的 serving_lab（step_time）；../lecture06 的 spec_math_lab（best_gamma，定理 3.8；
+【依赖】numpy（iteration_lab 要用）；本目录的 iteration_lab（step_time）；../lecture06 的 spec_math_lab（best_gamma，定理 3.8；
 expected_tokens，式 (1)）；../lecture01 的 console、hw_specs、llm_math（含 expected_touched_experts，第 3 讲 §7.6）。
 """
 import math
@@ -52,7 +52,7 @@ from spec_math_lab import best_gamma, expected_tokens  # noqa: E402
 from hw_specs import CORSAIR, H100  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B  # noqa: E402
 from llm_math import active_weight_bytes, expected_touched_experts, weight_bytes  # noqa: E402
-from serving_lab import step_time  # noqa: E402
+from iteration_lab import step_time  # noqa: E402
 
 # ---- 种子 05 的玩具模型的假设（见文件开头）----
 EFF = 0.8                                          # 能用到的带宽比例

@@ -34,8 +34,8 @@ arXiv 正文的转录本（不是 PDF 本身）。
 
 【运行】python3 06_goodput_and_slo.py （约 2 秒）
 
-【依赖】numpy；本目录的 serving_lab（fast_colocated、fast_disaggregated、slo_attainment、find_goodput、
-prefill_capacity、knee_chunk、poisson_arrivals、uniform_ints、link_time）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math（max_batch）。
+【依赖】numpy；本目录的 disagg_lab（fast_colocated、fast_disaggregated）、goodput_lab（slo_attainment、find_goodput、
+prefill_capacity）、iteration_lab（knee_chunk、link_time）、workload_lab（poisson_arrivals、uniform_ints）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math（max_batch）。
 """
 import os
 import sys
@@ -49,8 +49,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_time, print_header, print_observations, print_plot, print_table  # noqa: E402
 from hw_specs import H100, IB_NDR, gang  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, max_batch  # noqa: E402
-from serving_lab import (fast_colocated, fast_disaggregated, find_goodput, knee_chunk, link_time,  # noqa: E402
-                         poisson_arrivals, prefill_capacity, slo_attainment, uniform_ints)
+from disagg_lab import fast_colocated, fast_disaggregated  # noqa: E402
+from goodput_lab import find_goodput, prefill_capacity, slo_attainment  # noqa: E402
+from iteration_lab import knee_chunk, link_time  # noqa: E402
+from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 # ---- 工作负载（假设，同 02）----
 N_REQ = 200

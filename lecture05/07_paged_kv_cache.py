@@ -29,7 +29,7 @@ CS349E · 第 5 讲 · 07_paged_kv_cache.py —— KV 内存去哪了：整段�
 
 【运行】python3 07_paged_kv_cache.py （约 0.5 秒）
 
-【依赖】numpy；本目录的 serving_lab（simulate_kv_allocation、uniform_ints）；../lecture01 的 console、hw_specs、
+【依赖】numpy；本目录的 paging_lab（simulate_kv_allocation）、workload_lab（uniform_ints）；../lecture01 的 console、hw_specs、
 llm_math（max_batch、weight_bytes、decode_step）。
 """
 import os
@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import LLAMA31_8B, decode_step, max_batch, weight_bytes  # noqa: E402
-from serving_lab import simulate_kv_allocation, uniform_ints  # noqa: E402
+from paging_lab import simulate_kv_allocation  # noqa: E402
+from workload_lab import uniform_ints  # noqa: E402
 
 # ---- 模型、硬件、请求（假设，见文件开头）----
 MODEL, CHIP = LLAMA31_8B, H100

@@ -15,7 +15,9 @@ sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
 from hw_specs import H100, IB_NDR  # noqa: E402
 from llm_math import LLAMA31_8B, prefill_time  # noqa: E402
-from serving_lab import link_time, poisson_arrivals, simulate_colocated, simulate_disaggregated  # noqa: E402
+from disagg_lab import simulate_colocated, simulate_disaggregated  # noqa: E402
+from iteration_lab import link_time  # noqa: E402
+from workload_lab import poisson_arrivals  # noqa: E402
 
 M = LLAMA31_8B
 

@@ -1,10 +1,13 @@
 """
-serving_lab：一次迭代的时间（和 llm_math 逐个对上）、链路时间、种子 05 的 step_time、确定的随机数、模拟的守恒与边界。
+第 5 讲的 iteration_lab（一次迭代的时间，和 llm_math 逐个对上；链路时间；种子 05 的 step_time）、workload_lab（确定的
+随机数）、batching_lab 和 disagg_lab（模拟的守恒与边界、卡住时报错），以及 serving_lab 按旧名字转出的是同一些函数。
 权重字节、max_batch、compute_bound_batch、critical_context 搬到了 llm_math，测试在 tests/test_llm_math.py。
 """
+import inspect
 import math
 import os
 import sys
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -17,8 +20,15 @@ sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4, PCIE5_X16  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, decode_step, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
-from serving_lab import (iteration_time, link_time, poisson_arrivals, simulate_batching,  # noqa: E402
-                         simulate_colocated, simulate_disaggregated, step_time, uniform_ints)
+import batching_lab  # noqa: E402
+import disagg_lab  # noqa: E402
+import iteration_lab  # noqa: E402
+import paging_lab  # noqa: E402
+import serving_lab  # noqa: E402
+from batching_lab import simulate_batching  # noqa: E402
+from disagg_lab import fast_colocated, fast_disaggregated, simulate_colocated, simulate_disaggregated  # noqa: E402
+from iteration_lab import iteration_time, knee_chunk, link_time, step_time  # noqa: E402
+from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 
 # ---- 互联表（hw_specs 末尾）----
@@ -168,3 +178,88 @@ def test_simulations_reject_bad_requests_instead_of_hanging():
         simulate_batching(M, C, 10, [], 4, True)
     with pytest.raises(ValueError, match="到达率"):
         poisson_arrivals(0.0, 5, 0)
+
+
+# ---- serving_lab：旧名字 ----
+def test_serving_lab_re_exports_the_same_functions():
+    """serving_lab 只是旧的总入口：它的每个名字都是新模块里的同一个对象（第 5 讲 06 打印的句子还引用它）。"""
+    import goodput_lab
+    import workload_lab
+    homes = (iteration_lab, workload_lab, batching_lab, disagg_lab, goodput_lab, paging_lab)
+    for name in serving_lab.__all__:
+        owners = [m for m in homes if name in m.__all__]
+        assert len(owners) == 1 and getattr(serving_lab, name) is getattr(owners[0], name), name
+    assert sorted(serving_lab.__all__) == sorted(n for m in homes for n in m.__all__ if n != "iteration_clock")
+
+
+# ---- 模拟卡住时报错，而不是一直转下去 ----
+def _mutant(module, old, new):
+    """把模块源码里的 old（必须正好出现一次）换成 new，另外加载成一个新模块：种下一个 bug，原来的模块不受影响。"""
+    src = inspect.getsource(module)
+    assert src.count(old) == 1, f"{module.__name__} 里找不到（或不止一处）要改的那一行：{old!r}"
+    mod = types.ModuleType(module.__name__ + "_mutant")
+    mod.__file__ = module.__file__
+    exec(compile(src.replace(old, new), module.__file__, "exec"), mod.__dict__)
+    return mod
+
+
+def test_batching_simulation_that_never_finishes_a_request_raises():
+    """种下的 bug：序列的 token 数不再增加（没有请求会完成）。迭代次数超过 Σ 生成数 就报错。"""
+    bad = _mutant(batching_lab, "            active[r] += 1\n", "            active[r] += 0\n")
+    for continuous in (True, False):
+        with pytest.raises(RuntimeError, match="卡住"):
+            bad.simulate_batching(LLAMA31_8B, H100, 100, [3, 5, 2], 2, continuous)
+
+
+@pytest.mark.parametrize("policy", ["paged", "reserve"])
+def test_kv_allocation_that_never_frees_blocks_raises(policy):
+    """种下的 bug：完成的请求不放回它的块（或预留）。内存漏光以后批空着、队首放不进来：报错，而不是一直等。"""
+    bad = _mutant(paging_lab, "free += int(run_h[done].sum())", "free += 0")
+    P, O = [10] * 12, [2, 3] * 6
+    with pytest.raises(RuntimeError, match="放不进来"):
+        bad.simulate_kv_allocation(P, O, 64, policy, reserve=20, block=4, shared_prefix=4 if policy == "paged" else 0,
+                                   watermark=0.0)
+
+
+@pytest.mark.parametrize("policy", ["paged", "reserve"])
+def test_kv_allocation_whose_requests_never_finish_raises(policy):
+    """
+    种下的 bug：没有请求会完成。预留：批一直满着、一直转——迭代次数超过 Σ 生成数 时报错；分页：最早的请求越长越大，
+    别的都被挤出去，最后它自己也被挤出去、批空了——报错。
+    """
+    bad = _mutant(paging_lab, "done = run_s == O[run_r]", "done = run_s < 0")
+    P, O = [10] * 12, [2, 3] * 6
+    with pytest.raises(RuntimeError, match="卡住"):
+        bad.simulate_kv_allocation(P, O, 64, policy, reserve=20, block=4, watermark=0.0)
+
+
+def _stuck_decode_tick(running, t, last, gaps, gap1, out_lens):
+    """种下的 bug：一次 decode 迭代谁也没多一个 token。"""
+    return 0
+
+
+def test_disaggregation_simulations_whose_decode_never_advances_raise(monkeypatch):
+    monkeypatch.setattr(disagg_lab, "_decode_tick", _stuck_decode_tick)
+    arr, P, O = [0.0, 0.01, 0.02], [100, 200, 300], [4, 2, 3]
+    with pytest.raises(RuntimeError, match="卡住"):
+        simulate_colocated(LLAMA31_8B, H100, arr, P, O)
+    with pytest.raises(RuntimeError, match="卡住"):
+        simulate_colocated(LLAMA31_8B, H100, arr, P, O, chunk=64)
+    with pytest.raises(RuntimeError, match="卡住"):
+        simulate_disaggregated(LLAMA31_8B, H100, arr, P, O, lambda n: 1e-3)
+
+
+def test_fast_simulations_whose_decode_batch_never_advances_raise(monkeypatch):
+    monkeypatch.setattr(disagg_lab._DecodeBatch, "run", lambda self, t, t_stop, clock, decode_clock: (t, 0))
+    arr, P, O = [0.0, 0.01, 0.02], [100, 200, 300], [4, 2, 3]
+    with pytest.raises(RuntimeError, match="卡住"):
+        fast_colocated(LLAMA31_8B, H100, arr, P, O)
+    with pytest.raises(RuntimeError, match="卡住"):
+        fast_disaggregated(LLAMA31_8B, H100, arr, P, O, lambda n: 1e-3, n_prefill=2, n_decode=2)
+
+
+def test_knee_chunk_whose_iteration_time_ignores_the_chunk_raises(monkeypatch):
+    """种下的 bug：iteration_time 不随顺带的 prefill 变大，倍增找上界停不下来。"""
+    monkeypatch.setattr(iteration_lab, "iteration_time", lambda *a, **k: 1.0)
+    with pytest.raises(RuntimeError, match="停不下来"):
+        knee_chunk(LLAMA31_8B, H100, 8, 8000)

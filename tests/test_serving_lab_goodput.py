@@ -1,5 +1,5 @@
 """
-serving_lab 的 goodput 部分：精简版模拟和原来的模拟逐个请求相等（oracle）、快速的迭代时钟和 iteration_time 逐位相等、
+disagg_lab 的快速版和 goodput_lab：精简版模拟和原来的模拟逐个请求相等（oracle）、快速的迭代时钟和 iteration_time 逐位相等、
 多台 prefill / decode 机的手算小例子、达标率、goodput 的二分（手算的网格）、prefill 的能力上限、分块的拐点（闭式），
 以及不合法的输入报 ValueError 而不是卡住。
 """
@@ -16,9 +16,10 @@ sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
 from hw_specs import H100, IB_NDR, gang  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B  # noqa: E402
-from serving_lab import (_iteration_clock, fast_colocated, fast_disaggregated, find_goodput, iteration_time,  # noqa: E402
-                         knee_chunk, link_time, poisson_arrivals, prefill_capacity, simulate_colocated,
-                         simulate_disaggregated, slo_attainment, uniform_ints)
+from disagg_lab import fast_colocated, fast_disaggregated, simulate_colocated, simulate_disaggregated  # noqa: E402
+from goodput_lab import find_goodput, prefill_capacity, slo_attainment  # noqa: E402
+from iteration_lab import iteration_clock, iteration_time, knee_chunk, link_time  # noqa: E402
+from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 M = LLAMA31_8B
 
@@ -52,7 +53,7 @@ def test_fast_disaggregated_1_1_equals_simulate_disaggregated(rate):
 
 def test_iteration_clock_is_bit_identical_to_iteration_time():
     for model, chip in ((LLAMA31_8B, H100), (LLAMA31_70B, gang(H100, 4))):
-        clock, decode_clock = _iteration_clock(model, chip)
+        clock, decode_clock = iteration_clock(model, chip)
         u = np.random.default_rng(3).random((200, 4))
         for n, ctx, c, p in zip((u[:, 0] * 300).astype(int), (u[:, 1] * 900_000).astype(int),
                                 (u[:, 2] * 5000).astype(int), (u[:, 3] * 4000).astype(int)):

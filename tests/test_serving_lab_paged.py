@@ -1,18 +1,20 @@
 """
-serving_lab 的 KV 内存分配模拟：手算的小例子（整段预留、分页的挤出重算、共享前缀的写时复制），
-一个逐个请求贪心装箱的独立实现（只生成 1 个 token 的请求：每步一批），以及不合法的输入报 ValueError。
+paging_lab 的 KV 内存分配模拟：手算的小例子（整段预留、分页的挤出重算、共享前缀的写时复制、共享前缀的请求在不同的
+步完成），一个逐个请求贪心装箱的独立实现（只生成 1 个 token 的请求：每步一批），一个逐个请求记账、共享块用引用计数的
+独立分页实现（随机的小例子和第 5 讲 07 演示 2 的数字），分出去的块永远不超过内存，以及不合法的输入报 ValueError。
 """
 import os
 import sys
+from collections import deque
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
-from serving_lab import simulate_kv_allocation  # noqa: E402
+from paging_lab import simulate_kv_allocation  # noqa: E402
 
 
 def test_reserve_hand_worked():
@@ -121,3 +123,136 @@ def test_kv_allocation_rejects_bad_inputs_instead_of_hanging():
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):
             simulate_kv_allocation(**kw)
+
+
+# ---- 共享前缀的块：最后一个用它的请求完成时才放回去 ----
+def test_shared_prefix_blocks_are_freed_only_when_the_last_sharer_finishes():
+    """
+    回归：共享前缀的满块在**每个**请求完成时都放回去（而不是最后一个共享它的请求完成时），内存就分出了比它还多的块
+    （第 5 讲 07 的并发从 198 变成 247），而测试全绿。手算：5 块 × 4 个 token，水位线 0；提示 10 = 共享的 8 个
+    （2 个满块）+ 自己的 2 个（1 块），生成数 [1, 2, 3, 2, 2]，最多存 12 个 token，一直只要自己的 1 块。
+    第 1 步：请求 0、1、2 进来（2 + 1 + 1 + 1 = 5 块，满了），请求 0 完成，放回 1 块。
+    第 2 步：请求 3 进来（共享块已经在，只要 1 块；5 块又满了），请求 4 等着；请求 1 完成。
+    第 3 步：请求 4 进来，队列空了（不再统计）；请求 2、3 完成。第 4 步：请求 4 完成，批空了，共享的 2 块才放回去。
+    每一步都正好 5 块——错的版本在第 1 步后放回 1 + 2 块，第 2 步请求 3、4 一起进来：6 块 > 5 块。
+    """
+    s = simulate_kv_allocation([10] * 5, [1, 2, 3, 2, 2], 20, "paged", block=4, shared_prefix=8, watermark=0.0)
+    assert s["pool"] == 5 and s["max_held"] == 5
+    assert s["steps"] == 2 and s["max_running"] == 3 and s["mean_running"] == 3 and s["preempted"] == 0
+    # 第 1 步存 10、10、10 个 token，第 2 步 11、11、10；共享的 8 个只存一份：真 token 14、16，占 5 块 = 20 个位置
+    assert s["used_frac"] == pytest.approx((14 + 16) / 40) and s["saved_tokens"] == 2 * 8
+    assert s["mean_tokens"] == pytest.approx((30 + 32) / 6)
+
+
+def _reference_paged(P, O, total, block, shared_prefix=0, watermark=0.0):
+    """
+    独立实现（第二条代码路径）：每个请求一条记录 [编号, 第几次迭代, 自己的块]，共享的满块记引用计数（在用它的请求数），
+    计数回到 0 时才放回去；其余规则同 simulate_kv_allocation 的说明（先来先服务、水位线、挤出最后进来的重算，
+    只统计还有人排队的迭代）。返回和它同名的几个统计，外加每一步分出去的块数的最大值（max_held）。
+    """
+    s_blocks = shared_prefix // block
+    s_tok = s_blocks * block
+    wm = int(watermark * total)
+    free, refs, queue, running = total, 0, deque(range(len(P))), []
+    steps = preempted = max_held = max_running = 0
+    real = occupied = runs = saved = 0
+
+    def own(tokens):                                    # 自己的块：共享的满块之外的 token 要几块
+        return -(-(tokens - s_tok) // block)
+    while queue or running:
+        while queue:
+            cost = own(P[queue[0]]) + (s_blocks if refs == 0 else 0)
+            if free - cost < wm:
+                break
+            r = queue.popleft()
+            free -= cost
+            refs += 1
+            running.append([r, 1, own(P[r])])
+        want = [own(P[r] + k - 1) - h for r, k, h in running]
+        while sum(want) > free:
+            r, _, h = running.pop()
+            want.pop()
+            free += h
+            refs -= 1
+            queue.appendleft(r)
+            preempted += 1
+        for e, w in zip(running, want):
+            e[2] += w
+            free -= w
+        held_blocks = sum(h for _, _, h in running) + (s_blocks if refs else 0)
+        assert held_blocks + free == total              # 块不多不少
+        max_held = max(max_held, held_blocks)
+        if queue and running:
+            k = len(running)
+            tokens = sum(P[r] + i - 1 for r, i, _ in running)
+            steps += 1
+            runs += k
+            max_running = max(max_running, k)
+            real += tokens - (k - 1) * s_tok
+            saved += (k - 1) * s_tok
+            occupied += held_blocks * block
+        still = []
+        for e in running:
+            if e[1] == O[e[0]]:
+                free += e[2]
+                refs -= 1
+                if refs == 0:
+                    free += s_blocks
+            else:
+                e[1] += 1
+                still.append(e)
+        running = still
+    return {"steps": steps, "mean_running": runs / steps, "max_running": max_running, "used_frac": real / occupied,
+            "mean_tokens": (real + saved) / runs, "saved_tokens": saved / steps, "preempted": preempted,
+            "max_held": max_held}
+
+
+def _assert_same(s, ref):
+    for key, v in ref.items():
+        assert s[key] == pytest.approx(v, rel=1e-12), key
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_paged_matches_the_reference_and_never_hands_out_more_blocks_than_exist(seed):
+    """随机的小例子（会挤出、会共享、请求在不同的步完成）：和独立实现逐项相等，分出去的块从不超过内存。"""
+    rng = np.random.default_rng(seed)
+    n, block = 40, (4, 8, 16)[seed % 3]
+    shared = int((1 + 3 * rng.random()) * block) if seed % 2 else 0   # 奇数种子：1 到 3 个共享的满块，加上零头
+    P = (shared + 1 + np.floor(rng.random(n) * 5 * block)).astype(int).tolist()
+    O = (1 + np.floor(rng.random(n) * 3 * block)).astype(int).tolist()
+    total = 30
+    s = simulate_kv_allocation(P, O, total * block, "paged", block=block, shared_prefix=shared, watermark=0.05)
+    ref = _reference_paged(P, O, total, block, shared, 0.05)
+    _assert_same(s, ref)
+    assert s["max_held"] <= s["pool"] == total
+
+
+def test_reserve_never_reserves_more_than_the_capacity():
+    P = (1 + np.floor(np.random.default_rng(8).random(100) * 300)).astype(int)
+    O = (1 + np.floor(np.random.default_rng(9).random(100) * 100)).astype(int)
+    s = simulate_kv_allocation(P, O, 3000, "reserve", reserve=P + O)
+    assert s["pool"] == 3000 and 3000 - 400 < s["max_held"] <= 3000
+
+
+def test_demo2_prefix_sharing_figures_match_the_reference():
+    """
+    第 5 讲 07 演示 2 打印的数（平均并发 122 → 198，1.62 倍；最多并发 206；每个请求的上下文 3910；平均省下 38.4 GB）
+    用独立实现重算一遍：同样 600 个请求、1500 个 token 的系统提示、487,819 个 token 位置 = 30,488 块 × 16。
+    """
+    import contextlib
+    import io
+    s07 = load_script("lecture05/07_paged_kv_cache.py")
+    with contextlib.redirect_stdout(io.StringIO()):
+        r = s07.demo2_prefix_sharing()
+    P, O = (s07.PROMPTS + 1500).tolist(), s07.OUTS.tolist()
+    total = 487_819 // 16
+    base = _reference_paged(P, O, total, 16, 0, 0.01)
+    shared = _reference_paged(P, O, total, 16, 1500, 0.01)
+    _assert_same(r["base"], base)
+    _assert_same(r["shared"], shared)
+    for s in (r["base"], r["shared"]):
+        assert s["max_held"] <= s["pool"] == total
+    assert f"{base['mean_running']:.0f}" == "122" and f"{shared['mean_running']:.0f}" == "198"
+    assert shared["max_running"] == 206 and f"{shared['mean_tokens']:.0f}" == "3910"
+    assert f"{shared['mean_running'] / base['mean_running']:.2f}" == "1.62"
+    assert f"{shared['saved_tokens'] * 131072 / 1e9:.1f}" == "38.4"
