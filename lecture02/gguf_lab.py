@@ -276,13 +276,13 @@ class GGUFFile:
                              f"支持的类型：{', '.join(LOADABLE_TYPES)}")
         raw = self._mm[t.offset:t.offset + t.n_bytes]
         if t.type == "F32":
-            flat = np.frombuffer(raw, dtype="<f4")
-        elif t.type == "F16":
+            return np.array(np.frombuffer(raw, dtype="<f4").reshape(t.shape), dtype=dtype)   # 复制出文件
+        if t.type == "F16":
             flat = np.frombuffer(raw, dtype="<f2").astype(np.float32)
         else:
             from numfmt import decode_blocks  # 块格式属于"数的格式"，住在 ../prereq3/numfmt
             flat = decode_blocks(raw, t.type)
-        return np.array(flat.reshape(t.shape), dtype=dtype)
+        return flat.reshape(t.shape).astype(dtype, copy=False)       # flat 是新数组：float32 时不再复制
 
     def close(self):
         """放开文件映射（之后不能再 load；映射在没有别的引用时由 numpy 关闭）。"""
