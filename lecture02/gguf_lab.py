@@ -122,6 +122,29 @@ class _Cursor:
         self.pos += n
         return s
 
+    def _strings(self, count, what):
+        """count 个连着的字符串（词表有 49152 个：这个循环比逐个调 string() 快几倍）。"""
+        buf, pos, size = self.buf, self.pos, self.size
+        mv = memoryview(buf)
+        unpack = struct.Struct("<Q").unpack_from
+        out = []
+        try:
+            for i in range(count):
+                if pos + 8 > size:
+                    break
+                (n,) = unpack(buf, pos)
+                pos += 8
+                if pos + n > size:
+                    break
+                out.append(str(mv[pos:pos + n], "utf-8"))
+                pos += n
+        except UnicodeDecodeError as e:
+            raise ValueError(f"GGUF 文件 {self.path} 已损坏：{what}[{i}] 不是合法的 UTF-8（{e}）") from None
+        self.pos = pos
+        if len(out) < count:   # 越过了文件末尾：让 need 说出在哪里
+            self.need(8 if pos + 8 > size else unpack(buf, pos - 8)[0], f"{what}[{len(out)}]")
+        return out
+
     def value(self, vtype, what, depth=0):
         if vtype not in VALUE_TYPES:
             raise ValueError(f"GGUF 文件 {self.path} 已损坏：{what}的值类型编号 {vtype} 不认识"
@@ -147,6 +170,8 @@ class _Cursor:
                 return [bool(b) for b in arr]
             # 每个字符串至少 8 字节（长度），先粗查一下个数，免得损坏的个数让循环跑很久
             self.need(min(count, self.size) * 8 if etype in (8, 9) else 0, f"{what}的 {count} 个元素")
+            if etype == 8:
+                return self._strings(count, what)
             return [self.value(etype, f"{what}[{i}]", depth + 1) for i in range(count)]
         v = self.scalar(fmt, what)
         return bool(v) if name == "bool" else v
