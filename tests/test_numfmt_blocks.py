@@ -92,6 +92,9 @@ def test_q8_0_encode_rounds_half_away_from_zero():
     assert raw[:2] == H[1.0]
     assert list(struct.unpack("<6b", raw[2:8])) == [127, 3, -3, 1, 0, -127]   # np.round 会给 2、−2、0
     assert encode_blocks(np.zeros(32), "Q8_0").tobytes() == b"\x00" * 34      # 全 0 的块：d = 0
+    # 比 0.5 小一个 float32 间隔的数：float32 里 0.49999997 + 0.5 会舍入成 1，roundf 要给 0
+    x[1] = np.nextafter(np.float32(0.5), np.float32(0))
+    assert struct.unpack("<b", encode_blocks(x, "Q8_0").tobytes()[3:4]) == (0,)
 
 
 def test_q4_0_encode_puts_the_extreme_on_q0_and_clips_the_other_end():

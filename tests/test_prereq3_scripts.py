@@ -377,3 +377,85 @@ def test_01_overflow_thresholds_of_bf16_and_fp16(s1):
     from numfmt import BF16
     assert np.isinf(round_to(bf, BF16)) and np.isinf(round_to(float(np.finfo(np.float32).max), BF16))
     assert round_to(np.nextafter(bf, 0), BF16) == SPEC["BF16"][4]
+
+
+# ---------------------------------------------------------------------------
+# 02 演示 6：GGUF 的块格式（独立实现：np.float16 存 d / m，公式照 llama.cpp 的参考量化，不经过 numfmt）
+# ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def s2_gguf():
+    return _run(S2, "demo6_gguf_blocks")
+
+
+def _f16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+
+
+def _gguf_independent(w, kind):
+    """w [输入维, 输出维]：块沿输入维，每 32 个一块；返回反量化的 w'（float64）。"""
+    b = w.T.reshape(-1, 32).astype(np.float32).astype(np.float64)
+    if kind == "Q8_0":
+        d = np.abs(b).max(axis=1, keepdims=True) / 127
+        v = b / d
+        deq = np.sign(v) * np.floor(np.abs(v) + 0.5) * _f16(d)
+    elif kind == "Q4_0":
+        xmax = b[np.arange(len(b)), np.abs(b).argmax(axis=1)][:, None]
+        d = xmax / -8
+        deq = (np.clip(np.floor(b / d + 8.5), 0, 15) - 8) * _f16(d)
+    else:
+        lo = b.min(axis=1, keepdims=True)
+        d = (b.max(axis=1, keepdims=True) - lo) / 15
+        deq = np.clip(np.floor((b - lo) / d + 0.5), 0, 15) * _f16(d) + _f16(lo)
+    return deq.reshape(w.shape[1], w.shape[0]).T
+
+
+def test_02_gguf_block_bytes_decoded_by_hand(s2_gguf):
+    r = s2_gguf[1]["demo6_gguf_blocks"]["block"]
+    raw = bytes(r["raw"])
+    assert len(raw) == 20                                        # fp16 d + fp16 m + 16 字节
+    d, m = np.frombuffer(raw[:4], "<f2").astype(float)
+    assert (d, m) == (r["d"], r["m"])
+    x = np.array(r["w"])
+    assert m == _f16(x.min()) and d == _f16((np.float32(x.max()) - np.float32(x.min())) / np.float32(15))
+    q = [b & 15 for b in raw[4:]] + [b >> 4 for b in raw[4:]]  # 字节 j：低 4 位第 j 个，高 4 位第 j + 16 个
+    assert q == r["q"]
+    assert r["deq"] == [float(np.float32(d) * np.float32(v) + np.float32(m)) for v in q]
+    assert q[int(np.argmin(x))] == 0 and q[int(np.argmax(x))] == 15
+
+
+def test_02_gguf_errors_and_bits_independent(s2_gguf):
+    mod, out = s2_gguf
+    r = out["demo6_gguf_blocks"]
+    res = r["schemes"]
+    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    rel = lambda a, ref: np.linalg.norm(a - ref) / np.linalg.norm(ref)   # noqa: E731
+    for kind in ("Q4_0", "Q4_1", "Q8_0"):
+        for name, mat in (("rel_err", w), ("rel_err_half", np.abs(w))):
+            assert res[kind][name] == pytest.approx(rel(_gguf_independent(mat, kind), mat), rel=1e-6), (kind, name)
+        rms = np.sqrt(np.mean((_gguf_independent(w, kind) - w) ** 2))
+        assert res[kind]["rms"] == pytest.approx(rms, rel=1e-6)
+    # 位数：(2 + 16) / (2 + 2 + 16) / (2 + 32) 字节每 32 个；4 位零点：4 + (16 + 4) / 32；Q4_K 144 字节每 256 个
+    assert [res[k]["bits"] for k in ("Q4_0", "Q4_1", "Q8_0")] == [18 * 8 / 32, 20 * 8 / 32, 34 * 8 / 32] == [4.5, 5.0, 8.5]
+    assert res["INT4 非对称-g32"]["bits"] == 4.625 and r["q4_k_bits"] == 144 * 8 / 256 == 4.5
+    assert res["INT4-g32（对称）"]["bits"] == 4.5 and res["MXFP4"]["bits"] == 4.25
+    g32 = rel(quantize_int(w, 4, "group", 32)[0], w)
+    assert res["INT4-g32（对称）"]["rel_err"] == pytest.approx(g32, rel=1e-12)
+    assert res["MXFP4"]["rel_err"] == pytest.approx(rel(_mxfp4_independent(w), w), rel=1e-12)
+    # Q4_0 的另一侧只到 +7：截掉的比例（x / d ≥ 7.5，d = x_max / −8）
+    b = w.T.reshape(-1, 32)
+    xmax = b[np.arange(len(b)), np.abs(b).argmax(axis=1)][:, None]
+    assert r["q4_0_clip_frac"] == pytest.approx(np.mean(b * -8 / xmax >= 7.5), abs=1e-6)
+
+
+def test_02_gguf_observations_hold(s2_gguf):
+    r = s2_gguf[1]["demo6_gguf_blocks"]
+    res = r["schemes"]
+    g32, q40, q41, zp, q80 = (res[k] for k in ("INT4-g32（对称）", "Q4_0", "Q4_1", "INT4 非对称-g32", "Q8_0"))
+    assert q41["rel_err"] < q40["rel_err"] < g32["rel_err"]                     # 观察 2、3
+    assert 0.05 < 1 - q41["rel_err"] / q40["rel_err"] < 0.15                    # N(0, 1) 上只低约 9%
+    assert q41["rel_err_half"] / q40["rel_err_half"] < 0.6                      # 只有正数时约一半
+    assert r["symmetric_same"]
+    assert res["MXFP4"]["rel_err"] == res["MXFP4"]["rel_err_half"]
+    assert abs(zp["rel_err"] / q41["rel_err"] - 1) < 0.05 and abs(zp["rel_err_half"] / q41["rel_err_half"] - 1) < 0.05
+    assert 14 < q40["rel_err"] / q80["rel_err"] < 18                            # 刻度差 127 / 8 ≈ 15.9 倍
+    assert 0 < r["q4_0_clip_frac"] < 0.02
