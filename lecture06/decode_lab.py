@@ -302,7 +302,7 @@ def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
     【做法】同一个提示的 n_per_prompt 条序列放在一批里：一次前向喂整个提示，然后每步一次 [n, 1] 的前向（一个 KV cache）。
     每步每条序列一个 rng.random()（按序列的顺序），CDF 反查；停下的序列照样消耗随机数、照样前向（结果丢掉），
     所以一条序列抽到什么只取决于种子和它的位置。第 3、6 讲用它在真实模型上取"模型自己的文本"
-    （quant_lab.sample_tokens 从一个均匀随机的 token 开始，对真实词表不合适）。
+    （第 3 讲的 sample_tokens 从一个均匀随机的 token 开始，对真实词表不合适）。
     【参数】model：TransformerLM（或任何 NumpyTransformer）；prompts：token id 的 list 的 list；
     stop：停止 token（每条序列截到第一个停止 token，含它）；T = 0 是贪心（同一个提示的各条相同）。
     【边界】n_per_prompt、n_new < 1，空提示、越界的 token、提示 + n_new − 1 超过上下文：ValueError。
