@@ -23,8 +23,8 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
   ND H100 v5 = 8 块 H100 80GB HBM3（SXM），CUDA 12.6、驱动 560.35.03、NCCL 2.18.5、PyTorch 2.4.0。
   cuBLASLt FP8 GEMM（随机初始化、预热 10,000 次）：1024³ 274.1、8192³ 1290.1、32768³ 1382.2 TFLOP/s；
   HBM 带宽 Copy 2.90、Triad 2.97 TB/s；FlashAttention 2.0（head_dim 128、批 2、序列 8192）327.9 TFLOP/s；
-  NCCL AllReduce（NVLS 算法、in-place）的总线带宽，1K 到 8G 字节：1K 0.07、64K 2.72、1M 43.70、16M 234.45、
-  256M 423.38、8G 478.87 GB/s。同一仓库 ND_A100_v4_results.md（2024-09-25）：A100-SXM4-80GB 的 Copy 1.61、Triad 1.70 TB/s。
+  NCCL AllReduce（NVLS 算法、in-place）的总线带宽，1K 到 8G 字节：1K 0.07、65K 2.72、1M 43.70、16M 234.45、
+  268M 423.38、8G 478.87 GB/s（表里的标签照抄）。同一仓库 ND_A100_v4_results.md（2024-09-25）：A100-SXM4-80GB 的 Copy 1.61、Triad 1.70 TB/s。
 - [B] Shah 等，FlashAttention-3，arXiv 2407.08608（2024-07）：H100 80GB SXM5，FP16 前向、不带因果遮罩，
   批 × 序列 = 16k 个 token、隐藏维 2048，FLOPs 按 4·序列²·head_dim·头数 算。图 5(c)（head_dim 128）：序列 8k 时
   FlashAttention-2 370、16k 时 FlashAttention-3 648 TFLOP/s；图 5(e)（head_dim 256）：16k 时 FlashAttention-3 756 TFLOP/s。
@@ -50,7 +50,8 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
 【模型的假设（务必看）】
 - 峰值都是 hw_specs 的稠密峰值（H100 SXM5：FP8 1978.9、BF16/FP16 989.4 TFLOP/s，HBM 3.35 TB/s；A100 80GB：
   FP16 312 TFLOP/s，HBM 2.039 TB/s）。[A] 和 [G] 的机器不一定跑在这些频率上（[G] 的 A100 限功耗 330 W）。
-- 演示 2 的 all-reduce：[A] 的表把消息写成 1K、64K、1M……这里当作 nccl-tests 默认的 2 的幂（1K = 1024 字节）；
+- 演示 2 的 all-reduce：[A] 的表把消息写成 1K、65K、1M、268M……这里当作 nccl-tests 默认的 2 的幂（1K = 1024、
+  65K = 65,536、268M = 268,435,456 字节：这些标签正是 2 的幂截断的写法）；
   实测时间按 nccl-tests 的定义从总线带宽反推：时间 = 2(n−1)/n × 消息 ÷ 总线带宽。环形模型的链路带宽用 NVLink 4
   的单向 450 GB/s、每跳 3 µs（hw_specs 的假设）。
 - 演示 3、4 的上界（**我们的定义，不是 MLPerf 的**）：每个请求输入 P、输出 O 个 token；一个副本（replica）里同时有
@@ -141,8 +142,8 @@ HBM = [
 # ---- 公开的实测：8 块 H100 上 NCCL all-reduce（NVLS）的总线带宽（演示 2，[A]）----
 # [A] 的消息标签 -> (字节数：当作 2 的幂，见模块说明, 总线带宽 字节/秒)
 ALLREDUCE_N = 8
-ALLREDUCE = [("1K", 2 ** 10, 0.07 * G), ("64K", 2 ** 16, 2.72 * G), ("1M", 2 ** 20, 43.70 * G),
-             ("16M", 2 ** 24, 234.45 * G), ("256M", 2 ** 28, 423.38 * G), ("8G", 2 ** 33, 478.87 * G)]
+ALLREDUCE = [("1K", 2 ** 10, 0.07 * G), ("65K", 2 ** 16, 2.72 * G), ("1M", 2 ** 20, 43.70 * G),
+             ("16M", 2 ** 24, 234.45 * G), ("268M", 2 ** 28, 423.38 * G), ("8G", 2 ** 33, 478.87 * G)]
 NCCL_RING_BUSBW = 370 * G                     # [D]：环形算法的有效总线带宽（约）
 NCCL_NVLS_PEAK = 480 * G                      # [D]：NVLS 在 8 块卡上的峰值总线带宽（约）
 LEC05_HOPS = (1e-6, 10e-6)                    # 第 1 讲 05 的演示 3 扫描的每跳延迟的两端（那里的假设）
@@ -225,11 +226,11 @@ def demo1_compute_kernels():
     f1 = 2 * 1024 ** 3
     t1_bound, t1_meas = f1 / H100.peak_flops("fp8"), f1 / (274.1 * T)
     print_observations([
-        f"表里每个内核按 roofline 都受算力限制（算术强度都高于 H100 FP8 的拐点 {ridge:.0f} FLOP/B、16 位的 "
+        f"表里算了强度的每个内核按 roofline 都受算力限制（强度都高于 H100 FP8 的拐点 {ridge:.0f} FLOP/B、16 位的 "
         f"{H100.ridge_point('bf16'):.0f} FLOP/B），下界就是 FLOPs ÷ 峰值；实测只到峰值的 {_pct(g1)} 到 {_pct(fa3)}。",
         f"FP8 GEMM 越大越接近峰值：1024³ 只有 {_pct(g1)}，8192³ {_pct(g8)}，32768³ {_pct(g32)}"
         f"（[A] 的测法：随机初始化、预热 10,000 次）。1024³ 按峰值只要 {fmt_time(t1_bound)}，实测（FLOPs ÷ 实测速度）"
-        f" {fmt_time(t1_meas)}：这么短的 kernel，启动、收尾这些固定开销就是大头。",
+        f"{fmt_time(t1_meas)}：这么短的 kernel，启动、收尾这些固定开销就是大头。",
         f"同一个 FlashAttention-2、同样 head_dim 128 和 8k 序列，两个出处差一截：[B] {_pct(fa2_b)}、[A] {_pct(fa2_a)}"
         f"（[A] 批 2，没说头数和精度；[B] 批 × 序列 = 16k、16 个头）。两个都印出来：实测数依赖条件，不是一个常数。",
         f"FlashAttention-3 用上 Hopper 的异步（TMA、warp 专门化）后，head_dim 256 到 {_pct(fa3)}，head_dim 128 到 "
@@ -274,7 +275,7 @@ def demo2_memory_and_allreduce():
     hop = fmt_time(NVLINK4.hop_latency)
     hop_implied = small["t_meas"] / steps
     lat_model = ring_allreduce(2 ** 10, n, NVLINK4)["t_latency"]
-    mids = [ar[k]["t_model"] / ar[k]["t_meas"] for k in ("64K", "1M", "16M", "256M")]
+    mids = [ar[k]["t_model"] / ar[k]["t_meas"] for k in ("65K", "1M", "16M", "268M")]
     mid_lo, mid_hi = min(mids), max(mids)
     print_observations([
         f"顺序读写一大块显存（STREAM 式的测法）也到不了手册带宽：H100 Copy {_pct(h_copy)}、Triad {_pct(h_triad)}，"
@@ -290,7 +291,7 @@ def demo2_memory_and_allreduce():
         f"[D] 说这时总线带宽不再对应线上真正走的字节，环形模型对它不是下界。[D] 说环形算法实际约 {NCCL_RING_BUSBW / G:.0f} GB/s"
         f"（线速的 {_pct(NCCL_RING_BUSBW / NVLINK4.bw)}），NVLS 峰值约 {NCCL_NVLS_PEAK / G:.0f} GB/s——"
         f"和 [A] 的 {big['busbw'] / G:.1f} 对得上。",
-        f"64K 到 256M 之间，环形模型的时间是实测的 {mid_lo:.2f} 到 {mid_hi:.2f} 倍："
+        f"65K 到 268M 之间，环形模型的时间是实测的 {mid_lo:.2f} 到 {mid_hi:.2f} 倍："
         f"这一段环形公式（连同 {hop}）是个不错的估计。decode 每层 all-reduce 的消息是 批 × d_model × 2 字节"
         f"（{LLAMA2_70B.name}、批 64 时 {64 * LLAMA2_70B.d_model * 2:,} 字节 = 1M），落在这一段。",
     ])
@@ -470,7 +471,7 @@ def demo5_batch1_tpot():
         f"转回激活的精度（quantize.py 的 WeightOnlyInt8Linear）——'字节减半、时间减半'只在下界上成立。",
         f"70B INT8 一块卡（每步 {fmt_bytes(big['bytes'])}）是 {_pct(big['ratio'])}，比 7B INT8 高。[G] 自己的'带宽'列"
         f"把整个模型和缓冲区（含预先分配的 KV cache）都算进去，比我们'每步真正读的字节 × token/s'多一点，两个口径"
-        f"都印出来了。上下文 {GPT_FAST_CONTEXT}（假设）时 KV 只占读的字节的 {_pct(b16['kv_share'])}。",
+        f"都印出来了。上下文 {GPT_FAST_CONTEXT}（假设）时 KV 只占 7B BF16 每步读的字节的 {_pct(b16['kv_share'])}。",
     ])
     return res
 
