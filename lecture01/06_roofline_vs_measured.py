@@ -40,7 +40,8 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
   closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9/{Offline,Server}/performance/run_1/
   mlperf_log_summary.txt；同一提交的 closed/NVIDIA/configs/llama2-70b/Offline：4 份 × 张量并行 2、use_fp8、
   每份 gpu_batch_size 896。MLCommons 的结果编号（result ID）我们没能核对，所以这里写仓库里的路径。
-- [F] NVIDIA TensorRT-LLM 文档 docs/source/performance/perf-overview.md（v1.0 的版本，2025）：Llama 3.1 8B FP8
+- [F] NVIDIA TensorRT-LLM 文档 docs/source/performance/perf-overview.md（提交 00f3768，写着"NEW for v1.0"的版本；
+  v1.0 出在 2025 年，0.19 版是 2025-04）：Llama 3.1 8B FP8
   （nvidia/Llama-3.1-8B-Instruct-FP8），1 块 H100 SXM 80GB（TP1），trtllm-bench throughput，所有请求的输入、输出长度
   都相同：128/2048 22,714、1000/1000 15,220、2048/128 3,450、5000/500 3,459 输出 token/s。
 - [G] gpt-fast（pytorch-labs/gpt-fast）README 的基准表（2023-11-30，提交 d2c5d82；PyTorch 博客 "Accelerating
@@ -110,7 +111,7 @@ SOURCES = {
     "D": "NVIDIA/nccl-tests issue #212，NCCL 维护者的回答（2024-05-06）",
     "E": "MLPerf Inference v4.1（2024-08）Closed，NVIDIA DGX H100：mlcommons/inference_results_v4.1 的"
          " mlperf_log_summary.txt 与 configs/llama2-70b",
-    "F": "NVIDIA TensorRT-LLM 文档 perf-overview.md（v1.0，2025）",
+    "F": "NVIDIA TensorRT-LLM 文档 perf-overview.md（v1.0 的版本，提交 00f3768，2025）",
     "G": "pytorch-labs/gpt-fast README（2023-11-30，提交 d2c5d82）",
 }
 
@@ -284,8 +285,8 @@ def demo2_memory_and_allreduce():
         f"decode 受带宽限制时，下界里该用的是打过这个折扣的带宽，而不是手册的数。",
         f"最小的消息（1K）实测约 {fmt_time(small['t_meas'])}，环形模型（{steps} 步 × 每跳 {hop}）的延迟项是 "
         f"{fmt_time(lat_model)}：若硬要套环形公式，相当于每跳 {fmt_time(hop_implied)}。所以第 1 讲 05 假设的 {hop} 对"
-        f" NVLS 偏大（NVSwitch 在交换机里做归约，不走 {steps} 步的环），但 05 扫描的 {fmt_time(LEC05_HOPS[0])} 到 "
-        f"{fmt_time(LEC05_HOPS[-1])} 盖住了它。",
+        f" NVLS {'偏大' if hop_implied < NVLINK4.hop_latency else '偏小'}（NVSwitch 在交换机里做归约，不走 {steps} 步的环）；05 扫描的 {fmt_time(LEC05_HOPS[0])} 到 "
+        f"{fmt_time(LEC05_HOPS[-1])} {'盖住了' if LEC05_HOPS[0] <= hop_implied <= LEC05_HOPS[-1] else '没盖住'}它。",
         f"最大的消息（8G）实测总线带宽 {big['busbw'] / G:.1f} GB/s，比环形模型的 {big['model_busbw'] / G:.1f} GB/s"
         f"（= 单向 {fmt_bytes(NVLINK4.bw)}/s 的线速，几乎没有延迟）还高 {_pct(big['busbw'] / big['model_busbw'] - 1)}：NVLS 由 NVSwitch 做加法，"
         f"[D] 说这时总线带宽不再对应线上真正走的字节，环形模型对它不是下界。[D] 说环形算法实际约 {NCCL_RING_BUSBW / G:.0f} GB/s"
