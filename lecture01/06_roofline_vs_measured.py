@@ -70,10 +70,10 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
   55 个位置（[G] 提示 5 个 token、默认生成 100 个，平均约 55——假设；KV 只占读的字节的 1% 以下）。INT8 的 scale 按
   每个输出通道一个 FP16（llm_math 的 "int8"）。[G] 的"Memory Bandwidth"列 = 模型所有参数和缓冲区的字节 × token/s
   （gpt-fast 的 generate.py），和我们"每步真正读的字节 × token/s"口径不同，两个都打印。
-- 演示 6：numpy 模型用 float64（每个数 8 字节）；它的 FLOPs 和字节来自 transformer_lab.analytic_ops（账本按 BF16 记
+- 演示 6：QCFG 的 numpy 模型用 float64（每个数 8 字节）；它的 FLOPs 和字节来自 transformer_lab.analytic_ops（账本按 BF16 记
   字节，这里乘 4 换成 float64）。带宽用 np.add.reduce 扫一个和模型权重一样大的数组量（模型小，放得进 CPU 缓存，
   所以量的是缓存的带宽；另量一个 128 MB 的数组作对照）；矩阵乘速度用 256 × 256 的 float64 矩阵乘量。默认用第 3 讲的
-  QCFG 小模型（随机权重，只看时间，不看输出）。
+  QCFG 小模型（随机权重，只看时间，不看输出）；换成别的模型时按它权重的数据类型算字节（float32 是 4 字节）。
 
 【运行】python3 06_roofline_vs_measured.py （约 0.7 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
 每次的数都不一样。
@@ -173,7 +173,7 @@ GPT_FAST_EMPIRICAL_BW = 1700 * G              # [G]："经验上峰值带宽约 
 TIME_SECONDS = 0.4                            # 每项测量大约用多久（秒）
 CPU_PROMPT = 16                               # 先 prefill 这么多个 token，再计 decode 一步的时间
 CPU_MATMUL_N = 256                            # 量矩阵乘速度用的方阵边长
-CPU_BIG_ARRAY = 2 ** 24                       # 对照用的大数组：2^24 个 float64 = 134 MB
+CPU_BIG_ARRAY = 2 ** 24                       # 对照用的大数组：2^24 个数（float64 时 134 MB）
 
 
 def _src(keys):
@@ -496,9 +496,10 @@ def cpu_decode_roofline(params, cfg, seconds=TIME_SECONDS):
 
     【参数】params, cfg：transformer_lab.NumpyTransformer(params, cfg) 能接受的参数和配置（默认 QCFG 的随机权重；
     真实的小模型落地以后可以直接传它的 params 和 cfg）。seconds：每项测量大约用的秒数。
-    【推导】字节 = transformer_lab.analytic_ops 账本的权重 + KV 字节 × (8 / 2)（账本按 BF16 记，numpy 用 float64），
-    FLOPs = 账本的 FLOPs（一个 token，前面已有 CPU_PROMPT 个位置）；带宽 = 扫一遍和权重一样大的 float64 数组的速度；
-    矩阵乘速度 = CPU_MATMUL_N 方阵乘的 FLOP/s。下界 = max(FLOPs ÷ 矩阵乘速度, 字节 ÷ 带宽)。
+    【推导】字节 = transformer_lab.analytic_ops 账本的权重 + KV 字节 × (每个数的字节 / 2)（账本按 BF16 记；模型的
+    数据类型取自它的权重，QCFG 是 float64 = 8 字节）；FLOPs = 账本的 FLOPs（一个 token，前面已有 CPU_PROMPT 个位置）；
+    带宽 = 扫一遍和权重一样大（最多 CPU_BIG_ARRAY 个数）、同样数据类型的数组的速度；矩阵乘速度 = CPU_MATMUL_N 方阵乘
+    （同样数据类型）的 FLOP/s。下界 = max(FLOPs ÷ 矩阵乘速度, 字节 ÷ 带宽)。
     """
     from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sum_rows
     model = NumpyTransformer(params, cfg)
@@ -511,21 +512,21 @@ def cpu_decode_roofline(params, cfg, seconds=TIME_SECONDS):
         model.forward(one, cache)
 
     t_step = _rate(step, seconds)
+    dt = np.asarray(params["layers"][0]["wq"]).dtype
     rows = analytic_ops(cfg, 1, 1, CPU_PROMPT, last_only=True)
-    scale = 8 / BYTES_PER_EL
+    scale = dt.itemsize / BYTES_PER_EL
     w_bytes, kv_bytes = sum_rows(rows, "w") * scale, sum_rows(rows, "kv") * scale
     flops = sum_rows(rows, "flops")
-    n_w = max(1, int(w_bytes // 8))
-    small = np.ones(n_w)
+    small = np.ones(min(CPU_BIG_ARRAY, max(1, int(w_bytes // dt.itemsize))), dtype=dt)
     bw = small.nbytes / _rate(lambda: np.add.reduce(small), seconds)
-    big = np.ones(CPU_BIG_ARRAY)
+    big = np.ones(CPU_BIG_ARRAY, dtype=dt)
     bw_big = big.nbytes / _rate(lambda: np.add.reduce(big), seconds)
-    a = np.ones((CPU_MATMUL_N, CPU_MATMUL_N))
+    a = np.ones((CPU_MATMUL_N, CPU_MATMUL_N), dtype=dt)
     mm = 2 * CPU_MATMUL_N ** 3 / _rate(lambda: a @ a, seconds)
-    x, w = np.ones((1, cfg.d_model)), np.ones((cfg.d_model, cfg.d_model))
+    x, w = np.ones((1, cfg.d_model), dtype=dt), np.ones((cfg.d_model, cfg.d_model), dtype=dt)
     t_tiny = _rate(lambda: x @ w, seconds / 2)
     t_c, t_m = flops / mm, (w_bytes + kv_bytes) / bw
-    return {"t_step": t_step, "flops": flops, "bytes": w_bytes + kv_bytes, "bw": bw, "bw_big": bw_big,
+    return {"dtype": dt.name, "t_step": t_step, "flops": flops, "bytes": w_bytes + kv_bytes, "bw": bw, "bw_big": bw_big,
             "matmul": mm, "t_compute": t_c, "t_memory": t_m, "bound": max(t_c, t_m), "t_tiny": t_tiny}
 
 
@@ -545,9 +546,9 @@ def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
     r = cpu_decode_roofline(params, cfg, seconds)
     print_table(["量", "值"], [
         ["decode 一步的 FLOPs", fmt_num(r["flops"])],
-        ["decode 一步读的字节（float64）", fmt_bytes(r["bytes"])],
+        [f"decode 一步读的字节（{r['dtype']}）", fmt_bytes(r["bytes"])],
         ["numpy 扫同样大小数组的带宽", f"{fmt_bytes(r['bw'])}/s"],
-        [f"numpy 扫 {fmt_bytes(CPU_BIG_ARRAY * 8)} 数组的带宽（对照）", f"{fmt_bytes(r['bw_big'])}/s"],
+        [f"numpy 扫 {CPU_BIG_ARRAY:,} 个数的数组的带宽（对照）", f"{fmt_bytes(r['bw_big'])}/s"],
         [f"numpy {CPU_MATMUL_N}×{CPU_MATMUL_N} 矩阵乘速度", f"{fmt_num(r['matmul'])}FLOP/s"],
         ["下界：FLOPs ÷ 矩阵乘速度", fmt_time(r["t_compute"])],
         ["下界：字节 ÷ 带宽", fmt_time(r["t_memory"])],
@@ -561,9 +562,9 @@ def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
         f"一次很小的矩阵乘就要 {fmt_time(r['t_tiny'])}，实测的一步相当于 {r['t_step'] / r['t_tiny']:.0f} 次这样的调用"
         f"：transformer_lab 的说明里记着，profile 显示 decode 一步的时间几乎全是 numpy 调用的固定开销。这和 GPU 上"
         f"小 kernel 的启动开销吃掉时间是同一件事（演示 1 的 1024³ GEMM）。",
-        f"这个模型一步只读 {fmt_bytes(r['bytes'])}，放得进 CPU 的缓存；这次测到扫同样大小的数组"
-        f"{'比' if r['bw'] > r['bw_big'] else '不比'}扫 {fmt_bytes(CPU_BIG_ARRAY * 8)} 的快（"
-        f"{r['bw'] / r['bw_big']:.1f} 倍）。真实的大模型放不进缓存，那时该用的是对照的那一行。",
+        f"这个模型一步读 {fmt_bytes(r['bytes'])}；这次测到扫同样大小的数组"
+        f"{'比' if r['bw'] > r['bw_big'] else '不比'}扫 {CPU_BIG_ARRAY:,} 个数的快（{r['bw'] / r['bw_big']:.1f} 倍）"
+        f"：数组小到放得进 CPU 的缓存时就会快。放不进缓存的大模型，该用的是对照的那一行。",
     ])
     return r
 

@@ -161,15 +161,6 @@ def _llama(name, d, ff, layers, heads, kv):
                        head_dim=128, d_ff=ff)
 
 
-LLAMA31_8B = _llama("Llama-3.1-8B", 4096, 14336, 32, 32, 8)
-LLAMA31_70B = _llama("Llama-3.1-70B", 8192, 28672, 80, 64, 8)
-LLAMA31_405B = _llama("Llama-3.1-405B", 16384, 53248, 126, 128, 8)
-GPT_OSS_120B = ModelConfig("gpt-oss-120b", vocab=201088, d_model=2880, n_layers=36, n_heads=64, n_kv_heads=8,
-                           head_dim=64, d_ff=2880, n_experts=128, top_k=4, attn_bias=True, attn_sinks=True,
-                           router_bias=True, expert_bias=True, sliding_window=128)
-GPT_OSS_20B = replace(GPT_OSS_120B, name="gpt-oss-20b", n_layers=24, n_experts=32)
-ALL_MODELS = (LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, GPT_OSS_120B, GPT_OSS_20B)
-
 # Llama 2（第 1 讲 06 用：MLPerf Inference 的 Llama 2 70B、gpt-fast 测的 Llama-2-7B / 70B）。不放进 ALL_MODELS。
 # 出处：meta-llama/Llama-2-7b-hf、meta-llama/Llama-2-70b-hf 的 config.json（vocab 32000、max_position_embeddings
 # 4096、tie_word_embeddings false；7B 是 32 个头的普通多头注意力，70B 是 64 个头、8 个 KV 头的 GQA）；
@@ -179,6 +170,15 @@ LLAMA2_7B = ModelConfig("Llama-2-7B", vocab=32000, d_model=4096, n_layers=32, n_
 LLAMA2_70B = ModelConfig("Llama-2-70B", vocab=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                          head_dim=128, d_ff=28672, max_seq=4096)
 __all__ += ["LLAMA2_7B", "LLAMA2_70B"]
+
+LLAMA31_8B = _llama("Llama-3.1-8B", 4096, 14336, 32, 32, 8)
+LLAMA31_70B = _llama("Llama-3.1-70B", 8192, 28672, 80, 64, 8)
+LLAMA31_405B = _llama("Llama-3.1-405B", 16384, 53248, 126, 128, 8)
+GPT_OSS_120B = ModelConfig("gpt-oss-120b", vocab=201088, d_model=2880, n_layers=36, n_heads=64, n_kv_heads=8,
+                           head_dim=64, d_ff=2880, n_experts=128, top_k=4, attn_bias=True, attn_sinks=True,
+                           router_bias=True, expert_bias=True, sliding_window=128)
+GPT_OSS_20B = replace(GPT_OSS_120B, name="gpt-oss-20b", n_layers=24, n_experts=32)
+ALL_MODELS = (LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, GPT_OSS_120B, GPT_OSS_20B)
 
 
 def expected_touched_experts(n_experts, top_k, n_tokens):

@@ -181,7 +181,7 @@ def test_cpu_hook_counts_float64_bytes_of_any_numpy_model(mod):
     weights = nl * (d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d) + d + d * V + d
     s = mod.CPU_PROMPT + 1
     kv_elems = nl * 2 * 2 * s * 4
-    assert r["bytes"] == 8 * (weights + kv_elems)
+    assert r["bytes"] == 8 * (weights + kv_elems) and r["dtype"] == "float64"
     assert r["bound"] == max(r["t_compute"], r["t_memory"])
     assert r["t_memory"] == pytest.approx(r["bytes"] / r["bw"])
     assert r["t_step"] > 0 and r["matmul"] > 0
