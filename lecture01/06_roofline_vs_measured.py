@@ -173,6 +173,9 @@ GPT_FAST_EMPIRICAL_BW = 1700 * G              # [G]："经验上峰值带宽约 
 TIME_SECONDS = 0.4                            # 每项测量大约用多久（秒）
 CPU_PROMPT = 16                               # 先 prefill 这么多个 token，再计 decode 一步的时间
 CPU_MATMUL_N = 256                            # 量矩阵乘速度用的方阵边长
+CPU_TINY = 64                                 # 量"一次 numpy 调用的固定开销"用的小矩阵乘：1×64 @ 64×64
+CPU_OVERHEAD_RATIO = 2                        # 实测 ÷ 下界到这么多倍以上，才说"时间主要是调用的固定开销"（判断用的门槛）
+CPU_CACHE_GAIN = 1.5                          # 同样大小的数组比大数组快这么多倍以上，才说"放进了缓存"（判断用的门槛）
 CPU_BIG_ARRAY = 2 ** 24                       # 对照用的大数组：2^24 个数（float64 时 134 MB）
 
 
@@ -523,7 +526,7 @@ def cpu_decode_roofline(params, cfg, seconds=TIME_SECONDS):
     bw_big = big.nbytes / _rate(lambda: np.add.reduce(big), seconds)
     a = np.ones((CPU_MATMUL_N, CPU_MATMUL_N), dtype=dt)
     mm = 2 * CPU_MATMUL_N ** 3 / _rate(lambda: a @ a, seconds)
-    x, w = np.ones((1, cfg.d_model), dtype=dt), np.ones((cfg.d_model, cfg.d_model), dtype=dt)
+    x, w = np.ones((1, CPU_TINY), dtype=dt), np.ones((CPU_TINY, CPU_TINY), dtype=dt)
     t_tiny = _rate(lambda: x @ w, seconds / 2)
     t_c, t_m = flops / mm, (w_bytes + kv_bytes) / bw
     return {"dtype": dt.name, "t_step": t_step, "flops": flops, "bytes": w_bytes + kv_bytes, "bw": bw, "bw_big": bw_big,
@@ -542,8 +545,9 @@ def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
         from transformer_lab import init_params
         cfg = QCFG
         params = init_params(cfg, seed=0)
-    print_header(f"演示 6：你的 CPU 上 numpy 模型（{cfg.name}）decode 一步——实测 vs 它自己的 roofline（每次运行都不同）")
+    print_header(f"演示 6：你的 CPU 上 numpy 模型（{cfg.name}）decode 一步 vs 它自己的 roofline（每次都不同）")
     r = cpu_decode_roofline(params, cfg, seconds)
+    ratio, calls, gain = r["t_step"] / r["bound"], r["t_step"] / r["t_tiny"], r["bw"] / r["bw_big"]
     print_table(["量", "值"], [
         ["decode 一步的 FLOPs", fmt_num(r["flops"])],
         [f"decode 一步读的字节（{r['dtype']}）", fmt_bytes(r["bytes"])],
@@ -554,17 +558,20 @@ def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
         ["下界：字节 ÷ 带宽", fmt_time(r["t_memory"])],
         ["实测：decode 一步", fmt_time(r["t_step"])],
         ["实测 ÷ 下界", f"{r['t_step'] / r['bound']:.1f}×"],
-        [f"一次 1×{cfg.d_model} @ {cfg.d_model}×{cfg.d_model} 的时间", fmt_time(r["t_tiny"])],
+        [f"一次 1×{CPU_TINY} @ {CPU_TINY}×{CPU_TINY} 的时间", fmt_time(r["t_tiny"])],
     ])
     print_observations([
         f"这一步的下界是 {fmt_time(r['bound'])}（受{'带宽' if r['t_memory'] >= r['t_compute'] else '算力'}限制），"
-        f"实测 {fmt_time(r['t_step'])}，是下界的 {r['t_step'] / r['bound']:.1f} 倍。",
-        f"一次很小的矩阵乘就要 {fmt_time(r['t_tiny'])}，实测的一步相当于 {r['t_step'] / r['t_tiny']:.0f} 次这样的调用"
-        f"：transformer_lab 的说明里记着，profile 显示 decode 一步的时间几乎全是 numpy 调用的固定开销。这和 GPU 上"
-        f"小 kernel 的启动开销吃掉时间是同一件事（演示 1 的 1024³ GEMM）。",
-        f"这个模型一步读 {fmt_bytes(r['bytes'])}；这次测到扫同样大小的数组"
-        f"{'比' if r['bw'] > r['bw_big'] else '不比'}扫 {CPU_BIG_ARRAY:,} 个数的快（{r['bw'] / r['bw_big']:.1f} 倍）"
-        f"：数组小到放得进 CPU 的缓存时就会快。放不进缓存的大模型，该用的是对照的那一行。",
+        f"实测 {fmt_time(r['t_step'])}，是下界的 {ratio:.1f} 倍。",
+        (f"一次很小的矩阵乘就要 {fmt_time(r['t_tiny'])}，实测的一步相当于 {calls:.0f} 次这样的调用："
+         f"transformer_lab 的说明里记着，小模型 decode 一步的时间几乎全是 numpy 调用的固定开销。这和 GPU 上小"
+         f" kernel 的启动开销吃掉时间是同一件事（演示 1 的 1024³ GEMM）。" if ratio >= CPU_OVERHEAD_RATIO else
+         f"实测离下界不到 {CPU_OVERHEAD_RATIO} 倍：这个模型每一步要做的事足够多，numpy 每次调用的固定开销（一次"
+         f"很小的矩阵乘 {fmt_time(r['t_tiny'])}）相比之下不算什么，时间由"
+         f"{'读权重' if r['t_memory'] >= r['t_compute'] else '矩阵乘'}决定。"),
+        f"这个模型一步读 {fmt_bytes(r['bytes'])}；这次扫同样大小的数组是扫 {CPU_BIG_ARRAY:,} 个数的 "
+        f"{gain:.1f} 倍快" + ("：数组小到放得进 CPU 的缓存。放不进缓存的大模型，该用的是对照的那一行。"
+                             if gain >= CPU_CACHE_GAIN else "：两者差不多，量的都是内存（不是缓存）的带宽。"),
     ])
     return r
 
