@@ -70,10 +70,12 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
   55 个位置（[G] 提示 5 个 token、默认生成 100 个，平均约 55——假设；KV 只占读的字节的 1% 以下）。INT8 的 scale 按
   每个输出通道一个 FP16（llm_math 的 "int8"）。[G] 的"Memory Bandwidth"列 = 模型所有参数和缓冲区的字节 × token/s
   （gpt-fast 的 generate.py），和我们"每步真正读的字节 × token/s"口径不同，两个都打印。
-- 演示 6：QCFG 的 numpy 模型用 float64（每个数 8 字节）；它的 FLOPs 和字节来自 transformer_lab.analytic_ops（账本按 BF16 记
-  字节，这里乘 4 换成 float64）。带宽用 np.add.reduce 扫一个和模型权重一样大的数组量（模型小，放得进 CPU 缓存，
-  所以量的是缓存的带宽；另量一个 128 MB 的数组作对照）；矩阵乘速度用 256 × 256 的 float64 矩阵乘量。默认用第 3 讲的
-  QCFG 小模型（随机权重，只看时间，不看输出）；换成别的模型时按它权重的数据类型算字节（float32 是 4 字节）。
+- 演示 6：默认用第 3 讲的 QCFG 小模型（随机权重，只看时间，不看输出），float64（每个数 8 字节）；它的 FLOPs 和字节
+  来自 transformer_lab.analytic_ops（账本按 BF16 记字节，这里乘 4 换成 float64；换成别的模型时按它权重的数据类型，
+  float32 乘 2）。带宽用 np.add.reduce 扫一个和模型权重一样大的数组量（QCFG 小，放得进 CPU 缓存，量到的是缓存的
+  带宽；另量一个 2^24 个数、float64 时 134 MB 的数组作对照）；矩阵乘速度用 256 × 256 的方阵乘量；"一次 numpy 调用的
+  固定开销"用 1×64 @ 64×64 的矩阵乘量。观察里的两个门槛（实测 ÷ 下界 ≥ 2 倍才说"主要是调用开销"、快 1.5 倍以上
+  才说"放进了缓存"）是判断用的约定，不是事实。
 
 【运行】python3 06_roofline_vs_measured.py （约 0.7 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
 每次的数都不一样。
