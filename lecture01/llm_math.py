@@ -161,6 +161,16 @@ def _llama(name, d, ff, layers, heads, kv):
                        head_dim=128, d_ff=ff)
 
 
+# Llama 2（第 1 讲 06 用：MLPerf Inference 的 Llama 2 70B、gpt-fast 测的 Llama-2-7B / 70B）。不放进 ALL_MODELS。
+# 出处：meta-llama/Llama-2-7b-hf、meta-llama/Llama-2-70b-hf 的 config.json（vocab 32000、max_position_embeddings
+# 4096、tie_word_embeddings false；7B 是 32 个头的普通多头注意力，70B 是 64 个头、8 个 KV 头的 GQA）；
+# 参数总数 6,738,415,616 和 68,976,648,192（Hugging Face 上两个 checkpoint 的参数数，测试核对）。
+LLAMA2_7B = ModelConfig("Llama-2-7B", vocab=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                        head_dim=128, d_ff=11008, max_seq=4096)
+LLAMA2_70B = ModelConfig("Llama-2-70B", vocab=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                         head_dim=128, d_ff=28672, max_seq=4096)
+__all__ += ["LLAMA2_7B", "LLAMA2_70B"]
+
 LLAMA31_8B = _llama("Llama-3.1-8B", 4096, 14336, 32, 32, 8)
 LLAMA31_70B = _llama("Llama-3.1-70B", 8192, 28672, 80, 64, 8)
 LLAMA31_405B = _llama("Llama-3.1-405B", 16384, 53248, 126, 128, 8)

@@ -1,0 +1,208 @@
+"""
+lecture01/06_roofline_vs_measured.py 与它加进 llm_math 的 Llama 2 配置。
+
+期望值都用公开的数（照出处抄的常数）和手写的闭式算出来，不调用被测的函数：参数总数对 Hugging Face 的 checkpoint；
+内核的"实测 ÷ 峰值"、all-reduce 的时间按 nccl-tests 的定义和环形公式；MLPerf / TensorRT-LLM 的上界在受算力（或带宽）
+限制的区间里有闭式；gpt-fast 的下界 = 每步读的字节 ÷ 带宽；--time 的演示在子进程里真的跑一遍。
+"""
+import io
+import math
+import os
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+import pytest
+
+from conftest import ROOT, load_script
+from llm_math import LLAMA2_70B, LLAMA2_7B
+
+REL = "lecture01/06_roofline_vs_measured.py"
+T, G = 1e12, 1e9
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return load_script(REL)
+
+
+def _quiet(fn, *args, **kw):
+    with redirect_stdout(io.StringIO()):
+        return fn(*args, **kw)
+
+
+# ---- Llama 2 的配置 ----
+def test_llama2_configs_match_published_parameter_counts():
+    """meta-llama/Llama-2-7b-hf 有 6,738,415,616 个参数，Llama-2-70b-hf 有 68,976,648,192 个。"""
+    assert LLAMA2_7B.params() == 6_738_415_616
+    assert LLAMA2_70B.params() == 68_976_648_192
+    # 70B 是 GQA：每个 token 的 KV = 2 × 80 层 × 8 个 KV 头 × 128 × 2 字节
+    assert LLAMA2_70B.kv_bytes_per_token() == 2 * 80 * 8 * 128 * 2
+    assert LLAMA2_7B.kv_bytes_per_token() == 2 * 32 * 32 * 128 * 2
+
+
+# ---- 演示 1：内核 ----
+def test_kernel_shares_are_published_throughput_over_dense_peak(mod):
+    r = _quiet(mod.demo1_compute_kernels)
+    assert r["gemm_8192"] == pytest.approx(1290.1 / 1978.9)
+    assert r["gemm_32768"] == pytest.approx(1382.2 / 1978.9)
+    assert r["gemm_1024"] == pytest.approx(274.1 / 1978.9)
+    assert r["fa3_d256"] == pytest.approx(756 / 989.4)
+    assert r["fa3_abstract"] == pytest.approx(740 / 989.4)          # 摘要的"75%"
+    assert round(100 * r["fa3_abstract"]) == 75
+    assert r["fa2_h100_paper"] == pytest.approx(370 / 989.4)
+    assert r["fa2_h100_azure"] == pytest.approx(327.9 / 989.4)
+    assert r["fa2_a100"] == pytest.approx(230 / 312)
+    assert round(100 * r["fa2_a100"]) in (73, 74)                     # 论文说 73%
+    assert r["gemm_1024_time"] == pytest.approx(2 * 1024 ** 3 / 274.1e12)
+
+
+def test_every_listed_kernel_is_compute_bound_by_roofline(mod):
+    """GEMM 1024³ FP8：强度 2n³/(3n²) = 683 > H100 FP8 的拐点 1978.9/3.35 = 591；注意力前向强度 = 序列 / 2。"""
+    assert mod.kernel_intensity(("gemm", 1024)) == pytest.approx(2 * 1024 / 3)
+    assert mod.kernel_intensity(("attn", 8192)) == 4096
+    assert 2 * 1024 / 3 > 1978.9 / 3.35
+
+
+# ---- 演示 2：HBM 与 all-reduce ----
+def test_allreduce_times_follow_the_nccl_busbw_definition_and_the_ring_formula(mod):
+    r = _quiet(mod.demo2_memory_and_allreduce)
+    n, factor = 8, 2 * 7 / 8
+    small = r["ar"]["1K"]
+    assert small["t_meas"] == pytest.approx(factor * 1024 / 0.07e9)
+    assert small["t_model"] == pytest.approx(14 * 3e-6 + factor * 1024 / 450e9)
+    assert r["hop_implied"] == pytest.approx(factor * 1024 / 0.07e9 / 14)
+    big = r["ar"]["8G"]
+    t_ring = 14 * 3e-6 + factor * 2 ** 33 / 450e9
+    assert big["model_busbw"] == pytest.approx(factor * 2 ** 33 / t_ring)
+    assert big["busbw"] > big["model_busbw"]                          # NVLS 比环形模型快
+    assert r["hbm_h100_triad"] == pytest.approx(2.97 / 3.35)
+    assert r["hbm_a100_gptfast"] == pytest.approx(1700 / 2039)
+    lo, hi = r["mid_range"]
+    ratios = [(14 * 3e-6 + factor * s / 450e9) / (factor * s / bw) for s, bw in
+              ((2 ** 16, 2.72e9), (2 ** 20, 43.70e9), (2 ** 24, 234.45e9), (2 ** 28, 423.38e9))]
+    assert (lo, hi) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
+    assert n == mod.ALLREDUCE_N
+
+
+# ---- 演示 3、4：整个系统的上界（独立的闭式）----
+def _fp8_weight_bytes(shapes, n_layers, other_params):
+    """块里的矩阵 FP8、每个输出通道一个 FP32 scale：n_out × (n_in + 4) 字节；其余参数 BF16。"""
+    return n_layers * sum(o * (i + 4) for o, i in shapes) + 2 * other_params
+
+
+L70 = 80
+SHAPES_70B = [(8192, 8192), (1024, 8192), (1024, 8192), (8192, 8192), (28672, 8192), (28672, 8192), (8192, 28672)]
+MAT_70B = L70 * sum(o * i for o, i in SHAPES_70B)
+
+
+def _llama2_70b_per_token_flops(n_in, n_out):
+    """decode 一个 token（平均上下文 n_in + n_out/2）+ 分摊到每个输出 token 的 prefill FLOPs。"""
+    head = 32000 * 8192
+    ctx = n_in + n_out / 2
+    dec = 2 * (MAT_70B + head) + 4 * 64 * 128 * L70 * ctx
+    pre = 2 * MAT_70B * n_in + 2 * head + 4 * 64 * 128 * L70 * n_in * (n_in + 1) // 2
+    return dec + pre / n_out
+
+
+def _mlperf_closed_form(n_in):
+    """4 份 × 2 块 H100：受算力限制时每份 token/s = 2 × 1978.9 TFLOP/s ÷ 每 token 的 FLOPs。"""
+    n_out = 24524.9 / 84.4792
+    return 4 * 2 * 1978.9e12 / _llama2_70b_per_token_flops(n_in, n_out)
+
+
+def test_mlperf_bound_is_the_compute_roof_at_batches_that_fit(mod):
+    r = _quiet(mod.demo3_mlperf_llama2_70b)
+    n_out = 24524.9 / 84.4792
+    assert r["n_out"] == pytest.approx(n_out)
+    for n_in in (256, 512, 1024):
+        assert r["bounds"][n_in] == pytest.approx(_mlperf_closed_form(n_in), rel=1e-9)
+        assert r["capped"][n_in] == pytest.approx(r["bounds"][n_in], rel=1e-9)
+    # 装得下的批：(160 GB − 全部权重) ÷ 每个序列平均上下文的 8 位 KV
+    w_total = _fp8_weight_bytes(SHAPES_70B, L70, 68_976_648_192 - MAT_70B)
+    ctx = 512 + n_out / 2
+    b_max = math.floor((160e9 - w_total) / (2 * L70 * 8 * 128 * ctx))
+    assert r["b_max_512"] == b_max
+    # 在 b_max 上确实受算力限制（否则上面的闭式不是上界）
+    w_active = w_total - 2 * 32000 * 8192
+    t_mem = (w_active + b_max * 2 * L70 * 8 * 128 * ctx) / (2 * 3.35e12)
+    t_cmp = b_max * _llama2_70b_per_token_flops(512, n_out) / (2 * 1978.9e12)
+    assert t_cmp > t_mem
+    assert r["ratio_512"] == pytest.approx(24524.9 / _mlperf_closed_form(512), rel=1e-9)
+    assert r["in_flight"] == pytest.approx(21605.79 / 4 * 0.154960329)
+
+
+def test_largest_consistent_input_is_where_the_bound_crosses_the_measurement(mod):
+    r = _quiet(mod.demo3_mlperf_llama2_70b)
+    p = r["p_star"]
+    assert _mlperf_closed_form(p) >= 24524.9 > _mlperf_closed_form(p + 1)
+
+
+def test_trtllm_bound_is_memory_roof_at_the_largest_batch_for_long_outputs(mod):
+    """Llama 3.1 8B、128/2048：最大批时仍受带宽限制，上界 = B_max × 带宽 ÷ (激活权重 + B_max 份 KV)。"""
+    r = _quiet(mod.demo4_trtllm_llama31_8b)
+    shapes = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (14336, 4096), (14336, 4096), (4096, 14336)]
+    mat = 32 * sum(o * i for o, i in shapes)
+    params = 128256 * 4096 * 2 + 32 * (sum(o * i for o, i in shapes) + 2 * 4096) + 4096
+    w_total = _fp8_weight_bytes(shapes, 32, params - mat)
+    w_active = w_total - 2 * 128256 * 4096
+    ctx = 128 + 2048 / 2
+    kv = 2 * 32 * 8 * 128 * ctx                                      # 8 位
+    b_max = math.floor((80e9 - w_total) / kv)
+    bound = b_max * 3.35e12 / (w_active + b_max * kv)
+    assert r["ratios"][(128, 2048)] == pytest.approx(22714 / bound, rel=1e-9)
+
+
+# ---- 演示 5：批 1 ----
+def test_gpt_fast_bound_is_bytes_read_over_a100_bandwidth(mod):
+    r = _quiet(mod.demo5_batch1_tpot)
+    kv7 = 2 * 32 * 32 * 128 * 2 * 55                                  # BF16 KV，上下文 55
+    b16 = 2 * (6_738_415_616 - 32000 * 4096) + kv7
+    assert r["Llama-2-7B BF16"]["bytes"] == pytest.approx(b16)
+    assert r["Llama-2-7B BF16"]["ratio"] == pytest.approx(b16 / 2.039e12 * 104.9)
+    assert r["Llama-2-7B BF16"]["ratio_emp"] == pytest.approx(b16 / 1700e9 * 104.9)
+    # INT8：块里的矩阵每个输出通道一个 FP16 scale（n_out × (n_in + 2) 字节），lm_head 和 norm 是 BF16
+    shapes = [(4096, 4096)] * 4 + [(11008, 4096), (11008, 4096), (4096, 11008)]
+    mat = 32 * sum(o * i for o, i in shapes)
+    rest = 6_738_415_616 - 32000 * 4096 - mat
+    b8 = 32 * sum(o * (i + 2) for o, i in shapes) + 2 * rest + kv7
+    assert r["Llama-2-7B INT8"]["bytes"] == pytest.approx(b8)
+    assert r["Llama-2-7B INT8"]["ratio"] == pytest.approx(b8 / 2.039e12 * 155.58)
+
+
+# ---- 演示 6：CPU 的钩子与 --time ----
+def test_cpu_hook_counts_float64_bytes_of_any_numpy_model(mod):
+    """钩子收 (params, cfg)：一步读的字节 = 8 × (权重矩阵 + norm + 一行词嵌入 + lm_head + 每层 K、V 的元素)。"""
+    from transformer_lab import LMConfig, init_params
+    cfg = LMConfig(name="tiny", vocab=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24,
+                   max_seq=64)
+    r = mod.cpu_decode_roofline(init_params(cfg, seed=1), cfg, seconds=0.01)
+    d, q, kv, ff, V, nl = 16, 16, 8, 24, 32, 2
+    weights = nl * (d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d) + d + d * V + d
+    s = mod.CPU_PROMPT + 1
+    kv_elems = nl * 2 * 2 * s * 4
+    assert r["bytes"] == 8 * (weights + kv_elems) and r["dtype"] == "float64"
+    assert r["bound"] == max(r["t_compute"], r["t_memory"])
+    assert r["t_memory"] == pytest.approx(r["bytes"] / r["bw"])
+    assert r["t_step"] > 0 and r["matmul"] > 0
+
+
+def test_time_flag_runs_the_cpu_demo_and_prints_its_table():
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1")
+    env.pop("CS349E_CONSOLE_LOG", None)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, REL), "--time"], capture_output=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr.decode("utf-8", "replace")
+    assert p.stderr == b""
+    out = p.stdout.decode("utf-8")
+    for text in ("演示 6：你的 CPU 上 numpy 模型（QCFG）", "实测：decode 一步", "下界：字节 ÷ 带宽",
+                 "下界：FLOPs ÷ 矩阵乘速度", "实测 ÷ 下界"):
+        assert text in out, text
+
+
+def test_default_run_prints_no_timing(mod):
+    """不加 --time 时不打印演示 6（默认输出每次都一样，由 test_scripts 比较字节）。"""
+    from conftest import script_stdout
+    out = script_stdout(REL)
+    assert "演示 6" not in out and "演示 5" in out
