@@ -187,16 +187,26 @@ def test_cpu_hook_counts_float64_bytes_of_any_numpy_model(mod):
     assert r["t_step"] > 0 and r["matmul"] > 0
 
 
-def test_time_flag_runs_the_cpu_demo_and_prints_its_table():
+@pytest.mark.parametrize("real", [False, True])
+def test_time_flag_runs_the_cpu_demo_and_prints_its_table(real, tmp_path):
+    """--time：真实模型的文件在本机时用它（float32），否则用 QCFG；两条路都跑一次。"""
     env = dict(os.environ, PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
     env.pop("CS349E_CONSOLE_LOG", None)
+    if real:
+        from conftest import real_model_path
+        env["CS349E_GGUF"] = real_model_path()
+        name = "smollm2-135M"
+    else:                       # 没有环境变量、缓存目录是空的：没有真实模型
+        env.pop("CS349E_GGUF", None)
+        env["XDG_CACHE_HOME"] = str(tmp_path)
+        name = "QCFG"
     p = subprocess.run([sys.executable, os.path.join(ROOT, REL), "--time"], capture_output=True, env=env,
-                       timeout=120)
+                       timeout=300)
     assert p.returncode == 0, p.stderr.decode("utf-8", "replace")
     assert p.stderr == b""
     out = p.stdout.decode("utf-8")
-    for text in ("演示 6：你的 CPU 上 numpy 模型（QCFG）", "实测：decode 一步", "下界：字节 ÷ 带宽",
+    for text in (f"演示 6：你的 CPU 上 numpy 模型（{name}）", "实测：decode 一步", "下界：字节 ÷ 带宽",
                  "下界：FLOPs ÷ 矩阵乘速度", "实测 ÷ 下界"):
         assert text in out, text
 
