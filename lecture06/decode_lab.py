@@ -192,6 +192,34 @@ def speculative_step_probs(target_probs, draft_probs):  # [V], [V] -> [V]
     return out
 
 
+def verify_chain(target_probs, draft_probs, drafts, rng):  # [k + 1, V], k × [V], k 个 token -> (n, token)
+    """
+    验证一条草稿链（Leviathan 算法 1 的第 3、4 步）-> (n, token)：n = 被接受的草稿个数（0..k），
+    token = 接在被接受的 n 个之后的那个 token（拒绝时的修正 token，全部接受时的额外 token）。
+
+    【推导】依次检查 x_i（i = 1..k，代码里从 0 开始）：抽 r_i ~ U[0, 1)，r_i·q_i(x_i) < p_i(x_i) 就接受
+    （概率 min(1, p_i(x_i) / q_i(x_i))），否则在第一个被拒绝的位置 n 停；有拒绝时从 norm(max(0, p_n − q_n)) 抽修正 token，
+    全部接受时从 p_{k+1} 抽额外的 token。输出的分布正好是 p（speculative_step_probs 精确枚举一步）。
+    【参数】target_probs：k + 1 行，第 i 行是 p_i（最后一行用于额外的 token）；draft_probs：k 个 q_i；
+    drafts：k 个草稿 token（必须是从 draft_probs 抽出来的）。k = 0 时直接从 p₁ 抽（普通 decode 的一步）。
+    【随机数】每检查一个草稿用一个 rng.random()（第一次拒绝就停），最后再用一个抽修正 / 额外的 token。
+    speculative_generate 和 lookup_lab.speculative_generate_adaptive 都调用这一个函数。
+    """
+    k = len(drafts)
+    n = 0
+    while n < k:
+        x = drafts[n]
+        if rng.random() * draft_probs[n][x] < target_probs[n][x]:
+            n += 1
+        else:
+            break
+    dist = residual_distribution(target_probs[n], draft_probs[n]) if n < k else target_probs[k]
+    return n, int(sample_inverse_cdf(dist, rng.random()))
+
+
+# ---------------------------------------------------------------------------
+# 生成的参数：停止 token、提示、上下文
+# ---------------------------------------------------------------------------
 def _stop_set(stop):
     """停止 token 的集合（None = 不停）。【边界】不是整数的 id 抛 ValueError。"""
     if stop is None:
@@ -244,31 +272,6 @@ def _check_generation(prompt, n_new, models, gamma=0):
             name = getattr(m, "name", "") or "模型"
             raise ValueError(f"{what} = {need} 个位置，超过 {name} 的上下文 max_seq = {cfg.max_seq}")
     return prompt
-
-
-def verify_chain(target_probs, draft_probs, drafts, rng):  # [k + 1, V], k × [V], k 个 token -> (n, token)
-    """
-    验证一条草稿链（Leviathan 算法 1 的第 3、4 步）-> (n, token)：n = 被接受的草稿个数（0..k），
-    token = 接在被接受的 n 个之后的那个 token（拒绝时的修正 token，全部接受时的额外 token）。
-
-    【推导】依次检查 x_i（i = 1..k，代码里从 0 开始）：抽 r_i ~ U[0, 1)，r_i·q_i(x_i) < p_i(x_i) 就接受
-    （概率 min(1, p_i(x_i) / q_i(x_i))），否则在第一个被拒绝的位置 n 停；有拒绝时从 norm(max(0, p_n − q_n)) 抽修正 token，
-    全部接受时从 p_{k+1} 抽额外的 token。输出的分布正好是 p（speculative_step_probs 精确枚举一步）。
-    【参数】target_probs：k + 1 行，第 i 行是 p_i（最后一行用于额外的 token）；draft_probs：k 个 q_i；
-    drafts：k 个草稿 token（必须是从 draft_probs 抽出来的）。k = 0 时直接从 p₁ 抽（普通 decode 的一步）。
-    【随机数】每检查一个草稿用一个 rng.random()（第一次拒绝就停），最后再用一个抽修正 / 额外的 token。
-    speculative_generate 和 lookup_lab.speculative_generate_adaptive 都调用这一个函数。
-    """
-    k = len(drafts)
-    n = 0
-    while n < k:
-        x = drafts[n]
-        if rng.random() * draft_probs[n][x] < target_probs[n][x]:
-            n += 1
-        else:
-            break
-    dist = residual_distribution(target_probs[n], draft_probs[n]) if n < k else target_probs[k]
-    return n, int(sample_inverse_cdf(dist, rng.random()))
 
 
 # ---------------------------------------------------------------------------
