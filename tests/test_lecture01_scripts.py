@@ -431,3 +431,46 @@ def test_04_ledger(s04, capsys):
     assert co["ttft"] == pytest.approx(t_pre + t_dec / 2)
     # 一块 decode 卡每秒完成 64 / (256 · t_dec) 个请求，每个请求要 t_pre 的 prefill 卡时间
     assert hh["n_prefill"] == pytest.approx(64 * t_pre / (256 * t_dec))
+
+
+def test_04_chunked_prefill_beats_every_disaggregated_row(s04, capsys):
+    """
+    回归：演示 4 只比了"prefill 单独占一步"的同机，说"分开本身不产生吞吐"之外还让人以为分开吞吐更高。
+    分块 prefill（每步顺带一个 4096 提示的 1024 个 token）时一步 = max(FLOPs 和 / 算力, 字节和 / 带宽)，
+    闭式用 config.json 的整数和 H100 的数据手册，不调 llm_math。
+    """
+    r = s04.demo4_ledger()
+    out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察折行处接回去
+    ck, co = r["chunked"], r["colocated"]
+    steps = []
+    for i in range(4):
+        p, c, ctx = 1024 * i, 1024, 4096 + 128
+        flops = 64 * (2 * MATMUL_8B + 4 * H8 * DH8 * L8 * ctx) + prefill_flops_8b(c) \
+            + 4 * H8 * DH8 * L8 * c * p
+        nbytes = W_STEP_8B + 64 * KV_TOK_8B * ctx + KV_TOK_8B * p
+        assert flops / P_H100 > nbytes / BW_H100                  # 每一步都受算力限制
+        steps.append(flops / P_H100)
+    t_mix = sum(steps) / 4
+    assert ck["tpot"] == pytest.approx(t_mix, rel=1e-12) and ck["worst"] == pytest.approx(steps[-1], rel=1e-12)
+    assert ck["all_compute_bound"]
+    assert ck["thr_per_gpu"] == pytest.approx(64 / t_mix, rel=1e-12)
+    assert round(ck["thr_per_gpu"]) == 3838 and f"{t_mix * 1e3:.1f}" == "16.7"
+    assert ck["thr_per_kw"] == pytest.approx(64 / t_mix / 0.7, rel=1e-12)
+    assert ck["ttft"] == pytest.approx(t_mix / 2 + sum(steps), rel=1e-12)
+    # 分块同机高于每一种分开跑（每块卡、每 kW）；旧的结论只对不分块的同机成立
+    for key in ("H100→H100", "H100→H200", "H100→A100"):
+        assert ck["thr_per_gpu"] > r[key]["thr_per_gpu"] and ck["thr_per_kw"] > r[key]["thr_per_kw"]
+    assert r["best_disagg"] == "H100→H200" and round(r["best_disagg_thr"]) == 2455
+    assert round(r["best_disagg_kw"]) == 3507
+    assert ck["thr_per_gpu"] / r["H100→H100"]["thr_per_gpu"] == pytest.approx(
+        (64 / t_mix) / (64 / (decode_time_8b_memory_bound(64, 4096 + 128) + prefill_time_8b(4096) / 4)), rel=1e-12)
+    assert "3838 token/s" in out and "1.84×" in out and "分开本身不产生吞吐" not in out
+    assert "比同机多" not in out and "比不分块的同机多 17%" in out
+
+
+def test_04_demo1_idle_resource_sentence_is_scoped(s04, capsys):
+    """回归：演示 1 说"同一块芯片同时服务两种工作，总有一种资源闲着"——分块 prefill 时不是这样。"""
+    s04.demo1_intensity_vs_ridge()
+    out = capsys.readouterr().out
+    assert "总有一种资源闲着" in out and "一步只做一种工作时" in out
+    assert "同一块芯片同时服务两种工作，总有一种资源闲着" not in out
