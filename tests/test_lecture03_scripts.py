@@ -48,6 +48,18 @@ def q02(s02, ev):
         return s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
 
 
+@pytest.fixture(scope="module")
+def text02(s02, ev):
+    """02 的三个演示打印的文字，观察折行处接回一行。"""
+    import contextlib
+    import io
+    import re
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
+    return re.sub(r"\n +", "", buf.getvalue())
+
+
 # ---------------------------------------------------------------------------
 # 02：量化模型的质量
 # ---------------------------------------------------------------------------
@@ -109,6 +121,14 @@ def test_demo1_claims(q02):
     assert d1["int8_disagree_margin"] < 0.1 * d1["all_margin"]
     for s in ("int8", "fp8-e4m3", "int4", "int4-g64", "int4-g32", "mxfp4"):
         assert d1[s]["log_ppl_ratio"] > 0
+
+
+def test_demo1_fp8_advantage_is_range_not_speed(q02, text02):
+    """回归：观察 2 说 FP8 的好处是"H100 有 FP8 张量核"——H100 的 INT8 稠密峰值和 FP8 一样（数据手册 1978.9 TFLOP/s）。"""
+    d1 = q02[0]
+    assert d1["h100_fp8_tflops"] == d1["h100_int8_tflops"] == pytest.approx(1978.9, rel=1e-12)
+    assert "都是 1979 TFLOP/s，BF16 的 2 倍" in text02 and "动态范围" in text02
+    assert "H100 有 FP8 张量核" not in text02
 
 
 def test_int8_disagreements_sit_where_the_top_two_nearly_tie(ev, q02):
