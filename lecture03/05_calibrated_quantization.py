@@ -195,8 +195,8 @@ def demo2_model_quality(ev):
                 diff = f"{1e3 * mean:+.2f} ± {1e3 * se:.2f}"
             rows.append([SCHEME_ZH[s], METHOD_ZH[m], f"{r['kl']:.5f}", pct(r["agree"]), f"{r['ppl']:.3f}", diff])
     print_table(["方案", "方法", "KL（nats）", "top-1 一致", "困惑度", "KL − 就近舍入\n（10⁻³，± 标准误）"], rows)
-    print(f"（± 是 {N_TEXT} 条序列上配对的标准误：每条序列一个 KL 之差；n = {N_TEXT}，差要超过 t₇ = {T7_975} 个标准误"
-          "才算 5% 显著）")
+    print(f"（± 是 {N_TEXT} 条序列上配对的标准误：每条序列一个 KL 之差；n = {N_TEXT}，")
+    print(f" 差要超过 t₇ = {T7_975} 个标准误才算 5% 显著）")
     obs = []
     for s in MAIN_SCHEMES:
         k = {m: res[(s, m)]["kl"] for m in METHODS}

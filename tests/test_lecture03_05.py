@@ -50,13 +50,18 @@ def rel(x, w, wq):
     return np.linalg.norm(x @ (wq - w)) / np.linalg.norm(x @ w)
 
 
-def kl_of(P, Pq, toks):
+def kl_positions(P, Pq, toks):
+    """每个位置的 KL(p_原 ‖ p_量化)（朴素前向，不经过 quant_lab.compare_logits）-> [n_seq, len − 1]。"""
     def lsm(z):
         z = z - z.max(-1, keepdims=True)
         return z - np.log(np.exp(z).sum(-1, keepdims=True))
     lp = lsm(layer_inputs(P, QCFG, toks)[0][:, :-1])
     lq = lsm(layer_inputs(Pq, QCFG, toks)[0][:, :-1])
-    return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
+    return (np.exp(lp) * (lp - lq)).sum(-1)
+
+
+def kl_of(P, Pq, toks):
+    return float(kl_positions(P, Pq, toks).mean())
 
 
 def rtn_params(P, quant):
@@ -269,13 +274,8 @@ def test_demo4_zero_point_kl_by_a_second_forward(run):
 
 
 def kl_per_seq(P, Pq, toks):
-    """每条序列自己的平均 KL（朴素前向，不经过 quant_lab.compare_logits）-> [n_seq]。"""
-    def lsm(z):
-        z = z - z.max(-1, keepdims=True)
-        return z - np.log(np.exp(z).sum(-1, keepdims=True))
-    lp = lsm(layer_inputs(P, QCFG, toks)[0][:, :-1])
-    lq = lsm(layer_inputs(Pq, QCFG, toks)[0][:, :-1])
-    return (np.exp(lp) * (lp - lq)).sum(-1).mean(axis=1)
+    """每条序列自己的平均 KL -> [n_seq]。"""
+    return kl_positions(P, Pq, toks).mean(axis=1)
 
 
 def t_quantile(df, p):
