@@ -127,6 +127,22 @@ def test_01_e2m1_values_and_fp8_code_counts(s1):
     assert all(v["all_fixed_points"] for v in c.values())
 
 
+def test_01_saturation_is_numfmts_choice_for_e4m3_and_the_only_way_for_e2m1(s1):
+    """
+    回归：演示 1 的"溢出时"和演示 3 观察 2 把"E4M3 和 E2M1 饱和到最大值"说成格式的性质。E4M3 有 NaN 码
+    （OFP8 允许溢出变 NaN，ml_dtypes 就这样），饱和是 numfmt 的选择；E2M1 的 16 个码全是有限值，只能饱和。
+    """
+    from conftest import script_stdout
+    c = s1[1]["demo2_small_formats_enumerated"]["counts"]
+    assert c["FP8-E4M3"]["nan"] == 2 and c["FP8-E4M3"]["inf"] == 0
+    assert _positive_values(2, 1, "none") == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]    # 7 个正数、7 个负数、±0：16 个码全是数
+    out = script_stdout(S1)
+    assert "448  饱和（numfmt 选的）" in out and "6  饱和（没有别的码）" in out
+    assert "OCP OFP8 规范允许饱和到 448 或变 NaN，numfmt 选了饱和" in out
+    assert "E2M1 既没有 inf 也没有 NaN，只能饱和（100 → 6）" in out
+    assert "E4M3 和 E2M1 没有 inf，饱和到最大值" not in out and "饱和到最大值" not in out.split("演示 2")[0]
+
+
 def test_01_number_line_counts(s1):
     """演示 2 的数轴：E4M3 在 [0, 6] 里的非负值（从位的定义数，不经过脚本），每个正规数区间的个数 = 2^尾数位。"""
     r = s1[1]["demo2_small_formats_enumerated"]
