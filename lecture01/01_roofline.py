@@ -85,7 +85,8 @@ def demo1_chips():
     h200_bw = H200.mem_bw / H100.mem_bw
     low_gpu = min(GPUS, key=ridge)
     high_gpu = max(GPUS, key=ridge)
-    low = {short(c): c.ridge_point(LOW_DTYPE[c.name]) for c in (A100, H100, H200, B200)}
+    low = {short(c): c.ridge_point(LOW_DTYPE[c.name]) for c in GPUS}
+    top_low = max(GPUS, key=lambda c: c.ridge_point(LOW_DTYPE[c.name]))      # 低精度一列里拐点最高的 GPU
     b200_fp4 = B200.ridge_point("fp4")
     print_observations([
         f"H100 SXM5 的拐点是 {r['H100']:.0f} FLOP/字节：一个 BF16 算子每从 HBM 读一个字节，要做 {r['H100']:.0f} 次运算才能把算力用满。"
@@ -94,7 +95,9 @@ def demo1_chips():
         f"之后拐点没有接着升：H200 是同样的计算芯片配更快的 HBM（带宽 ×{h200_bw:.2f}），拐点降到 {r['H200']:.0f}；"
         f"B200 的带宽涨得比算力多（相对 H100：×{B200.mem_bw / H100.mem_bw:.2f} vs ×{B200.peak_flops('bf16') / H100.peak_flops('bf16'):.2f}），"
         f"拐点 {r['B200']:.0f}，也比 H100 低。低精度一列同样不是一路上升（A100 INT8 {low['A100']:.0f}、H100 FP8 {low['H100']:.0f}、"
-        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}）；这四代里只有 B200 的 FP4 比 H100 SXM5 的 FP8 高"
+        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}；这一列 GPU 里最高的是 {top_low.name} 的 FP8，"
+        f"{low[short(top_low)]:.0f}）。表里是三代 GPU（Ampere：A100；Hopper：两种 H100、H200；Blackwell：B200），"
+        f"{'拐点比这一列都高的只有' if b200_fp4 > low[short(top_low)] else '拐点没有超过这一列的是'} B200 的 FP4"
         f"（表里没有：{fmt_num(B200.peak_flops('fp4'))}FLOP/s ÷ {fmt_bytes(B200.mem_bw)}/s = {b200_fp4:.0f}）。",
         f"低精度把算力翻倍（H100 的 FP8：{fmt_num(H100.peak_flops('fp8'))}FLOP/s），带宽不变，拐点也翻倍（{H100.ridge_point('fp8'):.0f}）；"
         f"但每个数也只占 1 个字节，同一个算子的 FLOP/字节跟着翻倍：两者抵消，受哪一项限制不变，时间都减半。",
@@ -104,7 +107,8 @@ def demo1_chips():
     ])
     return {"ridge": r, "gen_flops": gen_flops, "gen_bw": gen_bw, "h200_bw": h200_bw,
             "h100_fp8_ridge": H100.ridge_point("fp8"), "corsair_bw_ratio": CORSAIR.mem_bw / H100.mem_bw,
-            "lowest_gpu": low_gpu.name, "highest_gpu": high_gpu.name, "low_ridge": low, "b200_fp4_ridge": b200_fp4}
+            "lowest_gpu": low_gpu.name, "highest_gpu": high_gpu.name, "low_ridge": low, "b200_fp4_ridge": b200_fp4,
+            "highest_low_gpu": top_low.name}
 
 
 # ---------------------------------------------------------------------------

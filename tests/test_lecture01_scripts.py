@@ -151,7 +151,14 @@ def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
     assert low["H200"] < low["B200"] < low["H100"]
     assert r["b200_fp4_ridge"] == pytest.approx(9000 / 8.0) and r["b200_fp4_ridge"] > low["H100"]
     out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察在 100 列处折行：先接回一行
-    assert "越新的芯片越难喂饱" not in out and "只有 B200 的 FP4 比 H100 SXM5 的 FP8 高" in out and "= 1125）" in out
+    assert "越新的芯片越难喂饱" not in out and "= 1125）" in out
+    # 回归：以前说"这四代里只有 B200 的 FP4 比 H100 SXM5 的 FP8 高"——H100 和 H200 同是 Hopper（三代），
+    # 而 H100 PCIe 的 FP8 拐点 1513 / 2.0 = 756 比拿来比的 591 还高
+    pcie_fp8 = 1513.0 / 2.0
+    assert r["low_ridge"]["H100 PCIe"] == pytest.approx(pcie_fp8, rel=1e-9) and pcie_fp8 > max(low.values())
+    assert r["highest_low_gpu"] == "H100 PCIe" and r["b200_fp4_ridge"] > pcie_fp8
+    assert "这四代" not in out and "三代 GPU" in out and "最高的是 H100 PCIe 的 FP8，756" in out
+    assert "拐点比这一列都高的只有 B200 的 FP4" in out
     # 观察 2 的其他数：H200 相对 H100 的带宽、B200 相对 H100 的带宽和算力
     assert r["h200_bw"] == pytest.approx(4.8 / 3.35, rel=1e-12)
     assert "（带宽 ×1.43）" in out and "×2.39 vs ×2.27" in out
