@@ -240,7 +240,9 @@ WEIGHT_FORMATS = {
     "bf16": (16, 0, None),        # 不量化
     "fp8": (8, 32, "row"),        # FP8-E4M3，每个输出通道一个 FP32 scale（同 quant_lab 的 "fp8-e4m3"）
     "int8": (8, 16, "row"),       # INT8，每个输出通道一个 FP16 scale（对称量化，没有零点）
-    "int4-g128": (4, 16, 128),    # INT4，沿输入维度每 128 个一组、每组一个 FP16 scale（对称，没有零点）
+    "int4-g128": (4, 16, 128),    # INT4，沿输入维度每 128 个一组、每组一个 FP16 scale（对称，没有零点：最简单的分组格式）
+    "int4-g128-zp": (4, 20, 128),  # 同上再加每组一个 4 位零点（非对称）：AWQ / GPTQ checkpoint 的做法（llm-awq 默认
+                                   # zero_point = True；GPTQ 存 qzeros），每组 FP16 scale + 4 位零点 = 20 位
     "mxfp4": (4, 8, 32),          # OCP MX：E2M1 的值 + 每 32 个共享一个 E8M0 scale
 }
 
@@ -253,7 +255,8 @@ def bits_per_param(fmt, row_len=None):
     给了 row_len（矩阵一行的长度 = 输入维度）时按实际组数算：一行 ⌈row_len / g⌉ 个 scale（最后一组不满也要一个）。
     和 ../prereq3/numfmt.bits_per_value 是同一个约定（测试核对两者逐格相等）。
     各格式假设的 scale：bf16 无；fp8 每个输出通道一个 FP32（8 + 32 / row_len 位）；int8 每个输出通道一个 FP16
-    （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；
+    （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；int4-g128-zp 再加每组一个 4 位零点
+    （4 + 20/128 = 4.156 位，AWQ / GPTQ 的 checkpoint）；
     mxfp4 每 32 个一个 E8M0（4 + 8/32 = 4.25 位，OCP MX 规范）。
     【参数】fmt：WEIGHT_FORMATS 里的名字，或者直接一个数（每个参数的位数，已含 scale，例如 4.25）；
     row_len：每行的长度（"int8" 必须给）。

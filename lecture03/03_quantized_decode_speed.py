@@ -17,8 +17,8 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
 【模型的假设（务必看）】
 - 量化的只是 transformer 块里的权重矩阵（q/k/v/o、gate/up/down）；词嵌入、lm_head、norm 留在 BF16
   （常见的 INT4 checkpoint 如此；llm_math.weight_bytes）。所以"每个读到的参数平均几位"比格式本身的位数高一点。
-- 每种格式的 scale（llm_math.WEIGHT_FORMATS，均为假设的常见做法）：INT8 每输出通道一个 FP16；INT4 每 128 个一组一个 FP16
-  （4.125 位）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每输出通道一个 FP32（8 + 32 / 行长 位，
+- 每种格式的 scale（llm_math.WEIGHT_FORMATS，均为假设的约定）：INT8 每输出通道一个 FP16；INT4 每 128 个一组一个 FP16
+  （4.125 位，对称、不带零点；AWQ / GPTQ 的 checkpoint 每组另有 4 位零点，4.156 位，矩阵的字节多 0.8%）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每输出通道一个 FP32（8 + 32 / 行长 位，
   Llama 的行长几千，约 8.01 位）。
 - "只量化权重"（W4A16、W8A16）：读权重时反量化成 BF16 再用 BF16 张量核算——假设反量化的开销完全藏在访存里。
   H100 没有 FP4 张量核，MXFP4 在 H100 上也只能这样用。

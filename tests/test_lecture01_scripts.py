@@ -239,6 +239,11 @@ def test_02_bytes(s02, capsys):
     assert r["bytes"][(LLAMA31_405B.name, "int8")] == pytest.approx(int8, rel=1e-12)
     assert r["fp8_over_int8_405b"] == pytest.approx(fp8 / int8, rel=1e-12)
     assert math.ceil(fp8 / 80e9) == 6                          # 演示 4 的"FP8 只要 6 块"
+    # 回归：INT4-g128 是对称、不带零点的 4.125 位；AWQ / GPTQ 的 checkpoint 每组还有 4 位零点：4 + 20/128 位
+    from conftest import script_stdout
+    out = script_stdout("lecture01/02_model_arithmetic.py")
+    assert bits_per_param("int4-g128-zp") == 4 + (16 + 4) / 128 == 4.15625
+    assert "4.125 位（对称、不带零点；AWQ / GPTQ 的 checkpoint 每组再存一个 4 位零点，是 4.156 位）" in out
 
 
 def test_02_gpt_oss_shares_by_hand(s02, capsys):

@@ -166,6 +166,8 @@ def test_weight_format_bits_agree_with_numfmt():
         assert bits_per_param("fp8", n) == bits_per_value("fp8", n_in=n)
         assert bits_per_param("int8", n) == bits_per_value("int8", n_in=n)
         assert bits_per_param("int4-g128", n) == pytest.approx(bits_per_value("int4", n_in=n, group=128), rel=1e-15)
+        if n % 128 == 0:
+            assert bits_per_param("int4-g128-zp", n) == bits_per_value("int4-zp", group=128) == 4 + 20 / 128
         assert bits_per_param("mxfp4", n) == bits_per_value("mxfp4")
 
 
