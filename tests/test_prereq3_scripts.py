@@ -373,6 +373,27 @@ def test_02_mxfp4_block_and_matrix(s2):
     assert r["schemes"]["E2M1-g32（FP16 scale）"]["bits"] == r["schemes"]["NVFP4（E4M3 scale / 16）"]["bits"] == 4.5
 
 
+def test_02_mx_power_of_two_scale_is_not_what_the_hardware_requires(s2):
+    """
+    回归：演示 4 观察 3 拿"Blackwell 的 FP4 张量核"论证 MX 的 2 的幂 scale；Blackwell 同样原生跑 NVFP4（E4M3 scale），
+    同一张表里 NVFP4 更准。NVFP4 和 MXFP4 的误差用不经过 numfmt 的实现重算。
+    """
+    from conftest import script_stdout
+    mod, res = s2
+    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    r = res["demo4_mxfp4"]["schemes"]
+    nv, mx = r["NVFP4（E4M3 scale / 16）"], r["MXFP4"]
+    rel = lambda q: np.linalg.norm(q - w) / np.linalg.norm(w)    # noqa: E731
+    assert nv["rel_err"] == pytest.approx(rel(_nvfp4_independent(w)), rel=1e-12)
+    assert mx["rel_err"] == pytest.approx(rel(_mxfp4_independent(w)), rel=1e-12)
+    assert (mx["bits"], nv["bits"]) == (4 + 8 / 32, 4 + 8 / 16)
+    assert nv["rel_err"] < mx["rel_err"]
+    out = script_stdout(S2)
+    assert "Blackwell 的 FP4 张量核" not in out and "MX 的好处不在精度而在硬件" not in out
+    assert (f"NVFP4 更准（{nv['rel_err']:.4f} 对 {mx['rel_err']:.4f}，多付 0.25 位）" in out
+            and "MXFP4 和 NVFP4（E4M3 scale）都原生支持" in out)
+
+
 def test_02_bits_per_value(s2):
     r = s2[1]["demo5_bits_per_value"]
     assert r["INT4-g32"] == 4.5 and r["MXFP4（E2M1 元素）"] == 4.25   # 第 5 讲 05 的 T_BITS
