@@ -469,6 +469,11 @@ def test_demo1_formula_vs_simulation(s04, capsys):
         n = d[key]
         assert expected_touched_experts(E, k, n) >= frac * E > expected_touched_experts(E, k, n - 1)
     assert d["n_half"] == 22
+    # 回归：列头写"n·k"，格子里却是 min(n·k, E)（120b 在 n = 64 印 128、20b 在 n = 16 印 32）
+    assert d[(GPT_OSS_120B.name, 64)]["naive"] == min(64 * 4, 128) == 128
+    assert d[(GPT_OSS_20B.name, 16)]["naive"] == min(16 * 4, 32) == 32
+    head = [ln for ln in capsys.readouterr().out.splitlines() if ln.lstrip().startswith("n ")][0]
+    assert head.count("min(n·k, E)") == 2 and " n·k " not in head
 
 
 def test_demo2_published_counts(s04, capsys):
