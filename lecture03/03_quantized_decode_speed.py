@@ -209,8 +209,8 @@ def demo2_batch():
         + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mem_b[1:]) + "）：每个序列还要读自己的 KV cache，"
         f"它仍是 BF16，W4A16 和 BF16 读得一样多，而且随 B 线性增长（B = {mem_b[-1]} 时 {fmt_bytes(kv_last)}，"
         f"W4A16 的权重才 {fmt_bytes(res['w4_w_bytes'])}）。批大小 {b4} 起 INT4 模型变成受算力限制（它读的字节少，"
-        f"更早喂饱算力），好处缩小得更快：在这以前每多一个序列，加速比少 {slope_before:.4f}×，这以后每多一个少 "
-        f"{slope_after:.4f}×（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
+        f"更早喂饱算力），好处缩小得更快：紧挨着它之前（B = {b4 - 2} → {b4 - 1}）每多一个序列，加速比少 {slope_before:.4f}×，"
+        f"之后（B = {b4} → {b4 + 1}）每多一个少 {slope_after:.4f}×（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
         f"批大小 {b16} 起 BF16 也受算力限制，"
         f"两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失（B = {big}：{sw[big]:.2f}×）。"
         "只量化权重省的是字节，不省 FLOPs。",

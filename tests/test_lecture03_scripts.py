@@ -383,6 +383,12 @@ def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
     b = b4 - 1.5
     assert d["w4_slope_before"] == pytest.approx(kv * (w16 - w4) / (w4 + b * kv) ** 2, rel=1e-3)
     assert d["w4_slope_after"] > 3 * d["w4_slope_before"] > 0
+    # 回归：以前写"在这以前每多一个序列，加速比少 0.0051×"，可表里 B = 1 → 64 平均每个序列少
+    # (3.70 − 3.11) / 63 ≈ 0.009×：这个斜率只在拐点紧挨着的那一步，句子要说清是哪一步
+    avg = (closed_speedup(1) - closed_speedup(64)) / 63
+    assert avg > 1.5 * d["w4_slope_before"]
+    out = capsys.readouterr().out.replace("\n     ", "")
+    assert f"紧挨着它之前（B = {b4 - 2} → {b4 - 1}）每多一个序列" in out and f"之后（B = {b4} → {b4 + 1}）" in out
 
 
 def test_demo2_llama8b_at_context_512_never_compute_bound_closed_form(s03):
