@@ -17,7 +17,7 @@ CS349E · 第 1 讲 · 01_roofline.py —— roofline：一块芯片能算多快
 【模型的假设（务必看）】roofline 是**下界**：假设算力和带宽都能跑到数据手册的峰值、计算和搬数据完全重叠、
 没有启动开销。真实的 kernel 达不到峰值（常听到的"大矩阵乘能跑到峰值的六到八成"只是经验值，不是出处里的数，
 本脚本不用它）。所有算力都是稠密（非 2:4 稀疏）峰值。
-B200 的数字是近似值；Corsair 的容量层（LPDDR5X，约 0.4 TB/s）是二手来源的近似值。芯片数字见 hw_specs 的出处。
+B200 的数字是近似值；Corsair 容量层（LPDDR5X）的带宽 0.4 TB/s 是**假设值**（找不到公开的出处；观察只用差一倍也成立的结论）。芯片数字见 hw_specs 的出处。
 Corsair 没有 BF16，它那一行用 MXINT8 的算力（数据类型不同，只能看量级）。
 
 【运行】python3 01_roofline.py （约 0.1 秒）
@@ -73,6 +73,7 @@ def demo1_chips():
                      f"{ridge(c):.0f}", lo, f"{c.peak_flops(lo) / 1e12:.0f}", f"{c.ridge_point(lo):.0f}",
                      f"{c.power_w:.0f}" if c.power_w else "—"])
     cap_ridge = CORSAIR.peak_flops("mxint8") / CORSAIR.capacity_bw
+    cap_lo, cap_hi = cap_ridge / 2, cap_ridge * 2                  # 容量层带宽（假设值）差一倍时的拐点
     rows.append(["Corsair 的 LPDDR5X 层", f"{CORSAIR.capacity_bytes / 1e9:g}", fmt_sig(CORSAIR.capacity_bw / 1e12), "mxint8",
                  f"{CORSAIR.peak_flops('mxint8') / 1e12:.0f}", f"{cap_ridge:.0f}", "—", "—", "—", "—"])
     print_table(["芯片", "容量\nGB", "带宽\nTB/s", "主类型", "峰值\nTFLOP/s", "拐点\nFLOP/B", "低精度", "峰值\nTFLOP/s",
@@ -85,7 +86,8 @@ def demo1_chips():
     h200_bw = H200.mem_bw / H100.mem_bw
     low_gpu = min(GPUS, key=ridge)
     high_gpu = max(GPUS, key=ridge)
-    low = {short(c): c.ridge_point(LOW_DTYPE[c.name]) for c in (A100, H100, H200, B200)}
+    low = {short(c): c.ridge_point(LOW_DTYPE[c.name]) for c in GPUS}
+    top_low = max(GPUS, key=lambda c: c.ridge_point(LOW_DTYPE[c.name]))      # 低精度一列里拐点最高的 GPU
     b200_fp4 = B200.ridge_point("fp4")
     print_observations([
         f"H100 SXM5 的拐点是 {r['H100']:.0f} FLOP/字节：一个 BF16 算子每从 HBM 读一个字节，要做 {r['H100']:.0f} 次运算才能把算力用满。"
@@ -94,17 +96,22 @@ def demo1_chips():
         f"之后拐点没有接着升：H200 是同样的计算芯片配更快的 HBM（带宽 ×{h200_bw:.2f}），拐点降到 {r['H200']:.0f}；"
         f"B200 的带宽涨得比算力多（相对 H100：×{B200.mem_bw / H100.mem_bw:.2f} vs ×{B200.peak_flops('bf16') / H100.peak_flops('bf16'):.2f}），"
         f"拐点 {r['B200']:.0f}，也比 H100 低。低精度一列同样不是一路上升（A100 INT8 {low['A100']:.0f}、H100 FP8 {low['H100']:.0f}、"
-        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}）；这四代里只有 B200 的 FP4 比 H100 SXM5 的 FP8 高"
+        f"H200 FP8 {low['H200']:.0f}、B200 FP8 {low['B200']:.0f}；这一列 GPU 里最高的是 {top_low.name} 的 FP8，"
+        f"{low[short(top_low)]:.0f}）。表里是三代 GPU（Ampere：A100；Hopper：两种 H100、H200；Blackwell：B200），"
+        f"{'拐点比这一列都高的只有' if b200_fp4 > low[short(top_low)] else '拐点没有超过这一列的是'} B200 的 FP4"
         f"（表里没有：{fmt_num(B200.peak_flops('fp4'))}FLOP/s ÷ {fmt_bytes(B200.mem_bw)}/s = {b200_fp4:.0f}）。",
         f"低精度把算力翻倍（H100 的 FP8：{fmt_num(H100.peak_flops('fp8'))}FLOP/s），带宽不变，拐点也翻倍（{H100.ridge_point('fp8'):.0f}）；"
         f"但每个数也只占 1 个字节，同一个算子的 FLOP/字节跟着翻倍：两者抵消，受哪一项限制不变，时间都减半。",
         f"Corsair 反过来：片上 SRAM 带宽 {fmt_bytes(CORSAIR.mem_bw)}/s 是 H100 的 {CORSAIR.mem_bw / H100.mem_bw:.0f} 倍，"
         f"拐点只有 {r['Corsair']:.0f}（MXINT8），很低的强度就能用满算力；代价是每张卡只有 {fmt_bytes(CORSAIR.mem_bytes)}。"
-        f"放不进 SRAM、要从 LPDDR5X 读时拐点变成 {cap_ridge:.0f}，几乎什么都受带宽限制。",
+        f"放不进 SRAM、要从 LPDDR5X 读时拐点变成 {cap_ridge:.0f}（这一层的带宽 {fmt_bytes(CORSAIR.capacity_bw)}/s 是假设值，"
+        f"没有公开的出处；差一倍时在 {cap_lo:.0f}–{cap_hi:.0f} 之间），都比表里每块 GPU 的拐点（低精度一列最高 "
+        f"{max(low.values()):.0f}）高：decode 的强度远在它下面，从这一层读就受带宽限制。",
     ])
     return {"ridge": r, "gen_flops": gen_flops, "gen_bw": gen_bw, "h200_bw": h200_bw,
             "h100_fp8_ridge": H100.ridge_point("fp8"), "corsair_bw_ratio": CORSAIR.mem_bw / H100.mem_bw,
-            "lowest_gpu": low_gpu.name, "highest_gpu": high_gpu.name, "low_ridge": low, "b200_fp4_ridge": b200_fp4}
+            "lowest_gpu": low_gpu.name, "highest_gpu": high_gpu.name, "low_ridge": low, "b200_fp4_ridge": b200_fp4,
+            "highest_low_gpu": top_low.name, "corsair_lpddr_ridge_range": (cap_lo, cap_hi)}
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,9 @@ gpt-oss-120b 的 checkpoint（专家 MXFP4、其余 BF16）多大。
 - 量化格式的约定（llm_math.WEIGHT_FORMATS）：只量化 transformer 块里的权重矩阵（q/k/v/o、FFN 或专家）；
   词嵌入、lm_head、路由器、norm、偏置留在 BF16。INT8 每个输出通道一个 FP16 scale，INT4 每 128 个一个 FP16 scale，
   MXFP4 每 32 个一个 E8M0 scale，FP8（E4M3）每个输出通道一个 FP32 scale（8 + 32/行长 位；和 ../prereq3/numfmt、
-  ../lecture03/quant_lab 同一个约定）。这是常见做法，不是某个 checkpoint 的精确格式。
+  ../lecture03/quant_lab 同一个约定）。INT4 这里是对称、不带零点的（最简单的分组格式）；AWQ、GPTQ 的 checkpoint
+  每组还存一个 4 位零点（4 + 20/128 = 4.156 位，llm_math 的 "int4-g128-zp"），矩阵的字节多 0.8%，不改变这里的结论。
+  这些都是约定，不是某个 checkpoint 的精确格式。
 - 演示 4 的"部署"算法是**假设**：KV cache 按 16 个序列 × 8192 个 token（BF16）留；每块 GPU 只用 90% 的显存
   （其余给激活、CUDA 上下文等）；卡数向上取到 2 的幂（张量并行通常切成 1/2/4/8 份）。
 
@@ -156,7 +158,8 @@ def demo2_bytes_per_format():
     r8 = table[(LLAMA31_8B.name, "bf16")] / table[(LLAMA31_8B.name, "int4-g128")]
     r405 = table[(LLAMA31_405B.name, "bf16")] / table[(LLAMA31_405B.name, "int4-g128")]
     print_observations([
-        f"scale 不是免费的：INT4 每 128 个一个 FP16 scale 是 {bits_per_param('int4-g128'):.3f} 位，MXFP4 每 32 个一个 E8M0 是 "
+        f"scale 不是免费的：INT4 每 128 个一个 FP16 scale 是 {bits_per_param('int4-g128'):.3f} 位（对称、不带零点；AWQ / GPTQ 的 "
+        f"checkpoint 每组再存一个 4 位零点，是 {bits_per_param('int4-g128-zp'):.3f} 位），MXFP4 每 32 个一个 E8M0 是 "
         f"{bits_per_param('mxfp4'):.2f} 位；INT8 每个输出通道一个 FP16 scale，行长 4096 时只多 {bits_per_param('int8', 4096) - 8:.4f} 位。"
         f"行长 2880 不是 128 的整数倍，最后一组不满也要一个 scale，INT4 g128 变成 {bits_per_param('int4-g128', 2880):.4f} 位。"
         f"FP8 每个输出通道一个 FP32 scale，行长 4096 时 {bits_per_param('fp8', 4096):.4f} 位：FP8 和 INT8 每通道的字节几乎一样"

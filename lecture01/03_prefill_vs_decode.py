@@ -204,7 +204,7 @@ def demo4_ttft_tpot():
         f"服务端拿单个用户慢一些换多得多的吞吐；慢多少可以接受，是第 5 讲的话题。",
         f"TTFT 和 TPOT 由不同的资源决定：TTFT 靠算力，TPOT 靠带宽。两种工作挤在同一块卡上时还会互相拖慢"
         f"（一个 {PROMPT} token 的 prefill 整段插进来、不分块时，批里所有人的下一个 token 就要多等约 {fmt_time(ttft)}，"
-        f"是 B = 64 时一个 TPOT 的 {ttft / r64['tpot']:.1f} 倍）——04 脚本讲把它们分开。",
+        f"是 B = 64 时一个 TPOT 的 {ttft / r64['tpot']:.1f} 倍）——04 脚本比较把 prefill 分块拼进 decode 步和把两者分开。",
     ])
     return {"ttft": ttft, "ttft_bound": pre["bound"], "tpot_b1": r1["tpot"], "tpot_b64": r64["tpot"], "thr_b1": r1["throughput"],
             "thr_b64": r64["throughput"], "prefill_share_b1": ttft / r1["total"], "results": res}

@@ -8,7 +8,8 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
 演示 2：同样换一块芯片，prefill 和 decode 各快多少——"比较优势"：拐点低的芯片相对更适合 decode。
 演示 3：分开的代价之一：prefill 做完要把 KV cache 搬到 decode 的机器，经不同的互联要多久（加上协调开销）；
 只看 Llama-3.1-8B 一个例子，更多模型、更长的提示和"逐层边算边发"见第 5 讲 03_kv_transfer.py。
-演示 4：一笔总账：同一块卡上混着跑 vs 分开跑（同种卡 / decode 换成带宽更高的卡）的 TTFT、TPOT 和每块卡的吞吐。
+演示 4：一笔总账：同一块卡上混着跑（prefill 单独占一步 / 分块拼进 decode 步）vs 分开跑（同种卡 / decode 换成
+带宽更高的卡）的 TTFT、TPOT 和每块卡的吞吐；分开买到的是什么（不是 roofline 上的吞吐）。
 这就是第 1 讲 §6 的一句话：**按算术强度把计算分给最合适的硬件，代价是搬数据和协调**。
 
 【怎么读输出】时间都是 roofline 下界（llm_math.decode_step / prefill_step）。强度 = FLOPs / 读的字节；
@@ -22,8 +23,10 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
   PCIe Gen5 x16 64 GB/s、100 GbE 12.5 GB/s），假设能跑满、没有协议开销；演示 4 默认走 InfiniBand NDR（假设）。
 - 交接时间 = KV 字节 / 单向带宽 + 协调开销（handoff_time；整份 KV 等 prefill 算完再一次发出，不和 prefill 重叠——
   最朴素的做法，是上界）。prefill 的 lm_head 只算最后一个位置（llm_math.prefill_step）。
-- 演示 4 的"同机"是最朴素的做法：prefill 单独占一步、不和 decode 拼在一起（不做 chunked prefill，第 5 讲再看），
-  一个新请求平均要等半个 decode 步才轮到它的 prefill（假设）；
+- 演示 4 有两种"同机"：不分块是最朴素的做法，prefill 单独占一步、不和 decode 拼在一起；分块（chunked prefill，
+  Sarathi）把每个提示切成 输出数 ÷ 批大小 = 256 ÷ 64 = 4 块（每块 1024 个 token），每个 decode 步顺带做一块
+  （llm_math.mixed_step：一步 = max(两部分的 FLOPs 之和 / 算力, 两部分的字节之和 / 带宽)，两种资源完全重叠，
+  是下界；第 5 讲 02 用同一个式子模拟）。两种都假设一个新请求平均要等半个 decode 步才开始它的 prefill；
   批里各序列的上下文均匀分布在 4096..4352 之间，decode 一步按平均上下文算（受带宽限制时这是精确的平均）；
   prefill 卡的台数可以是小数（一个 prefill 池被很多 decode 卡共用，假设）；功耗按板卡功耗满载算（假设）。
 
@@ -43,7 +46,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_bytes, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import (A100, B200, CORSAIR, ETH_100G, H100, H100_PCIE, H200, IB_NDR, NVLINK4,  # noqa: E402
                       PCIE5_X16)
-from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step, prefill_step  # noqa: E402
+from llm_math import LLAMA31_70B, LLAMA31_8B, decode_step, mixed_step, prefill_step  # noqa: E402
 
 GPUS = (A100, H100_PCIE, H100, H200, B200)
 LINKS = (NVLINK4, PCIE5_X16, IB_NDR, ETH_100G)
@@ -106,8 +109,8 @@ def demo1_intensity_vs_ridge():
         f"{i_dec256:.1f}：每多一个序列都带来它自己的 KV 字节（KV 这部分的强度只有 GQA 组大小 {m.group}），"
         f"批再大，整步的强度也只趋于 {i_lim:.0f}（每个序列的 FLOPs ÷ 它的 KV 字节），低于每块 GPU 的拐点。"
         f"它要的是带宽（和放 KV 的容量）。",
-        f"同一块芯片同时服务两种工作，总有一种资源闲着：prefill 时带宽闲着，decode 时算力闲着。"
-        f"拐点只有 {CORSAIR.ridge_point('mxint8'):.0f}（MXINT8）的 SRAM 芯片是 decode 型工作的极端（第 5 讲）。",
+        f"一步只做一种工作时，总有一种资源闲着：prefill 时带宽闲着，decode 时算力闲着；把 prefill 切成块拼进 decode 步"
+        f"（分块 prefill）时，一步里两样都用上（演示 4）。拐点只有 {CORSAIR.ridge_point('mxint8'):.0f}（MXINT8）的 SRAM 芯片是 decode 型工作的极端（第 5 讲）。",
     ])
     return {"i_prefill": i_pre, "i_decode64": i_dec, "i_decode256": i_dec256, "h100_util_decode64": util,
             "min_ratio_prefill": min_ratio, "i_decode_limit": i_lim,
@@ -212,7 +215,19 @@ def demo4_ledger():
     thr = BATCH / tpot
     res["colocated"] = {"ttft": t_pre + t_dec / 2, "tpot": tpot, "worst": t_dec + t_pre, "gpus": 1.0,
                         "thr_per_gpu": thr, "thr_per_kw": thr / (H100.power_w / 1e3)}
-    rows.append(["同机（H100）", fmt_time(t_pre + t_dec / 2), fmt_time(tpot), fmt_time(t_dec + t_pre),
+    rows.append(["同机，不分块", fmt_time(t_pre + t_dec / 2), fmt_time(tpot), fmt_time(t_dec + t_pre),
+                 "1", f"{thr:.0f}", f"{thr / (H100.power_w / 1e3):.0f}"])
+    # 同机分块：每步顺带 prefill BATCH/OUTPUT 个提示 = 一个提示的一块；一个提示分 n_chunks 块、占 n_chunks 个相邻的步
+    n_chunks, chunk = OUTPUT // BATCH, PROMPT * BATCH // OUTPUT
+    mixed = [mixed_step(m, H100, BATCH, PROMPT + OUTPUT // 2, chunk, i * chunk) for i in range(n_chunks)]
+    steps = [r["time"] for r in mixed]
+    t_mix = sum(steps) / n_chunks                           # 每一步都在做某个提示的某一块，平均一步
+    thr = BATCH / t_mix
+    res["chunked"] = {"ttft": t_mix / 2 + sum(steps), "tpot": t_mix, "worst": max(steps), "gpus": 1.0,
+                      "thr_per_gpu": thr, "thr_per_kw": thr / (H100.power_w / 1e3), "chunks": n_chunks,
+                      "chunk": chunk, "steps": steps,
+                      "all_compute_bound": all(r["bound"] == "compute" for r in mixed)}
+    rows.append([f"同机，分块 {chunk}", fmt_time(t_mix / 2 + sum(steps)), fmt_time(t_mix), fmt_time(max(steps)),
                  "1", f"{thr:.0f}", f"{thr / (H100.power_w / 1e3):.0f}"])
     for dec_chip in (H100, H200, A100):
         t_dec = mean_decode_step(m, dec_chip)["time"]
@@ -225,24 +240,40 @@ def demo4_ledger():
                     "thr_per_gpu": thr / (1 + n_pre), "thr_per_kw": thr / (watts / 1e3), "n_prefill": n_pre}
         rows.append([f"分开 H100 → {short(dec_chip)}", fmt_time(t_pre + t_kv), fmt_time(t_dec),
                      fmt_time(t_dec), f"1 + {n_pre:.2f}", f"{thr / (1 + n_pre):.0f}", f"{thr / (watts / 1e3):.0f}"])
-    print("同机：一块 H100 既 prefill 又 decode；分开：prefill 卡 → decode 卡")
+    print("同机：一块 H100 既 prefill 又 decode（不分块：prefill 单独占一步；")
+    print(f"      分块：每个 decode 步顺带 prefill 一个提示的 {chunk} 个 token）；分开：prefill 卡 → decode 卡")
     print("卡数 = 1 块 decode 卡 + 配给它的 prefill 卡（可以是小数）")
     print_table(["部署", "TTFT", "平均\nTPOT", "最长的\ntoken 间隔", "卡数\ndecode + prefill", "每块卡\ntoken/s",
                  "每 kW\ntoken/s"], rows)
-    co, hh, h2, a1 = res["colocated"], res["H100→H100"], res["H100→H200"], res["H100→A100"]
+    co, ck, hh, h2, a1 = res["colocated"], res["chunked"], res["H100→H100"], res["H100→H200"], res["H100→A100"]
+    disagg = ("H100→H100", "H100→H200", "H100→A100")
+    best_key = max(disagg, key=lambda k: res[k]["thr_per_gpu"])
+    best_dis, best_dis_kw = res[best_key], max((res[k] for k in disagg), key=lambda r: r["thr_per_kw"])
     print_observations([
-        f"同机时，每个请求的 prefill（{fmt_time(t_pre)}）都插在别人的 decode 之间：平均 TPOT 从纯 decode 的 {fmt_time(hh['tpot'])} "
-        f"涨到 {fmt_time(co['tpot'])}，碰上 prefill 的那一步要等 {fmt_time(co['worst'])}。分开后 TPOT 稳定在 {fmt_time(hh['tpot'])}。",
+        f"同机不分块时，每个请求的 prefill（{fmt_time(t_pre)}）都插在别人的 decode 之间：平均 TPOT 从纯 decode 的 "
+        f"{fmt_time(hh['tpot'])} 涨到 {fmt_time(co['tpot'])}，碰上 prefill 的那一步要等 {fmt_time(co['worst'])}。"
+        f"分开后 TPOT 稳定在 {fmt_time(hh['tpot'])}。",
         f"代价：prefill 之后多了搬 KV 和协调的 {fmt_time(t_kv)}（同机的新请求也要先等半个 decode 步，"
-        f"所以表里的 TTFT 只差 {fmt_time(hh['ttft'] - co['ttft'])}）；还要配 {hh['n_prefill']:.2f} 块 prefill 卡给每块 decode 卡。"
-        f"同一种卡分开跑，每块卡的吞吐 {hh['thr_per_gpu']:.0f} 和同机的 {co['thr_per_gpu']:.0f} token/s 一样——"
-        f"在 roofline 的账上两者恒等（每个 token 摊到的 decode 时间和 prefill 时间都没变），分开本身不产生吞吐，"
-        f"它换来的是 TPOT 不被打断。",
-        f"吞吐的好处来自\"各用所长\"：decode 换成 H200（带宽 ×{H200.mem_bw / H100.mem_bw:.2f}），每块卡 {h2['thr_per_gpu']:.0f} token/s，"
-        f"比同机多 {100 * (h2['thr_per_gpu'] / co['thr_per_gpu'] - 1):.0f}%，TPOT 降到 {fmt_time(h2['tpot'])}。"
-        f"decode 放在旧的 A100 上，每块卡只有 {a1['thr_per_gpu']:.0f} token/s，但每 kW 有 {a1['thr_per_kw']:.0f}，"
-        f"比同机的 {co['thr_per_kw']:.0f} 高。这就是第 1 讲 §6：按算术强度把计算分给最合适的硬件，代价是搬数据和协调。",
+        f"所以表里的 TTFT 只比不分块的同机多 {fmt_time(hh['ttft'] - co['ttft'])}）；还要配 {hh['n_prefill']:.2f} 块 prefill 卡"
+        f"给每块 decode 卡。同一种卡分开跑，每块卡的吞吐 {hh['thr_per_gpu']:.0f} 和不分块同机的 {co['thr_per_gpu']:.0f} "
+        f"token/s 一样——在 roofline 的账上两者恒等（每个 token 摊到的 decode 时间和 prefill 时间都没变）："
+        f"两种做法每一步都只用上一种资源。",
+        f"分块 prefill 让一步同时用上两种资源：一步 = max(FLOPs 之和 / 算力, 字节之和 / 带宽)，decode 闲着的算力拿来做 "
+        f"prefill，平均一步只要 {fmt_time(ck['tpot'])}（最长 {fmt_time(ck['worst'])}{'，每一步都受算力限制' if ck['all_compute_bound'] else ''}），"
+        f"每块卡 {ck['thr_per_gpu']:.0f} token/s，是同种卡分开跑的 {ck['thr_per_gpu'] / hh['thr_per_gpu']:.2f}×，"
+        f"也高于表里每一种分开跑（最好的是 {best_key.replace('→', ' → ')}，{best_dis['thr_per_gpu']:.0f}）；"
+        f"每 kW {ck['thr_per_kw']:.0f} token/s，同样高于每一种分开跑（最好 {best_dis_kw['thr_per_kw']:.0f}）。"
+        f"这是 roofline 给的吞吐上限：两种资源在一步里完全重叠，真实 kernel 做不到（第 5 讲 02 用同一个式子算分块 prefill）。",
+        f"所以在 roofline 的账上，分开买到的不是吞吐，而是别的：decode 步里不再有 prefill（TPOT {fmt_time(hh['tpot'])}，"
+        f"分块同机 {fmt_time(ck['tpot'])}）；TTFT 和 TPOT 可以分开调（两个池各自的卡数、批大小、并行方式）；"
+        f"两个阶段可以用不同的卡：decode 换成 H200（带宽 ×{H200.mem_bw / H100.mem_bw:.2f}），TPOT 降到 "
+        f"{fmt_time(h2['tpot'])}，每块卡 {h2['thr_per_gpu']:.0f} token/s，"
+        f"比不分块的同机多 {100 * (h2['thr_per_gpu'] / co['thr_per_gpu'] - 1):.0f}%；decode 放在旧的 A100 上，每块卡只有 "
+        f"{a1['thr_per_gpu']:.0f} token/s，但每 kW 有 {a1['thr_per_kw']:.0f}，比不分块同机的 {co['thr_per_kw']:.0f} 高。"
+        f"这就是第 1 讲 §6：按算术强度把计算分给最合适的硬件，代价是搬数据和协调。",
     ])
+    res["best_disagg"], res["best_disagg_thr"] = best_key, best_dis["thr_per_gpu"]
+    res["best_disagg_kw"] = best_dis_kw["thr_per_kw"]
     return res
 
 

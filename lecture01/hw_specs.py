@@ -15,7 +15,8 @@ hw_specs —— 课程里用到的芯片：一张表，每个数旁边写着出�
 - B200：NVIDIA DGX B200 / HGX B200 公开规格，**近似值**（各代产品页的数字略有出入）。
 - d-Matrix Corsair：d-Matrix 产品页与 Gimlet Labs 博客（2026）：每张卡 2 GB SRAM、150 TB/s，
   MXINT8 2.4 PFLOPS、MXINT4 9.6 PFLOPS（只有 MX 整数格式，没有 IEEE 浮点）；
-  容量层 LPDDR5X 最多 256 GB，带宽约 0.4 TB/s 是**二手来源的近似值**。
+  容量层 LPDDR5X 最多 256 GB（产品页）；它的带宽 0.4 TB/s 是**假设值**：找不到公开的出处（d-Matrix 只公布了
+  容量），所以用到它的结论只留差一倍（0.2–0.8 TB/s）也成立的。
 """
 from dataclasses import dataclass, field, replace
 
@@ -82,7 +83,7 @@ CORSAIR = Chip(
     flops={"mxint8": 2400 * T, "mxint4": 9600 * T},
     source="d-Matrix Corsair 产品页；Gimlet Labs 博客（2026）",
     capacity_bytes=256 * GB, capacity_bw=0.4 * TB,
-    note="快层 = 2 GB SRAM @ 150 TB/s；容量层 LPDDR5X 256 GB @ 约 0.4 TB/s（二手来源）；只有 MX 整数格式")
+    note="快层 = 2 GB SRAM @ 150 TB/s；容量层 LPDDR5X 256 GB @ 0.4 TB/s（带宽是假设值，没有公开出处）；只有 MX 整数格式")
 
 ALL_CHIPS = (H100, H100_PCIE, H200, A100, B200, CORSAIR)
 

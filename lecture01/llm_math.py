@@ -256,7 +256,9 @@ WEIGHT_FORMATS = {
     "bf16": (16, 0, None),        # 不量化
     "fp8": (8, 32, "row"),        # FP8-E4M3，每个输出通道一个 FP32 scale（同 quant_lab 的 "fp8-e4m3"）
     "int8": (8, 16, "row"),       # INT8，每个输出通道一个 FP16 scale（对称量化，没有零点）
-    "int4-g128": (4, 16, 128),    # INT4，沿输入维度每 128 个一组、每组一个 FP16 scale（对称，没有零点）
+    "int4-g128": (4, 16, 128),    # INT4，沿输入维度每 128 个一组、每组一个 FP16 scale（对称，没有零点：最简单的分组格式）
+    "int4-g128-zp": (4, 20, 128),  # 同上再加每组一个 4 位零点（非对称）：AWQ / GPTQ checkpoint 的做法（llm-awq 默认
+                                   # zero_point = True；GPTQ 存 qzeros），每组 FP16 scale + 4 位零点 = 20 位
     "mxfp4": (4, 8, 32),          # OCP MX：E2M1 的值 + 每 32 个共享一个 E8M0 scale
 }
 
@@ -269,7 +271,8 @@ def bits_per_param(fmt, row_len=None):
     给了 row_len（矩阵一行的长度 = 输入维度）时按实际组数算：一行 ⌈row_len / g⌉ 个 scale（最后一组不满也要一个）。
     和 ../prereq3/numfmt.bits_per_value 是同一个约定（测试核对两者逐格相等）。
     各格式假设的 scale：bf16 无；fp8 每个输出通道一个 FP32（8 + 32 / row_len 位）；int8 每个输出通道一个 FP16
-    （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；
+    （8 + 16 / row_len 位）；int4-g128 每 128 个一个 FP16（4 + 16/128 = 4.125 位）；int4-g128-zp 再加每组一个 4 位零点
+    （4 + 20/128 = 4.156 位，AWQ / GPTQ 的 checkpoint）；
     mxfp4 每 32 个一个 E8M0（4 + 8/32 = 4.25 位，OCP MX 规范）。
     【参数】fmt：WEIGHT_FORMATS 里的名字，或者直接一个数（每个参数的位数，已含 scale，例如 4.25）；
     row_len：每行的长度（"int8" 必须给）。
@@ -451,8 +454,51 @@ def critical_context(model, chip, kv_bits=16.0, dtype="bf16"):
     return math.inf if slope <= 0 else (2 * model.matmul_params() / P) / slope
 
 
+def mixed_step(model, chip, batch, context, prefill_tokens, prefill_prefix=0, w_bits=16.0, kv_bits=16.0,
+               dtype="bf16"):
+    """
+    一个"混合步"（分块 prefill，Sarathi，arXiv 2308.16369）的 roofline 估计：batch 个序列各 decode 一个 token，
+    同一次前向里顺带 prefill 一个提示的第 p+1 .. p+c 个 token（c = prefill_tokens，p = prefill_prefix）。
+
+    返回 dict（同 decode_step）：flops、w_bytes、kv_bytes、t_compute、t_memory、time = 两者较大者、bound。
+    【推导】权重每步只读一遍，decode 和 prefill 共用：W 同 decode_step。
+    FLOPs = batch × flops_per_token(context)（同 decode_step）+ 这一块的 2·(matmul − lm_head)·c + 2·lm_head
+    （lm_head 只算这一块的最后一个位置）+ 4·头数·head_dim·层数·Σ_{i=p+1..p+c} i（因果）。
+    读的字节 = W + batch 个序列的 KV + 这一块要看的前 p 个位置的 KV。
+    时间 = max(总 FLOPs / 峰值, 总字节 / 带宽)：两种资源在同一步里同时用、完全重叠（roofline 的假设，真实
+    kernel 做不到完全重叠，所以这是下界）。一个提示切成几块依次做时，各块的注意力 FLOPs 加起来正好是整段
+    prefill 的（因果的位置对不因分块而变）。和 ../lecture05/serving_lab.iteration_time 是同一个式子（测试核对）。
+    【参数】context 同 decode_step（每个新位置看的位置数，含它自己）；batch = 0 时只 prefill 这一块，
+    prefill_tokens = 0 时就是 decode_step。
+    【边界】只对稠密、没有滑动窗口的模型（MoE 读的专家随 token 数变，滑动窗口改变位置对的数法），否则抛
+    ValueError；什么都不做、或有负数时也抛 ValueError。
+    """
+    if model.is_moe or model.sliding_window:
+        raise ValueError(f"{model.name}：mixed_step 只对稠密、没有滑动窗口的模型")
+    if batch < 0 or prefill_tokens < 0 or prefill_prefix < 0 or context < 0:
+        raise ValueError(f"批大小、token 数、上下文都不能为负（收到 batch={batch}, prefill_tokens={prefill_tokens}, "
+                         f"prefill_prefix={prefill_prefix}, context={context}）")
+    if batch == 0 and prefill_tokens == 0:
+        raise ValueError("一个混合步至少要 decode 一个序列或 prefill 一个 token")
+    c, p = prefill_tokens, prefill_prefix
+    head = model.vocab * model.d_model
+    chunk_flops = 0
+    if c:
+        chunk_flops = 2 * (model.matmul_params() - head) * c + 2 * head \
+            + 4 * model.n_heads * model.head_dim * model.n_layers * (c * p + c * (c + 1) // 2)
+    flops = batch * model.flops_per_token(context) + chunk_flops
+    w_bytes = model.active_params() * w_bits / 8
+    kv_bytes = batch * model.kv_bytes(context, kv_bits / 8) + (model.kv_bytes(p, kv_bits / 8) if c else 0)
+    t_compute = flops / chip.peak_flops(dtype)
+    t_memory = (w_bytes + kv_bytes) / chip.mem_bw
+    return {"flops": flops, "w_bytes": w_bytes, "kv_bytes": kv_bytes, "t_compute": t_compute,
+            "t_memory": t_memory, "time": max(t_compute, t_memory),
+            "bound": "compute" if t_compute >= t_memory else "memory"}
+
+
 __all__ += ["WEIGHT_FORMATS", "bits_per_param", "linear_shapes", "weight_bytes", "active_weight_bytes",
-            "matmul_intensity", "prefill_step", "max_batch", "compute_bound_batch", "critical_context"]
+            "matmul_intensity", "prefill_step", "max_batch", "compute_bound_batch", "critical_context",
+            "mixed_step"]
 
 
 # ---- 多卡：张量并行与流水线并行（第 1 讲 05 用）----

@@ -34,7 +34,7 @@ for sub in ("lecture01", "lecture02"):
 
 from console import fmt_bytes, fmt_sig, fmt_time, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import A100, B200, H100, H100_PCIE, H200, roofline_bound, roofline_time  # noqa: E402
-from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, critical_context  # noqa: E402
+from llm_math import LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, compute_bound_batch, critical_context  # noqa: E402
 from ledger_lab import ATTN_CORE_OPS, MATMUL_OPS, analytic_ops, sum_rows  # noqa: E402
 
 M = LLAMA31_70B
@@ -189,7 +189,9 @@ def demo3_step_intensity_limit():
     ctx_ok = max(c for c in res if res[c]["limit"] > ridge)
     p1 = decode_parts(M, 1, ctx_ok)
     F, W, K = p1["proj_flops"] + p1["attn_flops"], p1["proj_bytes"], p1["attn_bytes"]
-    b_min = math.floor(ridge * W / (F - ridge * K)) + 1
+    b_star = ridge * W / (F - ridge * K)
+    b_min = math.floor(b_star) + 1
+    b_star01 = compute_bound_batch(M, CHIP, ctx_ok)              # 第 1 讲 03 的账：读的权重还含 norm
     print_observations([
         f"一步的有用 FLOPs ≈ B × (每 token 的矩阵乘 + 注意力)，读的字节 = 权重（一份）+ B × 每个序列的 KV。B → ∞ 时权重可以忽略，"
         f"强度趋于 (2 × matmul_params + 4 × 头数 × head_dim × 层数 × 上下文) ÷ (每个序列的 KV 字节)——和批大小无关的上限。",
@@ -197,13 +199,15 @@ def demo3_step_intensity_limit():
         f"（llm_math.critical_context）：上下文 ≤ {s_max:,} 个位置时上限还高于 H100 的拐点 {ridge:.0f}，"
         f"≥ {s_max + 1:,} 时就低于拐点——整个 decode 步无论批多大，读的字节 ÷ 带宽都比有用 FLOPs ÷ 峰值算力长。"
         f"表里的\"能\"不管放不放得下：上下文 {ctx_ok} 时要 B ≥ {b_min} 才过拐点，那时 KV 就有 {fmt_bytes(b_min * K)}，"
-        f"是一块 H100（{fmt_bytes(CHIP.mem_bytes)}）的 {b_min * K / CHIP.mem_bytes:.1f} 倍，还没算 {fmt_bytes(W)} 的权重矩阵。",
+        f"是一块 H100（{fmt_bytes(CHIP.mem_bytes)}）的 {b_min * K / CHIP.mem_bytes:.1f} 倍，还没算 {fmt_bytes(W)} 的权重矩阵。"
+        f"（这里 B* = {b_star:.3f}；第 1 讲 03 读的权重还算上 norm 的 {fmt_bytes(2 * M.active_params() - W)}，"
+        f"B* = {b_star01:.3f}，所以那张表写 {math.ceil(b_star01)}：B* 正好贴着整数，两本账就差一个。）",
         f"这和演示 1 不矛盾：上下文 4096、B = 1024 时投影 + FFN 单独看已经受算力限制，但同一步里读 KV 的时间更长，"
         f"整步的强度只有 {res[4096]['by_batch'][1024]:.0f}。想让长上下文的 decode 也吃满算力，要减少每个序列的 KV 字节："
         "更大的 G（GQA/MQA，04 脚本）、KV 量化、滑动窗口或 MLA 这类压缩。",
     ])
     return {"ridge": ridge, "s_star": s_star, "s_max": s_max, "by_ctx": res, "ctx_ok": ctx_ok, "b_min": b_min,
-            "kv_at_b_min": b_min * K}
+            "kv_at_b_min": b_min * K, "b_star": b_star, "b_star_lecture01": b_star01}
 
 
 if __name__ == "__main__":

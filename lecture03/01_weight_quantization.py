@@ -169,7 +169,8 @@ def demo2_llama_sized():
         f"分组把它降下来：g128 {q['int4-g128']:.4f}、g64 {q['int4-g64']:.4f}、g32 {q['int4-g32']:.4f}，位数 "
         f"{res['int4-g128']['bits']:g} / {res['int4-g64']['bits']:g} / {res['int4-g32']['bits']:g}。"
         f"4 位权重的 checkpoint 常用 g128（AWQ 官方仓库 mit-han-lab/llm-awq 的模型库就是 INT4-g128 和 INT3-g128）：比每通道多 {res['int4-g128']['bits'] - res['int4']['bits']:.3f} 位，误差小了约 "
-        f"{1 - q['int4-g128'] / q['int4']:.0%}。",
+        f"{1 - q['int4-g128'] / q['int4']:.0%}。这里的 int4-g128 是对称、不带零点的；那些 checkpoint（AWQ 默认、GPTQ 的 qzeros）"
+        f"每组还存一个 4 位零点，是 {bits_per_value('int4-zp', group=128):.3f} 位（零点的作用见 05 演示 4）。",
         f"整数方案的误差和\"均匀舍入误差\"估计 √(间隔²/12) / RMS(w) 最多差 {worst_est:.1%}：误差几乎完全由间隔（= 块的 max|w| / qmax）决定。",
         f"同样 4.25 位：mxfp4 {q['mxfp4']:.4f} vs int4-g64 {q['int4-g64']:.4f}"
         + ("（int4-g64 更准：在这种正态权重上，E2M1 不等间距的格子本身就比等间距的 INT4 略差，MX 的 scale 只能取 2 的幂又添了更多误差；"

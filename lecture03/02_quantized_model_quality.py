@@ -35,7 +35,7 @@ CS349E · 第 3 讲 · 02_quantized_model_quality.py —— 量化以后，模�
 【依赖】numpy；本目录的 quant_lab（QCFG、LAYER_MATRICES、quantize_params、sample_tokens）；
 ../prereq3 的 numfmt（FP4_E2M1、FP16、round_to、quantize_nvfp4：演示 1 的对照方案）；
 ../lecture02 的 transformer_lab（NumpyTransformer、init_params）；../lecture06 的 decode_lab（acceptance_beta）；
-../lecture01 的 console。
+../lecture01 的 console、hw_specs（H100 的 FP8 / INT8 峰值）。
 """
 import os
 import sys
@@ -49,6 +49,7 @@ for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
 
 from console import print_header, print_observations, print_table  # noqa: E402
 from decode_lab import acceptance_beta  # noqa: E402
+from hw_specs import H100  # noqa: E402
 from numfmt import quantize_e2m1_fp16, quantize_nvfp4  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import NumpyTransformer, init_params  # noqa: E402
@@ -290,7 +291,8 @@ def demo1_block_weights(ev):
     margin, agree8 = ev["orig"]["margin"], ev["runs"][("int8", False)][0]["agree"]
     m_dis = float(np.median(margin[agree8 == 0])) if np.any(agree8 == 0) else float("nan")
     m_all = float(np.median(margin))
-    res.update({"int8_disagree_margin": m_dis, "all_margin": m_all,
+    res.update({"int8_disagree_margin": m_dis, "all_margin": m_all, "h100_fp8_tflops": H100.peak_flops("fp8") / 1e12,
+                "h100_int8_tflops": H100.peak_flops("int8") / 1e12,
                 "int4_over_int8_kl": min(kls.values()) / i8["kl"]})
     print_observations([
         f"INT8 几乎无损：KL 只有 {i8['kl']:.1e} nats，困惑度变化 {100 * (i8['ppl'] / ppl0 - 1):+.3f}%，"
@@ -298,7 +300,10 @@ def demo1_block_weights(ev):
         f"所有位置的中位数是 {m_all:.2f}）——前两名几乎一样大，一点扰动就换了名次。",
         f"FP8-E4M3 也很小（KL {f8['kl']:.1e}），但比 INT8 大 {f8['kl'] / i8['kl']:.0f} 倍，权重误差 {100 * f8['rel_err']:.2f}% "
         f"对 {100 * i8['rel_err']:.2f}%：E4M3 只有 3 位尾数（正规数的相对舍入误差最多 2⁻⁴），INT8 在每通道的范围里均匀地有 255 个刻度，"
-        f"对这种没有离群值的高斯权重更细。FP8 的好处在别处：H100 有 FP8 张量核，激活也能用 FP8 算（03）。",
+        f"对这种没有离群值的高斯权重更细。FP8 的好处也不在算得快：H100 的 FP8 和 INT8 稠密峰值一样（都是 "
+        f"{H100.peak_flops('fp8') / 1e12:.0f} TFLOP/s，BF16 的 {H100.peak_flops('fp8') / H100.peak_flops('bf16'):.0f} 倍；"
+        f"03 里 W8A8 FP8 和 W8A8 INT8 一样快），而在给激活用时的动态范围：E4M3 的相对精度不随数的大小变，"
+        f"离群值撑大 scale 时其余的数精度不变（01 演示 3 观察 4），INT8 的刻度却被撑粗（06 演示 1）。",
         f"4 位是另一个量级：INT4 的三种粒度 KL 约 {min(kls.values()):.3f}–{max(kls.values()):.3f}，是 INT8 的 {min(kls.values()) / i8['kl']:.0f} 倍以上，"
         f"top-1 只有 {100 * min(ag.values()):.1f}–{100 * max(ag.values()):.1f}% 一致，困惑度高 "
         f"{100 * (min(pp.values()) / ppl0 - 1):.1f}–{100 * (max(pp.values()) / ppl0 - 1):.1f}%。",

@@ -17,8 +17,8 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
 【模型的假设（务必看）】
 - 量化的只是 transformer 块里的权重矩阵（q/k/v/o、gate/up/down）；词嵌入、lm_head、norm 留在 BF16
   （常见的 INT4 checkpoint 如此；llm_math.weight_bytes）。所以"每个读到的参数平均几位"比格式本身的位数高一点。
-- 每种格式的 scale（llm_math.WEIGHT_FORMATS，均为假设的常见做法）：INT8 每输出通道一个 FP16；INT4 每 128 个一组一个 FP16
-  （4.125 位）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每输出通道一个 FP32（8 + 32 / 行长 位，
+- 每种格式的 scale（llm_math.WEIGHT_FORMATS，均为假设的约定）：INT8 每输出通道一个 FP16；INT4 每 128 个一组一个 FP16
+  （4.125 位，对称、不带零点；AWQ / GPTQ 的 checkpoint 每组另有 4 位零点，4.156 位，矩阵的字节多 0.8%）；MXFP4 每 32 个一个 E8M0（4.25 位，OCP MX 规范）；FP8 每输出通道一个 FP32（8 + 32 / 行长 位，
   Llama 的行长几千，约 8.01 位）。
 - "只量化权重"（W4A16、W8A16）：读权重时反量化成 BF16 再用 BF16 张量核算——假设反量化的开销完全藏在访存里。
   H100 没有 FP4 张量核，MXFP4 在 H100 上也只能这样用。
@@ -209,8 +209,8 @@ def demo2_batch():
         + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mem_b[1:]) + "）：每个序列还要读自己的 KV cache，"
         f"它仍是 BF16，W4A16 和 BF16 读得一样多，而且随 B 线性增长（B = {mem_b[-1]} 时 {fmt_bytes(kv_last)}，"
         f"W4A16 的权重才 {fmt_bytes(res['w4_w_bytes'])}）。批大小 {b4} 起 INT4 模型变成受算力限制（它读的字节少，"
-        f"更早喂饱算力），好处缩小得更快：在这以前每多一个序列，加速比少 {slope_before:.4f}×，这以后每多一个少 "
-        f"{slope_after:.4f}×（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
+        f"更早喂饱算力），好处缩小得更快：紧挨着它之前（B = {b4 - 2} → {b4 - 1}）每多一个序列，加速比少 {slope_before:.4f}×，"
+        f"之后（B = {b4} → {b4 + 1}）每多一个少 {slope_after:.4f}×（" + "、".join(f"B = {b}：{sw[b]:.2f}×" for b in mid_b) + "）；"
         f"批大小 {b16} 起 BF16 也受算力限制，"
         f"两者都是'FLOPs ÷ BF16 峰值'，一模一样——好处完全消失（B = {big}：{sw[big]:.2f}×）。"
         "只量化权重省的是字节，不省 FLOPs。",

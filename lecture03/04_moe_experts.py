@@ -150,9 +150,9 @@ def demo1_touched_experts():
     e1, e2 = GPT_OSS_120B, GPT_OSS_20B
     short = {m.name: m.name.replace("gpt-oss-", "") for m in (e1, e2)}
     print_note("；".join(f"{short[m.name]} = {m.name}（E = {m.n_experts}、k = {m.top_k}）" for m in (e1, e2))
-               + "；占全部 = 公式 ÷ E。")
+               + "；占全部 = 公式 ÷ E；min(n·k, E) = 没有重复时碰到的个数（上限）。")
     print_table(["token 数\nn"] + [f"{short[m.name]}\n{col}" for m in (e1, e2)
-                                    for col in ("n·k", "公式", "模拟", "占全部")], rows)
+                                    for col in ("min(n·k, E)", "公式", "模拟", "占全部")], rows)
     z = max(abs(v["sim"] - v["formula"]) / v["se"] for v in res.values() if v["se"] > 0)
     # 标准误为 0 的格子：400 次模拟的结果全都一样（n = 1 正好 k 个；或者 n 大时每次都全部碰到）
     flat = max(abs(v["sim"] - v["formula"]) for v in res.values() if v["se"] == 0)

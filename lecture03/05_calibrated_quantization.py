@@ -14,6 +14,7 @@ CS349E · 第 3 讲 · 05_calibrated_quantization.py —— 看数据的量化�
   权重误差（01）把每个权重一视同仁；输出误差按这个矩阵实际怎么被用来加权——GPTQ 和 AWQ 优化的就是它。
 - "校准"数据和"留出"数据是原模型自己采样的两段不同的文本；表里的输出误差都在留出的数据上量。
 - KL、top-1、困惑度：见 02（平均 KL(p_原 ‖ p_量化)，nats/位置；困惑度是原模型采样的文本在量化模型下的）。
+  演示 2 的"KL − 就近舍入"是同一批 8 条序列上的配对差 ± 标准误（02 演示 3 的做法；n 小，按 t₇ 看显著）。
 - 演示 3 的图：AWQ 对每个 a 算一次校准误差（纵轴是对数），取最低点；a = 0（最左边）就是就近舍入。
 
 【模型的假设（务必看）】
@@ -59,6 +60,7 @@ from transformer_lab import NumpyTransformer, init_params  # noqa: E402
 # 原模型一次采样 N_CALIB + N_HELD + N_TEXT 条、每条 LENGTH 个 token（种子 TEXT_SEED），按条分成三段：
 # 校准（GPTQ、AWQ 看的激活）、留出（量输出误差）、量 KL 等指标的文本。各条是独立的样本。
 N_CALIB, N_HELD, N_TEXT, LENGTH, TEXT_SEED = 8, 4, 8, 64, 0
+T7_975 = 2.36      # t 分布 7 个自由度（= N_TEXT − 1）的 97.5% 分位数 2.365：双侧 5% 的界（t 分布表；测试数值积分核对）
 MAIN_SCHEMES = ("int4-g32", "int3-g32")
 SALIENT, SALIENT_S = (3, 17, 40, 55), 10.0
 FORMATS = ("int4-g32", "int4-g32-zp", "nvfp4", "mxfp4", "int3-g32")
@@ -169,25 +171,42 @@ def demo1_output_error(ev):
 # ---------------------------------------------------------------------------
 # 演示 2：整个模型的 KL、top-1、困惑度
 # ---------------------------------------------------------------------------
+def paired_kl_diff(r, r0):
+    """两个方案在同一批序列上的 KL 之差 r − r0 -> (平均, 标准误, 平均 / 标准误)：每条序列一个差值，标准误 ddof = 1。"""
+    d = r["kl_seq"] - r0["kl_seq"]
+    se = float(d.std(ddof=1) / np.sqrt(d.size))
+    return float(d.mean()), se, float(d.mean()) / se
+
+
 def demo2_model_quality(ev):
     print_header(f"演示 2：整个模型——量化后和原模型的差别（{N_TEXT} × {LENGTH} 个样本 token，lm_head 不量化）")
     runs = ev["runs"]
     ppl0 = runs[(MAIN_SCHEMES[0], "rtn")]["ppl_ref"]
-    rows = [["原模型（float64）", "—", "0", "100%", f"{ppl0:.3f}"]]
+    rows = [["原模型（float64）", "—", "0", "100%", f"{ppl0:.3f}", "—"]]
     res = {"ppl_ref": ppl0}
     for s in MAIN_SCHEMES:
         for m in METHODS:
             r = runs[(s, m)]
             res[(s, m)] = {k: r[k] for k in ("kl", "agree", "ppl")}
-            rows.append([SCHEME_ZH[s], METHOD_ZH[m], f"{r['kl']:.5f}", pct(r["agree"]), f"{r['ppl']:.3f}"])
-    print_table(["方案", "方法", "KL（nats）", "top-1 一致", "困惑度"], rows)
+            diff = "—"
+            if m != "rtn":
+                res[(s, m)]["kl_diff"] = paired_kl_diff(r, runs[(s, "rtn")])
+                mean, se, _ = res[(s, m)]["kl_diff"]
+                diff = f"{1e3 * mean:+.2f} ± {1e3 * se:.2f}"
+            rows.append([SCHEME_ZH[s], METHOD_ZH[m], f"{r['kl']:.5f}", pct(r["agree"]), f"{r['ppl']:.3f}", diff])
+    print_table(["方案", "方法", "KL（nats）", "top-1 一致", "困惑度", "KL − 就近舍入\n（10⁻³，± 标准误）"], rows)
+    print(f"（± 是 {N_TEXT} 条序列上配对的标准误：每条序列一个 KL 之差；n = {N_TEXT}，")
+    print(f" 差要超过 t₇ = {T7_975} 个标准误才算 5% 显著）")
     obs = []
     for s in MAIN_SCHEMES:
         k = {m: res[(s, m)]["kl"] for m in METHODS}
         res[s] = {"gptq_kl_cut": 1 - k["gptq"] / k["rtn"], "awq_kl_cut": 1 - k["awq"] / k["rtn"]}
         ca = res[s]["awq_kl_cut"]
-        obs.append(f"{SCHEME_ZH[s]}：GPTQ 把 KL 从 {k['rtn']:.4f} 降到 {k['gptq']:.4f}（少 {100 * res[s]['gptq_kl_cut']:.0f}%），"
-                   f"AWQ 是 {k['awq']:.4f}（{'少' if ca > 0 else '多'} {abs(100 * ca):.0f}%）。")
+        zg, za = abs(res[(s, "gptq")]["kl_diff"][2]), abs(res[(s, "awq")]["kl_diff"][2])
+        obs.append(f"{SCHEME_ZH[s]}：GPTQ 把 KL 从 {k['rtn']:.4f} 降到 {k['gptq']:.4f}（少 {100 * res[s]['gptq_kl_cut']:.0f}%，"
+                   f"{zg:.1f} 个标准误{'' if zg > T7_975 else '，分不出来'}），"
+                   f"AWQ 是 {k['awq']:.4f}（{'少' if ca > 0 else '多'} {abs(100 * ca):.0f}%，{za:.1f} 个标准误"
+                   f"{'：在 5% 的界之下，这 ' + str(N_TEXT) + ' 条序列分不出它和就近舍入' if za < T7_975 else '，刚过 5% 的界' if za < 3 else ''}）。")
     k3, k4 = res[("int3-g32", "gptq")]["kl"], res[("int4-g32", "rtn")]["kl"]
     res["int3_gptq_over_int4_rtn"] = k3 / k4
     obs.append(f"少一位代价很大：INT3 就近舍入的 KL 是 INT4 的 {res[('int3-g32', 'rtn')]['kl'] / k4:.1f} 倍；"

@@ -395,14 +395,16 @@ def log_softmax(logits):  # [..., V] -> [..., V]
 
 def compare_logits(logits_ref, logits_q, toks):
     """
-    量化模型和原模型在同一段文本上的比较 -> {"kl", "agree", "ppl_ref", "ppl"}（和 02 的口径一样）。
+    量化模型和原模型在同一段文本上的比较 -> {"kl", "kl_seq", "agree", "ppl_ref", "ppl"}（和 02 的口径一样）。
 
     【推导】只看每条序列的前 len − 1 个位置（它们的下一个 token 在样本里）：kl = 平均 KL(p_原 ‖ p_量化)（nats）；
+    kl_seq = 每条序列自己的平均 KL（[n_seq]，配对比较两个方案、算标准误用）；
     agree = 两个模型 argmax 相同的位置的比例；ppl = exp(样本的下一个 token 的平均负对数似然)。
     """
     lp, lq = log_softmax(logits_ref[:, :-1]), log_softmax(logits_q[:, :-1])
     nxt = np.asarray(toks)[:, 1:, None]
-    return {"kl": float((np.exp(lp) * (lp - lq)).sum(axis=-1).mean()),
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)                                   # [n_seq, len − 1]
+    return {"kl": float(kl.mean()), "kl_seq": kl.mean(axis=1),
             "agree": float((lp.argmax(-1) == lq.argmax(-1)).mean()),
             "ppl_ref": float(np.exp(-np.take_along_axis(lp, nxt, axis=-1).mean())),
             "ppl": float(np.exp(-np.take_along_axis(lq, nxt, axis=-1).mean()))}

@@ -30,7 +30,7 @@ Corsair 卡上（Gimlet Labs 博客的部署；种子 05 按两张卡的带宽�
 演示 2 的"理想张量并行"：带宽相加，卡间通信不要钱（**假设**；几十张卡时每层的 all-reduce 其实不小）。
 "8 位"在 H100 上是 FP8，在 Corsair 上是 MXINT8（Corsair 只有 MX 整数格式；MX 每 32 个数共享一个 8 位 scale，
 合 8.25 位，这里忽略这 3%）。4.25 位 = MXFP4 / MXINT4 的每个参数位数（含 scale）。
-硬件数字（Corsair：2 GB SRAM、150 TB/s；LPDDR5X 256 GB、约 0.4 TB/s 是二手来源的近似值；H100 SXM5：80 GB、3.35 TB/s）
+硬件数字（Corsair：2 GB SRAM、150 TB/s；LPDDR5X 256 GB，它的带宽 0.4 TB/s 是假设值、没有公开出处；H100 SXM5：80 GB、3.35 TB/s）
 见 ../lecture01/hw_specs 的出处；gpt-oss-120b 的 checkpoint 60.8 GiB 出自 OpenAI 的模型卡。
 
 【运行】python3 04_sram_accelerators.py （约 0.3 秒）
@@ -123,7 +123,7 @@ def demo1_how_many_cards():
         f"{oss[2]} 块 H100。发布格式（非专家部分 BF16）是 {fmt_bytes(nat[0])} = {native_gib:.2f} GiB，{match}，"
         f"要 {nat[1]} 张 Corsair。SRAM 快但小：每张卡 {fmt_bytes(CORSAIR.mem_bytes)}，是一块 H100 的 1/{r['cap_ratio']:.0f}。",
         f"把权重放进 Corsair 的 LPDDR5X（每张 {fmt_bytes(CORSAIR.capacity_bytes)}）就不缺地方了，但那一层的带宽只有约 "
-        f"{CORSAIR.capacity_bw / 1e12:.1f} TB/s（二手来源的近似值），比 H100 的 HBM（{H100.mem_bw / 1e12:.2f} TB/s）还慢（演示 2）。"
+        f"{CORSAIR.capacity_bw / 1e12:.1f} TB/s（假设值，没有公开出处；差一倍也如此），比 H100 的 HBM（{H100.mem_bw / 1e12:.2f} TB/s）还慢（演示 2）。"
         "所以 SRAM 芯片最适合的是**小而要快**的模型——比如投机解码的草稿。",
     ])
     return r

@@ -8,7 +8,8 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 最小次正规数、相对精度各是多少——全部由位数算出来，和规范对得上。
 演示 2：把 FP4-E2M1 的 16 个码全部列出来（按位解码），再数一数两种 FP8 各有多少个有限值，并把 E2M1 和 E4M3 画在同一条数轴上：
 小格式的"数轴"长什么样，哪里密、哪里稀。
-演示 3：就近舍入、一样近时取偶数（RNE）在边界上怎么走：平局、溢出（IEEE 格式变 inf，E4M3 / E2M1 饱和）、下溢到 ±0、次正规数。
+演示 3：就近舍入、一样近时取偶数（RNE）在边界上怎么走：平局、溢出（IEEE 格式变 inf；E4M3 按 numfmt 的选择饱和，
+E2M1 没有别的码、只能饱和）、下溢到 ±0、次正规数。
 演示 4：几个数在各格式里的位串（encode_bits），BF16 和 FP32 的关系，0.1 在各格式里变成多少。
 演示 5：相对精度的含义：正规数范围内，舍入的相对误差不超过 ε/2 = 2^-(尾数位数+1)，平均约是它的 36%。
 
@@ -19,7 +20,9 @@ CS349E · 第 3 讲预备 · 01_float_formats.py —— 浮点数的位：FP32 �
 【模型的假设（务必看）】没有假设值：格式的定义来自规范——IEEE 754-2008（FP32 = binary32、FP16 = binary16）；BF16 是 FP32 的高 16 位
 （Google Brain 的 bfloat16，8 位指数、7 位尾数）；OCP 8-bit Floating Point Specification (OFP8) v1.0（E4M3：没有 inf，只有
 S.1111.111 是 NaN，最大 448，最小次正规数 2^-9；E5M2：IEEE 风格，最大 57344）；OCP Microscaling (MX) Formats Specification v1.0
-（E2M1：没有 inf 和 NaN，最大 6，最小次正规数 0.5）。OCP 的 FP8 规范允许溢出时饱和或不饱和，这里 E4M3 按饱和（numfmt 的选择）。
+（E2M1：没有 inf 和 NaN，最大 6，最小次正规数 0.5）。OCP 的 FP8 规范允许溢出时饱和或不饱和（变 NaN），这里 E4M3 按饱和
+（numfmt 的选择）；库各不相同：ml_dtypes 溢出给 NaN（jax-ml/ml_dtypes#260），PyTorch 的 eager 转换原来也给 NaN
+（pytorch/ao#1912），2026 年的 nightly 改成饱和（pytorch/ao#4359）。
 
 【运行】python3 01_float_formats.py （约 0.2 秒）
 
@@ -101,7 +104,7 @@ def demo1_layouts():
                        "digits": float((f.man_bits + 1) * np.log10(2)),     # 有效二进制位（含隐含的 1）换成十进制
                        "overflow_at": f.max_value + 2.0 ** (f.emax - f.man_bits - 1)}   # 最大值 + 半个间隔：从这里起舍入成 inf
         rows.append([f.name, f.bits, f"1 / {f.exp_bits} / {f.man_bits}", f.bias, f"{f.max_value:.6g}",
-                     "inf" if f.has_inf else "饱和到最大值"])
+                     "inf" if f.has_inf else "饱和（numfmt 选的）" if f.nan_in_top else "饱和（没有别的码）"])
     print_table(["格式", "位数", "符号/指数/尾数", "偏置", "最大有限值", "溢出时"], rows)
     print()
     print_table(["格式", "最小正规数", "最小次正规数", "相对精度 ε"],
@@ -119,7 +122,9 @@ def demo1_layouts():
         f"{r['FP16']['overflow_at']:.0f} 就溢出：这是训练和推理常选 BF16 的一个原因。",
         f"E4M3 的最大值是 {r['FP8-E4M3']['max']:.0f} 而不是 1.875 × 2^8 = {1.875 * 2 ** 8:.0f}：它没有 inf，把最大的指数码也拿来"
         f"表示数，只留 S.1111.111 当 NaN，所以最大是 1.75 × 2^{FP8_E4M3.emax} = {r['FP8-E4M3']['max']:.0f}。E5M2 和 IEEE 一样留出"
-        f"最大指数码给 inf 和 NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。",
+        f"最大指数码给 inf 和 NaN：1.75 × 2^{FP8_E5M2.emax} = {r['FP8-E5M2']['max']:.0f}。"
+        f"E4M3 溢出时变什么是转换的选择，不是格式的性质：OCP OFP8 规范允许饱和到 {r['FP8-E4M3']['max']:.0f} 或变 NaN，"
+        "numfmt 选了饱和，别的库不一定（ml_dtypes 给 NaN）。E2M1 连 NaN 的码也没有，溢出只能饱和。",
         f"同是 8 位，E4M3 精度高一倍（ε = {r['FP8-E4M3']['epsilon']:g} vs {r['FP8-E5M2']['epsilon']:g}），E5M2 范围大得多"
         f"（从最小次正规数到最大值跨 {r['FP8-E5M2']['binades']} 个 2 的幂 vs {r['FP8-E4M3']['binades']} 个）。"
         "所以 FP8 格式的提出者建议 E4M3 存权重和激活、E5M2 存训练时的梯度（Micikevicius 等 2022，arXiv 2209.05433）。",
@@ -205,7 +210,7 @@ EDGE_CASES = [
     (BF16, 1e38, "BF16 的范围和 FP32 一样，1e38 不溢出"),
     (FP8_E4M3, 464.0, "448 和 480 正中间 → 取偶 = 448"),
     (FP8_E4M3, 500.0, "超出最大值 → 饱和到 448"),
-    (FP8_E4M3, np.inf, "inf 也饱和到 448（E4M3 没有 inf）"),
+    (FP8_E4M3, np.inf, "inf 也饱和到 448（numfmt 的选择）"),
     (FP8_E4M3, 2.0 ** -10, "最小次正规数 2^-9 的一半：0 和 2^-9 中间 → 取偶 = 0"),
     (FP8_E4M3, 3 * 2.0 ** -10, "2^-9 和 2^-8 中间 → 取偶 = 2^-8"),
     (FP8_E5M2, 60000.0, "没过 57344 和 65536 的中点 → 57344"),
@@ -235,8 +240,8 @@ def demo3_rounding_edges():
         f"{y[('FP16', 1 + 3 * 2.0 ** -11)]:.10g}（入）——都落到尾数最后一位是 0 的那个数上。只往一个方向舍的规则会让误差"
         "累积出偏差，取偶让平局一半向上一半向下。numpy 的 np.round 也是这个规则。",
         f"溢出：IEEE 风格的 FP16 / E5M2 到了 最大值 + 半个间隔（正好在中点也算，取偶进位）就是 inf（65520 → {y[('FP16', 65520.0)]}，"
-        f"61440 → {y[('FP8-E5M2', 61440.0)]}）；E4M3 和 E2M1 没有 inf，饱和到最大值（500 → {y[('FP8-E4M3', 500.0)]:g}，"
-        f"100 → {y[('FP4-E2M1', 100.0)]:g}）。量化时正是靠 scale 让数落在范围里，饱和只是兜底。",
+        f"61440 → {y[('FP8-E5M2', 61440.0)]}）；E4M3 没有 inf，numfmt 让它饱和到最大值（500 → {y[('FP8-E4M3', 500.0)]:g}；"
+        f"变 NaN 也合规范，演示 1），E2M1 既没有 inf 也没有 NaN，只能饱和（100 → {y[('FP4-E2M1', 100.0)]:g}）。量化时正是靠 scale 让数落在范围里，饱和只是兜底。",
         f"下溢：比最小次正规数的一半还小的数变成 0，负数变成 -0（FP16 里 -1e-9 → -0）；次正规数的间隔固定（FP16 是 2^-24），"
         f"所以 1e-7 → {y[('FP16', 1e-7)]:.6g}，相对误差 {abs(y[('FP16', 1e-7)] - 1e-7) / 1e-7:.1%}，远大于正规数的 ε/2。",
         f"BF16 的 1e38 → {y[('BF16', 1e38)]:.6g}（不溢出），π → {y[('BF16', np.pi)]:.10g}：范围够、精度粗。",

@@ -255,8 +255,10 @@ def demo4_mxfp4():
         f"同样 4.25 位，INT4-g64（FP16 scale，{g64['rel_err']:.4f}）比 MXFP4（{mx['rel_err']:.4f}）"
         + ("准" if g64["rel_err"] < mx["rel_err"] else "差") + f"；MXFP4 比元素相同、scale 用 FP16 的 E2M1-g32"
         f"（{e2['rel_err']:.4f}）差，差的只是 2 的幂的 scale（观察 1）。"
-        "MX 的好处不在精度而在硬件：2 的幂的 scale 只是指数相加，块格式的点积可以直接在硬件里做"
-        "（Blackwell 的 FP4 张量核、d-Matrix Corsair 的 MX 整数格式都是这样的块格式）。",
+        f"MX 的好处不在精度而在便宜：scale 只占 8 位、每 32 个数一个（{mx['bits']:g} 位，NVFP4 要 {nv['bits']:g} 位），"
+        "乘上 2 的幂只是指数相加。但硬件并不要求 2 的幂：Blackwell 的张量核 MXFP4 和 NVFP4（E4M3 scale）都原生支持，"
+        f"而这张表里 NVFP4 更准（{nv['rel_err']:.4f} 对 {mx['rel_err']:.4f}，多付 {nv['bits'] - mx['bits']:g} 位）；"
+        "d-Matrix Corsair 用的是 MX 的整数格式（MXINT8 / MXINT4）。",
     ])
     return {"X": X, "amax": amax, "e_shared": e_shared, "saturated_block_frac": sat, "schemes": res,
             "block_worst_is_max": worst_is_max, "block_worst_err": worst_err}

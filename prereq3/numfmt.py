@@ -5,7 +5,10 @@ numfmt —— 数的格式：浮点格式的位布局与舍入、对称整数量
 - FP32、FP16、BF16、FP8-E5M2：IEEE 风格，最大的指数码留给 inf / NaN；**溢出变成 ±inf**（和 IEEE 一样：
   舍入后超过最大有限值就是 inf，包括正好在最大值和下一个"虚拟"值中间、按偶数规则进位的情况）。
 - FP8-E4M3（OCP 的 "FN" 版本）：没有 inf，只有 S.1111.111 是 NaN，所以最大值是 1.75 × 2⁸ = 448；
-  FP4-E2M1：没有 inf 也没有 NaN，最大值 6。这两种**饱和**：超出范围的值（包括 ±inf）变成 ±最大有限值。
+  FP4-E2M1：没有 inf 也没有 NaN，最大值 6。numfmt 让这两种**饱和**：超出范围的值（包括 ±inf）变成 ±最大有限值。
+  对 E2M1 这是唯一的办法（没有别的码）；对 E4M3 是转换的选择，不是格式的性质：OCP OFP8 v1.0 允许饱和或不饱和
+  （变 NaN），库各不相同——ml_dtypes 的转换溢出给 NaN（jax-ml/ml_dtypes#260），PyTorch 的 eager 转换原来
+  也给 NaN、Triton 里饱和（pytorch/ao#1912），2026 年的 nightly 改成饱和（pytorch/ao#4359）。
 - 舍入：就近舍入，一样近时取偶数（round to nearest, ties to even）。np.round 正是"取偶"的规则。
   负零保留符号（-0.0 仍是 -0.0；很小的负数下溢成 -0.0）。NaN 进 NaN 出。
 

@@ -41,6 +41,13 @@ def test_corsair_capacity_tier_and_mx_only():
         CORSAIR.peak_flops("bf16")
 
 
+def test_corsair_lpddr_bandwidth_is_labelled_an_assumption():
+    """回归：0.4 TB/s 原来写成"二手来源"却没有出处；找不到公开的数，所以它是假设值，标在用到它的地方。"""
+    import hw_specs
+    assert "假设值" in CORSAIR.note and "二手" not in CORSAIR.note
+    assert "假设值" in hw_specs.__doc__ and "二手来源" not in hw_specs.__doc__
+
+
 def test_every_chip_has_a_source():
     assert all(c.source for c in ALL_CHIPS)
 

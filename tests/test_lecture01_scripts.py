@@ -136,7 +136,14 @@ def test_01_ridge_points(s01, capsys):
     assert (r["lowest_gpu"], r["highest_gpu"]) == ("A100 80GB SXM", "H100 PCIe")
     assert r["h100_fp8_ridge"] == pytest.approx(2 * r["ridge"]["H100"], rel=1e-3)
     assert round(r["corsair_bw_ratio"]) == 45
-    assert f"H100 SXM5 的拐点是 {round(989.4 / 3.35)} FLOP/字节" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"H100 SXM5 的拐点是 {round(989.4 / 3.35)} FLOP/字节" in out
+    # 回归：LPDDR5X 层的带宽 0.4 TB/s 是假设值（没有公开出处）：观察只留差一倍也成立的结论
+    lo, hi = 2400e12 / 0.8e12, 2400e12 / 0.2e12
+    assert r["corsair_lpddr_ridge_range"] == pytest.approx((lo, hi)) and (lo, hi) == (3000, 12000)
+    assert lo > 1513 / 2.0                                     # 最小的也高过表里每块 GPU 的拐点（最高 756）
+    flat = out.replace("\n     ", "")
+    assert "假设值" in flat and "3000–12000" in flat and "几乎什么都受带宽限制" not in flat
 
 
 def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
@@ -151,7 +158,14 @@ def test_01_ridge_points_do_not_climb_after_h100(s01, capsys):
     assert low["H200"] < low["B200"] < low["H100"]
     assert r["b200_fp4_ridge"] == pytest.approx(9000 / 8.0) and r["b200_fp4_ridge"] > low["H100"]
     out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察在 100 列处折行：先接回一行
-    assert "越新的芯片越难喂饱" not in out and "只有 B200 的 FP4 比 H100 SXM5 的 FP8 高" in out and "= 1125）" in out
+    assert "越新的芯片越难喂饱" not in out and "= 1125）" in out
+    # 回归：以前说"这四代里只有 B200 的 FP4 比 H100 SXM5 的 FP8 高"——H100 和 H200 同是 Hopper（三代），
+    # 而 H100 PCIe 的 FP8 拐点 1513 / 2.0 = 756 比拿来比的 591 还高
+    pcie_fp8 = 1513.0 / 2.0
+    assert r["low_ridge"]["H100 PCIe"] == pytest.approx(pcie_fp8, rel=1e-9) and pcie_fp8 > max(low.values())
+    assert r["highest_low_gpu"] == "H100 PCIe" and r["b200_fp4_ridge"] > pcie_fp8
+    assert "这四代" not in out and "三代 GPU" in out and "最高的是 H100 PCIe 的 FP8，756" in out
+    assert "拐点比这一列都高的只有B200的FP4" in out.replace(" ", "")          # 折行处的空格不算
     # 观察 2 的其他数：H200 相对 H100 的带宽、B200 相对 H100 的带宽和算力
     assert r["h200_bw"] == pytest.approx(4.8 / 3.35, rel=1e-12)
     assert "（带宽 ×1.43）" in out and "×2.39 vs ×2.27" in out
@@ -232,6 +246,11 @@ def test_02_bytes(s02, capsys):
     assert r["bytes"][(LLAMA31_405B.name, "int8")] == pytest.approx(int8, rel=1e-12)
     assert r["fp8_over_int8_405b"] == pytest.approx(fp8 / int8, rel=1e-12)
     assert math.ceil(fp8 / 80e9) == 6                          # 演示 4 的"FP8 只要 6 块"
+    # 回归：INT4-g128 是对称、不带零点的 4.125 位；AWQ / GPTQ 的 checkpoint 每组还有 4 位零点：4 + 20/128 位
+    from conftest import script_stdout
+    out = script_stdout("lecture01/02_model_arithmetic.py")
+    assert bits_per_param("int4-g128-zp") == 4 + (16 + 4) / 128 == 4.15625
+    assert "4.125 位（对称、不带零点；AWQ / GPTQ 的 checkpoint 每组再存一个 4 位零点，是 4.156 位）" in out
 
 
 def test_02_gpt_oss_shares_by_hand(s02, capsys):
@@ -431,3 +450,46 @@ def test_04_ledger(s04, capsys):
     assert co["ttft"] == pytest.approx(t_pre + t_dec / 2)
     # 一块 decode 卡每秒完成 64 / (256 · t_dec) 个请求，每个请求要 t_pre 的 prefill 卡时间
     assert hh["n_prefill"] == pytest.approx(64 * t_pre / (256 * t_dec))
+
+
+def test_04_chunked_prefill_beats_every_disaggregated_row(s04, capsys):
+    """
+    回归：演示 4 只比了"prefill 单独占一步"的同机，说"分开本身不产生吞吐"之外还让人以为分开吞吐更高。
+    分块 prefill（每步顺带一个 4096 提示的 1024 个 token）时一步 = max(FLOPs 和 / 算力, 字节和 / 带宽)，
+    闭式用 config.json 的整数和 H100 的数据手册，不调 llm_math。
+    """
+    r = s04.demo4_ledger()
+    out = re.sub(r"\n +", "", capsys.readouterr().out)          # 观察折行处接回去
+    ck, co = r["chunked"], r["colocated"]
+    steps = []
+    for i in range(4):
+        p, c, ctx = 1024 * i, 1024, 4096 + 128
+        flops = 64 * (2 * MATMUL_8B + 4 * H8 * DH8 * L8 * ctx) + prefill_flops_8b(c) \
+            + 4 * H8 * DH8 * L8 * c * p
+        nbytes = W_STEP_8B + 64 * KV_TOK_8B * ctx + KV_TOK_8B * p
+        assert flops / P_H100 > nbytes / BW_H100                  # 每一步都受算力限制
+        steps.append(flops / P_H100)
+    t_mix = sum(steps) / 4
+    assert ck["tpot"] == pytest.approx(t_mix, rel=1e-12) and ck["worst"] == pytest.approx(steps[-1], rel=1e-12)
+    assert ck["all_compute_bound"]
+    assert ck["thr_per_gpu"] == pytest.approx(64 / t_mix, rel=1e-12)
+    assert round(ck["thr_per_gpu"]) == 3838 and f"{t_mix * 1e3:.1f}" == "16.7"
+    assert ck["thr_per_kw"] == pytest.approx(64 / t_mix / 0.7, rel=1e-12)
+    assert ck["ttft"] == pytest.approx(t_mix / 2 + sum(steps), rel=1e-12)
+    # 分块同机高于每一种分开跑（每块卡、每 kW）；旧的结论只对不分块的同机成立
+    for key in ("H100→H100", "H100→H200", "H100→A100"):
+        assert ck["thr_per_gpu"] > r[key]["thr_per_gpu"] and ck["thr_per_kw"] > r[key]["thr_per_kw"]
+    assert r["best_disagg"] == "H100→H200" and round(r["best_disagg_thr"]) == 2455
+    assert round(r["best_disagg_kw"]) == 3507
+    assert ck["thr_per_gpu"] / r["H100→H100"]["thr_per_gpu"] == pytest.approx(
+        (64 / t_mix) / (64 / (decode_time_8b_memory_bound(64, 4096 + 128) + prefill_time_8b(4096) / 4)), rel=1e-12)
+    assert "3838 token/s" in out and "1.84×" in out and "分开本身不产生吞吐" not in out
+    assert "比同机多" not in out and "比不分块的同机多 17%" in out
+
+
+def test_04_demo1_idle_resource_sentence_is_scoped(s04, capsys):
+    """回归：演示 1 说"同一块芯片同时服务两种工作，总有一种资源闲着"——分块 prefill 时不是这样。"""
+    s04.demo1_intensity_vs_ridge()
+    out = capsys.readouterr().out
+    assert "总有一种资源闲着" in out and "一步只做一种工作时" in out
+    assert "同一块芯片同时服务两种工作，总有一种资源闲着" not in out

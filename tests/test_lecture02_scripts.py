@@ -360,6 +360,13 @@ def test_03_step_intensity_cells_and_memory_caveat(s3):
     b = next(B for B in range(1, 5000) if above(B))
     assert r["b_min"] == b == 964
     assert r["kv_at_b_min"] == 964 * 1024 * 327680 and r["kv_at_b_min"] > 4 * 80e9
+    # 回归：第 1 讲 03 的表在同一个问题上写 965（读的权重含 norm：2 × 激活参数），这里是 964——两本账的 B*
+    # 分在整数 964 两边，观察要说出来。闭式：B* = 拐点·W / (F − 拐点·K)，W 分别是 2P 和 2·(P + norm 参数)
+    F, K = 2 * P + 4 * 64 * 128 * 80 * ctx, 327680 * ctx
+    norms = 80 * 2 * 8192 + 8192                                 # 每层两个 RMSNorm + 最后一个（config.json）
+    b02, b01 = ridge * 2 * P / (F - ridge * K), ridge * 2 * (P + norms) / (F - ridge * K)
+    assert r["b_star"] == pytest.approx(b02, rel=1e-12) and r["b_star_lecture01"] == pytest.approx(b01, rel=1e-12)
+    assert math.floor(b02) + 1 == 964 and math.ceil(b01) == 965
 
 
 def test_04_observation_figures_by_hand(s4):

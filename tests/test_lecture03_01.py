@@ -213,3 +213,14 @@ def test_demo2_page_decimal_sizes_and_chart(run):
     eight = [r[s]["rel_err"] for s in mod.BIG_SCHEMES if r[s]["bits"] > 6]
     assert len(four) == 5 and len(eight) == 2
     assert 1.5 < max(four) / min(four) < 1.7 and max(eight) / min(four) < 0.3
+
+
+def test_demo2_g128_checkpoints_carry_a_zero_point():
+    """
+    回归：观察 1 把对称、不带零点的 int4-g128（4.125 位）放在 AWQ 模型库旁边，像是那些 checkpoint 的格式；
+    AWQ（默认 zero_point）和 GPTQ（qzeros）每组还存一个 4 位零点：4 + (16 + 4) / 128 = 4.15625 位。
+    """
+    from conftest import script_stdout
+    out = script_stdout("lecture03/01_weight_quantization.py")
+    assert 4 + (16 + 4) / 128 == 4.15625
+    assert "这里的 int4-g128 是对称、不带零点的" in out and "每组还存一个 4 位零点，是 4.156 位" in out

@@ -137,3 +137,24 @@ def test_demo1_and_demo2_remaining_cited_figures(run):
     assert d1["token_jump"] == pytest.approx(e["o"] / e["q"], rel=1e-12)
     q = np.mean([w8a8(A[SRC[m]], L[m], "tensor") for L, A in zip(ctx["P"]["layers"], ctx["acts"]) for m in FED])
     assert d2["qcfg_before"] == pytest.approx(q, rel=1e-9)
+
+
+def test_demo2_best_alpha_depends_on_activation_granularity(run):
+    """
+    回归：观察 1 只印了每张量那一列的最好 α（1.00），没说粒度，也没说这是玩具（高斯权重吸收得了任何 scale）；
+    同一张表里每 token 的最好 α 是 0.50。两列的最好 α 都用独立的 W8A8 重算。
+    """
+    mod, ctx, out = run
+    d2 = out["demo2_smoothquant"]
+    alphas = [a for a in mod.ALPHAS if a is not None]
+    err = {g: {a: np.mean([w8a8(A[SRC[m]], L[m], g, a) for L, A in zip(ctx["P_out"]["layers"], ctx["acts_out"])
+                           for m in FED]) for a in alphas} for g in ("tensor", "token")}
+    best = {g: min(alphas, key=lambda a: err[g][a]) for g in err}
+    assert best == {"tensor": 1.0, "token": 0.5}
+    assert d2["best_alpha"] == best["tensor"] and d2["best_alpha_token"] == best["token"]
+    assert d2["after_token"] == pytest.approx(err["token"][0.5], rel=1e-9)
+    with contextlib.redirect_stdout(io.StringIO()) as buf:
+        mod.demo2_smoothquant(ctx)
+    text = buf.getvalue().replace("\n     ", "")
+    assert "激活每张量一个 scale 的 W8A8" in text and "每 token 一个 scale 时最好的是 α = 0.50（0.830%）" in text
+    assert "QCFG 的权重是高斯的" in text and "取 α = 0.5" in text

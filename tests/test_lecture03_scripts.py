@@ -48,6 +48,18 @@ def q02(s02, ev):
         return s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
 
 
+@pytest.fixture(scope="module")
+def text02(s02, ev):
+    """02 的三个演示打印的文字，观察折行处接回一行。"""
+    import contextlib
+    import io
+    import re
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
+    return re.sub(r"\n +", "", buf.getvalue())
+
+
 # ---------------------------------------------------------------------------
 # 02：量化模型的质量
 # ---------------------------------------------------------------------------
@@ -109,6 +121,14 @@ def test_demo1_claims(q02):
     assert d1["int8_disagree_margin"] < 0.1 * d1["all_margin"]
     for s in ("int8", "fp8-e4m3", "int4", "int4-g64", "int4-g32", "mxfp4"):
         assert d1[s]["log_ppl_ratio"] > 0
+
+
+def test_demo1_fp8_advantage_is_range_not_speed(q02, text02):
+    """回归：观察 2 说 FP8 的好处是"H100 有 FP8 张量核"——H100 的 INT8 稠密峰值和 FP8 一样（数据手册 1978.9 TFLOP/s）。"""
+    d1 = q02[0]
+    assert d1["h100_fp8_tflops"] == d1["h100_int8_tflops"] == pytest.approx(1978.9, rel=1e-12)
+    assert "都是 1979 TFLOP/s，BF16 的 2 倍" in text02 and "动态范围" in text02
+    assert "H100 有 FP8 张量核" not in text02
 
 
 def test_int8_disagreements_sit_where_the_top_two_nearly_tie(ev, q02):
@@ -363,6 +383,12 @@ def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
     b = b4 - 1.5
     assert d["w4_slope_before"] == pytest.approx(kv * (w16 - w4) / (w4 + b * kv) ** 2, rel=1e-3)
     assert d["w4_slope_after"] > 3 * d["w4_slope_before"] > 0
+    # 回归：以前写"在这以前每多一个序列，加速比少 0.0051×"，可表里 B = 1 → 64 平均每个序列少
+    # (3.70 − 3.11) / 63 ≈ 0.009×：这个斜率只在拐点紧挨着的那一步，句子要说清是哪一步
+    avg = (closed_speedup(1) - closed_speedup(64)) / 63
+    assert avg > 1.5 * d["w4_slope_before"]
+    out = capsys.readouterr().out.replace("\n     ", "")
+    assert f"紧挨着它之前（B = {b4 - 2} → {b4 - 1}）每多一个序列" in out and f"之后（B = {b4} → {b4 + 1}）" in out
 
 
 def test_demo2_llama8b_at_context_512_never_compute_bound_closed_form(s03):
@@ -449,6 +475,11 @@ def test_demo1_formula_vs_simulation(s04, capsys):
         n = d[key]
         assert expected_touched_experts(E, k, n) >= frac * E > expected_touched_experts(E, k, n - 1)
     assert d["n_half"] == 22
+    # 回归：列头写"n·k"，格子里却是 min(n·k, E)（120b 在 n = 64 印 128、20b 在 n = 16 印 32）
+    assert d[(GPT_OSS_120B.name, 64)]["naive"] == min(64 * 4, 128) == 128
+    assert d[(GPT_OSS_20B.name, 16)]["naive"] == min(16 * 4, 32) == 32
+    head = [ln for ln in capsys.readouterr().out.splitlines() if ln.lstrip().startswith("n ")][0]
+    assert head.count("min(n·k, E)") == 2 and " n·k " not in head
 
 
 def test_demo2_published_counts(s04, capsys):

@@ -166,6 +166,8 @@ def test_weight_format_bits_agree_with_numfmt():
         assert bits_per_param("fp8", n) == bits_per_value("fp8", n_in=n)
         assert bits_per_param("int8", n) == bits_per_value("int8", n_in=n)
         assert bits_per_param("int4-g128", n) == pytest.approx(bits_per_value("int4", n_in=n, group=128), rel=1e-15)
+        if n % 128 == 0:
+            assert bits_per_param("int4-g128-zp", n) == bits_per_value("int4-zp", group=128) == 4 + 20 / 128
         assert bits_per_param("mxfp4", n) == bits_per_value("mxfp4")
 
 
@@ -188,3 +190,60 @@ def test_parts_add_up_to_the_totals():
                  + max(m.n_experts, 1) * m.expert_params()) + m.norm_params() + head)
         assert parts == m.params()
     assert LLAMA31_8B.norm_params() == 65 * 4096
+
+
+# ---- mixed_step：分块 prefill 的混合步（第 1 讲 04 演示 4、第 5 讲 02 同一个式子）----
+
+def _mixed_8b_by_hand(batch, context, c, p):
+    """Llama-3.1-8B（config.json 的整数）在 H100 SXM5（989.4 TFLOP/s、3.35 TB/s）上的混合步，不调 llm_math。"""
+    V, d, L, H, KVH, DH, FF = 128256, 4096, 32, 32, 8, 128, 14336
+    matmul = L * (2 * d * H * DH + 2 * d * KVH * DH + 3 * d * FF) + V * d
+    w = 2 * (8_030_261_248 - V * d)                    # 每步读的权重：不含输入词嵌入
+    kv_tok = 2 * L * KVH * DH * 2
+    flops = batch * (2 * matmul + 4 * H * DH * L * context)
+    if c:
+        flops += 2 * (matmul - V * d) * c + 2 * V * d + 4 * H * DH * L * (c * p + c * (c + 1) // 2)
+    nbytes = w + batch * kv_tok * context + (kv_tok * p if c else 0)
+    return max(flops / 989.4e12, nbytes / 3.35e12)
+
+
+@pytest.mark.parametrize("batch,context,c,p", [(64, 4224, 1024, 0), (64, 4224, 1024, 3072), (32, 2048, 512, 512),
+                                               (0, 0, 4096, 0), (8, 100, 0, 0)])
+def test_mixed_step_matches_closed_form(batch, context, c, p):
+    from llm_math import mixed_step
+    assert mixed_step(LLAMA31_8B, H100, batch, context, c, p)["time"] == pytest.approx(
+        _mixed_8b_by_hand(batch, context, c, p), rel=1e-12)
+
+
+def test_mixed_step_reduces_to_decode_step_and_prefill_step():
+    """不带 prefill 时就是 decode_step；不带 decode、一整段时就是 prefill_step；分块的 FLOPs 之和 = 整段 + 多算的 lm_head。"""
+    from llm_math import mixed_step
+    m = LLAMA31_8B
+    assert mixed_step(m, H100, 16, 1000, 0)["time"] == pytest.approx(decode_step(m, H100, 16, 1000)["time"], rel=1e-12)
+    whole = prefill_step(m, H100, 4096)
+    assert mixed_step(m, H100, 0, 0, 4096)["flops"] == whole["flops"]
+    parts = sum(mixed_step(m, H100, 0, 0, 1024, i * 1024)["flops"] for i in range(4))
+    assert parts == whole["flops"] + 3 * 2 * m.vocab * m.d_model
+
+
+def test_mixed_step_equals_serving_lab_iteration_time():
+    """第 1 讲和第 5 讲的混合步是同一个式子：llm_math.mixed_step == serving_lab.iteration_time（批里上下文相同时）。"""
+    import os
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "lecture05"))
+    from llm_math import mixed_step
+    from serving_lab import iteration_time
+    for batch, ctx, c, p in ((32, 2048, 512, 0), (32, 2048, 512, 3584), (64, 4224, 1024, 2048), (1, 10, 0, 0)):
+        assert mixed_step(LLAMA31_8B, H100, batch, ctx, c, p)["time"] == pytest.approx(
+            iteration_time(LLAMA31_8B, H100, batch, batch * ctx, c, p), rel=1e-12)
+
+
+def test_mixed_step_rejects_bad_arguments():
+    from llm_math import mixed_step
+    with pytest.raises(ValueError, match="稠密"):
+        mixed_step(GPT_OSS_20B, H100, 4, 100, 10)
+    with pytest.raises(ValueError, match="至少"):
+        mixed_step(LLAMA31_8B, H100, 0, 100, 0)
+    with pytest.raises(ValueError, match="不能为负"):
+        mixed_step(LLAMA31_8B, H100, 4, 100, -1)

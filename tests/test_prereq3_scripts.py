@@ -127,6 +127,22 @@ def test_01_e2m1_values_and_fp8_code_counts(s1):
     assert all(v["all_fixed_points"] for v in c.values())
 
 
+def test_01_saturation_is_numfmts_choice_for_e4m3_and_the_only_way_for_e2m1(s1):
+    """
+    回归：演示 1 的"溢出时"和演示 3 观察 2 把"E4M3 和 E2M1 饱和到最大值"说成格式的性质。E4M3 有 NaN 码
+    （OFP8 允许溢出变 NaN，ml_dtypes 就这样），饱和是 numfmt 的选择；E2M1 的 16 个码全是有限值，只能饱和。
+    """
+    from conftest import script_stdout
+    c = s1[1]["demo2_small_formats_enumerated"]["counts"]
+    assert c["FP8-E4M3"]["nan"] == 2 and c["FP8-E4M3"]["inf"] == 0
+    assert _positive_values(2, 1, "none") == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]    # 7 个正数、7 个负数、±0：16 个码全是数
+    out = script_stdout(S1)
+    assert "448  饱和（numfmt 选的）" in out and "6  饱和（没有别的码）" in out
+    assert "OCP OFP8 规范允许饱和到 448 或变 NaN，numfmt 选了饱和" in out
+    assert "E2M1 既没有 inf 也没有 NaN，只能饱和（100 → 6）" in out
+    assert "E4M3 和 E2M1 没有 inf，饱和到最大值" not in out and "饱和到最大值" not in out.split("演示 2")[0]
+
+
 def test_01_number_line_counts(s1):
     """演示 2 的数轴：E4M3 在 [0, 6] 里的非负值（从位的定义数，不经过脚本），每个正规数区间的个数 = 2^尾数位。"""
     r = s1[1]["demo2_small_formats_enumerated"]
@@ -355,6 +371,27 @@ def test_02_mxfp4_block_and_matrix(s2):
     assert round(e2, 3) == 0.101 and round(nv, 3) == 0.095 and round(g32, 3) == 0.097
     assert nv < g32 < e2 < r["schemes"]["MXFP4"]["rel_err"]
     assert r["schemes"]["E2M1-g32（FP16 scale）"]["bits"] == r["schemes"]["NVFP4（E4M3 scale / 16）"]["bits"] == 4.5
+
+
+def test_02_mx_power_of_two_scale_is_not_what_the_hardware_requires(s2):
+    """
+    回归：演示 4 观察 3 拿"Blackwell 的 FP4 张量核"论证 MX 的 2 的幂 scale；Blackwell 同样原生跑 NVFP4（E4M3 scale），
+    同一张表里 NVFP4 更准。NVFP4 和 MXFP4 的误差用不经过 numfmt 的实现重算。
+    """
+    from conftest import script_stdout
+    mod, res = s2
+    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    r = res["demo4_mxfp4"]["schemes"]
+    nv, mx = r["NVFP4（E4M3 scale / 16）"], r["MXFP4"]
+    rel = lambda q: np.linalg.norm(q - w) / np.linalg.norm(w)    # noqa: E731
+    assert nv["rel_err"] == pytest.approx(rel(_nvfp4_independent(w)), rel=1e-12)
+    assert mx["rel_err"] == pytest.approx(rel(_mxfp4_independent(w)), rel=1e-12)
+    assert (mx["bits"], nv["bits"]) == (4 + 8 / 32, 4 + 8 / 16)
+    assert nv["rel_err"] < mx["rel_err"]
+    out = script_stdout(S2)
+    assert "Blackwell 的 FP4 张量核" not in out and "MX 的好处不在精度而在硬件" not in out
+    assert (f"NVFP4 更准（{nv['rel_err']:.4f} 对 {mx['rel_err']:.4f}，多付 0.25 位）" in out
+            and "MXFP4 和 NVFP4（E4M3 scale）都原生支持" in out)
 
 
 def test_02_bits_per_value(s2):
