@@ -82,7 +82,7 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
 
 【依赖】本目录的 console、hw_specs（H100、A100、gang、NVLINK4、ring_allreduce、roofline_bound）、
 llm_math（LLAMA2_70B、LLAMA2_7B、LLAMA31_8B、decode_step、prefill_step、max_batch、matmul_intensity）；
-演示 6 另用 ../lecture02 的 transformer_lab（NumpyTransformer、init_params、analytic_ops、sum_rows）、
+演示 6 另用 ../lecture02 的 transformer_lab（NumpyTransformer、init_params）、ledger_lab（analytic_ops、sum_rows）、
 hub_lab 和 real_model_lab（真实模型的文件在本机时用它），和 ../lecture03 的 quant_lab（QCFG，需要 ../prereq3）。
 """
 import os
@@ -511,7 +511,8 @@ def cpu_decode_roofline(params, cfg, seconds=TIME_SECONDS):
     带宽 = 扫一遍和权重一样大（最多 CPU_BIG_ARRAY 个数）、同样数据类型的数组的速度；矩阵乘速度 = CPU_MATMUL_N 方阵乘
     （同样数据类型）的 FLOP/s。下界 = max(FLOPs ÷ 矩阵乘速度, 字节 ÷ 带宽)。
     """
-    from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sum_rows
+    from ledger_lab import BYTES_PER_EL, analytic_ops, sum_rows
+    from transformer_lab import NumpyTransformer
     model = NumpyTransformer(params, cfg)
     cache = model.new_cache(1)
     model.forward(np.zeros((1, CPU_PROMPT), dtype=np.int64), cache)
