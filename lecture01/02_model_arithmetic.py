@@ -39,11 +39,14 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 from console import fmt_bytes, fmt_num, print_header, print_observations, print_table  # noqa: E402
 from hw_specs import H100  # noqa: E402
 from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B,  # noqa: E402
-                      WEIGHT_FORMATS, bits_per_param, linear_shapes, weight_bytes)
+                      SMOLLM2_135M, WEIGHT_FORMATS, bits_per_param, linear_shapes, weight_bytes)
 
 # 公开的参数总数（config.json、模型卡）：Llama 和 gpt-oss-120b 是精确整数；gpt-oss-20b 的模型卡只给到 0.01B。
 PUBLISHED_TOTAL = {LLAMA31_8B.name: 8_030_261_248, LLAMA31_70B.name: 70_553_706_496,
-                   LLAMA31_405B.name: 405_853_388_800, GPT_OSS_120B.name: 116_829_156_672}
+                   LLAMA31_405B.name: 405_853_388_800, GPT_OSS_120B.name: 116_829_156_672,
+                   SMOLLM2_135M.name: 134_515_008}   # SmolLM2：它的 GGUF 文件里所有张量的元素个数之和（CURRICULUM §8）
+# 演示 1 多列一个课程真正跑起来的模型（第 2 讲 06 用 numpy 跑它）；别的演示只看五个大模型
+DEMO1_MODELS = ALL_MODELS + (SMOLLM2_135M,)
 PUBLISHED_ROUNDED = {GPT_OSS_20B.name: (20.91, 3.61), GPT_OSS_120B.name: (116.83, 5.13)}  # (总, 激活)，单位 B
 CHECKPOINT_GIB_120B = 60.8          # gpt-oss-120b checkpoint 的大小（模型卡，GiB）
 GIB = 2 ** 30
@@ -78,11 +81,11 @@ def demo1_parameters():
     print_header("演示 1：参数量——从结构逐个张量数，和公开的总数对上")
     print_table(["模型", "层", "d_model", "头/KV 头", "head_dim", "d_ff", "FFN", "词表"],
                 [[m.name, m.n_layers, m.d_model, f"{m.n_heads}/{m.n_kv_heads}", m.head_dim, m.d_ff,
-                  f"{m.n_experts} 选 {m.top_k}" if m.is_moe else "稠密", f"{m.vocab:,}"] for m in ALL_MODELS])
+                  f"{m.n_experts} 选 {m.top_k}" if m.is_moe else "稠密", f"{m.vocab:,}"] for m in DEMO1_MODELS])
     print()
     rows = []
     match = {}
-    for m in ALL_MODELS:
+    for m in DEMO1_MODELS:
         p = m.params()
         if m.name in PUBLISHED_TOTAL:
             pub = f"{PUBLISHED_TOTAL[m.name]:,}"
@@ -96,18 +99,19 @@ def demo1_parameters():
     print_table(["模型", "参数（数出来的）", "公开的数", "对比", "激活参数", "激活 / 总"], rows)
 
     print("\n参数按部件分（占总数的百分比）：")
-    parts = {m.name: breakdown(m) for m in ALL_MODELS}
+    parts = {m.name: breakdown(m) for m in DEMO1_MODELS}
     names = list(parts[LLAMA31_8B.name])
     print_table(["模型"] + names,
-                [[m.name] + [f"{100 * parts[m.name][k] / m.params():.2f}%" for k in names] for m in ALL_MODELS])
+                [[m.name] + [f"{100 * parts[m.name][k] / m.params():.2f}%" for k in names] for m in DEMO1_MODELS])
 
     g = GPT_OSS_120B
     act_pub = PUBLISHED_ROUNDED[g.name][1]
     emb8 = 100 * (parts[LLAMA31_8B.name]["词嵌入"] + parts[LLAMA31_8B.name]["lm_head"]) / LLAMA31_8B.params()
     exp120 = 100 * parts[g.name]["FFN / 专家"] / g.params()
+    emb_s = 100 * parts[SMOLLM2_135M.name]["词嵌入"] / SMOLLM2_135M.params()
     exact_ok = all(match[n] for n in PUBLISHED_TOTAL)
     print_observations([
-        f"五个模型的参数量都从结构数出来：Llama 3.1 三个和 gpt-oss-120b 与公开的整数"
+        f"六个模型的参数量都从结构数出来：Llama 3.1 三个、gpt-oss-120b 和 SmolLM2-135M 与公开的整数"
         f"{'逐个参数相等' if exact_ok else '并不全都相等（看表里的对比列）'}，gpt-oss-20b 的 "
         f"{GPT_OSS_20B.params() / 1e9:.2f}B 和模型卡的 {PUBLISHED_ROUNDED[GPT_OSS_20B.name][0]:.2f}B "
         f"{'在 0.01B 内一致' if match[GPT_OSS_20B.name] else '不一致'}。gpt-oss 要数上 q/k/v/o 的偏置、每个头一个 attention sink、"
@@ -117,9 +121,13 @@ def demo1_parameters():
         f"{100 * g.active_params() / g.params():.1f}%：它的专家占了全部参数的 {exp120:.1f}%。",
         f"小模型的词表占比不小：Llama-3.1-8B 的词嵌入加 lm_head 占 {emb8:.1f}%（词表 {LLAMA31_8B.vocab:,}）。"
         f"量化通常不碰这两块，演示 2 里会看到它让 8B 压不到理想的倍数。",
+        f"最后一行是课程真正跑起来的 SmolLM2-135M（第 2 讲 06 用 numpy 跑它）：数出来的 {SMOLLM2_135M.params():,} "
+        f"和它的 GGUF 文件里所有张量的元素个数{'相等' if match[SMOLLM2_135M.name] else '不相等'}。它的词嵌入和 lm_head "
+        f"共享（同一个矩阵，只算一次），这一个矩阵就占 {emb_s:.1f}%：模型越小，词表占得越多。",
     ])
     return {"match": match, "active_ratio_120b": g.active_params() / g.params(), "emb_share_8b": emb8 / 100,
-            "expert_share_120b": exp120 / 100, "params": {m.name: m.params() for m in ALL_MODELS},
+            "expert_share_120b": exp120 / 100, "params": {m.name: m.params() for m in DEMO1_MODELS},
+            "emb_share_smollm2": emb_s / 100,
             "active": {m.name: m.active_params() for m in ALL_MODELS}}
 
 

@@ -247,3 +247,32 @@ def test_mixed_step_rejects_bad_arguments():
         mixed_step(LLAMA31_8B, H100, 0, 100, 0)
     with pytest.raises(ValueError, match="不能为负"):
         mixed_step(LLAMA31_8B, H100, 4, 100, -1)
+
+
+def test_smollm2_config_counts_the_file_exactly():
+    """SmolLM2-135M：134,515,008 = 词嵌入（共享，算一次）+ 30 层 × (q/k/v/o + 三个 FFN 矩阵 + 两个 norm) + 最后的 norm。"""
+    from llm_math import SMOLLM2_135M as m
+    d, V, L, ff = 576, 49152, 30, 1536
+    q, kv = 9 * 64, 3 * 64
+    by_hand = V * d + L * (d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d) + d
+    assert by_hand == 134_515_008 == m.params()
+    assert m.tied and m.matmul_params() == by_hand - L * 2 * d - d      # lm_head 乘一次（就是词嵌入），norm 不算
+
+
+def test_smollm2_config_equals_the_gguf_files_tensors():
+    """和真文件的张量个数、形状对上（文件在本机时）。"""
+    from conftest import smollm2_path
+    from gguf_lab import read_gguf
+    from llm_math import SMOLLM2_135M as m
+    g = read_gguf(smollm2_path())
+    assert g.n_parameters == m.params()
+    assert g.tensors["blk.0.attn_k.weight"].shape == (m.n_kv_heads * m.head_dim, m.d_model)
+    assert g.tensors["blk.0.ffn_gate.weight"].shape == (m.d_ff, m.d_model)
+    assert g.metadata["llama.block_count"] == m.n_layers and "output.weight" not in g.tensors
+
+
+def test_lecture01_02_cites_smollm2_exactly():
+    from conftest import load_script
+    r = load_script("lecture01/02_model_arithmetic.py").demo1_parameters()
+    assert r["match"]["SmolLM2-135M"] and r["params"]["SmolLM2-135M"] == 134_515_008
+    assert r["emb_share_smollm2"] == pytest.approx(49152 * 576 / 134_515_008)
