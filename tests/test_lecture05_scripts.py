@@ -448,3 +448,14 @@ def test_01_batch_sweep_closed_form(s01, capsys):
     t70 = {b: (w70 + b * k70) / (8 * 3.35e12) for b in (1, 743)}
     assert r["tpot_70b_b1"] == pytest.approx(t70[1], rel=1e-12) and r["tpot_70b_bmax"] == pytest.approx(t70[743], rel=1e-12)
     assert round(743 / t70[743]) == 31229
+
+
+def test_03_only_network_rows_join_two_machines(s03, capsys):
+    """issue 19 第 17 条：NVLink 4（同一台机器里的 GPU）和 PCIe（GPU 到它的主机）连不了 prefill 机和 decode 机；
+    能连两台机器的是 InfiniBand 和以太网那几行。"""
+    r = s03.demo2_transfer_vs_prefill()
+    out = capsys.readouterr().out
+    assert sorted(s03.INSIDE_ONE_MACHINE) == ["NVLink 4（H100 SXM5，每块 GPU）", "PCIe Gen5 x16"]
+    assert r["across_machines"] == ["InfiniBand NDR（一个 400 Gb/s 端口）", "400 GbE 以太网", "100 GbE 以太网",
+                                    "InfiniBand NDR × 每块 GPU 一个端口"]
+    assert "NVLink 4、PCIe Gen5 x16 两行连不了两台机器" in out
