@@ -415,3 +415,10 @@ def test_engine_acceptance_rate_is_not_alpha():
     text = script_stdout("lecture06/02_rejection_sampling.py")
     assert "一般情形 α = 0.750、γ = 4 时每轮 E = 3.05 个 token，引擎会报 0.513；把它当 α 代进式 (1) 得 1.98，低估了 35%" in text
     assert "要在接受测试之前原样作用到 p 和 q 两边" in text
+
+
+def test_verify_is_as_cheap_as_a_step_only_at_small_batch_dense():
+    """issue 19 复读：01 演示 2 观察 2 的"验证一次和普通一步差不多"指向 05 脚本时要说它在哪里不成立
+    （第 5 讲 05 的 MoE 验证是普通一步的好几倍，本讲 05 的大批）。"""
+    text = script_stdout("lecture06/01_kv_cache_rollback.py")
+    assert "批大了、或者 MoE 目标验证多个 token 时要多读专家，它就不成立（本讲 05 脚本、第 5 讲 05 脚本）" in text
