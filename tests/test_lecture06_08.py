@@ -297,3 +297,9 @@ def test_demo1_cites_table4_with_its_caveat(s08, demos):
     text = script_stdout("lecture06/08_correlated_acceptance.py")
     assert "实测的加速（Emp）高于论文按定理 3.8 印的 Exp 的有 8 行、持平 1 行、低于的 3 行" in text
     assert "所以这张表分不出式 (1) 自己的误差" in text and "没有给出处" in text
+
+
+def test_demo1_seed04_gap_is_sampling_and_truncation():
+    """issue 19 复读：04 的实测和式 (1) 的差不只是抽样——还有 07 演示 3 量出的截断偏差；观察 3 要和 07 说的一致。"""
+    text = script_stdout("lecture06/08_correlated_acceptance.py")
+    assert "所以 04 的实测和式 (1) 之间只有抽样的起伏和 07 脚本演示 3 的截断偏差" in text
