@@ -18,7 +18,8 @@ KV cache 按 BF16（每个数 2 字节）；滑动窗口层只存最近 128 个�
 权重 BF16；gpt-oss-120b 在一块 H100 上，权重按 4.25 位算（MXFP4；非专家部分实际是 BF16，对 prefill 的时间几乎没有影响），
 矩阵乘按 BF16 峰值算。搬运时间 = 字节 / 单向带宽，不算延迟、协议开销和内存拷贝（**假设**；几百 MB 时延迟可以忽略）。
 链路带宽是 ../lecture01/hw_specs 末尾互联表里的**单向**数字（NVLink 4 每块 GPU 450 GB/s、NDR 一个端口 50 GB/s、
-PCIe Gen5 x16 约 64 GB/s、400 GbE 50 GB/s、100 GbE 12.5 GB/s），出处写在表里。
+PCIe Gen5 x16 约 64 GB/s、400 GbE 50 GB/s、100 GbE 12.5 GB/s），出处写在表里。其中 NVLink 4 只连同一台机器里的 GPU、
+PCIe 只连 GPU 和它自己的主机，都不能把 KV 送到另一台机器（演示 2 观察 5）：表里这两行只作对照。
 
 【运行】python3 03_kv_transfer.py （约 0.3 秒）
 
@@ -33,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_bytes, fmt_time, print_header, print_note, print_observations, print_table  # noqa: E402
-from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4  # noqa: E402
+from hw_specs import ALL_LINKS, ETH_100G, ETH_400G, H100, IB_NDR, NVLINK4, PCIE5_X16  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
 from hw_specs import gang  # noqa: E402
 from iteration_lab import link_time  # noqa: E402
@@ -44,6 +45,8 @@ PROMPTS = (2048, 32768)
 SHORT = {LLAMA31_70B.name: "70B", GPT_OSS_120B.name: "oss"}          # 演示 2 表头里的简称
 LINK_SHORT = {NVLINK4.name: "NVLink 4，一块 GPU", IB_NDR.name: "IB NDR，一个端口", ETH_400G.name: "400 GbE",
               ETH_100G.name: "100 GbE", "InfiniBand NDR × 每块 GPU 一个端口": "IB NDR，每块 GPU 一个"}
+# 连不了两台机器的链路：NVLink 4 连同一台机器里的 GPU，PCIe 连 GPU 和它自己的主机（演示 2 只拿它们作对照）
+INSIDE_ONE_MACHINE = (NVLINK4.name, PCIE5_X16.name)
 
 
 # ---------------------------------------------------------------------------
@@ -106,7 +109,10 @@ def demo2_transfer_vs_prefill():
         rows.append(cells)
     print_table(["链路", "GB/s"] + [h for head in heads for h in (head, "占比")], rows)
     print("（GB/s：每条链路的单向带宽；每组两列：搬运时间、占它前面那次 prefill 的百分比；")
-    print(f" 前 {len(links) - 1} 行整份 KV 走一条链路，最后一行每块 GPU 用自己的端口送自己那份）")
+    print(f" 前 {len(links) - 1} 行整份 KV 走一条链路，最后一行每块 GPU 用自己的端口送自己那份；")
+    inside = "、".join(LINK_SHORT.get(n, n).split("，")[0] for n in INSIDE_ONE_MACHINE)
+    across = [lab for lab, _, _ in links if lab not in INSIDE_ONE_MACHINE]
+    print(f" {inside} 两行连不了两台机器，只作对照（观察 5））")
     m70, mo = LLAMA31_70B.name, GPT_OSS_120B.name
     ib1, ib8 = IB_NDR.name, links[-1][0]
     t_pre70 = cols[0][4]
@@ -117,7 +123,8 @@ def demo2_transfer_vs_prefill():
          "ib_ratio_oss_2k": out[(ib1, mo, 2048)][1], "eth_ratio_oss_2k": out[(ETH_100G.name, mo, 2048)][1],
          "exposed_layerwise_70_2k": ib_t / LLAMA31_70B.n_layers,
          "slower_than_prefill": sorted({lab for (lab, _, _), (_, q) in out.items() if q > 1}),
-         "kv_ratio_2k": cols[0][5] / cols[2][5], "pre_ratio_2k": cols[0][4] / cols[2][4]}
+         "kv_ratio_2k": cols[0][5] / cols[2][5], "pre_ratio_2k": cols[0][4] / cols[2][4],
+         "across_machines": across}
     slow = "、".join(r["slower_than_prefill"]) or "没有"
     print_observations([
         f"{m70} 提示 2048：{DEPLOY[0][3]} 卡 prefill 约 {fmt_time(t_pre70)}；整份 KV 走一个 NDR 端口要 {fmt_time(ib_t)}"
@@ -134,6 +141,11 @@ def demo2_transfer_vs_prefill():
         f"比例小于 100% 时，不必等 prefill 全部算完再发：每算完一层就把这一层的 KV 发出去（Splitwise 的做法，Patel et al., ISCA 2024, arXiv 2311.18677），"
         f"搬运和后面的层重叠，露在外面的只剩最后一层的那份：{m70} 走一个 NDR 端口约 {fmt_time(r['exposed_layerwise_70_2k'])}"
         f"（{fmt_time(ib_t)} / {LLAMA31_70B.n_layers} 层）。比例大于 100% 时藏不住，网络决定了解耦值不值。",
+        "哪几行能真的把 KV 从 prefill 机送到另一台 decode 机：只有"
+        + "".join(f"「{LINK_SHORT.get(lab, lab)}」" for lab in across) + "这几行（网卡和交换机）。"
+        f"{inside} 不行：NVLink 连的是同一台机器里的 GPU（要机柜级的 NVLink 域，如 GB200 NVL72，才跨出一台机器），"
+        "所以 NVLink 那一行只在 prefill 和 decode 放在同一台机器的不同 GPU 上时才用得上；PCIe 连的是 GPU 和它自己的主机，"
+        "KV 经主机内存再上网卡时它是串在网卡前面多走的一段，不能代替网卡。",
     ])
     return r
 

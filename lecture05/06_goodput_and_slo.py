@@ -51,7 +51,7 @@ from hw_specs import H100, IB_NDR, gang  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, max_batch  # noqa: E402
 from disagg_lab import fast_colocated, fast_disaggregated  # noqa: E402
 from goodput_lab import find_goodput, prefill_capacity, slo_attainment  # noqa: E402
-from iteration_lab import knee_chunk, link_time  # noqa: E402
+from iteration_lab import iteration_time, knee_chunk, link_time  # noqa: E402
 from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 # ---- 工作负载（假设，同 02）----
@@ -259,12 +259,17 @@ def demo3_chunk_sweep():
     batch = busy / span                                                  # 利特尔定律：平均同时在 decode 的序列数
     ctx = float(prompts.mean() + outs.mean() / 2)
     knee = knee_chunk(model, H100, max(1, round(batch)), round(batch) * round(ctx))
-    r = {"sweep": out, "batch": batch, "ctx": ctx, "knee": knee,
+    longest = int(max(prompts))                                          # 这组工作负载里最长的提示
+    t_longest = iteration_time(model, gang(H100, g), prefill_tokens=longest)
+    r = {"sweep": out, "batch": batch, "ctx": ctx, "knee": knee, "longest": longest, "t_longest": t_longest,
+         "stall_over_longest": out[None]["stall"] / t_longest,
          "growth": [out[b]["stall"] / out[a]["stall"] for a, b in zip(SWEEP_CHUNKS, SWEEP_CHUNKS[1:])]}
     small, big = out[SWEEP_CHUNKS[0]], out[SWEEP_CHUNKS[-1]]
     print_observations([
         f"块越大，最长卡顿越长：{SWEEP_CHUNKS[0]} 时 {fmt_time(small['stall'])}，{SWEEP_CHUNKS[-1]} 时 {fmt_time(big['stall'])}，"
-        f"不分块 {fmt_time(out[None]['stall'])}（一整段长提示的 prefill）。块越小，一个提示要分的块越多、"
+        f"不分块 {fmt_time(out[None]['stall'])}——最长的提示（{longest} 个 token）prefill 一次也只要 {fmt_time(t_longest)}，"
+        f"{fmt_time(out[None]['stall'])} 是它的 {r['stall_over_longest']:.1f} 倍：prefill 优先时排着队的几个提示接连 prefill，"
+        "正在 decode 的用户一直等到队排空。块越小，一个提示要分的块越多、"
         f"每块都要等一次迭代，TTFT p90 从 {fmt_time(big['ttft_p90'])}（{SWEEP_CHUNKS[-1]}）涨到 {fmt_time(small['ttft_p90'])}"
         f"（{SWEEP_CHUNKS[0]}）——块大小是在 TPOT 和 TTFT 之间换。",
         f"拐点：按利特尔定律这个负载下平均约 {batch:.0f} 个序列在 decode、上下文约 {ctx:.0f}；这样一步 decode 受带宽限制，"

@@ -95,7 +95,7 @@ def demo1_allocators():
          "mean_prompt": float(PROMPTS.mean())}
     print_observations([
         f"按服务上限预留（每个请求 {SERVING_CAP} 个位置，假设的服务上限）：只有 {cap['used_frac']:.1%} 的预留内存存着真 token，"
-        f"批只有 {cap['max_running']} 个请求。请求平均只存 {cap['mean_tokens']:.0f} 个 token，其余大多是它永远用不到的长度"
+        f"批只有 {cap['max_running']} 个请求。在跑的请求平均只存 {cap['mean_tokens']:.0f} 个 token，其余大多是它永远用不到的长度"
         f"（内部碎片）。按提示 + 最大输出预留好得多（{mx['used_frac']:.1%}），剩下的浪费是还没生成、"
         f"以及最终也不会生成的输出位置（平均输出 {r['mean_out']:.0f}，却按假设的最大输出 {MAX_OUT} 留）。",
         f"分页随用随分：{pg['used_frac']:.2%} 的已分配位置存着真 token，平均并发 {pg['mean_running']:.0f}，"
@@ -103,7 +103,8 @@ def demo1_allocators():
         f"代价是内存会被挤满：{pg['preempted']} 次要把最后进来的请求挤出去重算（这里不计它的时间）。",
         f"分页剩下的浪费只在每个请求的最后一块：{BLOCK} 个一块时占已分配位置的 {pg['waste_frac']:.2%}，平均每个请求空着约 "
         f"(块 − 1)/2 个位置（上面第二张表：最后一块里的 token 数近似均匀分布）。块越大浪费越多，但 {BLOCK_SIZES[-1]} 个一块也只有 "
-        f"{sizes[BLOCK_SIZES[-1]]['waste_frac']:.1%}——因为这里每个请求平均存着 {pg['mean_tokens']:.0f} 个 token，比一块大得多。",
+        f"{sizes[BLOCK_SIZES[-1]]['waste_frac']:.1%}——因为这里在跑的请求平均存着 {pg['mean_tokens']:.0f} 个 token（{BLOCK} 个一块时；"
+        "在跑的是哪些请求随分配法变，所以和观察 1 的数不同），比一块大得多。",
         f"和论文比（Kwon et al. 图 2，KV 内存里存着真 token 的比例）：{paper}；§1 的说法是现有系统只有 20.4%–38.2%，"
         "vLLM 的博客说浪费不到 4%。这里按上限预留是 "
         f"{cap['pool_frac']:.1%}（占整个 KV 池）、分页是 {pg['pool_frac']:.1%}，方向和量级一致。数字不同有两个原因："

@@ -233,7 +233,8 @@ def demo2_one_round(target):
         f"验证 γ = {g} 个草稿的一次前向喂 {g + 1} 个位置：矩阵乘 FLOPs 是普通一步的 {v8['matmul_flops'] / base[0]:.2f} 倍，"
         f"读权重 {v8['w'] / base[1]:.2f} 倍（一样多），读 KV 只多 {100 * (v8['kv'] / base[2] - 1):.0f}%"
         f"（{CTX2} + {g + 1} vs {CTX2} + 1 个位置）。大模型小批量 decode 受带宽限制，这一次前向的时间和普通一步差不多——"
-        "投机解码的收益就从这里来（04 脚本演示 4、第 5 讲 05 脚本）。",
+        "投机解码的收益就从这里来（04 脚本演示 4）；批大了、或者 MoE 目标验证多个 token 时要多读专家，它就不成立"
+        "（本讲 05 脚本、第 5 讲 05 脚本）。",
         f"不用缓存的重算一步要算 {CTX2 + 1} 个位置，矩阵乘 FLOPs 是带缓存一步的 {rec['matmul_flops'] / base[0]:.0f} 倍；"
         "读权重和读 KV 却和带缓存的一样多（重算的那次前向自己算出 K、V 再用）——缓存省的是运算，花的是显存"
         "（大模型上的账见 ../lecture02/04_kv_cache.py 演示 3）。",
@@ -325,7 +326,8 @@ def demo3_generation(target):
         f"闭式公式：普通 decode 算 p + n − 1 = {res['cached']['positions']} 个位置、前向 n = {n} 次；重算算 "
         f"Σ(p + i) = {res['recompute']['positions']} 个位置；投机解码 R 轮算 p − 1 + R(γ + 1) 个位置、前向 R 次，第 r 轮看 "
         f"(已确定的 token 数 + γ) 个位置的 KV。{n_ok}/{len(labels)} 行的账本和公式逐项相等；{n_same}/{len(labels)} 种做法生成的 "
-        f"{n} 个 token 和普通贪心 decode 完全相同。",
+        f"{n} 个 token 和普通贪心 decode 完全相同（float64 里这是精确的相等；GPU 上用 bf16、成批地算时只在数值精度以内"
+        "成立，见 03 脚本演示 3 观察 3）。",
         f"投机 γ = {GAMMAS3[-1]}：目标只前向 {g8['passes']} 次（普通 decode {n} 次），{g8['passes']} 轮一共产出 "
         f"{g8['produced']} 个 token（每次前向 {g8['tokens_per_pass']:.2f} 个）；最后一轮凑够 n = {n} 个之后多出的 "
         f"{g8['produced'] - n} 个被截掉，按留下的算是每次 {g8['kept_per_pass']:.2f} 个。"

@@ -25,6 +25,8 @@ stats["accepted"] 告诉我们每轮接受了没有、每轮产出几个 token�
 【模型的假设（务必看）】这里的分布都是手工写的（4 个 token 的词表），不是模型的输出；T = 0 的情形用 decode_lab.adjust
 从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）：输出分布 = p 的证明在它的附录 A.1（Chen 等 2023 的定理 1 是同一件事），
 一个 token 被接受的概率 β = Σ min(p, q) 是它的定理 3.5；α = E[β]（论文的定义），推论 3.6：α = E[Σ min(p, q)]。
+服务引擎的"接受率"（演示 1 观察 6）：vLLM 的 /metrics 计数 spec_decode_num_accepted_tokens 和 spec_decode_num_draft_tokens，
+acceptance rate = 两者之比（NVIDIA NeMo AutoModel 的 bench_vllm 文档、AIPerf 文档按这个定义读它）。
 Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
 
 【运行】python3 02_rejection_sampling.py （约 1.4 秒）
@@ -65,7 +67,7 @@ ENUM_BOUND = 1e-15        # 精确枚举只差浮点舍入：打印成这个上�
 N_SAMPLES = 10000         # 演示 4 每个情形抽几次
 SEED = 0
 CHUNK = 200               # 演示 4：decode_lab 的生成器每次生成多少个 token（分段调用，序列不会太长）
-GAMMA = 4                 # 演示 3 用来换算"每轮产出几个 token"的草稿长度
+GAMMA = 4                 # 演示 3 用来换算"每轮产出几个 token"的草稿长度（演示 1 观察 6 也用它）
 
 
 def fmt_dist(x):
@@ -75,6 +77,16 @@ def fmt_dist(x):
 
 def case_arrays():
     return [(name, np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)) for name, p, q in CASES]
+
+
+def engine_rate_example(alpha, gamma):
+    """
+    服务引擎的"接受率"（被接受的草稿 ÷ 草稿的 token）和 α 的差别 -> dict：alpha、e（式 (1) 的每轮 token）、
+    rate = (e − 1) / γ（引擎报的数，期望上）、e_wrong（把 rate 误当成 α 代进式 (1) 得到的每轮 token）。
+    """
+    e = expected_tokens(alpha, gamma)
+    rate = (e - 1) / gamma
+    return {"alpha": alpha, "e": e, "rate": rate, "e_wrong": expected_tokens(rate, gamma)}
 
 
 # -----------------------------------------------------------------------------
@@ -99,6 +111,8 @@ def demo1_enumeration():
     max_gap = max(abs(r["alpha"] - (1 - r["tv"])) for r in res.values())
     n_guard = sum(r["guarded"] for r in res.values())
     oh = res[ONEHOT]
+    eng = engine_rate_example(res["一般情形"]["alpha"], GAMMA)
+    gen_a, gen_e, eng_rate, eng_e = eng["alpha"], eng["e"], eng["rate"], eng["e_wrong"]
     print_observations([
         f"{len(res)} 个情形，输出分布和 p 的最大差都 {fmt_bound(worst, ENUM_BOUND)}（只有浮点舍入）：接受 / 拒绝规则不改变分布，"
         "草稿只影响快慢（α），不影响结果。这就是\"投机解码是精确的\"的全部秘密（Leviathan 附录 A.1）。",
@@ -110,6 +124,14 @@ def demo1_enumeration():
         "但不能真的去算 0/0（那会得到非数）。",
         f"q 在 p > 0 的地方是 0 也没关系：草稿抽不到的 token 由残差补上。p 是 one-hot（T = 0）时 α = q(argmax p) = "
         f"{oh['alpha']:.3f}，残差也是同一个 one-hot：输出必定是 argmax p，和贪心解码一样。",
+        "这里的 p、q 是采样时真正用的分布：温度、top-k、top-p、重复惩罚这些采样设置，要在接受测试之前原样作用到 p 和 q "
+        "两边。输出等于测试里的那个 p，所以用户要的是截过的分布，测试里就得是截过的 p；测试里的 q 也必须是草稿 token "
+        "真正从中抽出来的那个分布（草稿按 top-p 抽，q 就是截过的 q）。哪一边用错，上面的\"输出 = p\"就不再是用户要的分布。",
+        f"α 在这里是一个草稿 token 被接受的概率 Σ min(p, q)。服务引擎报的\"接受率\"（例如 vLLM 的 /metrics："
+        "被接受的草稿 token ÷ 草稿的 token）是另一个数：第一次拒绝之后的草稿都算没被接受，所以期望上它等于 (E − 1) / γ，"
+        f"随 γ 变大而变小。一般情形 α = {gen_a:.3f}、γ = {GAMMA} 时每轮 E = {gen_e:.2f} 个 token，引擎会报 "
+        f"{eng_rate:.3f}；把它当 α 代进式 (1) 得 {eng_e:.2f}，低估了 {(1 - eng_e / gen_e) * 100:.0f}%。"
+        "要用式 (1)，得先用引擎报的每轮平均接受长度 E 反解出 α。",
     ])
     return res
 

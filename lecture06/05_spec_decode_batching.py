@@ -8,11 +8,13 @@ CS349E · 第 6 讲 · 05_spec_decode_batching.py —— 批大了，投机解�
 演示 1：验证 γ + 1 个位置比普通的一步贵多少——批小的时候几乎免费，批大到受算力限制之后接近 γ + 1 倍。
 演示 2：加上草稿的代价，每个 γ 的加速比随批大小怎么变（表和一张对数横轴的图）；批大到多少投机解码反而更慢（加速比 < 1）。
 演示 3：每个批大小下最优的 γ（α = 0.8 和 0.6 两种假设），以及什么批大小该把投机解码关掉。
-演示 4：上下文够长时读 KV cache 占大头，decode 到显存装满都受带宽限制——投机解码在最大的批下也划算（MagicDec 的观察）。
+演示 4：上下文够长时读 KV cache 占大头，decode 到显存装满都受带宽限制——投机解码在最大的批下也比同一批的普通 decode 快
+（MagicDec 的观察）；但普通 decode 不放草稿能多装约 45% 的序列，两边各用自己的最大批时，整批吞吐只多一点，买的主要是延迟。
 
 【怎么读输出】"验证 / 普通"：目标模型一次前向算 γ + 1 个位置的时间 ÷ 普通 decode 一步（1 个位置）的时间。
 加速比 = 式 (1) 的每轮 token 数 E(α, γ) × 普通一步的时间 ÷ (验证一次 + γ × 草稿一步)：批里每个序列平均每轮前进 E 个 token，
-所以它既是每个用户看到的延迟的改善，也是整批吞吐的改善。< 1 就是投机解码在拖后腿。
+所以在同一个批大小下，它既是每个用户看到的延迟的改善，也是整批吞吐的改善（显存装满时两边装得下的批不一样大，
+见演示 4）。< 1 就是投机解码在拖后腿。
 
 【模型的假设（务必看）】
 - 目标模型 Llama-3.1-70B，草稿模型 Llama-3.1-8B（同一家族、同一个词表，常见的组合），都是 BF16，都放在同一组 8 块 H100 SXM5 上，
@@ -216,7 +218,7 @@ def demo3_best_gamma():
 
 # -----------------------------------------------------------------------------
 def demo4_context():
-    print_header("演示 4：上下文够长时，投机解码在显存装得下的最大批上仍然划算（最优 γ）")
+    print_header("演示 4：上下文够长时，投机解码在显存装得下的最大批上仍然划算（最优 γ）；两边各用自己的最大批呢")
     rows, out = [], {}
     for ctx in CONTEXTS:
         bmax = max_batch(TARGET, CHIP, ctx, others=(DRAFT,))
@@ -233,10 +235,34 @@ def demo4_context():
     for a in ALPHAS:
         heads += [f"α = {a}\n< 1 的批", f"α = {a}\n最大批时"]
     print_table(heads, rows)
-    print("（\"-\"：到显存上限都还划算）")
+    print("（\"-\"：到显存上限都还划算；最大批时：放了草稿后装得下的最大批，和同一批的普通 decode 比）")
+    # 两边各用自己的最大批：普通 decode 不放草稿的权重和 KV，装得下更多序列
+    rows2 = []
+    for ctx in CONTEXTS:
+        b_plain, b_spec = max_batch(TARGET, CHIP, ctx), out[ctx]["bmax"]
+        t_plain = decode_step(TARGET, CHIP, b_plain, ctx)["time"]              # 普通 decode 每个用户每个 token 的时间
+        cells = [ctx, b_plain, b_spec]
+        for a in ALPHAS:
+            g, s = out[(ctx, a)]["at_bmax"]
+            t_spec = decode_step(TARGET, CHIP, b_spec, ctx)["time"] / s        # 投机解码每个用户平均每个 token 的时间
+            thr, lat = (b_spec / t_spec) / (b_plain / t_plain), t_plain / t_spec
+            out[(ctx, a)]["own_bmax"] = {"throughput": thr, "latency": lat}
+            cells += [f"{thr:.2f}×", f"{lat:.2f}×"]
+        out[ctx]["bmax_plain"] = b_plain
+        rows2.append(cells)
+    heads2 = ["上下文", "普通 decode\n的最大批", "投机解码\n的最大批"]
+    for a in ALPHAS:
+        heads2 += [f"α = {a}\n整批吞吐", f"α = {a}\n每用户延迟"]
+    print()
+    print_table(heads2, rows2)
+    print("（两边各在自己装得下的最大批上：投机解码 ÷ 普通 decode 的整批吞吐（token/s），")
+    print(" 普通 decode ÷ 投机解码的每个用户每 token 时间；投机解码用上表的最优 γ）")
     long_ctx = [ctx for ctx in CONTEXTS if out[(ctx, ALPHAS[0])]["break_even"] is None]
     short_ctx = [ctx for ctx in CONTEXTS if out[(ctx, ALPHAS[0])]["break_even"] is not None]
     c_long = long_ctx[0]
+    own_long = [(out[(c, a)]["own_bmax"]["throughput"], out[(c, a)]["own_bmax"]["latency"]) for c in long_ctx for a in ALPHAS]
+    own_short = [(out[(c, a)]["own_bmax"]["throughput"], out[(c, a)]["own_bmax"]["latency"]) for c in short_ctx
+                 for a in ALPHAS]
     print_observations([
         f"上下文短（≤ {short_ctx[-1]}）时，批能涨到普通 decode 受算力限制，投机解码在那之前就不划算了（α = {ALPHAS[0]}："
         + "、".join(f"{ctx} → B = {out[(ctx, ALPHAS[0])]['break_even']}" for ctx in short_ctx) + "）。",
@@ -246,6 +272,13 @@ def demo4_context():
         "相当于提高了注意力的算术强度。",
         "这正是 MagicDec（arXiv 2408.11049）的观察：长上下文、大批时瓶颈是 KV cache，投机解码能同时提高吞吐和降低延迟；"
         "他们还让草稿只看压缩过的 KV（StreamingLLM），把草稿的 c 也压下来。",
+        f"但观察 2、3 都是和**同一个批**的普通 decode 比。普通 decode 不用放草稿的权重和 KV，上下文 {c_long} 时装得下 "
+        f"{out[c_long]['bmax_plain']} 个序列（投机解码 {out[c_long]['bmax']} 个，多 "
+        f"{(out[c_long]['bmax_plain'] / out[c_long]['bmax'] - 1) * 100:.0f}%）。两边各用自己的最大批（第二张表），上下文 ≥ {c_long} 时"
+        f"整批吞吐只多 {min(own[0] for own in own_long):.2f}–{max(own[0] for own in own_long):.2f} 倍，每个用户的延迟改善 "
+        f"{min(own[1] for own in own_long):.2f}–{max(own[1] for own in own_long):.2f} 倍；上下文短时吞吐反而少 "
+        f"{(1 - max(own[0] for own in own_short)) * 100:.0f}%–{(1 - min(own[0] for own in own_short)) * 100:.0f}%。"
+        "文件开头说加速比\"既是延迟的改善，也是整批吞吐的改善\"，指的是同一个批大小；显存装满时，投机解码买的主要是延迟。",
     ])
     return out
 

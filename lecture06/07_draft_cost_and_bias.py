@@ -68,6 +68,12 @@ BIAS_PROMPTS = 8                               # 演示 3：04 演示 3 的提�
 BIAS_REPS = 2000                               # 演示 3：模拟的重复次数
 SCALE_PROMPTS = (4, 16, 64, 256, 1024)         # 演示 4：提示数（每个 CAP_NEW 个新 token）
 HIST_LO, HIST_HI, HIST_STEP = 1.5, 2.3, 0.1    # 演示 4 的直方图：格的范围和宽度
+# 04 演示 3 印出的 16 格（草稿 × γ = 1, 2, 4, 8）：(每次目标前向的 token（实测）, 式 (1) 的预测)，照它的输出抄下
+# （04 是种子、不返回数；tests/test_lecture06_07.py 核对这张表和 04 的输出逐格相同）。演示 3 的观察数它的高低。
+SEED04_DEMO3 = ((1.90, 1.91), (2.71, 2.73), (4.11, 4.14), (5.73, 6.25),      # INT4 量化的自己
+                (1.80, 1.83), (2.59, 2.51), (3.41, 3.55), (4.68, 4.76),      # 只用前 3 层
+                (1.71, 1.71), (2.18, 2.21), (2.82, 2.83), (3.11, 3.29),      # 只用前 1 层
+                (1.63, 1.60), (2.01, 1.96), (2.31, 2.31), (2.42, 2.48))      # 二元语法表
 
 
 def the_text(target):
@@ -215,6 +221,11 @@ def demo3_estimator_bias(costs, real):
     worst = min(res, key=lambda k: res[k]["seed"] / res[k]["e"])
     big, mid = res[(G8, CAP_NEW)], res[(G8, N_NEW)]
     gap = max(100 * abs(r["seed"] - r["exact"]) / r["e"] for r in res.values())
+    lo04 = sum(m < e for m, e in SEED04_DEMO3)
+    hi04 = sum(m > e for m, e in SEED04_DEMO3)
+    tie04 = len(SEED04_DEMO3) - lo04 - hi04
+    n04 = lo04 + hi04                                                    # 双侧符号检验（打平的不算）
+    p04 = min(1.0, 2 * sum(math.comb(n04, i) for i in range(min(lo04, hi04) + 1)) / 2 ** n04)
     print_observations([
         f"04 的估计偏低：γ = {worst[0]}、n_new = {worst[1]} 时低 {100 * (1 - res[worst]['seed'] / res[worst]['e']):.1f}%。"
         "原因是最后一轮：它照样草稿 γ 个、照样算一次目标前向，但产出被截在 n_new，多出来的 token 不算——"
@@ -226,10 +237,16 @@ def demo3_estimator_bias(costs, real):
         f"\"每轮平均\"（被接受的个数 + 1，最后一轮整轮计入）几乎没有偏差：γ = 8、n_new = {CAP_NEW} 时 "
         f"{100 * (big['per_round'] / big['e'] - 1):+.1f}%。04 演示 3 的\"实测\"用的是前一种（{BIAS_PROMPTS} 个提示 × {N_NEW}）："
         f"γ = 8 时它平均低 {100 * (1 - mid['seed'] / mid['e']):.1f}%，比一次抽样的标准差 "
-        f"{100 * mid['seed_sd'] / mid['e']:.1f}% 小，所以在 04 那张一次抽样的表里看不出来。在演示 2 的真跑里，"
+        f"{100 * mid['seed_sd'] / mid['e']:.1f}% 小，所以一格一格地看分不出来。在演示 2 的真跑里，"
         f"前一种平均比后一种低 {-100 * np.mean(rel):.1f}%（{len(rel)} 格里 {sum(x < 0 for x in rel)} 格低）。",
+        f"但 04 那张表合起来看已经露了头：{len(SEED04_DEMO3)} 格里 {lo04} 格实测低于式 (1)、{hi04} 格高、{tie04} 格打平"
+        f"（按印出的两位小数比）。没有偏差时每格高低各半，{n04} 格偏到 {lo04} : {hi04} 或更偏（两个方向都算）的概率"
+        f"是 {100 * p04:.1f}%（符号检验）——而且 {len(SEED04_DEMO3)} 格用的是同样的 {BIAS_PROMPTS} 个提示，并不独立，"
+        "所以只是迹象，不是证据。04 的"
+        "\"有高有低，没有系统偏差\"说得太满：方向在表里看得出（偏低），大小（γ = 8 约低 "
+        f"{100 * (1 - mid['seed'] / mid['e']):.1f}%）要靠上面的模拟才量得出。",
     ])
-    return {"rows": res, "real_rel": rel, "gap": gap}
+    return {"rows": res, "real_rel": rel, "gap": gap, "seed04_counts": (lo04, hi04, tie04), "seed04_sign_p": p04}
 
 
 # -----------------------------------------------------------------------------

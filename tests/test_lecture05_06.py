@@ -136,13 +136,22 @@ def test_demo2_curve_and_the_finite_run_claim(s06, capsys):
 
 def test_demo3_chunk_sweep(s06, capsys):
     r = s06.demo3_chunk_sweep()
-    capsys.readouterr()
+    text = capsys.readouterr().out.replace("\n     ", "")                  # 观察换行处接起来
     sw, chunks = r["sweep"], s06.SWEEP_CHUNKS
     stalls = [sw[c]["stall"] for c in chunks]
     assert stalls == sorted(stalls) and sw[None]["stall"] > stalls[-1]
     assert sw[chunks[0]]["ttft_p90"] > sw[chunks[-1]]["ttft_p90"]
     assert r["growth"] == [sw[b]["stall"] / sw[a]["stall"] for a, b in zip(chunks, chunks[1:])]
     assert r["growth"][0] < 1.5 and all(1.8 < g < 2.0 for g in r["growth"][1:])   # 拐点以下几乎不涨，以上约翻倍
+    # 不分块的最长卡顿不是"一整段 prefill"：是最长提示 prefill 一次（llm_math 的闭式）的好几倍
+    longest = max(int(x) for x in s06.WORKLOADS[0][0])
+    assert r["longest"] == longest
+    assert r["t_longest"] == pytest.approx(prefill_time(M, H100, longest), rel=1e-12)
+    assert r["t_longest"] == pytest.approx(0.0622, abs=5e-5)                  # 同 02 演示 2 观察 1 的 62.2 ms
+    ratio = sw[None]["stall"] / prefill_time(M, H100, longest)
+    assert r["stall_over_longest"] == pytest.approx(ratio, rel=1e-12) and ratio > 5
+    said = f"不分块 361 ms——最长的提示（{longest} 个 token）prefill 一次也只要 62.2 ms，361 ms 是它的 5.8 倍"
+    assert said.replace(" ", "") in text.replace(" ", "")
     # 512 那一行 = 原来的模拟
     config = next(c for c in s06.CONFIGS if c[1] == "chunk")
     slow = _slow(s06, config, s06.SWEEP_RATE)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, script_stdout
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
@@ -86,3 +86,10 @@ def test_demo3_fp8_tpot_on_the_roofline(s07, capsys):
                                           rel=1e-9)
         assert 0.005 < v["free"] < 0.015 and v["last_block"] < 0.005   # "空着约 1%"、"最后一块 0.3%"
         assert 0 < 1 - v["batch"] / v["closed"] < 0.02                   # "少不到 2%"
+
+
+def test_demo1_mean_tokens_are_per_running_request_and_differ_by_policy():
+    """issue 19 复读：观察 1 的 2439 和观察 3 的 2411 是两种分配法下在跑的请求平均存的 token，要说清楚。"""
+    text = script_stdout("lecture05/07_paged_kv_cache.py")
+    assert "在跑的请求平均只存 2439 个 token" in text
+    assert "在跑的请求平均存着 2411 个 token（16 个一块时；在跑的是哪些请求随分配法变，所以和观察 1 的数不同）" in text

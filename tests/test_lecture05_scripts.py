@@ -108,7 +108,8 @@ def test_02_chunked_prefill_closed_form(s02, capsys):
     分 8 块，每个混合步的 roofline 闭式 max(FLOPs / P, 字节 / BW) 逐块写出来（不调 serving_lab）。
     """
     r = s02.demo1_interference()
-    capsys.readouterr()
+    out = capsys.readouterr().out.replace("\n     ", "")
+    assert "两者完美重叠（假设）" in out and "所以 84% 是这个模型给的上限" in out
     P, BW = 989.4e12, 3.35e12
     matmul, head, attn, kv_pos = 7_504_658_432, 128256 * 4096, 4 * 32 * 128 * 32, 131072
     w = 2 * (8_030_261_248 - head)                                     # 每步读的 BF16 权重（不含输入词嵌入）
@@ -126,6 +127,14 @@ def test_02_chunked_prefill_closed_form(s02, capsys):
     extra = sum(steps) - 8 * t_dec
     assert p["extra_chunked"] == pytest.approx(extra, rel=1e-9) and round(extra * 1e3, 1) == 10.0
     assert round((1 - extra / p["t_pre"]) * 100) == 84
+    # issue 19 第 16 条：84% 是 roofline 取 max、完美重叠的账；纯 decode 只用 0.520 ms 算力，最后一块的混合步受算力限制
+    assert r["dec_compute"] == pytest.approx(dec_f / P, rel=1e-12) and round(dec_f / P * 1e3, 2) == 0.52
+    pairs = sum(range(512 * 7 + 1, 4096 + 1))
+    f_last = dec_f + 2 * (matmul - head) * 512 + 2 * head + attn * pairs
+    b_last = dec_b + kv_pos * 512 * 7
+    assert r["worst_compute"] == pytest.approx(f_last / P, rel=1e-12) and round(f_last / P * 1e3, 2) == 8.79
+    assert r["worst_bytes"] == pytest.approx(b_last / BW, rel=1e-12) and round(b_last / BW * 1e3, 2) == 7.18
+    assert all(s > t_dec for s in steps) and f_last / P > b_last / BW              # 每个混合步都比纯 decode 慢
 
 
 def test_02_simulation_claims(s02, capsys):
@@ -448,3 +457,14 @@ def test_01_batch_sweep_closed_form(s01, capsys):
     t70 = {b: (w70 + b * k70) / (8 * 3.35e12) for b in (1, 743)}
     assert r["tpot_70b_b1"] == pytest.approx(t70[1], rel=1e-12) and r["tpot_70b_bmax"] == pytest.approx(t70[743], rel=1e-12)
     assert round(743 / t70[743]) == 31229
+
+
+def test_03_only_network_rows_join_two_machines(s03, capsys):
+    """issue 19 第 17 条：NVLink 4（同一台机器里的 GPU）和 PCIe（GPU 到它的主机）连不了 prefill 机和 decode 机；
+    能连两台机器的是 InfiniBand 和以太网那几行。"""
+    r = s03.demo2_transfer_vs_prefill()
+    out = capsys.readouterr().out
+    assert sorted(s03.INSIDE_ONE_MACHINE) == ["NVLink 4（H100 SXM5，每块 GPU）", "PCIe Gen5 x16"]
+    assert r["across_machines"] == ["InfiniBand NDR（一个 400 Gb/s 端口）", "400 GbE 以太网", "100 GbE 以太网",
+                                    "InfiniBand NDR × 每块 GPU 一个端口"]
+    assert "NVLink 4、PCIe Gen5 x16 两行连不了两台机器" in out

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, script_stdout
 
 S01 = load_script("lecture06/01_kv_cache_rollback.py")
 S02 = load_script("lecture06/02_rejection_sampling.py")
@@ -398,3 +398,27 @@ def test_residuals_are_printed_as_bounds():
         S02.demo2_decomposition()
     assert "< 1e-15" in buf.getvalue() and "e-16" not in buf.getvalue() and "e-17" not in buf.getvalue()
     assert S02.fmt_p(0.5) == "0.500" and S02.fmt_p(3e-12) == "< 1e-11"
+
+
+def test_engine_acceptance_rate_is_not_alpha():
+    """issue 19（读者说缺的）：引擎的"接受率" = 被接受的草稿 ÷ 草稿的 token = (E − 1)/γ，不是 α；
+    一般情形 α = 0.75、γ = 4：E = 3.05，引擎报 0.513，误代进式 (1) 得 1.98（低估 35%）。"""
+    e = sum(0.75 ** i for i in range(5))                         # 式 (1)，手写
+    rate = (e - 1) / 4
+    wrong = sum(rate ** i for i in range(5))
+    r = S02.engine_rate_example(0.75, 4)
+    assert r["e"] == pytest.approx(e, rel=1e-12) and r["rate"] == pytest.approx(rate, rel=1e-12)
+    assert r["e_wrong"] == pytest.approx(wrong, rel=1e-12)
+    assert (round(e, 2), round(rate, 3), round(wrong, 2), round((1 - wrong / e) * 100)) == (3.05, 0.513, 1.98, 35)
+    # 期望上 rate = 每个草稿位置被接受的概率的平均：第 i 个草稿被接受要求前 i 个都接受
+    assert rate == pytest.approx(sum(0.75 ** i for i in range(1, 5)) / 4, rel=1e-12)
+    text = script_stdout("lecture06/02_rejection_sampling.py")
+    assert "一般情形 α = 0.750、γ = 4 时每轮 E = 3.05 个 token，引擎会报 0.513；把它当 α 代进式 (1) 得 1.98，低估了 35%" in text
+    assert "要在接受测试之前原样作用到 p 和 q 两边" in text
+
+
+def test_verify_is_as_cheap_as_a_step_only_at_small_batch_dense():
+    """issue 19 复读：01 演示 2 观察 2 的"验证一次和普通一步差不多"指向 05 脚本时要说它在哪里不成立
+    （第 5 讲 05 的 MoE 验证是普通一步的好几倍，本讲 05 的大批）。"""
+    text = script_stdout("lecture06/01_kv_cache_rollback.py")
+    assert "批大了、或者 MoE 目标验证多个 token 时要多读专家，它就不成立（本讲 05 脚本、第 5 讲 05 脚本）" in text

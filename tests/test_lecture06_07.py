@@ -14,7 +14,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, script_raw_stdout
 from decode_lab import autoregressive_generate, speculative_generate
 from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
@@ -356,3 +356,25 @@ def test_07_full_flop_ratio_simulations_against_the_exact_law(s07, full4):
     hi = 9 * _rounds(ah - 2 * full4["se"], 8, 233) / 233
     assert full4["mu_range"] == pytest.approx((lo, hi), rel=1e-12)
     assert (round(lo, 3), round(hi, 3)) == (1.753, 1.901) and lo < 1.8 < hi
+
+
+def test_07_seed04_table_counts(s07, costs):
+    """issue 19 第 19 条：07 抄下的 04 演示 3 的 16 格和 04 的输出逐格相同；11 格低、3 格高、2 格打平，
+    双侧符号检验 p = 2·(C(14,0)+…+C(14,3)) / 2^14 = 940 / 16384 = 5.7%（不是\"看不出来\"）。"""
+    table = []
+    for line in script_raw_stdout("lecture06/04_spec_decode_speedup.py").splitlines():
+        cells = line.split()[-5:]                                  # 每行最后 5 格：α γ 实测 预测 被接受的比例
+        if len(cells) == 5 and cells[1] in ("1", "2", "4", "8") and cells[0].startswith("0.") and "." in cells[2]:
+            table.append((float(cells[2]), float(cells[3])))
+    assert len(table) == 16 and tuple(table) == s07.SEED04_DEMO3
+    fake_real = {"cells": {("a", 1): {"e": 1.9, "accepted": [1, 1, 0, 1]}}}
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        out = s07.demo3_estimator_bias(costs, fake_real)
+    lo = sum(1 for m, e in table if m < e)
+    hi = sum(1 for m, e in table if m > e)
+    assert out["seed04_counts"] == (lo, hi, 16 - lo - hi) == (11, 3, 2)
+    assert out["seed04_sign_p"] == pytest.approx(940 / 16384, rel=1e-12)
+    text = buf.getvalue().replace("\n     ", "")
+    assert "所以在 04 那张一次抽样的表里看不出来" not in text
+    assert "16 格里 11 格实测低于式 (1)、3 格高、2 格打平" in text and "的概率是 5.7%（符号检验）" in text

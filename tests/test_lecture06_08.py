@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, script_stdout
 
 from decode_lab import autoregressive_generate, TransformerLM  # noqa: E402
 from correlated_lab import regime_models  # noqa: E402
@@ -277,3 +277,30 @@ def test_docstring_reason_for_three_token_matching():
     frac = {n: np.mean([induction_token(list(q), t, n) is not None for q in tx for t in range(43, 91)]) for n in (2, 3)}
     assert 0.015 < frac[2] < 0.06
     assert frac[3] < frac[2] / 3
+
+
+# Leviathan 表 4 的 (γ, α, c, Exp, Emp)，照 CURRICULUM §7 的表独立抄一遍
+_TABLE4 = [(7, 0.75, 0.02, 3.2, 3.4), (7, 0.80, 0.04, 3.3, 2.8), (7, 0.82, 0.11, 2.5, 1.7), (7, 0.62, 0.02, 2.3, 2.6),
+           (5, 0.68, 0.04, 2.4, 2.4), (3, 0.71, 0.11, 2.0, 1.4), (5, 0.65, 0.02, 2.4, 3.1), (5, 0.73, 0.04, 2.6, 3.0),
+           (3, 0.74, 0.11, 2.0, 2.2), (5, 0.53, 0.02, 1.9, 2.3), (3, 0.55, 0.04, 1.8, 2.2), (3, 0.56, 0.11, 1.6, 1.7)]
+
+
+def test_demo1_cites_table4_with_its_caveat(s08, demos):
+    """issue 19 第 20 条：04 的\"成片出现、公式高估\"没有出处；08 说它的链是造的，并引 Leviathan 表 4：
+    Emp 高于印的 Exp 8 行、持平 1、低 3；高于重算的定理 3.8 9 行；3 行 Exp 比重算值高 0.05 以上。"""
+    assert [(r[3], r[4], r[5], r[6], r[7]) for r in s08.LEVIATHAN_TABLE4] == _TABLE4
+    thm = [(1 - a ** (g + 1)) / ((1 - a) * (g * c + 1)) for g, a, c, _, _ in _TABLE4]   # 定理 3.8，手写
+    t4 = demos[0]["table4"]
+    assert t4["above_exp"] == sum(m > e for *_, e, m in _TABLE4) == 8
+    assert (t4["tie_exp"], t4["below_exp"]) == (1, 3)
+    assert t4["above_thm"] == sum(m > t for (*_, m), t in zip(_TABLE4, thm)) == 9
+    assert t4["exp_rounded_up"] == sum(e - t > 0.05 for (*_, e, _m), t in zip(_TABLE4, thm)) == 3
+    text = script_stdout("lecture06/08_correlated_acceptance.py")
+    assert "实测的加速（Emp）高于论文按定理 3.8 印的 Exp 的有 8 行、持平 1 行、低于的 3 行" in text
+    assert "所以这张表分不出式 (1) 自己的误差" in text and "没有给出处" in text
+
+
+def test_demo1_seed04_gap_is_sampling_and_truncation():
+    """issue 19 复读：04 的实测和式 (1) 的差不只是抽样——还有 07 演示 3 量出的截断偏差；观察 3 要和 07 说的一致。"""
+    text = script_stdout("lecture06/08_correlated_acceptance.py")
+    assert "所以 04 的实测和式 (1) 之间只有抽样的起伏和 07 脚本演示 3 的截断偏差" in text

@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, script_stdout
 from decode_lab import acceptance_beta, adjust, NGramLM, residual_distribution
 from spec_math_lab import expected_tokens
 
@@ -210,3 +210,12 @@ def test_demo4_measured_cells_by_direct_calls_and_statistics(models, r3, r4):
     A = r3["alpha_k"]
     z = [(v["mean"] - _closed_form(A, name, br)) / v["se"] for (name, br), v in r4["meas"].items()]
     assert r4["zmax"] == pytest.approx(max(abs(x) for x in z), rel=1e-9) and round(r4["zmax"], 1) == 1.2
+
+
+def test_tree_claims_are_scoped_to_independent_candidates():
+    """issue 19 第 15 条：「α 高时链更好」「贪心时树没用」只对独立、有放回地抽的候选成立；
+    取前 k 个不同候选的树（SpecInfer 的展开、Medusa、EAGLE-2）在 T = 0 时也能赢，观察要说出来。"""
+    text = script_stdout("lecture06/09_token_trees.py")
+    assert "贪心解码时**独立、有放回地**抽候选的树没有用处" in text
+    assert "贪心解码时独立抽候选的树没有用处" not in text
+    assert "只对独立、有放回地抽的候选成立：取前 k 个不同候选的树不会抽到重复的候选，T = 0 时也能赢" in text

@@ -233,7 +233,7 @@ def test_mixed_step_equals_serving_lab_iteration_time():
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "lecture05"))
     from llm_math import mixed_step
-    from serving_lab import iteration_time
+    from iteration_lab import iteration_time
     for batch, ctx, c, p in ((32, 2048, 512, 0), (32, 2048, 512, 3584), (64, 4224, 1024, 2048), (1, 10, 0, 0)):
         assert mixed_step(LLAMA31_8B, H100, batch, ctx, c, p)["time"] == pytest.approx(
             iteration_time(LLAMA31_8B, H100, batch, batch * ctx, c, p), rel=1e-12)
