@@ -35,27 +35,12 @@ for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from decode_lab import adjust, alphas_on_text  # noqa: E402
-from spec_math_lab import alpha_for_speedup, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
+from spec_math_lab import LEVIATHAN_TABLE4, alpha_for_speedup, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
 from drafts_lab import build_seed04_models  # noqa: E402
 from console import print_header, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 
 # ---- 论文的数字（抄来的，见文件开头）----
-# Leviathan et al. 2023 表 4（T5-XXL 11B 目标，批大小 1，一块 TPU-v4）：(任务, 草稿, T, γ, α, c, Exp, Emp)
-LEVIATHAN_TABLE4 = [
-    ("EnDe", "T5-small", 0, 7, 0.75, 0.02, 3.2, 3.4),
-    ("EnDe", "T5-base", 0, 7, 0.80, 0.04, 3.3, 2.8),
-    ("EnDe", "T5-large", 0, 7, 0.82, 0.11, 2.5, 1.7),
-    ("EnDe", "T5-small", 1, 7, 0.62, 0.02, 2.3, 2.6),
-    ("EnDe", "T5-base", 1, 5, 0.68, 0.04, 2.4, 2.4),
-    ("EnDe", "T5-large", 1, 3, 0.71, 0.11, 2.0, 1.4),
-    ("CNNDM", "T5-small", 0, 5, 0.65, 0.02, 2.4, 3.1),
-    ("CNNDM", "T5-base", 0, 5, 0.73, 0.04, 2.6, 3.0),
-    ("CNNDM", "T5-large", 0, 3, 0.74, 0.11, 2.0, 2.2),
-    ("CNNDM", "T5-small", 1, 5, 0.53, 0.02, 1.9, 2.3),
-    ("CNNDM", "T5-base", 1, 3, 0.55, 0.04, 1.8, 2.2),
-    ("CNNDM", "T5-large", 1, 3, 0.56, 0.11, 1.6, 1.7),
-]
 # 表 3：α（T = 0, T = 1），"在目标模型生成的 1 万个 token 上"量的；这里只列神经网络草稿和二元语法草稿
 LEVIATHAN_TABLE3 = [
     ("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),

@@ -47,7 +47,7 @@ for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from decode_lab import acceptance_beta, adjust, speculative_generate, TransformerLM  # noqa: E402
-from spec_math_lab import best_gamma, expected_tokens, walltime_speedup  # noqa: E402
+from spec_math_lab import LEVIATHAN_TABLE4, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
 from correlated_lab import (bigram_chain_stats, lag1_correlation, regime_models, round_starts,  # noqa: E402
                             tokens_if_started_at)
 from lookup_lab import CopyingLM, induction_token, PromptLookup, speculative_generate_adaptive  # noqa: E402
@@ -61,25 +61,6 @@ GAMMAS = (1, 4, 8)
 N_PROMPTS, N_NEW = 8, 400         # 每个 (stay, γ)：8 条 × 400 个新 token；提示是 1 个 token，一半从易状态开始、一半从难状态
 SEED = 800                        # 第 i 条用 np.random.default_rng(SEED + i)
 C_DRAFT = 0.05                    # 演示 3：草稿一个 token 的时间 / 目标一次前向（假设）
-
-# ---- 临时放在这里的数据（等实验模块拆分后移进 lab，和 06 脚本共用一份）----
-# Leviathan et al. 2023（arXiv 2211.17192）附录 A.3 表 4，和 06 的 LEVIATHAN_TABLE4 相同（抄来的）：
-# (任务, 草稿, T, γ, α, c, Exp, Emp)；Exp = 论文按定理 3.8 印的，Emp = 实测的墙钟加速，c 是论文从 profiler 的记录里估的
-LEVIATHAN_TABLE4 = [
-    ("EnDe", "T5-small", 0, 7, 0.75, 0.02, 3.2, 3.4),
-    ("EnDe", "T5-base", 0, 7, 0.80, 0.04, 3.3, 2.8),
-    ("EnDe", "T5-large", 0, 7, 0.82, 0.11, 2.5, 1.7),
-    ("EnDe", "T5-small", 1, 7, 0.62, 0.02, 2.3, 2.6),
-    ("EnDe", "T5-base", 1, 5, 0.68, 0.04, 2.4, 2.4),
-    ("EnDe", "T5-large", 1, 3, 0.71, 0.11, 2.0, 1.4),
-    ("CNNDM", "T5-small", 0, 5, 0.65, 0.02, 2.4, 3.1),
-    ("CNNDM", "T5-base", 0, 5, 0.73, 0.04, 2.6, 3.0),
-    ("CNNDM", "T5-large", 0, 3, 0.74, 0.11, 2.0, 2.2),
-    ("CNNDM", "T5-small", 1, 5, 0.53, 0.02, 1.9, 2.3),
-    ("CNNDM", "T5-base", 1, 3, 0.55, 0.04, 1.8, 2.2),
-    ("CNNDM", "T5-large", 1, 3, 0.56, 0.11, 1.6, 1.7),
-]
-
 
 def table4_versus_theorem():
     """

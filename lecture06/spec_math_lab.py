@@ -8,7 +8,25 @@ spec_math_lab —— 投机解码的期望收益：Leviathan et al. 2023 的公�
 import numpy as np
 
 __all__ = ["expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
-           "alpha_for_speedup", "expected_rounds", "simulate_rounds"]
+           "alpha_for_speedup", "expected_rounds", "simulate_rounds", "LEVIATHAN_TABLE4"]
+
+# 论文的数字（抄来的，第 6 讲 06、08 用）：Leviathan et al. 2023（arXiv 2211.17192）附录 A.3 表 4，
+# T5-XXL 11B 目标，批大小 1，一块 TPU-v4：(任务, 草稿, T, γ, α, c, Exp, Emp)；Exp = 论文按定理 3.8 印的，
+# Emp = 实测的墙钟加速，c 是论文从 profiler 的记录里估的（CURRICULUM §7）
+LEVIATHAN_TABLE4 = [
+    ("EnDe", "T5-small", 0, 7, 0.75, 0.02, 3.2, 3.4),
+    ("EnDe", "T5-base", 0, 7, 0.80, 0.04, 3.3, 2.8),
+    ("EnDe", "T5-large", 0, 7, 0.82, 0.11, 2.5, 1.7),
+    ("EnDe", "T5-small", 1, 7, 0.62, 0.02, 2.3, 2.6),
+    ("EnDe", "T5-base", 1, 5, 0.68, 0.04, 2.4, 2.4),
+    ("EnDe", "T5-large", 1, 3, 0.71, 0.11, 2.0, 1.4),
+    ("CNNDM", "T5-small", 0, 5, 0.65, 0.02, 2.4, 3.1),
+    ("CNNDM", "T5-base", 0, 5, 0.73, 0.04, 2.6, 3.0),
+    ("CNNDM", "T5-large", 0, 3, 0.74, 0.11, 2.0, 2.2),
+    ("CNNDM", "T5-small", 1, 5, 0.53, 0.02, 1.9, 2.3),
+    ("CNNDM", "T5-base", 1, 3, 0.55, 0.04, 1.8, 2.2),
+    ("CNNDM", "T5-large", 1, 3, 0.56, 0.11, 1.6, 1.7),
+]
 
 
 # ---------------------------------------------------------------------------
