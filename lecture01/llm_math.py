@@ -467,7 +467,7 @@ def mixed_step(model, chip, batch, context, prefill_tokens, prefill_prefix=0, w_
     读的字节 = W + batch 个序列的 KV + 这一块要看的前 p 个位置的 KV。
     时间 = max(总 FLOPs / 峰值, 总字节 / 带宽)：两种资源在同一步里同时用、完全重叠（roofline 的假设，真实
     kernel 做不到完全重叠，所以这是下界）。一个提示切成几块依次做时，各块的注意力 FLOPs 加起来正好是整段
-    prefill 的（因果的位置对不因分块而变）。和 ../lecture05/serving_lab.iteration_time 是同一个式子（测试核对）。
+    prefill 的（因果的位置对不因分块而变）。和 ../lecture05/iteration_lab.iteration_time 是同一个式子（测试核对）。
     【参数】context 同 decode_step（每个新位置看的位置数，含它自己）；batch = 0 时只 prefill 这一块，
     prefill_tokens = 0 时就是 decode_step。
     【边界】只对稠密、没有滑动窗口的模型（MoE 读的专家随 token 数变，滑动窗口改变位置对的数法），否则抛

@@ -12,7 +12,7 @@ CS349E · 第 5 讲 · 02_prefill_decode_disagg.py —— prefill 和 decode 放
 "最长卡顿" = 一个请求相邻两个 token 之间最长的等待（取所有请求里的第 99 百分位）——用户看到的"字突然停住"。
 
 【模型的假设（务必看）】
-Llama-3.1-8B，BF16 权重和 KV，每块 H100 SXM5 放一份完整的模型。每次迭代的时间是 roofline 下界（serving_lab.iteration_time：
+Llama-3.1-8B，BF16 权重和 KV，每块 H100 SXM5 放一份完整的模型。每次迭代的时间是 roofline 下界（iteration_lab.iteration_time：
 权重读一遍 + 读 KV，和 FLOPs / 峰值比取大者），没有调度、kernel 启动等开销（**假设**）。
 工作负载（**假设**，种子固定）：400 个请求，泊松到达（每秒 4 / 10 / 16 个），提示长度在 [512, 4096) 均匀，
 输出长度在 [64, 512) 均匀。同机：请求轮流分给两块 GPU；prefill 优先时一次 prefill 一个完整的提示，这次迭代不 decode；

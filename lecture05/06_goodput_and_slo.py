@@ -16,7 +16,7 @@ TPOT = (最后一个 token − 第一个 token) / (输出数 − 1)，每个请�
 演示 3 的"最长卡顿" = 一个请求相邻两个 token 之间最长的等待，取所有请求里最大的那个。
 
 【模型的假设（务必看）】
-每次迭代的时间是 roofline 下界（serving_lab.iteration_time：max(FLOPs / 峰值, 字节 / 带宽)），没有 kernel 启动、调度
+每次迭代的时间是 roofline 下界（iteration_lab.iteration_time：max(FLOPs / 峰值, 字节 / 带宽)），没有 kernel 启动、调度
 等固定开销，混合迭代（decode + 一块 prefill）和纯 decode 一样高效（**假设**；真实系统做不到，见观察）。权重和 KV 都是 BF16。
 Llama-3.1-8B 一份模型放一块 H100 SXM5；Llama-3.1-70B 一份模型放 4 块 H100，按**理想张量并行**（hw_specs.gang：带宽、
 算力、容量乘 4，卡间通信不要钱——**假设**）。goodput 按 GPU 数归一：解耦 P:D 用 (P + D) 份模型的 GPU。
@@ -102,7 +102,7 @@ def simulate(model, g, config, rate_per_gpu, chunk=CHUNK, draw=0):
 
 def max_rate_per_gpu(model, g, config, draw=0):
     """
-    每块 GPU 长期撑得住的到达率上限（必要条件）：prefill 那一侧的利用率 < 1（serving_lab.prefill_capacity）。
+    每块 GPU 长期撑得住的到达率上限（必要条件）：prefill 那一侧的利用率 < 1（goodput_lab.prefill_capacity）。
     同机一份模型，解耦 P 份 prefill 机；按部署的 GPU 数归一。
     """
     _, kind, n_p, _ = config
@@ -181,7 +181,7 @@ def demo1_goodput():
         f"比网格的精度大的是抽样的起伏：{N_REQ} 个请求、{len(DRAWS)} 组随机数，同一格的三个值最多差 "
         f"{r['spread_max']:.2g} req/s/GPU（{r['spread_cell']}），所以只有范围不重叠的先后才算数。",
         f"只发 {N_REQ} 个请求的模拟会放过撑不住的负载：prefill 队列还没排长，请求就发完了。所以到达率还要低于 prefill 那一侧的"
-        f"上限（利用率 < 1，serving_lab.prefill_capacity；8B 一块 H100 平均每秒 {cap8:.1f} 个提示）。被这个上限顶住的格子："
+        f"上限（利用率 < 1，goodput_lab.prefill_capacity；8B 一块 H100 平均每秒 {cap8:.1f} 个提示）。被这个上限顶住的格子："
         + "、".join(capped) + "——这些部署的 goodput 不是被 SLO、而是被那台 prefill 机的能力卡住的。",
         f"TPOT 紧时，同机 prefill 优先的 goodput 只有同机分块 prefill 的 {r['colo_vs_chunk'][0]:.0%}（8B）和 "
         f"{r['colo_vs_chunk'][1]:.0%}（70B）：每个新请求的整段 prefill 都让正在 decode 的所有用户停下来等。"
@@ -273,7 +273,7 @@ def demo3_chunk_sweep():
         f"每块都要等一次迭代，TTFT p90 从 {fmt_time(big['ttft_p90'])}（{SWEEP_CHUNKS[-1]}）涨到 {fmt_time(small['ttft_p90'])}"
         f"（{SWEEP_CHUNKS[0]}）——块大小是在 TPOT 和 TTFT 之间换。",
         f"拐点：按利特尔定律这个负载下平均约 {batch:.0f} 个序列在 decode、上下文约 {ctx:.0f}；这样一步 decode 受带宽限制，"
-        f"顺带 prefill 不超过 {knee} 个 token 时这一步一点不变慢（serving_lab.knee_chunk），再大就变成 compute-bound、"
+        f"顺带 prefill 不超过 {knee} 个 token 时这一步一点不变慢（iteration_lab.knee_chunk），再大就变成 compute-bound、"
         "每多一个 token 多一份时间。表里也是这样：块从 "
         f"{SWEEP_CHUNKS[0]} 到 {SWEEP_CHUNKS[1]}，最长卡顿只多 {r['growth'][0] - 1:.0%}；之后块每翻一倍，卡顿是前一格的 "
         f"{min(r['growth'][1:]):.2f}–{max(r['growth'][1:]):.2f} 倍。所以这个负载下块取在拐点附近、几百个 token。"

@@ -40,7 +40,7 @@ def _attain(res, ttft, tpot):
 
 
 def _slow(s06, config, rate_per_gpu, draw=0):
-    """原来的模拟（serving_lab.simulate_colocated / simulate_disaggregated，只有一台 prefill、一台 decode）。"""
+    """原来的模拟（disagg_lab.simulate_colocated / simulate_disaggregated，只有一台 prefill、一台 decode）。"""
     prompts, outs = s06.WORKLOADS[draw]
     name, kind, n_p, n_d = config
     arr = poisson_arrivals(rate_per_gpu * s06.n_gpus(1, config), s06.N_REQ, s06.DRAWS[draw][0])

@@ -105,7 +105,7 @@ def test_02_interference(s02, capsys):
 def test_02_chunked_prefill_closed_form(s02, capsys):
     """
     演示 1 观察 3 的"最慢的一步 1.25 倍、只多占 10.0 ms、约 84%"：8B、批 32、上下文 2048，4096 个提示 token
-    分 8 块，每个混合步的 roofline 闭式 max(FLOPs / P, 字节 / BW) 逐块写出来（不调 serving_lab）。
+    分 8 块，每个混合步的 roofline 闭式 max(FLOPs / P, 字节 / BW) 逐块写出来（不调第 5 讲的实验模块）。
     """
     r = s02.demo1_interference()
     out = capsys.readouterr().out.replace("\n     ", "")
@@ -244,7 +244,7 @@ def test_04_cost_coefficient_matches_seed05(s04, capsys):
 
 def _independent_batching(out_lens, slots, continuous, prompt=1024):
     """
-    演示 3 的第二条代码路径：不调 serving_lab，直接用 8B 在 H100 上 decode 一步的 roofline 闭式
+    演示 3 的第二条代码路径：不调第 5 讲的实验模块，直接用 8B 在 H100 上 decode 一步的 roofline 闭式
     max(FLOPs / P, 字节 / BW) 一步一步推，返回 (每个请求的完成时刻, 按 token 加权的步时间, 每步平均)。
     """
     w = 2 * (8_030_261_248 - 128256 * 4096)                 # 每步读的 BF16 权重（不含输入词嵌入）

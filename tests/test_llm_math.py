@@ -226,8 +226,8 @@ def test_mixed_step_reduces_to_decode_step_and_prefill_step():
     assert parts == whole["flops"] + 3 * 2 * m.vocab * m.d_model
 
 
-def test_mixed_step_equals_serving_lab_iteration_time():
-    """第 1 讲和第 5 讲的混合步是同一个式子：llm_math.mixed_step == serving_lab.iteration_time（批里上下文相同时）。"""
+def test_mixed_step_equals_iteration_lab_iteration_time():
+    """第 1 讲和第 5 讲的混合步是同一个式子：llm_math.mixed_step == iteration_lab.iteration_time（批里上下文相同时）。"""
     import os
     import sys
     from conftest import ROOT

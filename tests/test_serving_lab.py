@@ -1,6 +1,6 @@
 """
 第 5 讲的 iteration_lab（一次迭代的时间，和 llm_math 逐个对上；链路时间；种子 05 的 step_time）、workload_lab（确定的
-随机数）、batching_lab 和 disagg_lab（模拟的守恒与边界、卡住时报错），以及 serving_lab 按旧名字转出的是同一些函数。
+随机数）、batching_lab 和 disagg_lab（模拟的守恒与边界、卡住时报错）。
 权重字节、max_batch、compute_bound_batch、critical_context 搬到了 llm_math，测试在 tests/test_llm_math.py。
 """
 import inspect
@@ -24,7 +24,6 @@ import batching_lab  # noqa: E402
 import disagg_lab  # noqa: E402
 import iteration_lab  # noqa: E402
 import paging_lab  # noqa: E402
-import serving_lab  # noqa: E402
 from batching_lab import simulate_batching  # noqa: E402
 from disagg_lab import fast_colocated, fast_disaggregated, simulate_colocated, simulate_disaggregated  # noqa: E402
 from iteration_lab import iteration_time, knee_chunk, link_time, step_time  # noqa: E402
@@ -179,17 +178,6 @@ def test_simulations_reject_bad_requests_instead_of_hanging():
     with pytest.raises(ValueError, match="到达率"):
         poisson_arrivals(0.0, 5, 0)
 
-
-# ---- serving_lab：旧名字 ----
-def test_serving_lab_re_exports_the_same_functions():
-    """serving_lab 只是旧的总入口：它的每个名字都是新模块里的同一个对象（第 5 讲 06 打印的句子还引用它）。"""
-    import goodput_lab
-    import workload_lab
-    homes = (iteration_lab, workload_lab, batching_lab, disagg_lab, goodput_lab, paging_lab)
-    for name in serving_lab.__all__:
-        owners = [m for m in homes if name in m.__all__]
-        assert len(owners) == 1 and getattr(serving_lab, name) is getattr(owners[0], name), name
-    assert sorted(serving_lab.__all__) == sorted(n for m in homes for n in m.__all__ if n != "iteration_clock")
 
 
 # ---- 模拟卡住时报错，而不是一直转下去 ----
