@@ -352,3 +352,14 @@ def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm):
     spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
+
+
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm):
+    """草稿就是目标模型本身（T = 0 时 α = 1，每轮 γ 个全接受 + 1 个额外的）、γ = 2：每轮 3 个 token，
+    <|im_end|>（第 8 个）是第 3 轮被接受的第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿在这里总被拒绝，
+    停止 token 总是修正 token，测不到这种情况。"""
+    target, tok = lm
+    spec, stats = speculative_generate(target, target, tok.chat("What is the capital of France?"), 16, 2, 0.0,
+                                       np.random.default_rng(2), stop=[2])
+    assert list(spec) == GREEDY
+    assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
