@@ -31,9 +31,10 @@ CS349E · 第 2 讲 · 06_real_model.py —— 一个真的模型：SmolLM2-135M
 - 提示的 chat 格式只有用户一轮（bpe_lab 的 chat()，不加文件模板里默认的 system 一轮）。
 - 选的文本（句子、提示、问题）是随意选的例子，不是基准。
 
-【运行】python3 06_real_model.py （空闲的 2 核机器上约 8 秒，大部分是装模型：反量化、转成 float64；第一次运行
-先下载）。脚本开头把 BLAS 设成一个线程（OPENBLAS_NUM_THREADS 等没设时设成 1，已设的不动）：这个模型的矩阵不大，
-decode 一步一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
+【运行】python3 06_real_model.py （约 13 秒，CPU 时间约 9 秒，大部分是装模型：反量化、转成 float64、拼融合的
+矩阵；在一台别人也在用的 2 核机器上和种子 04 背靠背量的，种子 04 当时约 8 秒；第一次运行先下载）。
+脚本开头把 BLAS 设成一个线程（OPENBLAS_NUM_THREADS 等没设时设成 1，已设的不动）：这个模型的矩阵不大，decode 一步
+一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
 
 【依赖】numpy；本目录的 real_model_lab（load_gguf、gguf_config）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
 bpe_lab（load_gguf 给的分词器）、transformer_lab（NumpyTransformer 的前向和 KV cache）、ledger_lab（Counter、
@@ -74,6 +75,11 @@ N_NEW = 16               # 演示 4、5 最多生成几个 token（回答在 <|i
 TOP_K = 5                # 演示 3 列几个候选
 EXACT_BOUND = 1e-12      # 演示 5：float64 的 cache decode 和一次算完，logits 之差的上界
 BITS = dict(GGUF_BITS_PER_WEIGHT, F32=32.0, F16=16.0)   # 文件里每种格式每个数几位（块格式含 scale）
+
+# 演示 1 的张量表按前向的顺序列（文件里的顺序不同）；不在这里的种类排在最后
+KIND_ORDER = ["token_embd.weight"] + ["blk.N." + n + ".weight" for n in (
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")] + [
+    "output_norm.weight", "output.weight"]
 
 _LOADED = {}
 
@@ -131,9 +137,11 @@ def demo1_model_card(path=None):
         k["count"] += 1
         k["params"] += t.n_elements
         k["bytes"] += t.n_bytes
+    order = {n: i for i, n in enumerate(KIND_ORDER)}
+    kinds = dict(sorted(kinds.items(), key=lambda kv: order.get(kv[0], len(order))))     # 按前向的顺序列
     n_params = sum(k["params"] for k in kinds.values())
     n_bytes = sum(k["bytes"] for k in kinds.values())
-    rows = [[name, "(" + ", ".join(map(str, k["shape"])) + ")", k["type"], k["count"], f"{k['params']:,}",
+    rows = [[name, str(tuple(k["shape"])), k["type"], k["count"], f"{k['params']:,}",
              f"{k['bytes']:,}", f"{8 * k['bytes'] / k['params']:.2f}"] for name, k in kinds.items()]
     rows.append(["合计", "", "", len(g.tensors), f"{n_params:,}", f"{n_bytes:,}", f"{8 * n_bytes / n_params:.2f}"])
     print()
@@ -186,7 +194,7 @@ def demo1_model_card(path=None):
         f"平均 {8 * n_bytes / n_params:.2f} 位/参数。全换成 BF16 是 {fmt_bytes(as_float['BF16'])}"
         f"（{as_float['BF16'] / n_bytes:.2f} 倍），float32 是 {fmt_bytes(as_float['float32'])}。",
         f"词嵌入只占 {100 * emb / n_params:.1f}% 的参数，却占文件里 {100 * q80.get('bytes', 0) / n_bytes:.1f}% 的张量字节："
-        f"它按 8.5 位存，矩阵按 5.0 位。",
+        f"它按 {BITS['Q8_0']:.1f} 位存，矩阵按 {BITS['Q4_1']:.1f} 位。",
         f"文件 {fmt_bytes(file_bytes)}：张量数据从第 {data_start:,} 字节开始，前面是文件头、元数据和张量目录；"
         f"其中分词器的 {len(md['tokenizer.ggml.tokens']):,} 个 token 和 {len(md['tokenizer.ggml.merges']):,} 条 merge "
         f"的字符串就有 {fmt_bytes(tok_bytes)}。",

@@ -141,6 +141,8 @@ def test_demo1_parameters_by_component_equal_hand_counts_from_shapes(d1, path):
     assert d1["all_equal"] and d1["n_params"] == total
     assert d1["embed_share_params"] == pytest.approx(V * D / total, rel=1e-12)
     assert round(100 * V * D / total, 1) == 21.0
+    # 对照：Llama-3.1-8B（CURRICULUM §5：词表 128256、宽 4096、8,030,261,248 个参数）
+    assert d1["llama8b_embed_share"] == pytest.approx(128256 * 4096 / 8_030_261_248, rel=1e-12)
 
 
 def test_demo1_bytes_as_stored_follow_the_block_sizes(d1, path):
@@ -303,13 +305,14 @@ def _with_qk(P, fn, cfg):
 
 def test_rope_permutation_must_be_undone_exactly_once(f64):
     P, cfg, _ = f64
+    model = NumpyTransformer(P, cfg)
+    for name, x in HF["inputs"].items():      # 对的装法：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
+        assert _hf_max_diff(model.forward(np.asarray([x["ids"]]))[0], x["rows"]) < 1e-10, name
+    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）
     toks = np.asarray([CHAT["ids"]])
-    right = _hf_max_diff(NumpyTransformer(P, cfg).forward(toks)[0], CHAT["rows"])
-    assert right < 1e-10
-    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远
     for fn in (permute_rope_rows, unpermute_rope_rows):
         wrong = _hf_max_diff(NumpyTransformer(_with_qk(P, fn, cfg), cfg).forward(toks)[0], CHAT["rows"])
-        assert wrong > 0.5, fn.__name__
+        assert wrong > 1.0, fn.__name__
 
 
 def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
