@@ -1,0 +1,368 @@
+"""
+第 2 讲 06_real_model.py（真实模型 SmolLM2-135M-Instruct）：每个演示返回它的观察引用的数，这里用独立的算法核对——
+参数从 GGUF 的张量形状和元数据手算、块格式的位数用 CURRICULUM §8 的数（Q4_1 = 20 字节 / 32 个，Q8_0 = 34 / 32）、
+分词和 Hugging Face tokenizers 给的 id 比、概率和贪心回答和 Hugging Face transformers 的参考（tests/fixtures/
+smollm2_hf_reference.json）比、账本里 lm_head 的份额按形状手算。
+
+另有 issue 20 的几条模型本身的性质（都在真模型上）：RoPE 行重排必须撤销一次（不撤销、撤销两次都离参考很远）；
+float32 从头到尾是 float32；带缓存的 decode == 一次算完；带停止 token 的投机解码在 T = 0 时 == 贪心。
+这些测试需要模型文件（conftest.smollm2_path：拿不到时跳过，CS349E_REQUIRE_MODEL=1 时失败），float64 的模型整个
+测试会话只装一次（conftest.real_model）。
+"""
+import contextlib
+import io
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import conftest
+from conftest import load_script, real_model, script_stdout, smollm2_path
+from decode_lab import TransformerLM, autoregressive_generate, speculative_generate
+from gguf_lab import read_gguf
+from ledger_lab import analytic_ops
+from llm_math import SMOLLM2_135M
+from real_model_lab import permute_rope_rows, unpermute_rope_rows
+from transformer_lab import NumpyTransformer, config_like
+
+S6 = "lecture02/06_real_model.py"
+with open(os.path.join(conftest.ROOT, "tests", "fixtures", "smollm2_hf_reference.json"), encoding="utf-8") as _f:
+    HF = json.load(_f)
+CHAT = HF["inputs"]["chat"]
+GREEDY = HF["greedy"]["ids_until_im_end"]          # [504, 3575, 282, 4649, 314, 7042, 30, 2]
+
+# SmolLM2-135M 的形状：CURRICULUM §8 的表（不经过 llm_math 和 gguf_config）
+V, D, L, H, HKV, HD, FF = 49152, 576, 30, 9, 3, 64, 1536
+# 每个数几字节（块格式含 scale）：Q4_1 一块 32 个 = fp16 d + fp16 m + 16 字节；Q8_0 = fp16 d + 32 字节；F32 = 4
+BYTES_PER = {"Q4_1": 20 / 32, "Q8_0": 34 / 32, "F32": 4.0}
+
+# 演示 2 的句子的参考 id：Hugging Face tokenizers 0.23.3 按 tests/fixtures/make_tokenizer_fixture.py 的 build_hf
+# 搭的 SmolLM2 分词器（同一个 GGUF 的词表和 merge 表）给出的，命令：
+#   /work/venv-tok/bin/python -c "import make_tokenizer_fixture as m; t, mg, ty, _ = m.read_vocab(GGUF);
+#       tk, _ = m.build_hf(t, mg, ty); print(m.encode(tk, SENTENCE, False))"   （在 tests/fixtures 里运行）
+SENTENCE_HF_IDS = [9207, 308, 34519, 34, 553, 216, 33, 35, 37, 61, 6116, 43, 216, 18645, 250, 48392, 138,
+                   1530, 33662, 30]
+
+
+@pytest.fixture(scope="module")
+def path():
+    return smollm2_path()
+
+
+@pytest.fixture(scope="module")
+def f64(path):
+    return real_model("float64")
+
+
+@pytest.fixture(scope="module")
+def lm(f64):
+    P, cfg, tok = f64
+    return TransformerLM(P, cfg, name="SmolLM2"), tok
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return load_script(S6)
+
+
+def _quiet(fn, *args, **kw):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args, **kw)
+
+
+@pytest.fixture(scope="module")
+def d1(mod, path):
+    return _quiet(mod.demo1_model_card, path)
+
+
+@pytest.fixture(scope="module")
+def d2(mod, lm):
+    return _quiet(mod.demo2_tokenize, lm)
+
+
+@pytest.fixture(scope="module")
+def d3(mod, lm):
+    return _quiet(mod.demo3_next_token, lm)
+
+
+@pytest.fixture(scope="module")
+def d4(mod, lm):
+    return _quiet(mod.demo4_chat, lm)
+
+
+@pytest.fixture(scope="module")
+def d5(mod, lm):
+    return _quiet(mod.demo5_cache_equals_full, lm)
+
+
+@pytest.fixture(scope="module")
+def d6(mod, lm, path):
+    return _quiet(mod.demo6_decode_ledger, lm, path)
+
+
+def _hf_max_diff(logits, rows):
+    """logits [n, V] 和参考的每一行（前 20 名 + 几个固定 id 的 logit，还有 logsumexp）之差的最大绝对值。"""
+    worst = 0.0
+    for r in rows:
+        row = logits[r["pos"]]
+        ids = r["top_ids"] + r["fixed_ids"]
+        ref = np.asarray(r["top_logits"] + r["fixed_logits"])
+        lse = float(row.max() + np.log(np.exp(row - row.max()).sum()))
+        worst = max(worst, float(np.max(np.abs(row[ids] - ref))), abs(lse - r["logsumexp"]))
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# 演示 1：模型卡
+# ---------------------------------------------------------------------------
+def test_demo1_parameters_by_component_equal_hand_counts_from_shapes(d1, path):
+    g = read_gguf(path)
+    shapes = {n: t.shape for n, t in g.tensors.items()}
+    g.close()
+    # 每类张量的形状（numpy 顺序 [out, in]）就是 §8 的结构
+    assert shapes["token_embd.weight"] == (V, D)
+    for i in range(L):
+        b = f"blk.{i}."
+        assert shapes[b + "attn_q.weight"] == (H * HD, D) and shapes[b + "attn_output.weight"] == (D, H * HD)
+        assert shapes[b + "attn_k.weight"] == shapes[b + "attn_v.weight"] == (HKV * HD, D)
+        assert shapes[b + "ffn_gate.weight"] == shapes[b + "ffn_up.weight"] == (FF, D)
+        assert shapes[b + "ffn_down.weight"] == (D, FF)
+    assert "output.weight" not in shapes
+    by_hand = {"embed": V * D, "attn": 2 * D * H * HD + 2 * D * HKV * HD, "ffn": 3 * D * FF,
+               "norms": (2 * L + 1) * D}
+    layers = L * (by_hand["attn"] + by_hand["ffn"] + 2 * D)
+    total = sum(math.prod(s) for s in shapes.values())
+    assert total == 134_515_008 == by_hand["embed"] + layers + D == SMOLLM2_135M.params()
+    expect = [by_hand["embed"], by_hand["attn"], by_hand["ffn"], by_hand["norms"], layers, total]
+    assert [a for _, a, _ in d1["components"]] == expect        # 从文件数出的
+    assert [b for _, _, b in d1["components"]] == expect        # llm_math 的
+    assert d1["all_equal"] and d1["n_params"] == total
+    assert d1["embed_share_params"] == pytest.approx(V * D / total, rel=1e-12)
+    assert round(100 * V * D / total, 1) == 21.0
+    # 对照：Llama-3.1-8B（CURRICULUM §5：词表 128256、宽 4096、8,030,261,248 个参数）
+    assert d1["llama8b_embed_share"] == pytest.approx(128256 * 4096 / 8_030_261_248, rel=1e-12)
+
+
+def test_demo1_bytes_as_stored_follow_the_block_sizes(d1, path):
+    # §8：210 × Q4_1（每个矩阵）、1 × Q8_0（词嵌入）、61 × F32（norm）
+    counts = {ty: r["tensors"] for ty, r in d1["by_type"].items()}
+    assert counts == {"Q4_1": 210, "Q8_0": 1, "F32": 61}
+    mats = L * (2 * D * H * HD + 2 * D * HKV * HD + 3 * D * FF)
+    params = {"Q4_1": mats, "Q8_0": V * D, "F32": (2 * L + 1) * D}
+    for ty, r in d1["by_type"].items():
+        assert r["params"] == params[ty]
+        assert r["bytes"] == params[ty] * BYTES_PER[ty]
+    n_bytes = sum(params[ty] * BYTES_PER[ty] for ty in params)
+    assert d1["n_bytes"] == n_bytes == 96_576_768
+    assert d1["as_float"]["BF16"] == 2 * 134_515_008 and d1["as_float"]["float32"] == 4 * 134_515_008
+    assert d1["file_bytes"] == os.path.getsize(path) == 98_362_432
+    assert d1["embed_share_bytes"] == pytest.approx(V * D * 34 / 32 / n_bytes, rel=1e-12)
+    # 张量数据之前的部分（头、元数据、目录）：第一个张量的偏移，和 gguf 的布局一样按 32 对齐
+    assert d1["data_start"] % 32 == 0 and d1["data_start"] + n_bytes <= d1["file_bytes"]
+    with open(path, "rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_demo1_config_fields_match_section_8(d1):
+    got = {f: a for f, a, _ in d1["fields"]}
+    assert (got["层数"], got["d_model"], got["注意力头"], got["KV 头"], got["head_dim"], got["FFN 宽度"],
+            got["词表"], got["上下文"], got["词嵌入和 lm_head 共享"]) == (L, D, H, HKV, HD, FF, V, 8192, True)
+    assert all(a == b for _, a, b in d1["fields"])
+
+
+# ---------------------------------------------------------------------------
+# 演示 2：分词
+# ---------------------------------------------------------------------------
+def test_demo2_ids_equal_hf_tokenizers(mod, d2):
+    assert d2["ids"] == SENTENCE_HF_IDS
+    assert d2["decoded"] == mod.SENTENCE
+    assert (d2["n_chars"], d2["n_bytes"]) == (len(mod.SENTENCE), len(mod.SENTENCE.encode("utf-8"))) == (44, 48)
+
+
+def test_demo2_pieces_are_the_utf8_bytes_of_each_id(mod, d2, lm):
+    _, tok = lm
+    # GPT-2 的字节→字符表（openai/gpt-2 encoder.py）自己重建：可见的 ASCII 和 Latin-1 映到自己，其余 256 + n
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    inv = {c: b for b, c in table.items()}
+    joined = b""
+    for i, (s, hexes, text) in zip(d2["ids"], d2["pieces"]):
+        raw = bytes(inv[c] for c in s)
+        assert s == tok.tokens[i] and hexes == raw.hex(" ")
+        joined += raw
+    assert joined.decode("utf-8") == mod.SENTENCE
+    texts = [t for _, _, t in d2["pieces"]]
+    # 数字一个一个：'2'（SmolLM2）、'1' '3' '5'；两个汉字 6 个字节切成 4 个 token，没有一个单独是完整的字
+    assert d2["n_digit_tokens"] == 4 == sum(t in "0123456789" and len(t) == 1 for t in texts)
+    assert d2["n_cjk"] == 2 and d2["n_non_ascii_tokens"] == 4 and d2["n_half_chars"] == 4
+    assert texts[:4] == ["Sm", "ol", "LM", "2"] and "␣parameters" in texts
+
+
+# ---------------------------------------------------------------------------
+# 演示 3：下一个 token
+# ---------------------------------------------------------------------------
+def test_demo3_top5_equal_hf_reference(d3):
+    prose = HF["inputs"]["prose"]
+    assert d3["ids"] == prose["ids"][:12]                     # 提示就是参考文本的前 12 个 token
+    row = next(r for r in prose["rows"] if r["pos"] == 11)
+    assert d3["top_ids"] == row["top_ids"][:5]
+    hf_p = [math.exp(x - row["logsumexp"]) for x in row["top_logits"][:5]]
+    assert np.allclose(d3["top_probs"], hf_p, rtol=0, atol=1e-10)
+    assert np.allclose(d3["top_logits"], row["top_logits"][:5], rtol=0, atol=1e-10)
+    # 打印的三位小数离舍入的边界至少 1e-6（第 2 名 0.23549 离 0.2355 约 7e-6）：float64 的舍入（~1e-13）和 BLAS 的
+    # 不同动不了它（float32 的 ~1e-5 就可能动：所以脚本用 float64）
+    for p in hf_p:
+        assert abs(p * 1000 - math.floor(p * 1000) - 0.5) > 1e-3
+    assert [round(p, 3) for p in hf_p[:2]] == [0.436, 0.235]
+    assert d3["mass"] == pytest.approx(sum(hf_p), abs=1e-10)
+
+
+def test_demo3_entropy_from_an_independent_full_pass(d3, lm):
+    model, _ = lm
+    logits = NumpyTransformer.forward(model, np.asarray([d3["ids"]]))[0, -1]
+    lp = logits - logits.max()
+    lp = lp - math.log(np.exp(lp).sum())
+    assert d3["entropy"] == pytest.approx(float(-(np.exp(lp) * lp).sum()), abs=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# 演示 4、5：贪心回答；带缓存 == 一次算完
+# ---------------------------------------------------------------------------
+def test_demo4_greedy_answer_is_the_hf_greedy_answer(d4):
+    assert d4["prompt"] == CHAT["ids"]
+    assert d4["ids"] == GREEDY == HF["greedy"]["hf_generate_with_eos_2"]
+    assert d4["answer"] == HF["greedy"]["text_until_im_end"] == "The capital of France is Paris."
+    assert d4["stopped"]
+
+
+def test_demo5_cache_equals_full_pass_within_the_printed_bound(d5):
+    assert d5["bound"] == 1e-12 and d5["max_diff"] < d5["bound"]
+    assert d5["same_tokens"] and d5["ids"] == GREEDY and d5["steps"] == len(GREEDY)
+    assert d5["min_gap"] > 1.0
+
+
+# ---------------------------------------------------------------------------
+# 演示 6：decode 一步的账本
+# ---------------------------------------------------------------------------
+def test_demo6_lm_head_share_by_hand(d6, lm):
+    model, _ = lm
+    n_past = len(CHAT["ids"])
+    assert d6["n_past"] == n_past == 16
+    mats = L * (2 * D * H * HD + 2 * D * HKV * HD + 3 * D * FF)
+    kv = (n_past + 1) * L * 2 * HKV * HD * 2                 # K 和 V，BF16，缓存的 16 个 + 新的 1 个
+    head = D * V
+    bf16 = 2 * (D + mats + (2 * L + 1) * D + head) + kv      # 词嵌入查 1 行 + 矩阵 + norm + lm_head，每个 2 字节
+    assert d6["kv"] == kv and d6["total_bf16"] == bf16
+    assert d6["lm_head_share_bf16"] == pytest.approx(2 * head / bf16, rel=1e-12)
+    file_fmt = D * 34 / 32 + mats * 20 / 32 + (2 * L + 1) * D * 4 + head * 34 / 32 + kv
+    assert d6["total_file"] == pytest.approx(file_fmt, rel=1e-12)
+    assert d6["lm_head_share_file"] == pytest.approx(head * 34 / 32 / file_fmt, rel=1e-12)
+    assert (round(100 * 2 * head / bf16, 1), round(100 * head * 34 / 32 / file_fmt, 1)) == (21.0, 31.0)
+    useful = 2 * (mats + head) + L * 2 * 2 * H * (n_past + 1) * HD   # 矩阵乘 + 每层注意力的打分和加权和
+    assert d6["total_useful"] == useful
+    assert d6["ledger_equals_formula"]
+    assert d6["types"]["lm_head（= 词嵌入）"] == "Q8_0"
+    assert d6["ridge"] == pytest.approx(989.4 / 3.35)
+
+
+def test_demo6_formula_rows_are_the_ledger_convention(d6, lm):
+    model, _ = lm
+    rows = analytic_ops(model.cfg, 1, 1, d6["n_past"])
+    assert sum(r["w"] for r in rows if r["op"] == "lm_head") == 2 * D * V
+    assert sum(r["w"] for r in rows if r["op"] == "embed") == 2 * D
+
+
+# ---------------------------------------------------------------------------
+# 打印出来的文字
+# ---------------------------------------------------------------------------
+def test_script_prints_the_cited_figures():
+    smollm2_path()
+    out = script_stdout(S6)
+    for s in ("134,515,008 逐项相等", "96,576,768", "269 MB（2.79 倍）", "（SmolLM2 → Sm / ol / LM / 2）",
+              "概率 0.436", "回答：\"The capital of France is Paris.\"", "最多差 < 1e-12", "完全一样",
+              "lm_head 占 21.0%", "lm_head 占 31.0%", "逐算子、逐字段相等"):
+        assert s in out, s
+    assert "不相等" not in out and "不一样" not in out and "否" not in out.split("演示 2")[0]
+
+
+# ---------------------------------------------------------------------------
+# issue 20：模型本身的性质
+# ---------------------------------------------------------------------------
+def _with_qk(P, fn, cfg):
+    """P 的一个副本：每层的 wq、wk（[d, 行]）的行顺序换成 fn(行, 头数)（其余的数组共用）。"""
+    Q = dict(P)
+    Q["layers"] = [dict(Lr, wq=np.ascontiguousarray(fn(Lr["wq"].T, cfg.n_heads).T),
+                        wk=np.ascontiguousarray(fn(Lr["wk"].T, cfg.n_kv_heads).T)) for Lr in P["layers"]]
+    return Q
+
+
+def test_rope_permutation_must_be_undone_exactly_once(f64):
+    P, cfg, _ = f64
+    model = NumpyTransformer(P, cfg)
+    for name, x in HF["inputs"].items():      # 对的装法：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
+        assert _hf_max_diff(model.forward(np.asarray([x["ids"]]))[0], x["rows"]) < 1e-10, name
+    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）
+    toks = np.asarray([CHAT["ids"]])
+    for fn in (permute_rope_rows, unpermute_rope_rows):
+        wrong = _hf_max_diff(NumpyTransformer(_with_qk(P, fn, cfg), cfg).forward(toks)[0], CHAT["rows"])
+        assert wrong > 1.0, fn.__name__
+
+
+def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
+    P, cfg, tok = real_model("float32")
+    assert cfg.dtype == "float32"
+    model = NumpyTransformer(P, cfg)
+    cache = model.new_cache(1, len(CHAT["ids"]) + 1)
+    assert cache.k.dtype == np.float32 and cache.v.dtype == np.float32
+    logits = model.forward(np.asarray([CHAT["ids"]]), cache)
+    assert logits.dtype == np.float32
+    assert cache.k.dtype == np.float32 and cache.v.dtype == np.float32
+    assert _hf_max_diff(logits[0].astype(np.float64), CHAT["rows"]) < 2e-4
+    step = model.forward(np.asarray([[GREEDY[0]]]), cache)
+    assert step.dtype == np.float32
+    f32 = HF["float32"]                                     # HF 自己的 float32（未打补丁）：前 5 名
+    assert [int(i) for i in np.argsort(-logits[0, f32["pos"]])[:5]] == f32["top5_ids"]
+    assert np.max(np.abs(logits[0, f32["pos"], f32["top5_ids"]] - np.asarray(f32["top5_logits"]))) < 2e-4
+
+
+def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
+    model, _ = lm
+    prompt = CHAT["ids"]
+    cache = model.new_cache(1, len(prompt) + len(GREEDY))
+    got = [model.forward(np.asarray([prompt]), cache)[0, -1]]
+    for t in GREEDY[:-1]:                                    # 喂参考的贪心回答，一次一个 token
+        got.append(model.forward(np.asarray([[t]]), cache)[0, -1])
+    full = model.forward(np.asarray([prompt + GREEDY[:-1]]))[0, len(prompt) - 1:]
+    assert np.max(np.abs(np.asarray(got) - full)) < 1e-11
+    assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
+
+
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm):
+    P, cfg, tok = f64
+    target, _ = lm
+    pk = dict(P)
+    pk["layers"] = P["layers"][:10] + P["layers"][20:]          # 草稿：跳过中间 10 层
+    draft = TransformerLM(pk, config_like(cfg, n_layers=20), name="跳过中间 10 层")
+    prompt = tok.chat("What is the capital of France?")
+    greedy = autoregressive_generate(target, prompt, 16, 0.0, np.random.default_rng(0), stop=[2])
+    spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
+    assert list(greedy) == list(spec) == GREEDY
+    assert stats["target_calls"] <= len(GREEDY)
+
+
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm):
+    """草稿就是目标模型本身（T = 0 时 α = 1，每轮 γ 个全接受 + 1 个额外的）、γ = 2：每轮 3 个 token，
+    <|im_end|>（第 8 个）是第 3 轮被接受的第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿在这里总被拒绝，
+    停止 token 总是修正 token，测不到这种情况。"""
+    target, tok = lm
+    spec, stats = speculative_generate(target, target, tok.chat("What is the capital of France?"), 16, 2, 0.0,
+                                       np.random.default_rng(2), stop=[2])
+    assert list(spec) == GREEDY
+    assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
