@@ -279,15 +279,18 @@ def demo4_chat(loaded=None):
     print_table(["步", "id", "文件里的写法", "文字"], [[n + 1, i, *readable(tok, i)[::2]] for n, i in enumerate(out)])
     stopped = bool(out) and out[-1] == tok.im_end_id
     answer = tok.decode(out[:-1] if stopped else out)
+    # 同样的贪心，不给停止 token：多生成的那几个 token 是什么（贪心是确定的，前 len(out) 个和上面相同）
+    more = [int(t) for t in autoregressive_generate(model, prompt, N_NEW, 0.0, np.random.default_rng(0))]
+    after = tok.decode(more[len(out):]).replace("\n", "↵")
     print_observations([
         f"回答：\"{answer}\"——{len(out) - stopped} 个 token，第 {len(out)} 步生成了 <|im_end|>（id {tok.im_end_id}）"
         f"{'，生成在这里停下' if stopped else '？没有停下'}（上限 {N_NEW} 个没用完）。",
         "提示的格式：<|im_start|>user↵问题<|im_end|>↵<|im_start|>assistant↵（<|im_start|>、<|im_end|> 是特殊 token，"
         "各自一个 id）；文件里的 chat 模板还会在最前面加一轮默认的 system，这里不加。",
-        f"停止 token 在返回的序列里（最后一个），之后不再前向；不给 stop 时生成满 {N_NEW} 个才停"
-        "（CURRICULUM §8：这个模型会接着自己编下一轮对话）。",
+        f"停止 token 在返回的序列里（最后一个），之后不再前向。不给 stop 时同样的贪心生成满 {N_NEW} 个才停，"
+        f"<|im_end|> 之后接着是 \"{after}\"：模型自己往下编了一轮对话，所以生成器必须在 <|im_end|> 停。",
     ])
-    return {"prompt": prompt, "ids": out, "answer": answer, "stopped": stopped}
+    return {"prompt": prompt, "ids": out, "answer": answer, "stopped": stopped, "no_stop": more, "after": after}
 
 
 # ---------------------------------------------------------------------------
@@ -325,8 +328,10 @@ def demo5_cache_equals_full(loaded=None):
         f"{'完全一样' if same else '不一样'}，就是演示 4 的回答。",
         f"每步第一名比第二名的 logit 至少高 {min(gaps):.2f}，比上界 {EXACT_BOUND:.0e} 大 "
         f"{int(np.floor(np.log10(min(gaps) / EXACT_BOUND)))} 个数量级以上：贪心的选择不会被舍入翻转。",
-        "这个对照抓得住位置差一的错误（RoPE 的位置、写缓存的槽）：CURRICULUM §8 记下的一个公开 numpy Llama 有这个错误，"
-        "照样生成通顺的英文，贪心输出在第 5 个 token 之后才和正确的模型分开。",
+        "这个对照抓得住位置差一的错误（RoPE 的位置、写缓存的槽）：一个公开的 numpy Llama（likejazz/llama3.np 的 "
+        "llama3.py，commit 7dae0e1）在 generate 里把第一个 decode 的 token 放在位置 L + 1（缓存的第 L 格一直是 0，"
+        "注意力却读它）；在这个模型的权重上它照样生成通顺的英文，贪心输出在第 5 个 token 之后才和正确的模型分开"
+        "（课程开发时量的，这里不重现）。",
     ])
     return {"steps": len(rows), "ids": out, "max_diff": worst, "bound": EXACT_BOUND, "same_tokens": same,
             "min_gap": min(gaps)}

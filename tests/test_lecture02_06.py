@@ -242,6 +242,12 @@ def test_demo4_greedy_answer_is_the_hf_greedy_answer(d4):
     assert d4["stopped"]
 
 
+def test_demo4_without_a_stop_continues_as_hf_greedy_does(d4):
+    """不给 stop：16 个贪心 token 就是 Hugging Face 的贪心（它在 <|im_end|> 之后接着编 system / user 的轮）。"""
+    assert d4["no_stop"] == HF["greedy"]["ids"][:16]
+    assert d4["after"].startswith("↵<|im_end|><|im_start|>system")
+
+
 def test_demo5_cache_equals_full_pass_within_the_printed_bound(d5):
     assert d5["bound"] == 1e-12 and d5["max_diff"] < d5["bound"]
     assert d5["same_tokens"] and d5["ids"] == GREEDY and d5["steps"] == len(GREEDY)
