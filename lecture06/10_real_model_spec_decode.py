@@ -251,7 +251,7 @@ def demo1_alphas(ctx):
     up = [n for n in neural if alphas[n][0] > alphas[n][1]]
     gap_real = max(abs(alphas[n][0] - alphas[n][1]) for n in neural)
     toy_neural = [n for n in toy if n != "二元语法表"]
-    gap_toy = min(toy[n][0] - toy[n][1] for n in toy_neural)
+    gap_toy = max(toy[n][0] - toy[n][1] for n in toy_neural)     # 降得最少的那个（负数 = T = 0 更低）
     best = max(neural, key=lambda n: alphas[n][0])
     ng = alphas[ctx["ngram_label"]][0]
     obs = [
