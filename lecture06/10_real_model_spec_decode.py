@@ -523,7 +523,8 @@ def demo6_cost(ctx):
         f"（c = {out[q8]['c']:.2f}）：{out[q8]['speedup']:.2f}×。",
         f"跳过 {SKIP[1]} 层的草稿 c = {skip['c']:.2f} > α = {_alpha0(ctx, ctx['skip_label']):.3f}：推论 3.9 的条件 α > c"
         "不成立，定理 3.8 说任何 γ 都比普通 decode 慢——30 层里用了 26 层、lm_head 照算，太贵了。"
-        "真实系统的自草稿跳掉一半左右的层（Draft & Verify），或像 EAGLE 那样只有一层。"
+        "自草稿要便宜得多才划算：跳掉多得多的层（Draft & Verify 用优化挑要跳的层），"
+        "或像 EAGLE（arXiv 2401.15077）那样草稿只有一层。"
         f"只用前 {EXIT_K} 层一样贵，α 却更低：" + ("一样不划算。" if early["gamma_star"] == 0 else
                                                f"最多 {early['speedup']:.2f} 倍。"),
     ]
