@@ -141,9 +141,10 @@ def test_greedy_texts_and_target_agreement(run):
     assert ctx["target_mismatch"] == 0
     for (prompt, new), lp in zip(ctx["texts"], ctx["target_logits"]):
         np.testing.assert_array_equal(lp.argmax(-1), new)
-        assert 1 <= len(new) <= s.N_NEW
+        assert 1 <= len(new) <= max(s.N_NEW)
     assert ctx["texts"][2][1][-1] == s.STOP               # 照抄的那段说完就停
-    assert ctx["tok"].decode(ctx["texts"][2][1][:-1]).strip() == s.PASSAGE
+    assert ctx["tok"].decode(ctx["texts"][2][1][:-1]).strip() == s.PASSAGE   # 模型真的照抄了
+    assert [len(new) for _, new in ctx["texts"][:2]] == list(s.N_NEW[:2])
 
 
 def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, rebuilt):
@@ -157,7 +158,7 @@ def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, re
         assert al[label][1] == pytest.approx(float(b1.mean()), abs=1e-9)
     assert al[ctx["skip_label"]][0] > al[f"只用前 {s.EXIT_K} 层"][0]        # 观察 2 的大小关系
     for n, v in al.items():
-        if v[1] is not None and n != ctx["ngram_label"]:
+        if n not in (ctx["ngram_label"], "prompt lookup"):
             assert (n in out["d1"]["up"]) == (v[0] > v[1])
     toy = out["d1"]["toy"]
     drops = [toy[n][0] - toy[n][1] for n in toy if n != "二元语法表"]
@@ -166,10 +167,12 @@ def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, re
 
 
 def test_prompt_lookup_alpha_by_hand(run):
+    """prompt lookup 的 β：自己找最近的一次匹配；T = 0 是"提议 == 文本"，T = 1 是目标给提议的概率（没有提议 = 0）。"""
     s, ctx, out = run
-    per = []
-    for prompt, new in ctx["texts"]:
+    per0, all0, all1 = [], [], []
+    for (prompt, new), lp in zip(ctx["texts"], ctx["target_logits"]):
         seq = list(prompt) + list(new)
+        p1 = _softmax(lp)
         hits = []
         for t in range(len(new)):
             ctx_seq = seq[:len(prompt) + t]
@@ -180,8 +183,12 @@ def test_prompt_lookup_alpha_by_hand(run):
                     nxt = ctx_seq[i + s.LOOKUP_N]
                     break
             hits.append(nxt == new[t])
-        per.append(np.mean(hits))
-    np.testing.assert_allclose(out["d1"]["alphas"]["prompt lookup"][2], per, atol=1e-12)
+            all1.append(0.0 if nxt is None else p1[t, nxt])
+        per0.append(np.mean(hits))
+        all0 += hits
+    a0, a1, per = out["d1"]["alphas"]["prompt lookup"]
+    np.testing.assert_allclose(per, per0, atol=1e-12)
+    assert a0 == pytest.approx(np.mean(all0), abs=1e-12) and a1 == pytest.approx(np.mean(all1), abs=1e-9)
 
 
 def test_exact_tokens_per_call_and_eq1(run):
@@ -210,7 +217,7 @@ def test_t1_cells_standard_errors(run):
 def test_seed04_sentence_figures(run):
     s, ctx, out = run
     g = s.GAMMA_CORR
-    for name, v in out["d3"].items():
+    for name, v in out["d3"]["per_draft"].items():
         agrees = [np.asarray(r == 0) for r in ctx["drafts"][name]["ranks"]]
         a = np.concatenate([x[:-1] for x in agrees]).astype(float)
         b = np.concatenate([x[1:] for x in agrees]).astype(float)
@@ -318,6 +325,8 @@ def test_printed_observations_cite_the_returned_figures(run):
     assert f"跳过中间 {s.SKIP[1]} 层的 α = {al[ctx['skip_label']][0]:.3f}" in text
     assert f"只用前 {s.EXIT_K} 层的 α = {al[f'只用前 {s.EXIT_K} 层'][0]:.3f}" in text
     assert f"T = 0 的 {len(out['d2']['exact'])} 格里式 (1) 高估了 {len(out['d2']['over'])} 格" in text
-    neg = sum(v["err"] < 0 for v in out["d3"].values())
-    assert f"{neg} / {len(out['d3'])} 个草稿的精确值低于式 (1)" in text
+    d3 = out["d3"]["per_draft"]
+    neg = sum(v["err"] < 0 for v in d3.values())
+    assert f"{neg} / {len(d3)} 个草稿的精确值低于式 (1)" in text
+    assert out["d3"]["n_pairs"] == sum(len(new) - 1 for _, new in ctx["texts"])
     assert "演示 7" not in text                      # 默认运行不计时
