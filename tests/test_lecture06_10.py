@@ -310,8 +310,18 @@ def test_time_path_runs(run):
     with contextlib.redirect_stdout(buf):
         res = s.demo7_timing(ctx, 2)
     assert "演示 7" in buf.getvalue()
-    for (label, name), (t, n, calls) in res.items():
+    P, cfg = ctx["P"], ctx["cfg"]
+    per_layer = sum(P["layers"][0][m].size for m in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+    c_hat = ((cfg.n_layers - s.SKIP[1]) * per_layer + P["lm_head"].size) / (cfg.n_layers * per_layer
+                                                                           + P["lm_head"].size)
+    for (label, name), (t, n, calls, pred) in res.items():
         assert t > 0 and 1 <= n <= 2
+        if calls is None:
+            assert pred == 1.0
+        elif "lookup" in name:
+            assert pred == pytest.approx(n / calls, rel=1e-12)
+        else:
+            assert pred == pytest.approx(n / calls / (s.GAMMA_CORR * c_hat + 1), rel=1e-12)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         s.main(["--time", "1"])
