@@ -274,7 +274,7 @@ def demo1_alphas(ctx):
         f" {-gap_toy:.3f}——随机模型的分布很平（目标的平均熵 {ent_toy:.2f} nats，真实目标在这段文本上"
         f" {ent_real:.2f} nats），argmax 常常是几乎并列的几个之一，草稿稍有偏差就选了另一个；"
         "训练过的模型多数位置有一个明显的峰，猜中峰就行。"
-        f"最准的是{best}（T = 0 时 {alphas[best][0]:.3f}）。",
+        f"最准的是 {best}（T = 0 时 {alphas[best][0]:.3f}）。",
         f"跳层 vs 提前退出：同样用 {EXIT_K} 层，跳过中间 {SKIP[1]} 层的 α = {alphas[skip][0]:.3f}，只用前 {EXIT_K} 层的"
         f" α = {alphas[early][0]:.3f}。跳过中间的层，后面的层照样接着加工残差流（Draft & Verify 不训练就这样做）；"
         "只用前面的层时，最后几层对残差流的改写整个丢了，lm_head 读到的是还没写完的隐状态——LayerSkip 要训练"
@@ -517,8 +517,10 @@ def demo6_cost(ctx):
         a0 = _alpha0(ctx, name)
         if c > 0:
             g_star, s_star = best_gamma(a0, c)
-        else:                                  # 草稿免费：γ 越大越快，极限 1 / (1 − α)
+        elif a0 > 0:                           # 草稿免费：γ 越大越快，极限 1 / (1 − α)
             g_star, s_star = None, 1.0 / (1.0 - a0)
+        else:                                  # 免费、可是从来猜不中：每轮只有 1 个 token，怎么都是 1×
+            g_star, s_star = 0, 1.0
         ex = {g: round_summary([greedy_rounds(a, g) for a in _agree(ctx, name)])["per_call"] / (g * c + 1)
               for g in GAMMAS}
         g_ex = max(ex, key=ex.get)

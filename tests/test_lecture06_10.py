@@ -293,6 +293,7 @@ def test_cost_coefficients_and_theorem_3_8(run):
         a = out["d1"]["alphas"][name][0]
         if v["c"] == 0:
             assert v["speedup"] == pytest.approx(1 / (1 - a), rel=1e-12)
+            assert v["gamma_star"] == (0 if a == 0 else None)     # α = 0 的免费草稿：不划算，不是 γ = ∞
             continue
         sp = {g: _eq1(a, g) / (g * v["c"] + 1) for g in range(1, 200)}
         g_best = max(sp, key=sp.get)
