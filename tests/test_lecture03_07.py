@@ -279,6 +279,8 @@ def test_demo4_curve_by_hand_and_toy_curve_is_06s(run):
         for g in ("tensor", "token"):
             assert d4[(name, g)] == sm[int(np.argmin([d4[name][(a, g)] for a in sm]))]
     assert d4["gain_tensor"] > 2                                             # 平滑在真实激活上有用
+    toy_best = [d4["toy"][(None, g)] / min(d4["toy"][(a, g)] for a in sm) for g in ("tensor", "token")]
+    assert d4["toy_gain"] == pytest.approx(max(toy_best)) and d4["toy_gain"] < 1.5
 
 
 # ---------------------------------------------------------------------------
