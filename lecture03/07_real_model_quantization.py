@@ -28,9 +28,9 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
   <|im_start|>user\\n{提示}<|im_end|>\\n<|im_start|>assistant\\n（不加系统轮），不在 <|im_end|> 处停。
   激活的统计（演示 2、4）在校准文本的全部位置（含提示）上量；KL 只在评估文本生成的位置上量。
 - GPTQ、AWQ 比较的范围：只量化 STUDY_LAYERS = 第 11 层的全部 7 个矩阵，其余层保持装进来的样子。时间决定的：
-  在这台共享的单核机器上（负载重时实测，约 400 个校准行），quant_lab 的逐行 GPTQ 一层约 9 秒、AWQ 约 11 秒；
+  在这台共享的单核机器上（负载重时、约 400 个校准行实测），quant_lab 的逐行 GPTQ 一层约 9 秒、AWQ 约 11 秒；
   GPTQ 换成论文的分块更新（quant_lab.gptq_rows_lazy，结果相同）、AWQ 在样本比输入维少时直接算 ‖X·D‖²
-  （同一个数）以后，一层约 1–2 秒和 2–5 秒——210 个矩阵仍要几分钟，所以只比一层。选第 11 层是因为它的 w_down 的
+  （同一个数）以后，一层约 1–2 秒和 2–5 秒——30 层仍要一两分钟，所以只比一层。选第 11 层是因为它的 w_down 的
   输入有全模型最大的离群通道（演示 2）。就近舍入的 INT4-g32 和 INT3-g32 另外量化全部 210 个矩阵，看整体的量级。
   GPTQ 阻尼 1%，AWQ 的 a 搜 20 个点（同 05）。
 - SmoothQuant 的 s 用校准激活算、也在它上面量误差（06 的做法：它的最好情形）；只看第 11 层的 wq/wk/wv/w_gate/w_up。
@@ -288,7 +288,8 @@ def demo2_activation_outliers(ctx, toy):
             f"（每条都是 <|im_start|>）的第 {mass[first]['channel']} 维是 {mass[first]['first_max']:.0f}，其余位置的最大值只有"
             f" {mass[first]['rest_max']:.0f}，是残差流 |x| 中位数的 {mass[first]['ratio']:.0f} 倍；一直保持到第 {big[-1]} 层。"
             "Sun et al. 2024（arXiv 2402.17762）在大模型里看到的就是这样：极少数固定维度上比别的大很多（摘要："
-            "例如 100,000 倍），出现在起始 token 上（LLaMA2-7B 是第 1415、2533 维，图 1），几乎不随输入变，起偏置项的作用。")
+            "例如 100,000 倍），出现在起始 token 和第一个句号或换行上（LLaMA2-7B 是第 1415、2533 维，图 1），"
+            "几乎不随输入变，起偏置项的作用。")
         obs.append("它在残差流里，不直接进矩阵乘（进之前有 RMSNorm 按 token 归一化）；但造出它的那一层的 w_down 输入"
                    "（上面最极端的那个）是要量化的：那里每张量的 INT8 不能用。")
     print_observations(obs)
@@ -428,8 +429,10 @@ def demo4_smoothquant(ctx, toy):
         f"QCFG（06）：每张量最好的 α = {res[('toy', 'tensor')]:.2f}、每 token 最好的 α = {res[('toy', 'token')]:.2f}，"
         f"平滑最多只把误差减小到 1/{res['toy_gain']:.2f}：那里没有离群通道，平滑无事可做；"
         + (f"真实模型的两种粒度都在 α = {rt:.2f}。" if rt == rk else f"真实模型在 α = {rt:.2f}（每张量）和 {rk:.2f}（每 token）。"),
-        "SmoothQuant 论文（arXiv 2211.10438）把 α = 0.5 当作大多数模型上的平衡点（难度在激活和权重之间对半分），"
-        f"并说每个模型的 α 用一小段 Pile 验证集做网格搜索定。这里的 α 只在第 {'、'.join(map(str, STUDY_LAYERS))} 层、"
+        "SmoothQuant 论文（arXiv 2211.10438）以 α = 0.5 为难度在激活和权重之间对半分的取值，每个模型的 α 用一小段 "
+        "Pile 验证集做网格搜索定；同一实验室的 lmquant 给 Llama-2-7B/13B、Llama-3-8B 用 α = 0.85、Mistral-7B 用 0.8"
+        "（mit-han-lab/lmquant 的 projects/llm/scripts/smoothquant.sh）：Llama 一类的模型也落在 0.5 之上。"
+        f"这里的 α 只在第 {'、'.join(map(str, STUDY_LAYERS))} 层、"
         "这段校准文本上量，是它的最好情形"
         "（s 和误差用的是同一批激活）。",
     ])
