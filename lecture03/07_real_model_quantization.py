@@ -28,7 +28,7 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
   <|im_start|>user\\n{提示}<|im_end|>\\n<|im_start|>assistant\\n（不加系统轮），不在 <|im_end|> 处停。
   激活的统计（演示 2、4）在校准文本的全部位置（含提示）上量；KL 只在评估文本生成的位置上量。
 - GPTQ、AWQ 比较的范围：只量化 STUDY_LAYERS = 第 11 层的全部 7 个矩阵，其余层保持装进来的样子。时间决定的：
-  在这台共享的单核机器上（负载重时、约 400 个校准行实测），quant_lab 的逐行 GPTQ 一层约 9 秒、AWQ 约 11 秒；
+  在这台共享的机器上（一个 BLAS 线程、负载重时、约 400 个校准行实测），quant_lab 的逐行 GPTQ 一层约 9 秒、AWQ 约 11 秒；
   GPTQ 换成论文的分块更新（quant_lab.gptq_rows_lazy，结果相同）、AWQ 在样本比输入维少时直接算 ‖X·D‖²
   （同一个数）以后，一层约 1–2 秒和 2–5 秒——30 层仍要一两分钟，所以只比一层。选第 11 层是因为它的 w_down 的
   输入有全模型最大的离群通道（演示 2）。就近舍入的 INT4-g32 和 INT3-g32 另外量化全部 210 个矩阵，看整体的量级。
@@ -39,7 +39,7 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
   的 logits 为原模型（和 transformer_lab 的前向只差 float32 的舍入，测试核对这部分 KL 小于 1e-6）。
 - QCFG 的数（离群程度、SmoothQuant 的最优 α、KV 的排序）用 06 同样的设定在这里重算。
 
-【运行】python3 07_real_model_quantization.py （约 23 秒，这台共享的单核机器上；种子 04 紧接着跑约 5.5 秒，
+【运行】python3 07_real_model_quantization.py （约 23 秒，这台共享的机器上、一个 BLAS 线程；种子 04 紧接着跑约 5.5 秒，
   约 4 倍。内存峰值约 2 GB）
 
 【依赖】numpy；../lecture02 的 real_model_lab（load_gguf）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
