@@ -259,7 +259,9 @@ def demo2_activation_outliers(ctx, toy):
     X = acts[worst]["mlp_act"].astype(np.float64)
     res["worst_tensor"], res["worst_token"] = act_error(X, "tensor"), act_error(X, "token")
     qt = quantize_activations(X, "tensor")
-    res["worst_zeroed"] = float(((qt == 0) & (X != 0)).mean())
+    nz = int((X != 0).sum())
+    res["worst_kept"], res["worst_nonzero"] = int((qt != 0).sum()), nz
+    res["worst_zeroed"] = float(((qt == 0) & (X != 0)).sum() / nz)
     med_li = int(np.argsort(ra)[len(ra) // 2])
     Xa = acts[med_li]["attn_in"].astype(np.float64)
     res["attn_med"] = (med_li, act_error(Xa, "tensor"), act_error(Xa, "token"))
@@ -267,7 +269,8 @@ def demo2_activation_outliers(ctx, toy):
         f"注意力的输入（wq/wk/wv 的输入）每层都有离群通道：最大的通道是中位数的 {res['attn_range'][0]:.1f}–"
         f"{res['attn_range'][1]:.1f} 倍；QCFG 只有 {span(res['toy_range']['attn_in'])} 倍（06 的同一个量）。",
         f"最极端的是 w_down 的输入：第 {worst} 层是 {rd[worst]:.0f} 倍（QCFG 最多 {res['toy_range']['mlp_act'][1]:.1f} 倍）。"
-        f"INT8 每张量量化它，{100 * res['worst_zeroed']:.1f}% 的非零值被舍成 0（scale 被那一个通道撑大），"
+        f"INT8 每张量量化它，{res['worst_nonzero']} 个非零值只有 {res['worst_kept']} 个没被舍成 0"
+        f"（{100 * res['worst_zeroed']:.2f}% 成了 0：scale 被那一个通道撑大），"
         f"相对误差却只有 {100 * res['worst_tensor']:.1f}%——范数几乎全是那个通道的，误差这个数看不出别的通道全没了；"
         f"每 token 的是 {100 * res['worst_token']:.2f}%。注意力输入的中位层（第 {med_li} 层）"
         f"每张量 {100 * res['attn_med'][1]:.2f}%、每 token {100 * res['attn_med'][2]:.2f}%。",

@@ -138,7 +138,9 @@ def test_demo2_int8_per_tensor_zeroes_almost_everything_at_the_worst_down_input(
     X = ctx["calib"][d2["down_worst"][0]]["mlp_act"].astype(np.float64)
     s = fp16(np.abs(X).max() / 127)
     q = np.clip(np.round(X / s), -127, 127) * s
-    assert d2["worst_zeroed"] == pytest.approx(((q == 0) & (X != 0)).mean(), abs=1e-12)
+    assert d2["worst_zeroed"] == pytest.approx(((q == 0) & (X != 0)).sum() / (X != 0).sum(), abs=1e-12)
+    assert d2["worst_kept"] == int((q != 0).sum()) and d2["worst_nonzero"] == int((X != 0).sum())
+    assert d2["worst_zeroed"] == pytest.approx(1 - d2["worst_kept"] / d2["worst_nonzero"])
     assert d2["worst_tensor"] == pytest.approx(np.linalg.norm(q - X) / np.linalg.norm(X), rel=1e-9)
     st = fp16(np.abs(X).max(axis=1, keepdims=True) / 127)
     qt = np.clip(np.round(X / st), -127, 127) * st
