@@ -198,6 +198,14 @@ def _check_tree_args(attn_mask, positions, n, p0, max_seq):
     return attn_mask, positions
 
 
+def _mm(a, w):  # [B, n, k] @ [k, m] -> [B, n, m]
+    """
+    激活乘权重，先摊成二维 [B·n, k] 再乘：numpy 对三维 @ 二维是每个 [n, k] 切片各调一次 BLAS，每次都把整个 w
+    读一遍（decode 时 n = 1，批里每条序列各读一遍权重）；摊平后一次 GEMM 只读一遍。结果只差浮点舍入的顺序。
+    """
+    return (a.reshape(-1, a.shape[-1]) @ w).reshape(a.shape[:-1] + (w.shape[1],))
+
+
 def _rms_scale(x, eps_d):  # [..., d] -> [..., d]
     """
     RMSNorm 不乘权重的部分，再除以 √d：x / √(Σx² + d·ε) = (x / rms(x)) / √d。
@@ -297,7 +305,7 @@ class NumpyTransformer:
         for li, (wqkv, wo, wgu, wdown) in enumerate(self._layers):
             L = self.params["layers"][li] if add else None
             h = _rms_scale(x, eps_d)
-            qkv = h @ wqkv                                               # [B, n, nq + 2·nkv]
+            qkv = _mm(h, wqkv)                                           # [B, n, nq + 2·nkv]
             # RoPE：q 和 k 一起，按复数乘 e^{iθ}
             qk = (qkv[..., :nq + nkv].view(self._cdt).reshape(B, n, H + Hkv, hd // 2) * rot).view(self._dt)
             cache.k[li, :, :, p0:S] = qk[:, :, H:].transpose(0, 2, 1, 3)
@@ -311,7 +319,7 @@ class NumpyTransformer:
             p = np.exp(s - np.maximum.reduce(s, axis=-1, keepdims=True))
             a = (p / np.add.reduce(p, axis=-1, keepdims=True)) @ Vv      # softmax · V，[B, Hkv, G·n, hd]
             a = a.reshape(B, Hkv, G, n, hd).transpose(0, 3, 1, 2, 4).reshape(B, n, nq)
-            x = x + a @ wo
+            x = x + _mm(a, wo)
             if add:  # 账按真实数组的形状记：矩阵乘 2·(行数)·(权重的输入维)·(输出维)
                 rows = h.shape[0] * h.shape[1]
                 add("attn_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
@@ -329,10 +337,10 @@ class NumpyTransformer:
                 add("o_proj", 2 * rows * wo.size, 2 * rows * wo.size, wo.size * BYTES_PER_EL, 0)
                 add("attn_residual", e["residual"] * x.size, 0, 0, 0)
             h = _rms_scale(x, eps_d)
-            gu = h @ wgu                                                 # [B, n, 2·ff]
+            gu = _mm(h, wgu)                                             # [B, n, 2·ff]
             gate = gu[..., :ff]
             act = gate / (1.0 + np.exp(-gate)) * gu[..., ff:]            # SiLU(gate)·up
-            x = x + act @ wdown
+            x = x + _mm(act, wdown)
             if add:
                 add("mlp_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
                 for op in ("mlp_gate", "mlp_up"):
@@ -342,7 +350,7 @@ class NumpyTransformer:
                 add("mlp_down", 2 * rows * wdown.size, 2 * rows * wdown.size, wdown.size * BYTES_PER_EL, 0)
                 add("mlp_residual", e["residual"] * x.size, 0, 0, 0)
         h = _rms_scale(x, eps_d)
-        logits = h @ self._head                                          # [B, n, V]
+        logits = _mm(h, self._head)                                      # [B, n, V]
         if add:
             add("final_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
             add("lm_head", 2 * B * n * self._head.size, 2 * B * n * self._head.size,

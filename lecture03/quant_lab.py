@@ -311,6 +311,43 @@ def _gptq_rows(w, U, scheme):
     return Q
 
 
+def gptq_rows_lazy(w, U, scheme, block=128):
+    """
+    GPTQ 的主循环（同 _gptq_rows），按论文的"lazy batch"分块更新 -> w'（和 _gptq_rows 只差浮点舍入）。
+
+    【推导】论文第 3 节 Step 2：第 i 行的误差补偿 W[i+1:] −= U[i, i+1:]ᵀ·e_i 对块外的行只是累加，
+    所以一块（block 行）里只更新块内的行，块结束时用一次矩阵乘把整块的误差 E 补到后面：W[b1:] −= U[b0:b1, b1:]ᵀ·E。
+    块内读到的权重和逐行的做法完全一样（分组的 scale 在组的第一行定，组落在同一块里），结果相同，只是少了大量的
+    小更新（SmolLM2 的一层快约 3–5 倍）。
+    【参数】U：gptq_factor 的因子；block：块的行数，必须是分组大小的整数倍（每通道的方案不限）。
+    【边界】NVFP4 的张量 scale 要看整个当前的 W（块外的行还没补偿），所以它照逐行的做法算；block 不合规矩抛 ValueError。
+    """
+    _check_scheme(scheme)
+    w = np.asarray(w, dtype=np.float64)
+    kind, _, g = SCHEMES[scheme]
+    n_in = w.shape[0]
+    if kind == "nvfp4":
+        return _gptq_rows(w, U, scheme)
+    g = g or n_in
+    if n_in % g:
+        raise ValueError(f"{scheme}：输入维 {n_in} 不能被分组大小 {g} 整除")
+    if not (isinstance(block, (int, np.integer)) and block >= 1 and (g == n_in or block % g == 0)):
+        raise ValueError(f"block 必须是分组大小 {g} 的正整数倍（收到 {block!r}）")
+    W = w.copy()
+    Q = np.empty_like(W)
+    for b0 in range(0, n_in, block):
+        b1 = min(b0 + block, n_in)
+        E = np.empty((b1 - b0, W.shape[1]))
+        for i in range(b0, b1):
+            if i % g == 0:
+                rnd = _rounder(W, i, g, scheme)
+            Q[i] = rnd(W[i])
+            E[i - b0] = (W[i] - Q[i]) / U[i, i]
+            W[i + 1:b1] -= np.outer(U[i, i + 1:b1], E[i - b0])
+        W[b1:] -= U[b0:b1, b1:].T @ E
+    return Q
+
+
 def awq_search(w, x_calib, scheme, grid=20):
     """
     AWQ 的尺度搜索 -> (w', 选中的 a, 每个 a 的相对输出误差 [grid])。awq_quantize 只返回 w'。
@@ -328,8 +365,15 @@ def awq_search(w, x_calib, scheme, grid=20):
         raise ValueError(f"grid 必须是正整数（收到 {grid!r}）")
     m = np.abs(x).mean(axis=0)
     m = np.maximum(m, m.max() * 1e-6) if m.max() > 0 else np.ones_like(m)
-    G = x.T @ x                                                   # ‖X·D‖² = Σ D ⊙ (G·D)，G 只有 [输入维, 输入维]
-    y2 = max(float((w * (G @ w)).sum()), np.finfo(float).tiny)
+    if x.shape[0] < x.shape[1]:                                   # 样本比输入维少：直接算 ‖X·D‖² 更省
+        def sq(D):
+            return float(np.square(x @ D).sum())
+    else:
+        G = x.T @ x                                               # ‖X·D‖² = Σ D ⊙ (G·D)，G 只有 [输入维, 输入维]
+
+        def sq(D):
+            return float((D * (G @ D)).sum())
+    y2 = max(sq(w), np.finfo(float).tiny)
     best, errs = None, []
     for k in range(grid):
         a = k / grid
@@ -337,7 +381,7 @@ def awq_search(w, x_calib, scheme, grid=20):
         s = s / np.sqrt(s.max() * s.min())
         wq = quantize_matrix(w * s[:, None], scheme)[0] / s[:, None]
         d = wq - w
-        errs.append(float((d * (G @ d)).sum()) / y2)
+        errs.append(sq(d) / y2)
         if best is None or errs[-1] < errs[best[1]]:
             best = (wq, k)
     return best[0], best[1] / grid, np.array(errs)
@@ -434,7 +478,7 @@ def with_salient_channels(P, channels, s):
     return P2
 
 
-__all__ += ["INPUT_OF", "METHODS", "layer_inputs", "gptq_quantize", "gptq_factor", "awq_search", "awq_quantize", "output_error",
+__all__ += ["INPUT_OF", "METHODS", "layer_inputs", "gptq_quantize", "gptq_factor", "gptq_rows_lazy", "awq_search", "awq_quantize", "output_error",
             "quantize_params_calibrated", "log_softmax", "compare_logits", "with_salient_channels"]
 
 
