@@ -174,29 +174,34 @@ def quantize_int(w, bits, granularity="channel", group=None):
         raise ValueError(f"权重必须是二维 [输入维, 输出维]（收到形状 {w.shape}）")
     qmax = INT_QMAX[bits]
     n_in, n_out = w.shape
+    # 按组的形状看 w（不转置、不复制）：[组数, 每组几个, 列数]，每个 (组, 列) 一个 scale
     if granularity == "tensor":
-        blocks = w.reshape(1, n_in * n_out)
+        blocks = w.reshape(1, n_in * n_out, 1)
     elif granularity == "channel":
-        blocks = w.T                                         # [输出维, 输入维]：每行一个输出通道
+        blocks = w.reshape(1, n_in, n_out)                   # 每列（一个输出通道）一个 scale
     elif granularity == "group":
         if not group or n_in % group:
             raise ValueError(f"分组大小 {group} 必须整除输入维 {n_in}")
-        blocks = w.T.reshape(n_out * (n_in // group), group)
+        blocks = w.reshape(n_in // group, group, n_out)      # 每列里沿输入维每 group 个一组
     else:
         raise ValueError(f"未知的粒度 {granularity!r}；可用：tensor、channel、group")
-    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)         # [组数, 1, 列数]
     if amax.max() / qmax > FP16.max_value:
         raise ValueError(f"max|w| = {amax.max():.3g} 太大：scale = max|w| / {qmax} 超过 FP16 的最大值 {FP16.max_value:g}")
     # scale 存成 FP16：太小的 scale 会下溢成 0，那时取 FP16 最小的次正规数（全 0 的组 scale 仍是 0）
     scale = np.where(amax > 0, np.maximum(round_to(amax / qmax, FP16), FP16.min_subnormal), 0.0)
     safe = np.where(scale > 0, scale, 1.0)
-    q = np.clip(np.round(blocks / safe), -qmax, qmax)
-    deq = np.where(scale > 0, q * scale, 0.0)
+    q = np.divide(blocks, safe)                              # 逐元素：和先转置再算的结果一位不差，只是少几份拷贝
+    np.round(q, out=q)
+    np.clip(q, -qmax, qmax, out=q)
+    q *= scale                                               # scale = 0 的组：q·0 = ±0（q 有限）
+    q += 0.0                                                 # −0.0 + 0.0 = +0.0：全 0 的组和原来一样是 +0
+    deq = q.reshape(n_in, n_out)
     if granularity == "tensor":
-        return deq.reshape(n_in, n_out), scale.reshape(1)
+        return deq, scale.reshape(1)
     if granularity == "channel":
-        return deq.T.copy(), scale.reshape(n_out)
-    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
+        return deq, scale.reshape(n_out)
+    return deq, scale[:, 0, :].T.copy()                      # [列数, 组数]
 
 
 def quantize_int_asym(w, bits, group):
