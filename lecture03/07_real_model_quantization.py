@@ -39,8 +39,8 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
   的 logits 为原模型（和 transformer_lab 的前向只差 float32 的舍入，测试核对这部分 KL 小于 1e-6）。
 - QCFG 的数（离群程度、SmoothQuant 的最优 α、KV 的排序）用 06 同样的设定在这里重算。
 
-【运行】python3 07_real_model_quantization.py （约 23 秒，这台共享的机器上、一个 BLAS 线程；种子 04 紧接着跑约 5.5 秒，
-  约 4 倍。内存峰值约 2 GB）
+【运行】python3 07_real_model_quantization.py （约 18 秒，空闲的 2 核机器、一个 BLAS 线程，三次里最快的一次；种子 04
+  背靠背约 5.1 秒，约 3.5 倍。内存峰值约 2 GB；第一次运行先下载模型）
 
 【依赖】numpy；../lecture02 的 real_model_lab（load_gguf）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
 transformer_lab、kvcache_lab；本目录的 outlier_lab（capture、outlier_ratio、top_channels、recurring_channels、

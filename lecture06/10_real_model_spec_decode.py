@@ -35,7 +35,8 @@ CS349E · 第 6 讲 · 10_real_model_spec_decode.py —— 真实模型上的投
   每个草稿按它自己的格式（INT8 / INT4-g32 含 scale，跳层 / 提前退出是 BF16 的一部分层）；n 元语法和 prompt lookup 的 c = 0
   （查表，不读模型权重）。KV cache、词嵌入的一行、RMSNorm 的权重都不算。这些都是**假设**。
 
-【运行】python3 10_real_model_spec_decode.py （约 20 秒，这台忙碌的机器上；紧接着跑的种子 04 约 6 秒；内存峰值约 2 GB）
+【运行】python3 10_real_model_spec_decode.py （约 18 秒，空闲的 2 核机器上三次里最快的一次；背靠背的种子 04 约 4.9 秒；
+内存峰值约 2 GB；第一次运行先下载模型）
 python3 10_real_model_spec_decode.py --time [n] （再加演示 7：计时，每种做法生成 n 个 token，默认 32）
 
 【依赖】numpy；本目录的 decode_lab（模型、生成器、α）、greedy_lab（T = 0 的精确轮次、top-k 树）、ngram_lab（稀疏的
