@@ -92,15 +92,17 @@ def quantize_matrix(w, scheme, name="矩阵"):
     return wq, bits_per_value("mxfp4" if a is FP4_E2M1 else "mxfp8")
 
 
-def quantize_params(P, scheme, include_lm_head=False):
+def quantize_params(P, scheme, include_lm_head=False, dtype=np.float64):
     """
-    量化模型的权重 -> (Pq, report)。Pq 和 P 结构相同（反量化后的 float64 权重），P 不被修改。
+    量化模型的权重 -> (Pq, report)。Pq 和 P 结构相同（反量化后的权重，类型 dtype），P 不被修改。
 
     report = {"scheme", "bits_per_param"（被量化的矩阵的平均位数，含 scale），"n_params"（被量化的参数个数），
               "matrices": [{"name", "shape", "bits", "rel_err" = ‖W − W'‖_F / ‖W‖_F, "max_abs_err"}]}。
-    【参数】include_lm_head：lm_head 也量化（第 6 讲的 INT4 草稿这样做）。
+    【参数】include_lm_head：lm_head 也量化（第 6 讲的 INT4 草稿这样做）。dtype：Pq 里矩阵的类型（量化和误差都按
+    float64 算，每个矩阵算完马上转成 dtype：float32 的真实模型任何时候只多一个矩阵的 float64 副本）。
     """
     _check_scheme(scheme)
+    dtype = np.dtype(dtype)
     Pq = dict(P)
     Pq["layers"] = []
     mats = []
@@ -111,7 +113,7 @@ def quantize_params(P, scheme, include_lm_head=False):
         mats.append({"name": name, "shape": w.shape, "bits": bits,
                      "rel_err": float(np.linalg.norm(err) / max(np.linalg.norm(w), np.finfo(float).tiny)),
                      "max_abs_err": float(np.abs(err).max())})
-        return wq
+        return wq if wq.dtype == dtype else wq.astype(dtype)
 
     for i, L in enumerate(P["layers"]):
         Lq = dict(L)

@@ -19,7 +19,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from decode_lab import NGramLM, TransformerLM  # noqa: E402
-from quant_lab import LAYER_MATRICES, QCFG, quantize_matrix, quantize_params, sample_tokens  # noqa: E402
+from quant_lab import LAYER_MATRICES, QCFG, quantize_params, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params  # noqa: E402
 
 __all__ = ["build_seed04_models", "layer_subset", "layer_skip_draft", "early_exit_draft", "requantized_draft",
@@ -102,38 +102,17 @@ def early_exit_draft(model, k, name=""):
 
 def requantized_draft(params, cfg, scheme, include_lm_head=False, name=""):
     """
-    把模型重新量化（就近舍入，第 3 讲 quant_lab.quantize_matrix）当草稿 -> (TransformerLM, report)。
+    把模型重新量化（就近舍入，第 3 讲 quant_lab.quantize_params）当草稿 -> (TransformerLM, report)。
 
-    report = {"scheme", "bits_per_param"（被量化的矩阵的平均位数，含 scale）, "matrices": [{"name", "shape", "bits"}]}，
-    名字同 quant_lab.quantize_params 的报告（matrix_bytes 读它）。
-    【做法】每层的 7 个矩阵逐个 quantize_matrix（量化再反量化，quant_lab 按 float64 算），马上转成 cfg.dtype
-    （float32 的模型：草稿的权重和计算都是 float32），所以任何时候只多一个矩阵的 float64 副本。结果和
-    quantize_params 的 Pq 逐个矩阵相同（测试核对）；不算 quantize_params 报告里的误差范数（省时间）。
+    report 是 quantize_params 的报告（"scheme"、"bits_per_param"、"matrices"……；matrix_bytes 读它）。
+    【做法】每层的 7 个矩阵量化再反量化（quant_lab 按 float64 算），马上转成 cfg.dtype（float32 的模型：草稿的权重和
+    计算都是 float32），所以任何时候只多一个矩阵的 float64 副本。
     每个量化的草稿都是一份完整的层权重（加上前向的融合副本）：用完就丢掉再造下一个。
     真实模型的文件本来就是 4 位的（Q4_1），这里量化的是反量化以后的权重：第二次舍入。
     【参数】include_lm_head：lm_head 也量化。默认不量化：共享词嵌入的模型（SmolLM2）的 lm_head 就是词嵌入，
     草稿和目标共用这一份（部署时也只存一份），量化它就多出一个单独的矩阵。
     """
-    dt = np.dtype(cfg.dtype)
-    mats = []
-
-    def q(w, label):
-        wq, bits = quantize_matrix(w, scheme, label)
-        mats.append({"name": label, "shape": w.shape, "bits": bits})
-        return np.asarray(wq, dtype=dt)
-
-    Pq = dict(params)
-    Pq["layers"] = []
-    for i, L in enumerate(params["layers"]):
-        Lq = dict(L)
-        for m in LAYER_MATRICES:
-            Lq[m] = q(L[m], f"layers[{i}].{m}")
-        Pq["layers"].append(Lq)
-    if include_lm_head:
-        Pq["lm_head"] = q(params["lm_head"], "lm_head")
-    n = sum(int(np.prod(m["shape"])) for m in mats)
-    bits = sum(m["bits"] * int(np.prod(m["shape"])) for m in mats) / n
-    report = {"scheme": scheme, "bits_per_param": bits, "n_params": n, "matrices": mats}
+    Pq, report = quantize_params(params, scheme, include_lm_head=include_lm_head, dtype=cfg.dtype)
     return TransformerLM(Pq, cfg, name or scheme.upper()), report
 
 
