@@ -12,7 +12,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script, real_model, real_model_path, script_stdout
+from conftest import load_script, real_model, script_stdout, smollm2_path
 
 from decode_lab import TransformerLM, autoregressive_generate, speculative_generate  # noqa: E402
 from drafts_lab import layer_skip_draft  # noqa: E402
@@ -70,7 +70,7 @@ def test_float64_prompt_lookup_on_the_copy_prompt_equals_greedy_and_exact_rounds
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run():
-    real_model_path()                  # 拿不到模型时跳过（或在 CS349E_REQUIRE_MODEL=1 时失败）
+    smollm2_path()                     # 拿不到模型时跳过（CS349E_REQUIRE_MODEL=1 时失败）；数字钉在 SmolLM2 上
     s = load_script(S)
     with contextlib.redirect_stdout(io.StringIO()):
         ctx = s.context()
