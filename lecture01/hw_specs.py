@@ -142,6 +142,10 @@ NVLINK4 = Link(
     "NVLink 4（H100 SXM5，每块 GPU）", bw=450 * GB, bidir_bw=900 * GB,
     source="NVIDIA H100 Datasheet（NVLink 900 GB/s，双向合计）；NVIDIA NVLink 页面：第四代 18 条链路",
     note="每块 GPU 18 条链路 × 每条每方向 25 GB/s = 450 GB/s 单向")
+NVLINK3 = Link(
+    "NVLink 3（A100 SXM4，每块 GPU）", bw=300 * GB, bidir_bw=600 * GB,
+    source="NVIDIA A100 Tensor Core GPU Datasheet（NVLink 600 GB/s，双向合计）",
+    note="每块 GPU 12 条链路 × 每条每方向 25 GB/s = 300 GB/s 单向；不在 ALL_LINKS 里（第 5 讲比的是 H100 时代的互联）")
 IB_NDR = Link(
     "InfiniBand NDR（一个 400 Gb/s 端口）", bw=400e9 / 8, bidir_bw=2 * 400e9 / 8,
     source="NVIDIA ConnectX-7 / Quantum-2 产品简介：NDR 每端口 400 Gb/s",
@@ -159,7 +163,7 @@ ETH_400G = Link(
     source="IEEE 802.3bs（400GBASE）：400 Gb/s 每方向",
     note="50 GB/s 每方向（和 NDR 同速）")
 ALL_LINKS = (NVLINK4, IB_NDR, PCIE5_X16, ETH_400G, ETH_100G)
-__all__ += ["Link", "NVLINK4", "IB_NDR", "PCIE5_X16", "ETH_100G", "ETH_400G", "ALL_LINKS"]
+__all__ += ["Link", "NVLINK3", "NVLINK4", "IB_NDR", "PCIE5_X16", "ETH_100G", "ETH_400G", "ALL_LINKS"]
 
 
 def ring_allreduce(n_bytes, n, link, hop_latency=None):

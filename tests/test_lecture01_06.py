@@ -31,6 +31,13 @@ def _quiet(fn, *args, **kw):
         return fn(*args, **kw)
 
 
+def _printed(fn, *args, **kw):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        fn(*args, **kw)
+    return buf.getvalue()
+
+
 # ---- Llama 2 的配置 ----
 def test_llama2_configs_match_published_parameter_counts():
     """meta-llama/Llama-2-7b-hf 有 6,738,415,616 个参数，Llama-2-70b-hf 有 68,976,648,192 个。"""
@@ -71,7 +78,10 @@ def test_allreduce_times_follow_the_nccl_busbw_definition_and_the_ring_formula(m
     small = r["ar"]["1K"]
     assert small["t_meas"] == pytest.approx(factor * 1024 / 0.07e9)
     assert small["t_model"] == pytest.approx(14 * 3e-6 + factor * 1024 / 450e9)
-    assert r["hop_implied"] == pytest.approx(factor * 1024 / 0.07e9 / 14)
+    assert r["lat_model_1k"] == pytest.approx(14 * 3e-6)
+    # 16K = Llama-2-70B 批 1 的一次 all-reduce（8192 × 2 字节）：[A] 的 0.95 GB/s
+    assert r["ar"]["16K"]["t_meas"] == pytest.approx(factor * 2 ** 14 / 0.95e9)
+    assert 8192 * 2 == 2 ** 14
     big = r["ar"]["8G"]
     t_ring = 14 * 3e-6 + factor * 2 ** 33 / 450e9
     assert big["model_busbw"] == pytest.approx(factor * 2 ** 33 / t_ring)
@@ -115,7 +125,7 @@ def test_mlperf_bound_is_the_compute_roof_at_batches_that_fit(mod):
     r = _quiet(mod.demo3_mlperf_llama2_70b)
     n_out = 24524.9 / 84.4792
     assert r["n_out"] == pytest.approx(n_out)
-    for n_in in (256, 512, 1024):
+    for n_in in (256, 512, 1023):
         assert r["bounds"][n_in] == pytest.approx(_mlperf_closed_form(n_in), rel=1e-9)
         assert r["capped"][n_in] == pytest.approx(r["bounds"][n_in], rel=1e-9)
     # 装得下的批：(160 GB − 全部权重) ÷ 每个序列平均上下文的 8 位 KV
@@ -132,10 +142,43 @@ def test_mlperf_bound_is_the_compute_roof_at_batches_that_fit(mod):
     assert r["in_flight"] == pytest.approx(21605.79 / 4 * 0.154960329)
 
 
-def test_largest_consistent_input_is_where_the_bound_crosses_the_measurement(mod):
+def test_input_rows_are_two_assumptions_and_the_reference_cap(mod):
+    """回归：原来三行都是猜的（256/512/1024），还有一个"平均输入超过 1059 就矛盾"的检查——数据集的输入本来就都
+    < 1024 个 token（参考实现 processorca.py --seqlen_limit=1024，过滤条件 tok_input_length < 1024），那个检查不会失败。
+    现在第三行是上限 1023，它给出的比值是 Offline ÷ 上界的最大可能值。"""
+    assert mod.MLPERF_INPUTS == (256, 512, 1023)
     r = _quiet(mod.demo3_mlperf_llama2_70b)
-    p = r["p_star"]
-    assert _mlperf_closed_form(p) >= 24524.9 > _mlperf_closed_form(p + 1)
+    assert r["bounds"][1023] == pytest.approx(_mlperf_closed_form(1023), rel=1e-9)
+    assert r["ratio_cap"] == pytest.approx(24524.9 / _mlperf_closed_form(1023), rel=1e-9)
+    assert round(100 * r["ratio_cap"], 1) == 97.2                      # 旧文本 P = 1024：97.3%
+    assert not hasattr(mod, "largest_consistent_input")
+    # "不管平均输入是多少都不超过"：上界随 P 单调下降（P = 1 … 1023 每隔 31 取一点，闭式）
+    grid = list(range(1, 1024, 31)) + [1023]
+    closed = [_mlperf_closed_form(p) for p in grid]
+    assert all(a > b for a, b in zip(closed, closed[1:]))
+    # 闭式在网格上就是脚本的上界（受算力限制）：单调性说的是脚本印的那个上界
+    for p in (1, 64, 700, 1023):
+        b = mod.throughput_bound(LLAMA2_70B, mod.gang(mod.H100, 2), p, 24524.9 / 84.4792, replicas=4)
+        assert b["tok_s"] == pytest.approx(_mlperf_closed_form(p), rel=1e-9)
+
+
+def test_output_length_is_close_to_the_reference_models(mod):
+    """[E] 的 token/s ÷ 样本/s 对参考实现 README 的 FP32 模型每样本 294.45 个 token。"""
+    r = _quiet(mod.demo3_mlperf_llama2_70b)
+    assert r["n_out_vs_ref"] == pytest.approx(24524.9 / 84.4792 / 294.45 - 1)
+    assert round(100 * abs(r["n_out_vs_ref"]), 1) == 1.4
+
+
+def test_server_headroom_is_taken_at_the_constrained_99th_percentile(mod):
+    """回归：原来拿平均 TPOT（154.96 ms）和 200 ms 比，说"还剩 45 ms"；MLPerf 的约束在第 99 百分位
+    （mlperf.conf：*.Server.target_latency_percentile = 99），同一份 mlperf_log_summary.txt 的 p99 TPOT 是
+    175,354,317 ns、p99 TTFT 461,278,089 ns。"""
+    r = _quiet(mod.demo3_mlperf_llama2_70b)
+    assert r["tpot_room_p99"] == pytest.approx(0.200 - 0.175354317)
+    assert round(1e3 * r["tpot_room_p99"], 1) == 24.6                  # 旧文本：45 ms
+    assert r["ttft_share_p99"] == pytest.approx(0.461278089 / 2.0)
+    out = _printed(mod.demo3_mlperf_llama2_70b)
+    assert "还剩 24.6 ms" in out and "还剩 45 ms" not in out
 
 
 def test_trtllm_bound_is_memory_roof_at_the_largest_batch_for_long_outputs(mod):
@@ -156,7 +199,9 @@ def test_trtllm_bound_is_memory_roof_at_the_largest_batch_for_long_outputs(mod):
 # ---- 演示 5：批 1 ----
 def test_gpt_fast_bound_is_bytes_read_over_a100_bandwidth(mod):
     r = _quiet(mod.demo5_batch1_tpot)
-    kv7 = 2 * 32 * 32 * 128 * 2 * 55                                  # BF16 KV，上下文 55
+    # BF16 KV，上下文 105 = 提示 5 + generate.py 命令行默认 --max_new_tokens 200 的一半（旧文本按函数默认 100 取 55）
+    assert mod.GPT_FAST_CONTEXT == 105
+    kv7 = 2 * 32 * 32 * 128 * 2 * 105
     b16 = 2 * (6_738_415_616 - 32000 * 4096) + kv7
     assert r["Llama-2-7B BF16"]["bytes"] == pytest.approx(b16)
     assert r["Llama-2-7B BF16"]["ratio"] == pytest.approx(b16 / 2.039e12 * 104.9)
