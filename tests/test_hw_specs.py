@@ -34,6 +34,13 @@ def test_power_and_links():
     assert links == [900e9, 900e9, 600e9, 600e9, 1800e9]
 
 
+def test_nvlink3_is_a100_datasheet_600_over_two():
+    """A100 数据手册：NVLink 600 GB/s（双向合计）-> 单向 300 GB/s；它不在 ALL_LINKS 里（第 5 讲 03 的表不变）。"""
+    from hw_specs import ALL_LINKS, NVLINK3
+    assert NVLINK3.bw == 300e9 and NVLINK3.bidir_bw == 600e9 == A100.link_bw
+    assert NVLINK3 not in ALL_LINKS
+
+
 def test_corsair_capacity_tier_and_mx_only():
     assert CORSAIR.capacity_bytes == 256e9
     assert CORSAIR.capacity_bw == pytest.approx(0.4e12)
