@@ -261,3 +261,23 @@ def test_default_run_prints_no_timing(mod):
     from conftest import script_stdout
     out = script_stdout(REL)
     assert "演示 6" not in out and "演示 5" in out
+
+
+def test_trtllm_observation_no_longer_pools_an_assumed_mlperf_ratio(mod):
+    """回归：观察 2 原来把 MLPerf 在 P = 512（假设）时的 59.1% 并进"都只到上界的 39.6%–59.1%、下界的 1.7–2.5 倍，
+    是常态"。现在 TensorRT-LLM 自己的范围是下界的 1.8–2.5 倍，MLPerf 的比值按 P = 512 和上限 1023 各印一个。"""
+    out = _printed(mod.demo4_trtllm_llama31_8b)
+    r = _quiet(mod.demo4_trtllm_llama31_8b)
+    lo, hi = min(r["ratios"].values()), max(r["ratios"].values())
+    assert (round(1 / hi, 1), round(1 / lo, 1)) == (1.8, 2.5)
+    assert "下界的 1.8–2.5 倍" in out and "常态" not in out
+    n_out = 24524.9 / 84.4792
+    assert r["mlperf_ratios"] == (pytest.approx(24524.9 / _mlperf_closed_form(512), rel=1e-9),
+                                  pytest.approx(24524.9 / _mlperf_closed_form(1023), rel=1e-9))
+    assert n_out > 0
+
+
+def test_hbm_observation_cites_dot_above_triad(mod):
+    """[A] 的 H100 Dot 3.18 TB/s 高于 Triad 2.97：打过折扣的带宽是估计，不是严格的下界；1024³ GEMM 的 64 块 < 132 个 SM。"""
+    assert mod.H100_DOT == pytest.approx(3.18e12) and mod.H100_DOT > 2.97e12
+    assert mod.H100_SMS == 132 and (1024 // 128) ** 2 == 64 < mod.H100_SMS
