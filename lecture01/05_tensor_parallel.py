@@ -14,7 +14,8 @@ A100 张量并行旁边，看它对在哪里、错在哪里。
 
 【怎么读输出】时间都是 roofline 下界加通信：分到每块卡的工作（= hw_specs.gang 上的 decode_step / prefill_step，
 gang 把 n 块卡当成一块 n 倍的卡、不算通信）+ 每层两次 all-reduce（llm_math.tp_decode_step / tp_prefill_step，
-环形 all-reduce 的公式在 hw_specs.ring_allreduce）。"每卡 tok/s" = 批大小 ÷ TPOT ÷ 卡数。
+环形 all-reduce 的公式在 hw_specs.ring_allreduce）。"每卡 tok/s" = 批大小 ÷ TPOT ÷ 卡数。演示 2 的最后一张表
+另列 gpt-fast 公布的实测 tok/s（[G]），和同一个模型的预测并排。
 
 【模型的假设（务必看）】
 - 每跳延迟（hop latency）是**假设**：默认 3 µs（hw_specs 的 Link 表），演示 3 扫 1、3、10 µs。它取决于软件栈。
@@ -96,7 +97,7 @@ def demo1_one_allreduce():
     b = res[("PCIe", 8, 64)]
     print_observations([
         f"decode 一步的 all-reduce 数据很小：批 1 时是一个 token 的激活，{d} 个 BF16 = {fmt_bytes(d * 2)}。"
-        f"8 块卡上要走 {a['steps']} 步，延迟项 {fmt_time(a['t_latency'])}，带宽项只有 {fmt_time(a['t_bandwidth'])}："
+        f"环形 all-reduce 在 8 块卡上要走 {a['steps']} 步，延迟项 {fmt_time(a['t_latency'])}，带宽项只有 {fmt_time(a['t_bandwidth'])}："
         f"小消息的时间几乎全是每跳的固定延迟，和链路带宽几乎无关。",
         f"每块卡发送 2(n−1)/n 份数据：n = 8 时是消息的 {a['bytes_per_gpu'] / (d * 2):.2f} 倍，卡再多也不超过 2 倍。"
         f"批 64 经 PCIe（单向 {fmt_bytes(PCIE5_X16.bw)}/s）时带宽项是 {fmt_time(b['t_bandwidth'])}，"

@@ -7,8 +7,10 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
 课程里打印的时间几乎都是 roofline 下界。下界不是答案：这个脚本把公开发表的实测数字放在同一件工作的下界旁边。
 演示 1：计算型内核（大 GEMM、FlashAttention-2/3 的前向）实测能跑到数据手册峰值算力的几成。
 演示 2：HBM 带宽和 8 块 H100 上的 all-reduce：实测带宽是手册的几成；hw_specs.ring_allreduce 的环形模型
-（每跳延迟 3 µs 是假设）和实测的总线带宽（bus bandwidth）对不对得上。
-演示 3：整个系统——MLPerf Inference v4.1 的 Llama 2 70B（8 块 H100）：实测吞吐 ÷ 我们定义的 roofline 上界。
+（每跳延迟 3 µs 是假设）和实测的总线带宽（bus bandwidth，[A] 强制 NVLS 量的）对不对得上——机制不同，
+数字接近也只是接近。
+演示 3：整个系统——MLPerf Inference v4.1 的 Llama 2 70B（8 块 H100）：实测吞吐 ÷ 我们定义的 roofline 上界；
+Server 的约束（第 99 百分位）还剩多少。
 演示 4：整个系统——TensorRT-LLM 公布的 Llama 3.1 8B（1 块 H100、FP8、定长输入输出）：同样的上界、同样的比值。
 演示 5：批大小 1 的 decode：gpt-fast 在 A100 上的每 token 时间（TPOT）÷ 读权重的下界。
 演示 6（只在 python3 06_roofline_vs_measured.py --time 时运行）：在你自己的 CPU 上，numpy 模型 decode 一步的实测时间
@@ -26,7 +28,8 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
   NCCL AllReduce（NVLS 算法、in-place）的总线带宽，1K 到 8G 字节：1K 0.07、16K 0.95、65K 2.72、1M 43.70、
   16M 234.45、268M 423.38、8G 478.87 GB/s（表里的标签照抄）。同一提交的 Benchmarks/NCCLBandwidth.py 是这样量的：
   NCCL_ALGO=<Tree|Ring|NVLS|NVLSTree> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40，取 in-place 的 busbw——
-  算法是**强制**的（表里是 NVLS 那一次），消息从 8 字节起每次翻倍。同一仓库 ND_A100_v4_results.md（2024-09-25）：A100-SXM4-80GB 的 Copy 1.61、Triad 1.70 TB/s。
+  算法是**强制**的（表里是 NVLS 那一次），消息从 8 字节起每次翻倍。
+  同一仓库 ND_A100_v4_results.md（2024-09-25）：A100-SXM4-80GB 的 Copy 1.61、Triad 1.70 TB/s。
 - [B] Shah 等，FlashAttention-3，arXiv 2407.08608（2024-07）：H100 80GB SXM5，FP16 前向、不带因果遮罩，
   批 × 序列 = 16k 个 token、隐藏维 2048，FLOPs 按 4·序列²·head_dim·头数 算。图 5(c)（head_dim 128）：序列 8k 时
   FlashAttention-2 370、16k 时 FlashAttention-3 648 TFLOP/s；图 5(e)（head_dim 256）：16k 时 FlashAttention-3 756 TFLOP/s。
