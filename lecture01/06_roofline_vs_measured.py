@@ -52,7 +52,8 @@ Server 的约束（第 99 百分位）还剩多少。
   约束 p99 TTFT ≤ 2 s、p99 TPOT ≤ 200 ms（[I]），平均 TPOT 154.96 ms，p99 TPOT 175.35 ms，p99 TTFT 461.28 ms。出处：mlcommons/inference_results_v4.1 仓库
   closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9/{Offline,Server}/performance/run_1/
   mlperf_log_summary.txt；同一提交的 closed/NVIDIA/configs/llama2-70b/Offline：4 份 × 张量并行 2、use_fp8、
-  每份 gpu_batch_size 896。MLCommons 的结果编号（result ID）我们没能核对，所以这里写仓库里的路径。
+  每份 gpu_batch_size 896；configs/llama2-70b/Server：同样 4 份 × 2，每份 gpu_batch_size 1024（H100_SXM_80GB_TP2x1
+  的值，TP2x4 和它的 HighAccuracy 继承；server_target_qps 75 和 Server 的 summary 里的 target_qps 一致）。MLCommons 的结果编号（result ID）我们没能核对，所以这里写仓库里的路径。
 - [F] NVIDIA TensorRT-LLM 文档 docs/source/performance/perf-overview.md（提交 00f3768，写着"NEW for v1.0"的版本；
   v1.0 出在 2025 年，0.19 版是 2025-04）：Llama 3.1 8B FP8
   （nvidia/Llama-3.1-8B-Instruct-FP8），1 块 H100 SXM 80GB（TP1），trtllm-bench throughput，所有请求的输入、输出长度
@@ -187,7 +188,8 @@ MLPERF_SERVER_TTFT_P99 = 0.461278089          # 秒：第 99 百分位的 TTFT�
 MLPERF_TPOT_LIMIT = 0.200                     # 秒：Server 的约束 p99 TPOT ≤ 200 ms（[I]）
 MLPERF_TTFT_LIMIT = 2.0                       # 秒：Server 的约束 p99 TTFT ≤ 2 s（[I]）
 MLPERF_REPLICAS, MLPERF_TP = 4, 2             # [E] 的配置：4 份 × 张量并行 2
-MLPERF_GPU_BATCH = 896                        # [E] 的配置：每份最多同时 896 个序列
+MLPERF_GPU_BATCH = 896                        # [E] 的 Offline 配置：每份最多同时 896 个序列
+MLPERF_SERVER_GPU_BATCH = 1024                # [E] 的 Server 配置：每份最多同时 1024 个序列
 MLCOMMONS_SEQLEN_LIMIT = 1024                 # [I]：processorca.py --seqlen_limit=1024，只留输入、输出都 < 1024 个 token 的样本
 MLCOMMONS_REF_TOKENS = 294.45                 # [I]：FP32 参考模型每个样本平均输出的 token 数（README 的 Tokens per sample）
 INPUT_CAP = MLCOMMONS_SEQLEN_LIMIT - 1        # 每个输入最多 1023 个 token，所以平均输入也不超过它
@@ -423,14 +425,14 @@ def demo3_mlperf_llama2_70b():
         f"输出长度用 [E] 自己的：token/s ÷ 样本/s = {n_out:.1f} 个 token；参考实现的 FP32 模型每个样本平均输出 "
         f"{MLCOMMONS_REF_TOKENS} 个（[I]），两者差 {_pct(abs(n_out / MLCOMMONS_REF_TOKENS - 1))}。",
         f"装得下的批上这个工作负载受{BOUND_ZH[mid['bound']]}限制（P = 512 时每份能放 {mid['b_max']} 个序列，"
-        f"批 {mid['batch']} 时已受算力限制；[E] 配置的每份最多 {MLPERF_GPU_BATCH} 个"
+        f"批 {mid['batch']} 时已受算力限制；[E] 的 Offline 配置每份最多 {MLPERF_GPU_BATCH} 个"
         f"{'不改变上界' if cap_same else '会压低上界'}）。如果每个矩阵乘只跑到 [A] 实测的 FP8 GEMM 效率"
         f"（8192³：{_pct(gemm_rate)}），上界乘上这个数，P = 512 时 Offline 是它的 "
         f"{_pct(MLPERF_OFFLINE_TOK / (mid['tok_s'] * gemm_rate))}；剩下的要在注意力（演示 1：H100 上的 FlashAttention"
         f" 只到 {_pct(min(attn))}–{_pct(max(attn))}）、采样、调度、张量并行的通信里找——出处都没有给出逐项的分解。",
         f"Server 场景用 Little 定律反推同时在 decode 的序列数：每份 {per_replica:,.0f} token/s × 平均 TPOT "
-        f"{1e3 * MLPERF_SERVER_TPOT:.0f} ms ≈ {in_flight:.0f} 个，是 [E] 配置的每份上限 {MLPERF_GPU_BATCH} 个的 "
-        f"{_pct(in_flight / MLPERF_GPU_BATCH)}。同样 {round(in_flight)} 个序列（P = 512）时 roofline 的一步是 "
+        f"{1e3 * MLPERF_SERVER_TPOT:.0f} ms ≈ {in_flight:.0f} 个，是 [E] 的 Server 配置每份上限 "
+        f"{MLPERF_SERVER_GPU_BATCH} 个的 {_pct(in_flight / MLPERF_SERVER_GPU_BATCH)}。同样 {round(in_flight)} 个序列（P = 512）时 roofline 的一步是 "
         f"{fmt_time(srv['time'])}，实测平均 TPOT 是它的 {MLPERF_SERVER_TPOT / srv['time']:.1f} 倍。约束是对第 99 百分位"
         f"说的（[I]）：p99 TPOT {1e3 * MLPERF_SERVER_TPOT_P99:.1f} ms，离 {1e3 * MLPERF_TPOT_LIMIT:.0f} ms 还剩 "
         f"{1e3 * tpot_room:.1f} ms；p99 TTFT {1e3 * MLPERF_SERVER_TTFT_P99:.0f} ms，只用了 "
@@ -440,7 +442,8 @@ def demo3_mlperf_llama2_70b():
     return {"n_out": n_out, "bounds": {k: v["bound"]["tok_s"] for k, v in res.items()},
             "capped": {k: v["capped"]["tok_s"] for k, v in res.items()}, "b_max_512": mid["b_max"],
             "ratio_512": MLPERF_OFFLINE_TOK / mid["tok_s"], "ratio_cap": hi, "in_flight": in_flight,
-            "gemm_rate": gemm_rate, "server_step": srv["time"], "tpot_room_p99": tpot_room,
+            "gemm_rate": gemm_rate, "server_step": srv["time"],
+            "in_flight_share": in_flight / MLPERF_SERVER_GPU_BATCH, "tpot_room_p99": tpot_room,
             "ttft_share_p99": MLPERF_SERVER_TTFT_P99 / MLPERF_TTFT_LIMIT,
             "n_out_vs_ref": n_out / MLCOMMONS_REF_TOKENS - 1}
 

@@ -281,3 +281,12 @@ def test_hbm_observation_cites_dot_above_triad(mod):
     """[A] 的 H100 Dot 3.18 TB/s 高于 Triad 2.97：打过折扣的带宽是估计，不是严格的下界；1024³ GEMM 的 64 块 < 132 个 SM。"""
     assert mod.H100_DOT == pytest.approx(3.18e12) and mod.H100_DOT > 2.97e12
     assert mod.H100_SMS == 132 and (1024 // 128) ** 2 == 64 < mod.H100_SMS
+
+
+def test_server_in_flight_is_compared_with_the_server_configs_batch(mod):
+    """回归：Little 定律反推的 837 个序列原来和 Offline 配置的 896 比（"接近"/93.4%）；Server 的配置
+    （configs/llama2-70b/Server，H100_SXM_80GB_TP2x1，TP2x4 继承，target_qps 75）是每份 1024 个：81.7%。"""
+    r = _quiet(mod.demo3_mlperf_llama2_70b)
+    assert mod.MLPERF_SERVER_GPU_BATCH == 1024 and mod.MLPERF_GPU_BATCH == 896
+    assert r["in_flight_share"] == pytest.approx(21605.79 / 4 * 0.154960329 / 1024)
+    assert round(100 * r["in_flight_share"], 1) == 81.7                # 旧文本：÷ 896 = 93.4%
