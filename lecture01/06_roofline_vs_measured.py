@@ -24,7 +24,10 @@ Server 的约束（第 99 百分位）还剩多少。
 - [A] Microsoft Azure，Azure/AI-benchmarking-guide 仓库 Azure_Results/ND_H100_v5_results.md（2024-09-24，提交 ae0b6a7）：
   ND H100 v5 = 8 块 H100 80GB HBM3（SXM），CUDA 12.6、驱动 560.35.03、NCCL 2.18.5、PyTorch 2.4.0。
   cuBLASLt FP8 GEMM（随机初始化、预热 10,000 次）：1024³ 274.1、8192³ 1290.1、32768³ 1382.2 TFLOP/s；
-  HBM 带宽 Copy 2.90、Triad 2.97、Dot 3.18 TB/s；FlashAttention 2.0（head_dim 128、批 2、序列 8192）327.9 TFLOP/s；
+  HBM 带宽 Copy 2.90、Triad 2.97、Dot 3.18 TB/s；FlashAttention 2.0（head_dim 128、批 2、序列 8192）327.9 TFLOP/s（同一提交的
+  Benchmarks/FlashAttention.py 跑 flash-attention 仓库的 benchmarks/benchmark_flash_attention.py，取
+  causal=False、headdim=128、batch_size=2、seqlen=8192 那一组：FP16、dim 2048 即 16 个头；那个脚本每组打印前向、
+  反向、前向 + 反向三个数，[A] 的表只有一个，没说是哪个）；
   NCCL AllReduce（NVLS 算法、in-place）的总线带宽，1K 到 8G 字节：1K 0.07、16K 0.95、65K 2.72、1M 43.70、
   16M 234.45、268M 423.38、8G 478.87 GB/s（表里的标签照抄）。同一提交的 Benchmarks/NCCLBandwidth.py 是这样量的：
   NCCL_ALGO=<Tree|Ring|NVLS|NVLSTree> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40，取 in-place 的 busbw——
@@ -151,7 +154,7 @@ KERNELS = [
     ("GEMM cuBLASLt", H100, "fp8", "FP8", "8192³", 1290.1 * T, ("gemm", 8192), "A"),
     ("GEMM cuBLASLt", H100, "fp8", "FP8", "32768³", 1382.2 * T, ("gemm", 32768), "A"),
     ("FA2 前向", H100, "fp16", "FP16", "d128 8k", 370 * T, ("attn", 8192), "B"),
-    ("FA2 前向", H100, "bf16", "16 位", "d128 8k 批2", 327.9 * T, ("attn", 8192), "A"),
+    ("FA2（*）", H100, "fp16", "FP16", "d128 8k 批2", 327.9 * T, ("attn", 8192), "A"),
     ("FA3 前向", H100, "fp16", "FP16", "d128 16k", 648 * T, ("attn", 16384), "B"),
     ("FA3 前向", H100, "fp16", "FP16", "d256 16k", 756 * T, ("attn", 16384), "B"),
     ("FA2 前向", A100, "fp16", "FP16", "最好的一种", 230 * T, None, "C"),
@@ -254,12 +257,14 @@ def demo1_compute_kernels():
                      f"{meas / T:,.1f}", f"{peak / T:,.1f}", _pct(meas / peak), src])
     print_table(["内核", "芯片", "精度", "条件", "强度\nFLOP/B", "受限于", "实测\nTFLOP/s", "峰值\nTFLOP/s",
                  "实测÷峰值", "出处"], rows)
+    print_note("（*）[A] 跑的是 flash-attention 仓库的 benchmark_flash_attention.py，它每组配置打印前向、反向、"
+               "前向 + 反向三个 TFLOP/s；[A] 的表只有一个数，没说是哪一个。")
     _src("ABC")
     g1 = share[("GEMM cuBLASLt", H100.name, "1024³")]
     g8 = share[("GEMM cuBLASLt", H100.name, "8192³")]
     g32 = share[("GEMM cuBLASLt", H100.name, "32768³")]
     fa2_b = share[("FA2 前向", H100.name, "d128 8k")]
-    fa2_a = share[("FA2 前向", H100.name, "d128 8k 批2")]
+    fa2_a = share[("FA2（*）", H100.name, "d128 8k 批2")]
     fa3 = share[("FA3 前向", H100.name, "d256 16k")]
     fa3_128 = share[("FA3 前向", H100.name, "d128 16k")]
     fa2_a100 = share[("FA2 前向", A100.name, "最好的一种")]
@@ -274,8 +279,9 @@ def demo1_compute_kernels():
         f"（[A] 的测法：随机初始化、预热 10,000 次）。1024³ 按峰值只要 {fmt_time(t1_bound)}，实测（FLOPs ÷ 实测速度）"
         f"{fmt_time(t1_meas)}：这么小的矩阵乘，kernel 启动、收尾的固定开销和填不满 {H100_SMS} 个 SM（比如输出按 128×128 的块"
         f"切，只有 {(1024 // 128) ** 2} 块）都有份，表里分不开。",
-        f"同一个 FlashAttention-2、同样 head_dim 128 和 8k 序列，两个出处差一截：[B] {_pct(fa2_b)}、[A] {_pct(fa2_a)}"
-        f"（[A] 批 2，没说头数和精度；[B] 批 × 序列 = 16k、16 个头）。两个都印出来：实测数依赖条件，不是一个常数。",
+        f"同一个 FlashAttention-2、同一组配置（head_dim 128、16 个头、FP16、批 2 × 序列 8192、不带遮罩：[A] 跑的 flash-attention"
+        f" 基准脚本和 [B] 图 5 都是这组），两个出处差一截：[B] 的前向 {_pct(fa2_b)}，[A] {_pct(fa2_a)}——可 [A] 没说它是"
+        f"前向、反向还是两者合计（见表下的注）。两个都印出来：不知道测的是哪一项，就不能说谁测得准。",
         f"FlashAttention-3 用上 Hopper 的异步（TMA、warp 专门化）后，head_dim 256 到 {_pct(fa3)}，head_dim 128 到 "
         f"{_pct(fa3_128)}；[B] 的摘要说'最高约 {FA3_ABSTRACT / T:.0f} TFLOP/s'= {_pct(abstract)}，"
         f"图里最高的一格是 {fa3 * H100.peak_flops('fp16') / T:.0f}。"

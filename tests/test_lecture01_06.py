@@ -290,3 +290,13 @@ def test_server_in_flight_is_compared_with_the_server_configs_batch(mod):
     assert mod.MLPERF_SERVER_GPU_BATCH == 1024 and mod.MLPERF_GPU_BATCH == 896
     assert r["in_flight_share"] == pytest.approx(21605.79 / 4 * 0.154960329 / 1024)
     assert round(100 * r["in_flight_share"], 1) == 81.7                # 旧文本：÷ 896 = 93.4%
+
+
+def test_azure_flash_attention_row_is_not_labelled_forward(mod):
+    """回归：[A] 的 327.9 原来标成"FA2 前向"、说它"没说头数和精度"。[A] 跑的是 flash-attention 的
+    benchmark_flash_attention.py（FP16、dim 2048 = 16 个头、causal=False、批 2 × 8192，和 [B] 同一组），那个脚本
+    每组打印前向、反向、前向 + 反向三个数，[A] 没说取的哪个。"""
+    rows = [k for k in mod.KERNELS if k[7] == "A" and k[6] and k[6][0] == "attn"]
+    assert len(rows) == 1 and "前向" not in rows[0][0] and rows[0][3] == "FP16"
+    out = _printed(mod.demo1_compute_kernels)
+    assert "没说头数和精度" not in out and "前向、反向还是两者合计" in out
