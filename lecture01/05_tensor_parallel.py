@@ -19,9 +19,10 @@ gang 把 n 块卡当成一块 n 倍的卡、不算通信）+ 每层两次 all-re
 
 【模型的假设（务必看）】
 - 每跳延迟（hop latency）是**假设**：默认 3 µs（hw_specs 的 Link 表），演示 3 扫 1、3、10 µs。它取决于软件栈。
-  环形 all-reduce 要走 2(n−1) 步；对 decode 这种几十 kB 的消息，常用的是不走环的算法：one-shot all-reduce（每块卡
-  直接读其余各块的数据、自己加起来，一步完成；gpt-fast 用的 PyTorch intra-node all-reduce 就是这类，见 [G']）、
-  H100 上的 NVLS（NVSwitch 在交换机里做归约）。所以这里的通信项对 decode 偏悲观：演示 2 的最后一张表是证据。
+  环形 all-reduce 要走 2(n−1) 步；对 decode 这种几十 kB 的消息，不少系统用不走环的算法：one-shot all-reduce（每块卡
+  直接读其余各块的数据、自己加起来，一步完成；gpt-fast 用的 PyTorch intra-node all-reduce 就是这类，见 [G']）。
+  对这样的系统，这里的通信项偏悲观：演示 2 的最后一张表是证据。（默认的 NCCL 对这么小的消息在 8 块 H100 上
+  仍走环：见第 1 讲 06 的演示 2。）
 - 链路带宽用单向带宽：NVLink 4 每块 H100 SXM 450 GB/s（数据手册的 900 GB/s 是双向合计），
   PCIe Gen5 x16 64 GB/s（数据手册 128 GB/s 双向合计）；8 块 PCIe 卡之间经 PCIe 交换，不用 NVLink 桥。
 - 计算和通信不重叠（通信时间的上界）；每层两次 all-reduce（Megatron-LM，Shoeybi et al. 2019，arXiv 1909.08053），
@@ -38,7 +39,7 @@ gang 把 n 块卡当成一块 n 倍的卡、不算通信）+ 每层两次 all-re
 - [G'] pytorch/pytorch PR #114001（2023-11）：给 PyTorch 加了三种节点内的小消息 all-reduce——one-shot（每块卡同时读
   所有别的卡的数据并累加）、two-shot（one-shot 的 reduce-scatter + all-gather）、hybrid cube mesh（不经 PCIe 的
   one-shot 变体）。ENABLE_INTRA_NODE_COMM=1 打开的就是它们。
-- H100 上 all-reduce 的实测（NCCL 的 NVLS，[A]）和环形模型的对照：第 1 讲 06 的演示 2。
+- H100 上 all-reduce 的实测（Azure 公布的、强制 NVLS 的 NCCL all-reduce）和环形模型的对照：第 1 讲 06 的演示 2。
 
 【运行】python3 05_tensor_parallel.py （约 0.2 秒）
 
