@@ -335,7 +335,7 @@ def demo2_memory_and_allreduce():
         f"最小的消息（1K）实测约 {fmt_time(small['t_meas'])}，16K（{dec1_bytes:,} 字节：{LLAMA2_70B.name} 批 1 时"
         f"一次 all-reduce 的大小）约 {fmt_time(dec1['t_meas'])}；环形模型（{steps} 步 × 每跳 {hop}）光延迟项就是 "
         f"{fmt_time(lat_model)}。但 [A] 的脚本强制了 NVLS（见出处表）：NVSwitch 在交换机里做归约，不走 {steps} 步的环，"
-        f"这些时间是 NVLS 一次 all-reduce 的固定开销，摊成'每跳多少'没有意义。不强制时，[H] 里一台 8 块 H100 的 NCCL 对"
+        f"这些时间主要是 NVLS 一次 all-reduce 的固定开销，摊成'每跳多少'没有意义。不强制时，[H] 里一台 8 块 H100 的 NCCL 对"
         f" 1M（{NCCL_RING_LL_MAX:,} 字节）及以下的消息选 Ring/LL；那种默认情形 [A] 没有量，所以第 1 讲 05 假设的每跳 {hop}"
         f" 对默认的 NCCL 是大是小，这张表回答不了。",
         f"最大的消息（8G）实测总线带宽 {big['busbw'] / G:.1f} GB/s，比环形模型的 {big['model_busbw'] / G:.1f} GB/s"
