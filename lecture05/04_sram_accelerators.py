@@ -329,7 +329,9 @@ def demo3_cost_coefficient():
         f"γ* = {b['g_gpu']}、{b['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {b['g_sram']}、{b['s_sram']:.2f} 倍"
         f"（只用一张卡：γ* = {b['g_sram1']}、{b['s_sram1']:.2f} 倍）。"
         f"MoE 目标验证 γ + 1 个 token 时要读更多专家，把两者都拉低：按种子 05 的 MoE 验证（对账表最后一行）GPU 草稿 "
-        f"γ* = {rc[5]['g_gpu']}、{rc[5]['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {rc[5]['g_sram']}、{rc[5]['s_sram']:.2f} 倍。",
+        f"γ* = {rc[5]['g_gpu']}、{rc[5]['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {rc[5]['g_sram']}、{rc[5]['s_sram']:.2f} 倍。"
+        f"这些 γ* 和加速比都按各位置独立、接受率都是 α = {ALPHA} 算；SRAM 草稿的长 γ* 那一段，"
+        "种子 05 自己的接受率表和这个假设对不上（演示 5）。",
         f"真实的 checkpoint（发布格式）每个 token 要读 {fmt_bytes(t_bytes['native'])}，比种子的 4.25 位假设多 "
         f"{r['native_extra'] * 100:.0f}%（演示 2）：有开销时目标一步从 {fmt_time(b['t_tgt'])} 变成 {fmt_time(n['t_tgt'])}，"
         f"c 变成 {n['c_gpu']:.3f}（GPU）和 {n['c_sram']:.4f}（SRAM），最优 γ* = {n['g_gpu']} 和 {n['g_sram']}，"
@@ -378,7 +380,8 @@ def demo4_blog_claims(recon=None):
         "Corsair 草稿对 GPU 草稿（面向交互的配置），没有和解耦的比较。种子举的\"25 s 的请求先快 5 倍多，再快 2.6 倍\"，"
         "在能读到的部分里也找不到，没法核对。读种子那句话时，以博客自己的说法为准。",
         f"玩具模型里同一个比较（种子 05 的模型，单个用户，γ 取所有整数里最优的）：SRAM 草稿的每 token 时间是 GPU 草稿的 "
-        f"1/{toy_flat:.2f}（验证代价不变）到 1/{toy_moe:.2f}（MoE 验证，对账表第 2、6 行的加速比之比）。"
+        f"1/{toy_flat:.2f}（验证代价不变）到 1/{toy_moe:.2f}（MoE 验证，对账表第 2、6 行的加速比之比；"
+        f"各位置独立、α = {ALPHA}，见演示 5）。"
         "这个玩具模型不算能耗、GPU 是一块 H100、只有一个用户，所以和博客的数不可比：能对上的只有方向。",
     ])
     return r

@@ -185,6 +185,13 @@ def demo1_goodput():
                for m, g, _, slos in SETUPS for slo, _, _ in slos for c in CONFIGS
                for d in range(len(DRAWS)) for v in [gp[(m.name, slo, c[0])]] if v["runs"][d]["goodput"] > 0)
     r["peak_kv_frac"] = peak
+    # 二分时模拟过的每一个到达率（包括不达标的）也核对：它们决定了 goodput 落在哪。再加上一个最长提示的 KV
+    # （分块 prefill 时正在 prefill 的那个提示不在 peak_ctx 里），上界也装得下，才能说显存的限制一次也没碰到
+    r["peak_kv_tested"] = max((simulate(m, g, c, rate, draw=d)["peak_ctx"] + int(max(WORKLOADS[d][0])))
+                              / max_batch(m, gang(H100, g), 1)
+                              for m, g, _, slos in SETUPS for slo, _, _ in slos for c in CONFIGS
+                              for d in range(N_DRAWS) for rate, att in gp[(m.name, slo, c[0])]["runs"][d]["tested"].items()
+                              if rate < max_rate_per_gpu(m, g, c, d))
     r["colo_vs_chunk"] = [gp[(m.name, slos[0][0], "同机")]["median"] / gp[(m.name, slos[0][0], chunk_name)]["median"]
                           for m, _, _, slos in SETUPS]
     cap8 = prefill_capacity(LLAMA31_8B, H100, WORKLOADS[0][0])
@@ -198,7 +205,7 @@ def demo1_goodput():
         f"这样错判的机会 ≤ (1/2)^{N_DRAWS} = {r['p_pair']:.2%}；一列 {len(CONFIGS)} 种部署有 {n_pairs} 对、两个方向，"
         f"其中任何一对被错判的机会合起来 ≤ {2 * n_pairs} × (1/2)^{N_DRAWS} = {r['p_column']:.1%}。",
         f"只发 {N_REQ} 个请求的模拟会放过撑不住的负载：prefill 队列还没排长，请求就发完了。所以到达率还要低于 prefill 那一侧的"
-        f"上限（利用率 < 1，goodput_lab.prefill_capacity；8B 一块 H100 平均每秒 {cap8:.1f} 个第 1 组的提示）。被这个上限顶住的格子："
+        f"上限（利用率 < 1，goodput_lab.prefill_capacity；第 1 组的提示，8B 一块 H100 平均每秒 {cap8:.1f} 个）。被这个上限顶住的格子："
         + "、".join(capped) + f"（{N_DRAWS} 组里的几组）——在这些组里，goodput 不是被 SLO、而是被那台 prefill 机的能力卡住的。",
         f"TPOT 紧时，同机 prefill 优先的 goodput 中位数只有同机分块 prefill 的 {r['colo_vs_chunk'][0]:.0%}（8B）和 "
         f"{r['colo_vs_chunk'][1]:.0%}（70B）：每个新请求的整段 prefill 都让正在 decode 的所有用户停下来等。"
@@ -206,8 +213,10 @@ def demo1_goodput():
         "几百个提示 token（演示 3），所以它几乎不拖慢 TPOT——这是模型对它最有利的地方。"
         "解耦的 decode 机上没有 prefill，但 P:D 比例要配得上两边的工作量：比例不对，多出来的那一侧就闲着，"
         "而 goodput 是按所有 GPU 算的。",
-        f"显存：所有 goodput 点上，decode 那一侧同时存着的 KV 最多占显存（减去权重）能放的 {peak:.0%}，"
-        "所以模拟不限制批大小不影响这张表。",
+        f"显存：所有 goodput 点上，decode 那一侧同时存着的 KV 最多占显存（减去权重）能放的 {peak:.0%}；"
+        f"二分时模拟过的所有到达率（包括不达标的）上，再加一个最长提示的 KV，最多占 {r['peak_kv_tested']:.0%}"
+        + ("。模拟不限制批大小，可每一次模拟都没碰到显存的上限，所以这张表不受它影响。" if r["peak_kv_tested"] < 1
+           else "：有的模拟超出了显存，那些格子要有显存限制的模拟才算得准。"),
         "和论文比：DistServe 图 1（13B 模型、一块 A100、输入 512 / 输出 64）同机的 goodput 约 1.6 req/s，单做 prefill 5.6、"
         "单做 decode 10，2 块 prefill + 1 块 decode 合 3.3 req/s/GPU，是同机的 2.1 倍；摘要：最多 7.4 倍的请求或 12.6 倍紧的 SLO。"
         "图 1 的同机是 vLLM。这里没有固定开销、混合迭代不吃亏，所以这里的分块 prefill 是它能做到的上限；"

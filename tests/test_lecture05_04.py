@@ -165,3 +165,14 @@ def test_every_seed05_correction_is_printed_where_it_says(s04, capsys):
         assert _has(f"{what} → {where}", last)
         d, k = map(int, re.fullmatch(r"演示 (\d) 观察 (\d)", where).groups())
         assert _has(said, _observations(chunks[d])[k - 1]), (what, where)
+
+
+def test_demo3_and_demo4_say_their_speedups_assume_iid_alpha(s04, capsys):
+    """演示 3 观察 3 的 γ* 和加速比、演示 4 观察 2 的倍数都按各位置独立、α = 0.93 算：各自说出来，并指向演示 5。"""
+    r3 = s04.demo3_cost_coefficient()
+    s04.demo4_blog_claims(r3["recon"])
+    out = capsys.readouterr().out
+    obs3 = _observations(out.split("演示 4：")[0])[2]
+    obs4 = _observations(out.split("演示 4：")[1])[1]
+    assert _has("这些 γ* 和加速比都按各位置独立、接受率都是 α = 0.93 算", obs3) and _has("（演示 5）", obs3)
+    assert _has("各位置独立、α = 0.93，见演示 5", obs4)

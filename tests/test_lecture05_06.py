@@ -248,3 +248,27 @@ def test_demo2_overload_floor_is_the_earliest_arrivals(s06, capsys):
     ok = [i for i in range(s06.N_REQ) if slow["ttft"][i] <= ttft and slow["tpot"][i] <= tpot]
     assert ok and max(ok) < r["last_ok"] <= s06.N_REQ // 5                  # 达标的都在最前面的一小段
     assert f"达标的都在最先到达的 {r['last_ok']} 个请求里" in out
+
+
+def test_demo1_memory_check_covers_every_simulated_rate(s06, d1, capsys):
+    """
+    观察 6 原来只核对 goodput 点上的 KV，可二分时模拟过的不达标的到达率也决定 goodput 落在哪；现在核对所有
+    模拟过的到达率，并加上一个最长提示的 KV（分块 prefill 时正在 prefill 的那个不在 peak_ctx 里）。
+    """
+    from llm_math import max_batch
+    from hw_specs import gang
+    worst = 0.0
+    for (model, slo, cfg), v in d1["gp"].items():
+        m, g = (s06.SETUPS[0][0], 1) if model == M.name else (s06.SETUPS[1][0], 4)
+        config = next(c for c in s06.CONFIGS if c[0] == cfg)
+        for d, run in enumerate(v["runs"]):
+            for rate in run["tested"]:
+                if rate < s06.max_rate_per_gpu(m, g, config, d):
+                    peak = s06.simulate(m, g, config, rate, draw=d)["peak_ctx"] + max(int(x) for x in s06.WORKLOADS[d][0])
+                    worst = max(worst, peak / max_batch(m, gang(H100, g), 1))
+    assert d1["peak_kv_tested"] == pytest.approx(worst, rel=1e-12)
+    assert d1["peak_kv_frac"] < d1["peak_kv_tested"] < 1
+    s06.demo1_goodput()
+    out = capsys.readouterr().out.replace("\n     ", "").replace(" ", "")
+    assert "二分时模拟过的所有到达率（包括不达标的）上，再加一个最长提示的KV，最多占98%" in out
+    assert "所以模拟不限制批大小不影响这张表" not in out
