@@ -176,3 +176,12 @@ def test_demo3_and_demo4_say_their_speedups_assume_iid_alpha(s04, capsys):
     obs4 = _observations(out.split("演示 4：")[1])[1]
     assert _has("这些 γ* 和加速比都按各位置独立、接受率都是 α = 0.93 算", obs3) and _has("（演示 5）", obs3)
     assert _has("各位置独立、α = 0.93，见演示 5", obs4)
+
+
+def test_demo4_says_the_seeds_quoted_blog_conclusion_is_not_in_the_readable_part(s04, capsys):
+    """种子 05 演示 2 观察 2 用引号引了"博客的结论"；能读到的 tl;dr 和引言里没有这句：演示 4 观察 1 说出来。"""
+    seed_text = script_stdout("lecture05/05_heterogeneous_spec_decode.py")
+    assert "这就是博客的结论：'草稿越便宜，越可以激进地草稿" in seed_text.replace("\n     ", "")
+    s04.demo4_blog_claims()
+    obs1 = _observations(capsys.readouterr().out)[0]
+    assert _has("种子演示 2 观察 2 用引号引的\"博客的结论\"", obs1) and _has("也一样", obs1)
