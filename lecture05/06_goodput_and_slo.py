@@ -247,8 +247,8 @@ def demo2_attainment_curve():
     disagg = [c for c in CONFIGS if c[1] == "disagg"]
     floor = [curves[c[0]][-1] for c in disagg]
     # 最高的到达率下还达标的请求是哪些：请求按到达的先后编号，取它们里最靠后的一个
-    ok = [np.nonzero((simulate(model, g, c, grid[-1])["ttft"] <= ttft) & (simulate(model, g, c, grid[-1])["tpot"] <= tpot))[0]
-          for c in disagg]
+    top = [simulate(model, g, c, grid[-1]) for c in disagg]
+    ok = [np.nonzero((res["ttft"] <= ttft) & (res["tpot"] <= tpot))[0] for res in top]
     r = {"curves": curves, "first_fail": first_fail, "colo_first_fail": drop, "colo_at_top": colo[-1],
          "disagg_floor": (min(floor), max(floor)), "last_ok": int(max(o.max() for o in ok)) + 1,
          "pd12_last": max(rate for rate, a in zip(grid, curves[pd12[0]]) if a >= GOAL),
