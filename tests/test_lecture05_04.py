@@ -93,6 +93,7 @@ def test_demo1_draft_card_count_is_seed05s_assumption(s04, capsys):
     obs1 = _observations(capsys.readouterr().out)[0]
     assert not _has("Gimlet 的部署用了", obs1) and not _has("博客的说法", obs1)
     assert _has("种子 05 让草稿用 2 张卡", obs1) and _has("这是种子 05 的假设", obs1)
+    assert _has("SRAM_BW = 2 × 150 TB/s × 0.8", obs1)
     assert "Gimlet Labs 博客的部署" not in s04.__doc__ and "**种子 05 的假设**" in s04.__doc__
 
 
