@@ -72,3 +72,117 @@ def test_demo4_blog_numbers_and_toy_ratio(s04, capsys):
     seed_text = script_stdout("lecture05/05_heterogeneous_spec_decode.py")
     assert "GPU 上的投机解码比单纯的 prefill / decode 解耦快 2–5 倍" in seed_text
     assert "草稿换到 Corsair 上再快 2–10 倍" in seed_text
+
+
+def _observations(out):
+    """一个演示打印的观察 -> [第 1 条, 第 2 条, ...]，每条折行处接回成一行。"""
+    import re
+    body = out.split("观察：\n", 1)[1]
+    items = re.split(r"\n  \d+\. ", "\n" + body.strip("\n"))[1:]
+    return [re.sub(r"\n {5}", "", x).replace(" ", "").strip() for x in items]     # 折行处的空格不定：比较时去掉空格
+
+
+def test_demo1_draft_card_count_is_seed05s_assumption(s04, capsys):
+    """
+    issue 26 第 14 条：「Gimlet 的部署用了 2 张」出自种子 05 的 SRAM_BW = 2 * 150e12（注释「两张 Corsair 卡」），
+    不是博客（能读到的 tl;dr 和引言没说几张卡）：观察和文件开头都说是种子 05 的假设。
+    """
+    seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
+    assert seed.SRAM_BW == 2 * 150e12 * 0.8 and s04.D_CARDS == 2
+    s04.demo1_how_many_cards()
+    obs1 = _observations(capsys.readouterr().out)[0]
+    assert not _has("Gimlet 的部署用了", obs1) and not _has("博客的说法", obs1)
+    assert _has("种子 05 让草稿用 2 张卡", obs1) and _has("这是种子 05 的假设", obs1)
+    assert _has("SRAM_BW = 2 × 150 TB/s × 0.8", obs1)
+    assert "Gimlet Labs 博客的部署" not in s04.__doc__ and "**种子 05 的假设**" in s04.__doc__
+
+
+def _has(said, obs):
+    return said.replace(" ", "") in obs
+
+
+def _sum_powers(alpha, gamma):
+    return sum(alpha ** i for i in range(1, gamma + 1))
+
+
+def test_demo5_one_iid_alpha_cannot_fit_the_seed_table(s04, capsys):
+    """
+    issue 26 第 19 条：种子 05 的接受率表（γ = 5/10/20/40 → 4/7/12/20）按式 (1) 每行反解的 α 各不相同；
+    表里的整数当四舍五入，γ = 10 和 γ = 40 的 α 区间不相交：没有一个 α 对得上。α = 0.93 在 γ = 40 只给 12.56 个。
+    加速比用种子 05 自己的 round_time 独立算。
+    """
+    seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
+    r = s04.demo5_acceptance_table()
+    text = capsys.readouterr().out
+    obs = _observations(text)
+    assert [(f["gamma"], f["accepted"]) for f in r["fit"]] == [(5, 4), (10, 7), (20, 12), (40, 20)]
+    for f, seed_alpha in zip(r["fit"], s04.SEED_TABLE_ALPHAS):
+        g, k = f["gamma"], f["accepted"]
+        assert _sum_powers(f["alpha"], g) == pytest.approx(k, abs=1e-9)
+        assert _sum_powers(f["lo"], g) == pytest.approx(k - 0.5, abs=1e-9)
+        assert _sum_powers(f["hi"], g) == pytest.approx(k + 0.5, abs=1e-9)
+        assert abs(f["alpha"] - seed_alpha) < r["gap_bound"] <= 0.001     # 种子配的 α 就是反解的（到 0.001）
+        assert f["iid"] == pytest.approx(seed.expected_accepted(0.93, g), rel=1e-12)
+        assert f["fits"] == (f["lo"] <= 0.93 < f["hi"])
+        t0 = seed.t_target(1)
+        assert f["sp_iid"] == pytest.approx(t0 * seed.tokens_per_round(0.93, g) / seed.round_time(g, "sram", False),
+                                            rel=1e-12)
+        assert f["sp_table"] == pytest.approx(t0 * (k + 1) / seed.round_time(g, "sram", False), rel=1e-12)
+    by_g = {f["gamma"]: f for f in r["fit"]}
+    assert by_g[10]["hi"] < by_g[40]["lo"] and not r["one_alpha_fits"]      # 没有公共的 α
+    assert r["fits"] == [5, 10]                                             # 0.93 只对得上短的两行
+    assert round(by_g[40]["iid"], 2) == 12.56 and round(by_g[40]["alpha"], 3) == 0.962
+    # 演示 3 的 SRAM γ* 全在 γ ≥ 20；种子 05 印的 20、7.65 倍
+    assert r["g_star"] == (23, 43) and min(r["g_star"]) >= 20
+    assert (r["seed_g"], round(r["seed_s"], 2)) == (20, 7.65)
+    assert r["short"][0] == 10 and round(r["short"][1], 2) == 6.37
+    # 观察里的每一句改正都印出来了，并点了种子 05 的名和那句话
+    assert _has("种子 05 演示 1 观察 1 说\"博客表里的'被接受的 token 数'正好等于 Σ α^i\"", obs[0])
+    assert _has("γ = 10 要 α < 0.9469，γ = 40 要 α ≥ 0.9606：没有一个 α 同时对得上四行", obs[0])
+    assert _has("出处我们没找到", obs[0])
+    assert _has("种子 05 演示 2 对所有 γ 都用 α = 0.93", obs[1]) and _has("γ = 40 只给 12.56 个（表里 20）", obs[1])
+    assert _has("γ* = 23–43、7.46–11.88 倍", obs[1]) and _has("种子自己的表和它矛盾", obs[1])
+
+
+def test_every_seed05_correction_is_printed_where_it_says(s04, capsys):
+    """演示 5 的改正清单：每一条都印出来了，它指向的那条观察确实点了种子 05 的名、说了改正。"""
+    import re
+    import runpy
+    runpy.run_path(SCRIPT, run_name="__main__")
+    out = capsys.readouterr().out
+    demos = {int(m.group(1)): m.start() for m in re.finditer(r"\n演示 (\d)：", out)}
+    starts = sorted(demos.items())
+    chunks = {d: out[a:(starts[i + 1][1] if i + 1 < len(starts) else len(out))] for i, (d, a) in enumerate(starts)}
+    r = s04.demo5_acceptance_table()
+    capsys.readouterr()
+    expect = {"种子 05 演示 1 观察 1": "种子 05 演示 1 观察 1 说",
+              "种子 05 演示 2（": "种子 05 演示 2 对所有 γ 都用 α = 0.93",
+              "种子 05 演示 2 观察 4": "它把 2–5 倍读成\"GPU 上的投机解码比单纯的 prefill / decode 解耦快\"",
+              "种子 05 的 SRAM_BW": "这是种子 05 的假设"}
+    assert len(r["corrections"]) == len(expect)
+    last = _observations(chunks[5])[-1]
+    for (what, where), (key, said) in zip(r["corrections"], expect.items()):
+        assert what.startswith(key)
+        assert _has(f"{what} → {where}", last)
+        d, k = map(int, re.fullmatch(r"演示 (\d) 观察 (\d)", where).groups())
+        assert _has(said, _observations(chunks[d])[k - 1]), (what, where)
+
+
+def test_demo3_and_demo4_say_their_speedups_assume_iid_alpha(s04, capsys):
+    """演示 3 观察 3 的 γ* 和加速比、演示 4 观察 2 的倍数都按各位置独立、α = 0.93 算：各自说出来，并指向演示 5。"""
+    r3 = s04.demo3_cost_coefficient()
+    s04.demo4_blog_claims(r3["recon"])
+    out = capsys.readouterr().out
+    obs3 = _observations(out.split("演示 4：")[0])[2]
+    obs4 = _observations(out.split("演示 4：")[1])[1]
+    assert _has("这些 γ* 和加速比都按各位置独立、接受率都是 α = 0.93 算", obs3) and _has("（演示 5）", obs3)
+    assert _has("各位置独立、α = 0.93，见演示 5", obs4)
+
+
+def test_demo4_says_the_seeds_quoted_blog_conclusion_is_not_in_the_readable_part(s04, capsys):
+    """种子 05 演示 2 观察 2 用引号引了"博客的结论"；能读到的 tl;dr 和引言里没有这句：演示 4 观察 1 说出来。"""
+    seed_text = script_stdout("lecture05/05_heterogeneous_spec_decode.py")
+    assert "这就是博客的结论：'草稿越便宜，越可以激进地草稿" in seed_text.replace("\n     ", "")
+    s04.demo4_blog_claims()
+    obs1 = _observations(capsys.readouterr().out)[0]
+    assert _has("种子演示 2 观察 2 用引号引的\"博客的结论\"", obs1) and _has("也一样", obs1)
