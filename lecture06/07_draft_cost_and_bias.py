@@ -1,13 +1,14 @@
 """
 =============================================================================
-CS349E · 第 6 讲 · 07_draft_cost_and_bias.py —— 把草稿的账算进去：真实的加速、估计的偏差、一次抽样有多可信
+CS349E · 第 6 讲 · 07_draft_cost_and_bias.py —— 把草稿的账算进去：加速比、估计的偏差、一次抽样有多可信
 =============================================================================
 
 【这个脚本要回答的问题】
 04 脚本的演示 3、4 假设草稿免费、只打印一次抽样。这里把它留下的三件事算清楚：
 演示 1：04 的四个草稿各有多贵——ĉ（每 token 运算，草稿 ÷ 目标，来自账本）和 c（每 token 读的权重字节，草稿 ÷ 目标，
        受带宽限制时就是时间比）；按定理 3.8 哪个草稿值得用、γ 取多少。
-演示 2：真的跑投机解码，把草稿的时间和运算都算进去：实测的加速比 vs 定理 3.8，实测的总运算量 vs 定理 3.11（ĉ ≠ 0）。
+演示 2：真的跑投机解码、数轮数（不计时），把草稿的时间和运算按演示 1 的 c、ĉ 折算进去：折算的加速比 vs 定理 3.8，
+       折算的总运算量 vs 定理 3.11（ĉ ≠ 0）。
 演示 3：04 的估计"提示数 × 新 token 数 ÷ 目标前向次数"为什么偏低、偏多少、n_new 变大时怎么缩小（模拟，真值已知）。
 演示 4：04 演示 4 的"γ = 8 时运算量多约 90%"换 20 组采样种子是多少；要多少提示才能让它 95% 的时候成立。
 
@@ -164,9 +165,10 @@ def demo2_real_loop(target, drafts, costs):
             res[(name, g)] = {"calls": calls, "accepted": acc, "e": e_meas, "speedup": sp, "speedup_thm": sp_thm,
                               "ops": ops, "ops_thm": ops_thm, "z": z}
             rows.append([name, g, calls, f"{e_meas:.2f}", f"{sp:.2f}×", f"{sp_thm:.2f}×", f"{ops:.2f}×", f"{ops_thm:.2f}×"])
-    print("token/前向 = 提示数 × 新 token ÷ 目标前向次数（04 的算法）；实测加速 = 它 ÷ (γc + 1)；")
-    print("实测总运算 = 每轮 (γ + 1 + γĉ) 个目标 token 的运算 × 轮数 ÷ 新 token 数（以普通 decode 为 1）")
-    print_table(["草稿", "γ", "轮数", "token/前向", "实测加速", "定理 3.8", "实测总运算", "定理 3.11"], rows)
+    print("token/前向 = 提示数 × 新 token ÷ 目标前向次数（04 的算法，实测）。下面两栏没有计时，是折算的：")
+    print("折算加速 = token/前向 ÷ (γc + 1)（一轮 = γ 步草稿 + 1 次目标前向，c 取演示 1 的读权重之比）；")
+    print("折算总运算 = 轮数 × 每轮 (γ + 1 + γĉ) 个目标 token 的运算 ÷ 新 token 数（以普通 decode 为 1）")
+    print_table(["草稿", "γ", "轮数", "token/前向", "折算加速", "定理 3.8", "折算总运算", "定理 3.11"], rows)
     best = {n: max(GAMMAS, key=lambda g: res[(n, g)]["speedup"]) for n in drafts}
     best_thm = {n: max(GAMMAS, key=lambda g: res[(n, g)]["speedup_thm"]) for n in drafts}
     slow = [(n, g) for n in drafts for g in GAMMAS if res[(n, g)]["speedup"] < 1]
@@ -177,15 +179,16 @@ def demo2_real_loop(target, drafts, costs):
     same = best == best_thm and slow == slow_thm
     int4, l3 = list(drafts)[0], list(drafts)[1]
     print_observations([
-        "实测最快的 γ：" + "；".join(f"{n} γ = {best[n]}（{res[(n, best[n])]['speedup']:.2f}×）" for n in drafts)
+        "按折算加速最快的 γ：" + "；".join(f"{n} γ = {best[n]}（{res[(n, best[n])]['speedup']:.2f}×）" for n in drafts)
         + "。比普通 decode 还慢的格子：" + ("、".join(f"{n} γ = {g}" for n, g in slow) if slow else "没有") + "。",
-        f"实测加速和定理 3.8 每格相差最多 {100 * dev:.0f}%：每格只有 {min(rounds)}–{max(rounds)} 轮，"
+        f"折算加速和定理 3.8 除以的是同一个 γc + 1，所以两者之比就是实测的 token/前向 和式 (1) 之比："
+        f"每格相差最多 {100 * dev:.0f}%，每格只有 {min(rounds)}–{max(rounds)} 轮，"
         f"最大的差是 {zmax:.1f} 个抽样标准差（按独立接受算）"
         + ("，在抽样误差以内；" if zmax < 3 else "，超出了抽样误差；")
-        + ("每个草稿在这四个 γ 里最快的是哪个、哪些格子比 1 慢，实测和公式的结论一样。" if same
-           else "每个草稿最快的 γ 或比 1 慢的格子，实测和公式有不一样的地方：这么少的轮数分不出来。"),
+        + ("每个草稿在这四个 γ 里最快的是哪个、哪些格子比 1 慢，折算和公式的结论一样。" if same
+           else "每个草稿最快的 γ 或比 1 慢的格子，折算和公式有不一样的地方：这么少的轮数分不出来。"),
         f"把草稿的运算算进去，总运算量比 04 演示 4 的\"只算目标\"大得多：INT4 草稿 ĉ = {costs[int4]['c_hat']:.2f}，"
-        f"γ = 8 时总共是普通 decode 的 {res[(int4, 8)]['ops']:.2f} 倍（定理 3.11：{res[(int4, 8)]['ops_thm']:.2f}）；"
+        f"γ = 8 时折算的总运算是普通 decode 的 {res[(int4, 8)]['ops']:.2f} 倍（定理 3.11：{res[(int4, 8)]['ops_thm']:.2f}）；"
         f"前 3 层草稿 γ = 8 时 {res[(l3, 8)]['ops']:.2f} 倍。加速是用多做的运算换来的，批大了算力不闲时就不划算（05 脚本）。",
     ])
     return {"cells": res, "best": best, "best_thm": best_thm, "slow": slow, "slow_thm": slow_thm, "dev": dev,
