@@ -243,4 +243,5 @@ def test_tree_claims_are_scoped_to_independent_candidates():
     text = script_stdout("lecture06/09_token_trees.py")
     assert "贪心解码时**独立、有放回地**抽候选的树没有用处" in text
     assert "贪心解码时独立抽候选的树没有用处" not in text
-    assert "只对独立、有放回地抽的候选成立：取前 k 个不同候选的树不会抽到重复的候选，T = 0 时也能赢" in text
+    assert "只在这里的条件下成立：候选独立、有放回地抽，形状只有 (k, 1, …, 1)，每次前向 5–17 个位置" in text
+    assert "取前 k 个不同候选的树不会抽到重复的候选，T = 0 时也能赢" in text
