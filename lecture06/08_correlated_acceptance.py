@@ -396,7 +396,7 @@ def demo4_prompt_lookup():
     print(f"不重复 = 另外采样的 {PASSAGE + NGRAM} 个 token。有草稿 = prompt lookup 找得到匹配的位置（照抄段里）")
     print("α 段内 = 有草稿的位置 β 的平均；α = 全部位置的平均（找不到的位置记 0）")
     print_table(["提示", "T", "有草稿", "α 段内", "α", "每轮 token", "式 (1)", "有草稿的轮接受"], rows)
-    print(f"\n重复的提示、T = 1 换 {PL_REPS} 组种子（段落和随机数都换，第 1 组就是上表那一行），每组每轮 token ÷ 式 (1) − 1：")
+    print(f"\n重复的提示、T = 1 换 {PL_REPS} 组种子（段落和随机数都换，第 1 组是上表那一行）：每轮 token ÷ 式 (1) − 1")
     print("  " + "  ".join(f"{100 * g:+.1f}%" for g in rep_stats["gaps"]))
     rep1, rep0, fr1, fr0 = res[("重复", 1.0)], res[("重复", 0.0)], res[("不重复", 1.0)], res[("不重复", 0.0)]
     qa, qb = copy_p["QCFG"]
