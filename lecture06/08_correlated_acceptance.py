@@ -77,6 +77,7 @@ def table4_versus_theorem():
 ADAPT_START, ADAPT_MAX = 2, 16    # 演示 3：自适应 γ 从 2 开始，最多 16
 LAMBDA, NGRAM = 0.97, 3           # 演示 4：照抄的概率、匹配几个 token（目标的归纳规则和 prompt lookup 一样）
 PASSAGE, PL_PROMPTS, PL_NEW, PL_GAMMA = 40, 3, 48, 8   # 演示 4：段落长、提示个数、新 token、每轮最多草稿几个
+PL_REPS = 10                      # 演示 4：重复的提示、T = 1 换几组种子（段落和随机数都换；第 0 组就是表里那一次）
 
 _RUNS = {}
 
@@ -308,6 +309,31 @@ def _drafted_at_starts(r):
 
 
 # -----------------------------------------------------------------------------
+def lookup_case(target, lookup, prompts, T, seed):
+    """
+    prompt lookup 跑 prompts 里的每个提示（第 i 个用 default_rng(seed + i)）-> dict：有草稿的位置比例 frac_in、段内 α、
+    α（全部位置）、每轮 token per_call（及其标准误 se：每轮产出的 token 的标准差 ÷ √轮数）、式 (1) eq1、有草稿的轮平均接受几个、
+    每条第一次出现可照抄的位置 first_repeat、序列 seqs、轮数 rounds。
+    """
+    seqs, acc, dr, calls = [], [], [], 0
+    for i, pr in enumerate(prompts):
+        out, st = speculative_generate_adaptive(target, lookup, pr, PL_NEW, PL_GAMMA, T, np.random.default_rng(seed + i))
+        seqs.append(pr + [int(x) for x in out])
+        acc += st["accepted"]
+        dr += st["drafted"]
+        calls += st["target_calls"]
+    n0 = len(prompts[0])
+    b, h = lookup_betas(target, lookup, seqs, n0, T)
+    first = [next((t - n0 for t in range(n0, len(q)) if induction_token(q, t, NGRAM) is not None), None) for q in seqs]
+    acc, dr = np.array(acc), np.array(dr)
+    a = float(b.mean())
+    return {"frac_in": float(h.mean()), "alpha_in": float(b[h].mean()) if h.any() else None,
+            "alpha": a, "per_call": float((acc + 1).sum() / calls), "eq1": expected_tokens(a, PL_GAMMA),
+            "se": float(np.std(acc + 1, ddof=1) / np.sqrt(calls)), "rounds": calls,
+            "acc_when_drafted": float(acc[dr > 0].mean()) if (dr > 0).any() else None,
+            "first_repeat": first, "seqs": seqs}
+
+
 def lookup_betas(target, lookup, seqs, n0, T):
     """
     每条序列输出部分（下标 n0..L−1）每个位置上 prompt lookup 的第一个草稿被接受的概率 -> (β [n_seq, L − n0], 有没有草稿)。
@@ -352,43 +378,39 @@ def demo4_prompt_lookup():
     rows, res = [], {}
     for T in (0.0, 1.0):
         for name, prs in prompts.items():
-            seqs, acc, dr, calls = [], [], [], 0
-            for i, pr in enumerate(prs):
-                out, st = speculative_generate_adaptive(target, lookup, pr, PL_NEW, PL_GAMMA, T,
-                                                        np.random.default_rng(SEED + 50 + i))
-                seqs.append(pr + [int(x) for x in out])
-                acc += st["accepted"]
-                dr += st["drafted"]
-                calls += st["target_calls"]
-            n0 = len(prs[0])
-            b, h = lookup_betas(target, lookup, seqs, n0, T)
-            first = [next((t - n0 for t in range(n0, len(q)) if induction_token(q, t, NGRAM) is not None), None)
-                     for q in seqs]
-            acc, dr = np.array(acc), np.array(dr)
-            a = float(b.mean())
-            r = {"frac_in": float(h.mean()), "alpha_in": float(b[h].mean()) if h.any() else None,
-                 "alpha": a, "per_call": float((acc + 1).sum() / calls), "eq1": expected_tokens(a, PL_GAMMA),
-                 "acc_when_drafted": float(acc[dr > 0].mean()) if (dr > 0).any() else None,
-                 "first_repeat": first, "seqs": seqs}
+            r = lookup_case(target, lookup, prs, T, SEED + 50)
             res[(name, T)] = r
             rows.append([name, f"{T:g}", f"{100 * r['frac_in']:.0f}%",
-                         "—" if r["alpha_in"] is None else f"{r['alpha_in']:.3f}", f"{a:.3f}",
+                         "—" if r["alpha_in"] is None else f"{r['alpha_in']:.3f}", f"{r['alpha']:.3f}",
                          f"{r['per_call']:.2f}", f"{r['eq1']:.2f}",
                          "—" if r["acc_when_drafted"] is None else f"{r['acc_when_drafted']:.1f}"])
+    reps = [res[("重复", 1.0)]]
+    for d in range(1, PL_REPS):          # 换种子：另外的段落（采样种子 21 + 1000·d）和另外的随机数
+        more = sample_tokens(P, QCFG, n_seq=PL_PROMPTS, length=PASSAGE, seed=21 + 1000 * d)
+        reps.append(lookup_case(target, lookup, [list(p) + list(p[:NGRAM]) for p in more], 1.0, SEED + 50 + 1000 * d))
+    gaps = np.array([r["per_call"] / r["eq1"] - 1 for r in reps])
+    rep_stats = {"gaps": gaps, "mean": float(gaps.mean()), "se": float(gaps.std(ddof=1) / np.sqrt(len(gaps))),
+                 "n_over": int((gaps < 0).sum()), "runs": [(r["per_call"], r["eq1"], r["alpha"], r["rounds"]) for r in reps]}
     print(f"\n{PL_PROMPTS} 个提示 × {PL_NEW} 个新 token。重复 = 一段 {PASSAGE} 个 token 的文本 + 它的前 {NGRAM} 个"
           "（像\"把上面那段再说一遍\"）")
     print(f"不重复 = 另外采样的 {PASSAGE + NGRAM} 个 token。有草稿 = prompt lookup 找得到匹配的位置（照抄段里）")
     print("α 段内 = 有草稿的位置 β 的平均；α = 全部位置的平均（找不到的位置记 0）")
     print_table(["提示", "T", "有草稿", "α 段内", "α", "每轮 token", "式 (1)", "有草稿的轮接受"], rows)
+    print(f"\n重复的提示、T = 1 换 {PL_REPS} 组种子（段落和随机数都换，第 1 组是上表那一行）：每轮 token ÷ 式 (1) − 1")
+    print("  " + "  ".join(f"{100 * g:+.1f}%" for g in rep_stats["gaps"]))
     rep1, rep0, fr1, fr0 = res[("重复", 1.0)], res[("重复", 0.0)], res[("不重复", 1.0)], res[("不重复", 0.0)]
     qa, qb = copy_p["QCFG"]
+    z1 = abs(rep1["per_call"] - rep1["eq1"]) / rep1["se"]
     print_observations([
         f"QCFG 自己不会抄：重复的第二遍里\"该抄的\"token 平均概率 {qb:.3f}，和第一遍里实际 token 的 {qa:.3f} "
         f"差不多。混进归纳规则以后第二遍是 {copy_p[list(copy_p)[1]][1]:.3f}——这才是 prompt lookup 能用的目标。",
         f"T = 1、重复的提示：{100 * rep1['frac_in']:.0f}% 的位置在照抄段里，段内 α = {rep1['alpha_in']:.3f}，"
         f"有草稿的轮平均接受 {rep1['acc_when_drafted']:.1f} 个（最多 {PL_GAMMA}）；段外没有草稿（α 记 0）。"
-        f"这就是演示 1 的\"成片\"：每轮 {rep1['per_call']:.2f} 个 token，式 (1) 按 α = {rep1['alpha']:.3f} 算是 "
-        f"{rep1['eq1']:.2f}，同样高估。",
+        f"这就是演示 1 的\"成片\"：每轮 {rep1['per_call']:.2f} 个 token（{rep1['rounds']} 轮，标准误 {rep1['se']:.2f}），"
+        f"式 (1) 按 α = {rep1['alpha']:.3f} 算是 {rep1['eq1']:.2f}，只差 {z1:.1f} 个标准误：这一次抽样分不出式 (1) 是否高估。"
+        f"换 {PL_REPS} 组种子，每轮 token 平均比式 (1) 低 {-100 * rep_stats['mean']:.1f}%（标准误 "
+        f"{100 * rep_stats['se']:.1f}%），{PL_REPS} 组里 {rep_stats['n_over']} 组式 (1) 偏高：在这个模型里式 (1) 高估，"
+        "方向和演示 1 一样。",
         f"T = 1、不重复的提示：{100 * fr1['frac_in']:.0f}% 的位置有草稿，每轮 {fr1['per_call']:.2f} 个 token——"
         "没有可抄的东西，prompt lookup 什么也不做（也不花什么：不用跑草稿模型）。",
         f"T = 0 时重复的提示每轮 {rep0['per_call']:.2f} 个（段内 α = {rep0['alpha_in']:.3f}：贪心下照抄的 token 就是 argmax）。"
@@ -397,7 +419,7 @@ def demo4_prompt_lookup():
         "在那之前归纳规则不起作用，目标就是 QCFG 本身），之后归纳规则接着抄，prompt lookup 也就猜中了"
         f"（每轮 {fr0['per_call']:.2f} 个）。",
     ])
-    return {"copy_p": copy_p, "res": res}
+    return {"copy_p": copy_p, "res": res, "reps": rep_stats}
 
 
 if __name__ == "__main__":

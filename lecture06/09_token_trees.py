@@ -10,7 +10,8 @@ k 个候选里有一个被接受的概率 α_k 随 k 怎么涨。
 被接受的路径挪到一起留在 KV cache 里，和从头算一样。
 演示 3：在 04 脚本的目标和草稿上：每层 k 个候选时的接受率 α_k；T = 0 时树形投机解码和贪心逐 token 相同。
 演示 4：链 vs 树：每次目标前向打分的位置数相同时，每次前向产出几个 token、每产出一个 token 算几个位置
-（公式预测，α 最低和最高的草稿再真的跑）；候选从 q 独立、有放回地抽时，树在哪里赢（α 低），链在哪里更好（α 高）。
+（公式预测，α 最低和最高的草稿再真的跑）；候选从 q 独立、有放回地抽、形状 (k, 1, …, 1)、5–17 个位置时，
+树在哪里赢（α 低、位置多），链在哪里更好（其余）。
 取草稿前 k 个**不同**候选的树（SpecInfer 的展开、Medusa、EAGLE-2）不在这里：它们在 T = 0 时也能赢。
 
 【怎么读输出】p = 目标模型的分布，q = 草稿的分布（Leviathan 的记号）。"树 (2, 1, 1, 1)" 表示第 1 层 2 个候选、
@@ -188,19 +189,44 @@ def demo2_tree_attention(target):
     step_gap = float(np.abs(target.forward(np.asarray([[nxt]]), cache)[0, -1]
                             - target.full_logits([seq + [nxt]])[0, -1]).max())
     leaves = [i for i in range(N) if i not in parents]
-    c_paths = Counter()
-    for leaf in leaves:   # 不用树形注意力：每个叶子的路径单独一次前向（前缀在缓存里）
+    leaf_paths = [[nodes[j] for j in path_of(parents, leaf)] for leaf in leaves]
+    c_paths, path_gap = Counter(), 0.0
+    for lp in leaf_paths:   # 不用树形注意力（一）：每个叶子的路径单独一次前向（前缀在缓存里）
         c = target.new_cache(1)
         target.forward(np.asarray([prompt]), c)
-        target.forward(np.asarray([[nodes[j] for j in path_of(parents, leaf)]]), c, c_paths)
-    w_tree, w_paths = c_tree.total("w", MATMUL_OPS), c_paths.total("w", MATMUL_OPS)
-    pos_paths = sum(len(path_of(parents, leaf)) for leaf in leaves)
+        target.forward(np.asarray([lp]), c, c_paths)
+    # 不用树形注意力（二）：叶子的路径一样长，拼成一批、一次前向（每一行的缓存里各有一份提示）
+    c_batch = Counter()
+    cb = target.new_cache(len(leaves))
+    target.forward(np.tile(np.asarray(prompt), (len(leaves), 1)), cb)
+    out_b = target.forward(np.asarray(leaf_paths), cb, c_batch)              # [叶子数, 深度, V]
+    for r, leaf in enumerate(leaves):   # 批里每一行的 logits = 树里那条路径上各节点的 logits
+        path_gap = max(path_gap, float(np.abs(out_b[r] - out[path_of(parents, leaf)]).max()))
+    per_pos = c_tree.total("flops", MATMUL_OPS) / N                         # 目标每个位置的矩阵乘法 FLOPs（账本）
+    ledger = {}
+    for key, label, c, n_fwd in (("tree", "树形注意力：整棵树一次前向", c_tree, 1),
+                                 ("paths", "每个叶子的路径单独一次前向", c_paths, len(leaves)),
+                                 ("batch", "叶子的路径拼成一批、一次前向", c_batch, 1)):
+        ledger[key] = {"label": label, "forwards": n_fwd, "positions": c.total("flops", MATMUL_OPS) / per_pos,
+                       "w": c.total("w", MATMUL_OPS)}
+    w_tree = ledger["tree"]["w"]
     print(f"\n留下路径 {'→'.join(str(j) for j in path)}（缓存槽 {', '.join(str(s) for s in slots)}）："
           f"KVCache.keep 把它们挪到第 {n0}..{S - 1} 个槽，pos = {S}")
     print_table(["比较", "max |Δ|"],
                 [["留下路径后的 K、V vs 从头喂 提示 + 路径", fmt_bound(kv_gap, TREE_BOUND)],
-                 ["接着喂 1 个 token 的 logits vs 一次算完", fmt_bound(step_gap, TREE_BOUND)]])
+                 ["接着喂 1 个 token 的 logits vs 一次算完", fmt_bound(step_gap, TREE_BOUND)],
+                 ["叶子的路径拼成一批的 logits vs 树里的", fmt_bound(path_gap, TREE_BOUND)]])
+    print(f"\n账本（目标模型，只数矩阵乘法，含 lm_head；{len(leaves)} 个叶子、每条路径 {len(leaf_paths[0])} 个节点；"
+          "提示已在缓存里）：")
+    print_table(["做法", "前向次数", "算的位置", "读权重", "相对树"],
+                [[v["label"], v["forwards"], f"{v['positions']:.0f}", fmt_bytes(v["w"]), f"{v['w'] / w_tree:.0f}×"]
+                 for v in ledger.values()])
     worst = max(deltas)
+    tr, pa, ba = ledger["tree"], ledger["paths"], ledger["batch"]
+    d4_tree = shapes(BUDGETS[-1])[1]                                        # 演示 4 的树 (2, 1, …, 1)
+    par4 = tree_parents(d4_tree)
+    leaves4 = [i for i in range(len(par4)) if i not in par4]
+    d4_nodes, d4_leaves, d4_batch = len(par4), len(leaves4), sum(len(path_of(par4, i)) for i in leaves4)
     print_observations([
         f"{N} 个节点在一次前向里打分，每个节点的 logits 和\"把它的路径接在提示后面当普通序列喂\"的差都 "
         f"{fmt_bound(worst, TREE_BOUND)}：遮罩让每个节点只看提示、自己的祖先和自己，RoPE 位置 = 提示长 + 深度 − 1，"
@@ -208,12 +234,17 @@ def demo2_tree_attention(target):
         f"节点在缓存里按节点顺序占第 {n0}..{n0 + N - 1} 个槽，被接受的路径不相邻（槽 {', '.join(str(s) for s in slots)}）。"
         f"KVCache.keep 把它们按顺序挪到一起之后，缓存和从头算的差 {fmt_bound(kv_gap, TREE_BOUND)}，接着 decode 也一样："
         "K 在写入时已经按深度转过 RoPE，挪到\"提示长 + 深度 − 1\"号槽正好是从头算时它该在的地方。",
-        f"账本：树一次前向算 {N} 个位置、读一遍目标权重（{fmt_bytes(w_tree)}，BF16）；不用树形注意力、每个叶子的路径"
-        f"单独一次前向，要 {len(leaves)} 次前向、算 {pos_paths} 个位置（共享的前缀重复算）、读 {w_paths / w_tree:.0f} 遍权重。",
+        f"账本：树一次前向算 {tr['positions']:.0f} 个位置、读一遍目标权重（{fmt_bytes(w_tree)}，BF16）。每个叶子的路径"
+        f"单独一次前向要 {pa['forwards']} 次前向、算 {pa['positions']:.0f} 个位置、读 {pa['w'] / w_tree:.0f} 遍权重；"
+        f"但把这 {len(leaves)} 条路径拼成一批、一次前向，也只读 {ba['w'] / w_tree:.0f} 遍权重，算 {ba['positions']:.0f} 个位置"
+        f"（logits 和树里的差 {fmt_bound(path_gap, TREE_BOUND)}）。所以树比批省下的不是读权重，而是共享前缀上重复算的 "
+        f"{ba['positions'] - tr['positions']:.0f} 个位置（还有批里每一行各存一份提示的 KV cache）。共享的前缀越长"
+        f"（分叉越靠近叶子）省得越多；演示 4 的{shape_name(d4_tree)}在第 1 层就分叉，{d4_leaves} 条路径没有共享的节点，"
+        f"拼成一批也是算 {d4_batch} 个位置，和树的 {d4_nodes} 个一样：对这种树，矩阵乘法一样多，树省下的是提示的 KV 只存一份。",
     ])
     return {"max_delta": worst, "kv_gap": kv_gap, "step_gap": step_gap, "n_nodes": N, "slots": slots,
-            "positions": [int(x) for x in pos], "w_ratio": w_paths / w_tree, "pos_paths": pos_paths,
-            "n_leaves": len(leaves)}
+            "positions": [int(x) for x in pos], "ledger": ledger, "path_gap": path_gap, "n_leaves": len(leaves),
+            "demo4_tree": (d4_nodes, d4_leaves, d4_batch)}
 
 
 # -----------------------------------------------------------------------------
@@ -324,8 +355,10 @@ def demo4_chain_vs_tree(target, drafts, A):
         f"实测和预测最多差 {zmax:.1f} 个标准误：预测假设各层独立、每层的接受率就是 α_k（和 04 脚本的式 (1) 一样），"
         "04 脚本说过，这个随机模型里相邻位置的难度几乎不相关，所以对得上。这里的树是最简单的形状、候选独立地抽；"
         "EAGLE-2（arXiv 2406.16858）用草稿的置信度近似接受率，为每个上下文长不同形状的树，这里没有模拟。"
-        "所以观察 1、2 的\"α 高时链更好、α 低时树才赢\"只对独立、有放回地抽的候选成立：取前 k 个不同候选的树"
-        "不会抽到重复的候选，T = 0 时也能赢（Medusa、EAGLE-2 报告的加速用的都是这种树）。",
+        "所以观察 1、2 的\"α 高时链更好、α 低时树才赢\"只在这里的条件下成立：候选独立、有放回地抽，"
+        f"形状只有 (k, 1, …, 1)，每次前向 {BUDGETS[0] + 1}–{BUDGETS[-1] + 1} 个位置。取前 k 个不同候选的树"
+        "不会抽到重复的候选，T = 0 时也能赢（Medusa、EAGLE-2 报告的加速用的都是这种树）；EAGLE-2 的草稿接受率高，"
+        "用的却是按上下文长出的几十个节点的动态树（发布的设置约验证 60 个 token），不是这里的形状。",
     ])
     return {"pred": pred, "meas": meas, "wins": wins, "lim_tree": lim_tree, "win_ratio": win_ratio, "zmax": zmax}
 

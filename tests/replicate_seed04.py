@@ -131,12 +131,12 @@ def claims(r):
         "越准的草稿产出越多（γ = 8，三个 transformer 草稿）": meas[(NAMES[0], 8)] > meas[(NAMES[1], 8)] > meas[(NAMES[2], 8)],
         "每格 100–499 轮（一两百到四百多）": all(100 <= r["rounds"][c] <= 499 for c in cells),
         "抽样误差以内（每格 |z| < 3）": max(abs(x) for x in z) < 3,
-        "有高有低、没有系统偏差（按打印值，高低各 ≥ 2 格，符号检验 p > 0.05）": (
+        "有高有低（按打印值，高低各 ≥ 2 格，符号检验 p > 0.05；\"没有系统偏差\"不成立：07 演示 3 观察 4）": (
             min(n_up, n_down) >= 2 and sign_test_p(n_up, n_down) > 0.05),
         "平均偏差 |mean(实测/预测 − 1)| < 2%": abs(float(np.mean(rel))) < 0.02,
         "被接受比例随 γ 下降": all(r["frac"][(n, a)] > r["frac"][(n, b)] for n in NAMES for a, b in zip(GAMMAS, GAMMAS[1:])),
         "直方图接近截断几何（χ² 拟合优度的 p > 0.01）": pval > 0.01,
-        "γ=8 运算量约 +90%（1.8–2.0×）": 1.8 <= r["flop_ratio"][8] <= 2.0,
+        "γ=8 运算量在 1.8–2.0×（把\"约 +90%\"读宽；04 印的是 1.97×：07 演示 4 观察 2）": 1.8 <= r["flop_ratio"][8] <= 2.0,
         "γ=8 运算量接近定理 3.11（差 < 0.1）": abs(r["flop_ratio"][8] - r["thm311_8"]) < 0.1,
         "γ=8 读权重约五分之一（0.15–0.25×）": 0.15 <= r["w_ratio"][8] <= 0.25,
         "运算量随 γ 增加、读权重随 γ 减少": (r["flop_ratio"][2] < r["flop_ratio"][4] < r["flop_ratio"][8]

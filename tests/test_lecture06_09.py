@@ -107,8 +107,33 @@ def test_demo2_tree_attention_and_kept_path(r2):
     # 树 (2, 2, 1) 的节点按层：0, 1 | 2, 3（0 的孩子）, 4, 5（1 的孩子）| 6..9；节点 8 的路径 1 → 4 → 8
     assert r2["slots"] == [n0 + 1, n0 + 4, n0 + 8]
     assert r2["positions"] == [n0] * 2 + [n0 + 1] * 4 + [n0 + 2] * 4
-    assert r2["n_leaves"] == 4 and r2["pos_paths"] == 4 * 3
-    assert r2["w_ratio"] == 4
+    assert r2["n_leaves"] == 4
+
+
+def test_demo2_ledger_tree_vs_paths_vs_batch(models, r2):
+    """
+    issue 26 第 16 条：旧的观察 3 只拿树和"每个叶子的路径单独一次前向"（读 4 遍权重）比。把 4 条路径拼成一批、一次前向
+    也只读 1 遍权重：树比批省下的是共享前缀上重复算的位置（12 − 10 = 2），不是读权重。这里用账本另算一遍：
+    批的前向自己喂一次（[4, 3] 的 token），位置数 = 矩阵乘法 FLOPs ÷ 每个位置的（参数个数 × 2）。
+    """
+    from ledger_lab import Counter, MATMUL_OPS
+    from quant_lab import QCFG
+    target = models[0]
+    led = r2["ledger"]
+    per_pos = 2 * QCFG.to_model_config().matmul_params()
+    w_once = 2 * QCFG.to_model_config().matmul_params()                  # BF16：每个参数 2 字节，读一遍
+    assert [(v["forwards"], v["positions"], v["w"]) for v in led.values()] == [
+        (1, 10, w_once), (4, 12, 4 * w_once), (1, 12, w_once)]
+    # 批：独立地喂一次（token 随便取，账本只看形状）
+    cb, c = target.new_cache(4), Counter()
+    target.forward(np.zeros((4, S09.PROMPT_LEN), dtype=int), cb)
+    target.forward(np.ones((4, 3), dtype=int), cb, c)
+    assert c.total("flops", MATMUL_OPS) == 12 * per_pos and c.total("w", MATMUL_OPS) == w_once
+    assert led["batch"]["w"] == led["tree"]["w"]                           # 旧文字："读 4 遍权重"只对逐条前向成立
+    assert led["batch"]["positions"] - led["tree"]["positions"] == 2
+    assert r2["path_gap"] < S09.TREE_BOUND
+    # 演示 4 的树 (2, 1, …, 1)，16 个节点：两条 8 个节点的路径，没有共享节点
+    assert r2["demo4_tree"] == (16, 2, 16)
 
 
 # ---------------------------------------------------------------------------
@@ -218,4 +243,5 @@ def test_tree_claims_are_scoped_to_independent_candidates():
     text = script_stdout("lecture06/09_token_trees.py")
     assert "贪心解码时**独立、有放回地**抽候选的树没有用处" in text
     assert "贪心解码时独立抽候选的树没有用处" not in text
-    assert "只对独立、有放回地抽的候选成立：取前 k 个不同候选的树不会抽到重复的候选，T = 0 时也能赢" in text
+    assert "只在这里的条件下成立：候选独立、有放回地抽，形状只有 (k, 1, …, 1)，每次前向 5–17 个位置" in text
+    assert "取前 k 个不同候选的树不会抽到重复的候选，T = 0 时也能赢" in text
