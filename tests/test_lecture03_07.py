@@ -128,11 +128,12 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
 # 演示 1
 # ---------------------------------------------------------------------------
 def test_demo1_file_types_and_requantization_errors(run):
-    mod, ctx, _, out, _ = run
+    mod, ctx, _, out, text = run
     d1 = out["d1"]
     assert d1["types"] == {"Q4_1": 210, "Q8_0": 1, "F32": 61}          # CURRICULUM §8
     assert d1["gguf:Q4_1"]["bits"] == 5.0 and d1["gguf:Q8_0"]["bits"] == 8.5
-    assert d1["gguf:Q4_1"]["rel_err"] < 1e-6                           # 已经在 Q4_1 的刻度上
+    assert d1["gguf:Q4_1"]["rel_err"] == 0                             # 已经在 Q4_1 的刻度上（float64 里逐位不变）
+    assert squash("用 Q4_1 再编码一次，每个数都不变（相对误差 0）") in squash(text)
     assert d1["int4-g32"]["bits"] == 4.5 and d1["int4-g32-zp"]["bits"] == 4.625 and d1["mxfp4"]["bits"] == 4.25
     # 对称 INT4-g32 手写：沿输入维每 32 个一组，scale = fp16(max|w| / 7)，round 取偶，clip 到 ±7
     e2 = t2 = 0.0
