@@ -13,18 +13,24 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
 【怎么读输出】
 - 离群程度 = 每个通道的 max|x|（在所有 token 上）里最大的 / 中位数（06 的"通道 max|x|：最大 / 中位"，同一个量）。
 - KL = 平均 KL(p_原 ‖ p_量化)（nats/位置），只在模型自己生成的位置上算（提示的位置不算）；top-1 = 两个模型
-  argmax 相同的位置的比例。"原模型"是装进来的文件本身（反量化成 float32）。
+  argmax 相同的位置的比例。"原模型"是装进来的文件本身（反量化成 float64）。
 - "KL − 基准 ± 标准误"：同一批 N_SEQ 条序列上每条一个 KL 之差（配对），标准误 ddof = 1；n 很小，要超过
   t₇ = 2.36 个标准误才算 5% 显著（05 演示 2 的做法）。
 - 输出误差 ‖X·W − X·W'‖ / ‖X·W‖、W8A8 误差：同 05、06。
 
 【模型的假设（务必看）】
-- 模型：SmolLM2-135M-Instruct（第 2 讲 real_model_lab；CURRICULUM §8），按 float32 装进来（快一倍、内存减半；
-  这里比的是量化的误差，float32 的舍入 ~1e-5 小得多）。**文件本身已经是 4 位的**（每个矩阵 Q4_1）：
+- 模型：SmolLM2-135M-Instruct（第 2 讲 real_model_lab；CURRICULUM §8），按 float64 装进来、按 float64 算（DTYPE）。
+  float32 快一倍、内存减半，但它的舍入随 BLAS 的实现（numpy 的版本、CPU 用的内核）变，打印的数会跟着变：
+  温度 1 的抽样会换 token（见下面"文本"），KV 量化的 KL 在 numpy 1.24 和 2.4 之间差 2–3%（恰在两个刻度
+  正中的数舍到另一边）。float64 的舍入 ~1e-16，打印的数在 numpy 1.24 和 2.4、OpenBLAS 的几种内核上逐字节相同。
+  **文件本身已经是 4 位的**（每个矩阵 Q4_1）：
   这里每个量化方案都是在已经量化过一次的权重上再舍入一次，KL 量的是"第二次舍入"，不是从 BF16 量化的代价。
 - 文本：模型自己在温度 1 下生成的（decode_lab.sample_from_prompts，种子 TEXT_SEED）：聊天提示 PROMPT
   （"Write a short story about a robot."）一次生成 2 × N_SEQ 条、每条 N_NEW = 12 个 token，前 N_SEQ 条是校准文本、
-  后 N_SEQ 条是评估文本（各条是独立的样本；两段文本分开，提示相同）。聊天格式
+  后 N_SEQ 条是评估文本（各条是独立的样本；两段文本分开，提示相同）。抽样是 CDF 反查：u·总和 离它落进的
+  区间的端点近，logits 的一点舍入就换一个 token。这 2 × N_SEQ × N_NEW 次抽样里最近的一次离端点 3.1e-8（第 6 条的第 4 个新 token）：
+  按 float32 抽，numpy 1.24 和 2.4 就抽出了不同的文本；float64 的 logits 在不同的实现之间差 < 1e-12，离它还远
+  （测试重算这个距离）。聊天格式
   <|im_start|>user\\n{提示}<|im_end|>\\n<|im_start|>assistant\\n（不加系统轮），不在 <|im_end|> 处停。
   激活的统计（演示 2、4）在校准文本的全部位置（含提示）上量；KL 只在评估文本生成的位置上量。
 - GPTQ、AWQ 比较的范围：只量化 STUDY_LAYERS = 第 11 层的全部 7 个矩阵，其余层保持装进来的样子。时间决定的：
@@ -36,7 +42,7 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
 - SmoothQuant 的 s 用校准激活算、也在它上面量误差（06 的做法：它的最好情形）；只看第 11 层的 wq/wk/wv/w_gate/w_up。
 - KV cache：一次前向喂完整段文本、写入缓存时量化（kvcache_lab / kvquant_lab）；KIVI 的 K 每个通道沿 token
   每 32 个一组（整段文本一次写入），论文里最近 R 个 token 留全精度的那部分这里不留。KV 的 KL 以 outlier_lab.capture
-  的 logits 为原模型（和 transformer_lab 的前向只差 float32 的舍入，测试核对这部分 KL 小于 1e-6）。
+  的 logits 为原模型（和 transformer_lab 的前向只差 float64 的舍入，测试核对这部分 KL 小于 1e-15）。
 - QCFG 的数（离群程度、SmoothQuant 的最优 α、KV 的排序）用 06 同样的设定在这里重算。
 
 【运行】python3 07_real_model_quantization.py （约 18 秒，空闲的 2 核机器、一个 BLAS 线程，三次里最快的一次；种子 04
@@ -80,6 +86,7 @@ from transformer_lab import NumpyTransformer, init_params  # noqa: E402
 # ---- 实验的设定（提示、样本的多少、种子、比较的层都是选的，不是事实）----
 PROMPT = "Write a short story about a robot."
 N_SEQ, N_NEW, TEMP, TEXT_SEED = 8, 12, 1.0, 0      # 校准、评估各 N_SEQ 条（一次生成 2·N_SEQ 条，前一半校准）
+DTYPE = "float64"       # 模型按 float64 装、按 float64 算：打印的数不随 BLAS 变（模块说明）
 STUDY_LAYERS = (11,)
 T7_975 = 2.36          # t 分布 7 个自由度（= N_SEQ − 1）的 97.5% 分位数 2.365（t 分布表；测试数值积分核对）
 INPUTS = ("attn_in", "attn_out", "mlp_in", "mlp_act")
@@ -142,7 +149,7 @@ def with_layers(P, new_layers):
 
 def setup():
     """装模型、生成两段文本、在上面取激活 -> dict（几个演示共用）。"""
-    P, cfg, tok = load_gguf(dtype=np.float32)
+    P, cfg, tok = load_gguf(dtype=np.dtype(DTYPE))
     model = TransformerLM(P, cfg)
     ids = tok.chat(PROMPT)
     new = sample_from_prompts(model, [ids], 2 * N_SEQ, N_NEW, TEMP, np.random.default_rng(TEXT_SEED))
@@ -204,8 +211,9 @@ def demo1_file_formats(ctx):
         f"文件里 {types.get('Q4_1', 0)} 个张量是 Q4_1（每个矩阵）、{types.get('Q8_0', 0)} 个是 Q8_0（词嵌入，也就是共享的 "
         f"lm_head）、{types.get('F32', 0)} 个是 F32（RMSNorm 的权重）。Q4_1 每 32 个数一块：FP16 的 d 和 m、16 个 4 位的 q，"
         f"w = d·q + m，{q41['bits']:.1f} 位；Q8_0 是 {res['gguf:Q8_0']['bits']:.1f} 位。",
-        f"Q4_1 的块和课程的 g32 分组是同样的 32 个数（都沿输入维连续的 32 个）。用 Q4_1 再编码一次，相对误差只有 "
-        f"{100 * q41['rel_err']:.2g}%：这些权重已经落在每块 d·q + m 的 16 个刻度上。",
+        "Q4_1 的块和课程的 g32 分组是同样的 32 个数（都沿输入维连续的 32 个）。用 Q4_1 再编码一次，"
+        + ("每个数都不变（相对误差 0）" if q41["rel_err"] == 0 else f"相对误差只有 {100 * q41['rel_err']:.2g}%")
+        + "：这些权重已经落在每块 d·q + m 的 16 个刻度上。",
         f"再量化成对称的 INT4-g32（{sym['bits']:.1f} 位）误差是 {100 * sym['rel_err']:.2f}%，带零点的 INT4-g32"
         f"（{zp['bits']:.3f} 位）是它的 {res['zp_over_sym']:.2f} 倍：零点和 Q4_1 的 m 一样把 16 个刻度对到这一块的"
         "[最小, 最大] 上，对称的只用 15 个、以 0 为中心。下面的 KL 都是这种\"第二次舍入\"的代价。",
@@ -303,7 +311,7 @@ def demo2_activation_outliers(ctx, toy):
 # 演示 3：就近舍入 vs GPTQ vs AWQ
 # ---------------------------------------------------------------------------
 def quantize_layers(ctx, method, scheme="int4-g32"):
-    """用 method 量化 STUDY_LAYERS 的 7 个矩阵（校准激活）-> {层: {矩阵: w'（float32）}}。"""
+    """用 method 量化 STUDY_LAYERS 的 7 个矩阵（校准激活）-> {层: {矩阵: w'（模型的 dtype）}}。"""
     P, dt = ctx["P"], np.dtype(ctx["cfg"].dtype)
     out = {}
     for li in STUDY_LAYERS:
@@ -325,7 +333,7 @@ def quantize_layers(ctx, method, scheme="int4-g32"):
 
 
 def quantize_all(P, scheme):
-    """就近舍入量化全部层的 7 个矩阵 -> P'（float32，结构同 P）。"""
+    """就近舍入量化全部层的 7 个矩阵 -> P'（模型的 dtype，结构同 P）。"""
     return with_layers(P, {i: {m: quantize_matrix(L[m].astype(np.float64), scheme)[0].astype(L[m].dtype)
                                for m in LAYER_MATRICES} for i, L in enumerate(P["layers"])})
 
@@ -380,9 +388,20 @@ def demo3_weight_methods(ctx):
                 "kl": {k: float(v[0].mean()) for k, v in runs.items()}})
     k = res["kl"]
     zg, za = res["gptq_diff"][2], res["awq_diff"][2]
+    res["awq_gptq_diff"] = ag = paired(runs["awq"][0], runs["gptq"][0])
+    res["awq_gptq_ci"] = (ag[0] - T7_975 * ag[1], ag[0] + T7_975 * ag[1])
 
     def verdict(z):
         return "分不出来" if abs(z) < T7_975 else ("显著地小" if z < 0 else "显著地大")
+    if abs(ag[2]) < T7_975:
+        ag_says = "这批文本上分不出 AWQ 和 GPTQ 谁好"
+    else:
+        ag_says = f"这 {N_SEQ} 条评估序列上 AWQ 显著地比 GPTQ {'好' if ag[0] < 0 else '差'}"
+    # 输出误差上 AWQ 比 GPTQ 小的矩阵
+    res["awq_beats_gptq"] = [(li, m) for li in STUDY_LAYERS for m in LAYER_MATRICES
+                             if err[(li, m, "awq")] < err[(li, m, "gptq")]]
+    wins = "、".join(f"{m}（{100 * err[(li, m, 'awq')]:.2f}% 对 {100 * err[(li, m, 'gptq')]:.2f}%）"
+                     for li, m in res["awq_beats_gptq"]) or "没有"
     print_observations([
         f"再量化一次就近舍入的 INT4-g32（全部矩阵）KL {k['all_int4-g32']:.3f}，INT3-g32 是 {k['all_int3-g32']:.2f}"
         f"（{k['all_int3-g32'] / k['all_int4-g32']:.0f} 倍）：少一位，一个 1.35 亿参数的模型就坏了；下面只在 4 位上比方法。",
@@ -391,7 +410,13 @@ def demo3_weight_methods(ctx):
         "——那里的输入有一个巨大的离群通道（演示 2），AWQ 把那一行权重放大再量化，它的舍入误差就小了（05 演示 3 的构造，"
         "这里是训练出来的）。",
         f"只量化{few}矩阵时，KL：就近舍入 {k['rtn']:.4f}、GPTQ {k['gptq']:.4f}（差 {zg:+.1f} 个标准误，{verdict(zg)}）、"
-        f"AWQ {k['awq']:.4f}（{za:+.1f} 个标准误，{verdict(za)}）。",
+        f"AWQ {k['awq']:.4f}（{za:+.1f} 个标准误，{verdict(za)}）。"
+        f"AWQ − GPTQ（同样配对）是 {fmt_diff(ag)}（10⁻³，{ag[2]:+.1f} 个标准误；95% 区间 {1e3 * res['awq_gptq_ci'][0]:+.1f}"
+        f" 到 {1e3 * res['awq_gptq_ci'][1]:+.1f}）：{ag_says}。",
+        f"但这一层是照 AWQ 最有利的地方选的：第 {STUDY_LAYERS[0]} 层的 w_down 输入有全模型最大的离群通道（演示 2），"
+        f"正是 AWQ 按通道放大权重要对付的。输出误差上 AWQ 比 GPTQ 小的矩阵只有 {wins}，另外 "
+        f"{res['n_mat'] - len(res['awq_beats_gptq'])} 个都是 GPTQ 小。只比了这一层、{N_SEQ} 条评估序列，"
+        "说明不了别的层、整个模型上谁好。",
     ])
     return res
 

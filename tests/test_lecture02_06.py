@@ -322,6 +322,13 @@ def test_rope_permutation_must_be_undone_exactly_once(f64):
 
 
 def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
+    """
+    容差从 float32 的舍入推出来，不用某台机器量到的数：单位舍入 u = 2⁻²⁴ ≈ 6e-8，舍入误差随机累积时按 √n 长，
+    n 取 30 层 × 每层 4 次矩阵乘 × 最长的点积 d_ff = 1536（√n ≈ 430）；这段输入的 logits 和 logsumexp 最大 28.4：误差约
+    28.4 × 6e-8 × 430 ≈ 7e-4，断言 1e-3（fixture 里 Hugging Face 自己的 float32 对 float64 差 4.2e-5，在界内）。
+    前 5 名的顺序只在参考的相邻 logits 之差都大于两倍容差时才断言得住：先核对这一点。
+    """
+    tol = 1e-3
     P, cfg, tok = real_model("float32")
     assert cfg.dtype == "float32"
     model = NumpyTransformer(P, cfg)
@@ -330,12 +337,13 @@ def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
     logits = model.forward(np.asarray([CHAT["ids"]]), cache)
     assert logits.dtype == np.float32
     assert cache.k.dtype == np.float32 and cache.v.dtype == np.float32
-    assert _hf_max_diff(logits[0].astype(np.float64), CHAT["rows"]) < 2e-4
+    assert _hf_max_diff(logits[0].astype(np.float64), CHAT["rows"]) < tol
     step = model.forward(np.asarray([[GREEDY[0]]]), cache)
     assert step.dtype == np.float32
     f32 = HF["float32"]                                     # HF 自己的 float32（未打补丁）：前 5 名
+    assert np.min(-np.diff(f32["top5_logits"])) > 2 * tol       # 相邻的差最小 0.028：顺序不随舍入变
     assert [int(i) for i in np.argsort(-logits[0, f32["pos"]])[:5]] == f32["top5_ids"]
-    assert np.max(np.abs(logits[0, f32["pos"], f32["top5_ids"]] - np.asarray(f32["top5_logits"]))) < 2e-4
+    assert np.max(np.abs(logits[0, f32["pos"], f32["top5_ids"]] - np.asarray(f32["top5_logits"]))) < tol
 
 
 def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
