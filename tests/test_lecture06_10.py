@@ -216,8 +216,8 @@ def test_float32_decisions_hold_on_any_blas(run, f64):
         pairs.append((label, m32, m64))
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
-    for label, m32, m64 in pairs + [(lab, scheme) for lab, scheme in (("INT8 的自己", "int8"),
-                                                                       ("INT4-g32 的自己", "int4-g32"))]:
+    pairs += [("INT8 的自己", "int8", None), ("INT4-g32 的自己", "int4-g32", None)]
+    for label, m32, m64 in pairs:
         if isinstance(m32, str):                    # 量化的草稿：float32 的量化权重，原样转成 float64
             d32, _ = requantized_draft(ctx["P"], ctx["cfg"], m32)
             l32 = rows(d32)
