@@ -15,7 +15,7 @@ CS349E · 第 6 讲 · 10_real_model_spec_decode.py —— 真实模型上的投
 演示 5：T = 0 的 top-k 树（Medusa / EAGLE 那样每层取草稿的前 k 名）对照同样位置数的链。
 演示 6：代价：每个草稿每个 token 读多少字节、做多少运算（按一个写明的部署假设），代价系数 c 和定理 3.8 预测的加速比。
 演示 7（只在 --time 时）：在这台 CPU 上真的计时：普通 decode vs 跳层草稿 vs prompt lookup，各重复 5 次（TIME_REPEATS）
-取中位数和范围，和预测比；调用次数相同的两种做法（散文上的 prompt lookup）给出计时的噪声有多大。
+取中位数和范围，和预测比；调用次数相同的两种做法（散文上的 prompt lookup）给出计时的误差有多大。
 
 【怎么读输出】α = 草稿 token 被接受的概率的平均（推论 3.6）。"T = 0 精确"：T = 0 时投机解码的输出就是目标的贪心
 序列，每一轮接受几个只取决于"草稿在贪心文本的每个位置猜对了没有"（teacher forcing 一次前向，greedy_lab）：
@@ -677,18 +677,18 @@ def demo7_timing(ctx, n_new=32, repeats=TIME_REPEATS):
     lo, hi = prose["ratio_range"]
     obs = [
         "计时只对这一次运行、这台机器有效（别的进程、BLAS 的线程都会改变它），所以默认运行不打印它。",
-        (f"噪声有多大：散文上 prompt lookup 的目标调用和普通 decode 一样多（{prose['calls']} 次，几乎找不到可抄的），"
+        (f"误差有多大：散文上 prompt lookup 的目标调用和普通 decode 一样多（{prose['calls']} 次，几乎找不到可抄的），"
          "真实的比值就是 ≈ 1.00×（有草稿的那几轮目标多打分几行，只会慢一点）；"
          if same_calls else
-         f"噪声有多大：散文上 prompt lookup 调用 {prose['calls']} 次、普通 decode {prose_plain['n']} 次（预测 "
+         f"误差有多大：散文上 prompt lookup 调用 {prose['calls']} 次、普通 decode {prose_plain['n']} 次（预测 "
          f"{prose['pred']:.2f}×）；")
         + f"测出来是 {prose['ratio']:.2f}×，{repeats} 次在 {lo:.2f}–{hi:.2f}× 之间"
-        + ("：离 1.00× 的距离就是这台机器上计时的噪声，比它小的差别这里分不出来。" if same_calls else "。"),
+        + ("：离 1.00× 的距离就是这台机器上计时的误差（负载的起伏、先后次序这类系统差别都在里面），比它小的差别这里分不出来。" if same_calls else "。"),
         f"照抄的提示上 prompt lookup 是 {copy['ratio']:.2f}×（{copy['ratio_range'][0]:.2f}–{copy['ratio_range'][1]:.2f}，"
         f"{copy['n']} 个 token 只调用目标 {copy['calls']} 次，预测 {copy['pred']:.2f}×）"
-        + ("：最慢的一次也比散文那行的噪声上限快，真的快了——numpy 里多几行的目标前向比一行贵不了多少（读一遍权重、"
+        + ("：最慢的一次也比散文那行的上限快，真的快了——numpy 里多几行的目标前向比一行贵不了多少（读一遍权重、"
            "固定的调用开销）。" if copy["ratio_range"][0] > hi else
-           "：和散文那行的范围重叠，这次分不出是不是真的快了（生成的 token 太少时，第一次前向（整个提示）占了大头）。"),
+           "：和散文那行的范围重叠，这次分不出是不是真的快了（生成的 token 少时，几种做法一样长的第一次前向——整个提示——占的比重大）。"),
         f"跳层草稿是 {sk['ratio']:.2f}×（{sk['ratio_range'][0]:.2f}–{sk['ratio_range'][1]:.2f}，预测 {sk['pred']:.2f}×）："
         f"每个草稿 token 要跑 {30 - SKIP[1]} 层，一轮的草稿比省下的目标前向还贵。重新量化的草稿在这里也不会更快："
         "numpy 把它反量化成浮点来算，读的字节和运算量都和目标一样。",

@@ -418,14 +418,16 @@ def test_cost_coefficients_and_theorem_3_8(run):
     assert out["d1"]["alphas"][ctx["skip_label"]][0] < out["d6"][ctx["skip_label"]]["c"]
 
 
-def test_time_path_runs(run):
+def test_time_path_runs(run, monkeypatch):
     """--time：每种做法重复 k 次；中位数、范围、同一遍里的比值都由返回的时间重算；预测按式子。"""
     s, ctx, _ = run
+    said = []
+    monkeypatch.setattr(s, "print_observations", lambda obs: said.extend(obs))    # 观察的原文（不折行）
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         res = s.demo7_timing(ctx, 2, repeats=3)
-    text = buf.getvalue()
-    assert "演示 7" in text and "重复 3 次" in text
+    assert "演示 7" in buf.getvalue() and "重复 3 次" in buf.getvalue()
+    text = "".join(said)
     P, cfg = ctx["P"], ctx["cfg"]
     per_layer = sum(P["layers"][0][m].size for m in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
     c_hat = ((cfg.n_layers - s.SKIP[1]) * per_layer + P["lm_head"].size) / (cfg.n_layers * per_layer
@@ -447,7 +449,10 @@ def test_time_path_runs(run):
     lo, hi = lk["ratio_range"]
     assert f"测出来是 {lk['ratio']:.2f}×，3 次在 {lo:.2f}–{hi:.2f}× 之间" in text
     if lk["calls"] == res[("散文", "普通 decode")]["n"]:            # 调用次数一样：真实的比值 ≈ 1.00×
-        assert "真实的比值就是 ≈ 1.00×" in text
+        assert "真实的比值就是 ≈ 1.00×" in text and "离 1.00× 的距离就是这台机器上计时的误差" in text
+    cp = res[("照抄", "prompt lookup（自适应）")]
+    assert ("真的快了" in text) == (cp["ratio_range"][0] > hi)
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="重复次数"):
         s.demo7_timing(ctx, 2, repeats=0)
     buf = io.StringIO()
