@@ -14,7 +14,8 @@ CS349E · 第 6 讲 · 10_real_model_spec_decode.py —— 真实模型上的投
 演示 4：prompt lookup 在模型照抄的时候：照抄的提示 vs 散文、代码；γ = 4、8 和自适应 γ。
 演示 5：T = 0 的 top-k 树（Medusa / EAGLE 那样每层取草稿的前 k 名）对照同样位置数的链。
 演示 6：代价：每个草稿每个 token 读多少字节、做多少运算（按一个写明的部署假设），代价系数 c 和定理 3.8 预测的加速比。
-演示 7（只在 --time 时）：在这台 CPU 上真的计时：普通 decode vs 跳层草稿 vs prompt lookup，和预测比。
+演示 7（只在 --time 时）：在这台 CPU 上真的计时：普通 decode vs 跳层草稿 vs prompt lookup，各重复 5 次（TIME_REPEATS）
+取中位数和范围，和预测比；调用次数相同的两种做法（散文上的 prompt lookup）给出计时的误差有多大。
 
 【怎么读输出】α = 草稿 token 被接受的概率的平均（推论 3.6）。"T = 0 精确"：T = 0 时投机解码的输出就是目标的贪心
 序列，每一轮接受几个只取决于"草稿在贪心文本的每个位置猜对了没有"（teacher forcing 一次前向，greedy_lab）：
@@ -24,6 +25,9 @@ CS349E · 第 6 讲 · 10_real_model_spec_decode.py —— 真实模型上的投
 - 目标和所有草稿都按 float32 运行（比 float64 快约一倍、内存减半）。精确的轮次计算只需要 argmax：脚本打印目标自己在
   贪心文本上 teacher forcing 的 argmax 和文本不同的位置个数（应为 0）；"T = 0 的输出 == 贪心"和"精确的轮次 == 真实循环"
   在 float64 下由测试核对（float32 里 γ + 1 行的前向和 1 行的前向在几乎并列的位置上可能取到不同的 argmax）。
+  精确的数只取决于文本的 token 在 logits 里排第几：测试核对这几段文本上每个要紧的位置，别的 token 的 logit 离它都远过
+  float32 误差的 20 倍（float64 重算），α T = 1 的 3 位小数也留了余量：换一个 CPU / BLAS / numpy 版本，这些数不变。
+  演示 2 里 T = 1 真跑的一格是 float32 的抽样：只有某个均匀数正好落在 float32 误差以内时才会变。
 - 文本：三个提示（PROMPTS：散文、代码、照抄一段话），聊天格式（bpe_lab.chat，没有系统轮），各最多 N_NEW 个新 token
   的贪心续写（停在 <|im_end|>）。续写用 prompt lookup 的投机解码生成（T = 0 的输出就是贪心序列，照抄时少很多次前向）。
   只有三段、几十个位置（为了运行时间）：换一批文本，各个 α 和式 (1) 的误差都会变（文本的选择本身）。
@@ -91,14 +95,21 @@ NGRAM_ORDER = 3
 LOOKUP_N = 2                    # prompt lookup 用最后 2 个 token 去匹配
 GAMMAS = (1, 2, 4, 8)
 GAMMA_CORR = 4                  # 演示 3 用的 γ
+TIME_REPEATS = 5                # 演示 7（--time）：每种做法计时几次，报中位数和范围
 N_SHUFFLE, SHUFFLE_SEED = 100, 300   # 演示 3：打乱顺序的次数、种子
 ADAPT = (2, 16)                 # 自适应 γ：从 2 开始，最多 16（lookup_lab 的规则）
 TREES = ((1, 1, 1, 1), (2, 1), (4,), (1,) * 8, (2, 1, 1, 1), (4, 1), (8,))   # 每层的宽度
 T1 = {"prompt": 0, "n_new": 16, "gamma": 2, "seed": 1000}          # T = 1 真跑的一格（跳层草稿，散文）
 TOY_TEXT = {"n_seq": 8, "length": 64, "seed": 0}                  # 玩具（种子 04）的 α：同 04 的演示 3 的文本
-# Leviathan et al. 2023 表 3（arXiv 2211.17192）：(目标, 草稿, α 在 T = 0, α 在 T = 1)
-LEVIATHAN_T3 = (("GPT-like 97M", "GPT-like 6M", 0.88, 0.89), ("T5-XXL EnDe", "T5-small", 0.75, 0.62),
-                ("T5-XXL EnDe", "bigram", 0.20, 0.19), ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74))
+# Leviathan et al. 2023 表 3（arXiv 2211.17192）：(目标, 草稿, α 在 T = 0, α 在 T = 1)，整张表（10 对神经网络模型 +
+# 2 个二元语法草稿），和 06_papers_vs_formulas.py 的 LEVIATHAN_TABLE3 一字不差（测试核对）
+LEVIATHAN_T3 = (("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
+                ("T5-XXL EnDe", "二元语法", 0.20, 0.19), ("T5-XXL EnDe", "T5-small", 0.75, 0.62),
+                ("T5-XXL EnDe", "T5-base", 0.80, 0.68), ("T5-XXL EnDe", "T5-large", 0.82, 0.71),
+                ("T5-XXL CNNDM", "二元语法", 0.23, 0.16), ("T5-XXL CNNDM", "T5-small", 0.65, 0.53),
+                ("T5-XXL CNNDM", "T5-base", 0.73, 0.55), ("T5-XXL CNNDM", "T5-large", 0.74, 0.56),
+                ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57), ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
+                ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74))
 
 _CTX = {}
 
@@ -221,6 +232,19 @@ def _lookup_betas(ctx):
     return b0, b1
 
 
+def leviathan_t3_gaps():
+    """
+    Leviathan 表 3 的 α（T = 0）− α（T = 1）按模型对分组 -> dict：T5 的几对（范围、是否都是 T = 0 高）、
+    其余神经网络模型对（GPT-like、LaMDA）的最大 |差|、二元语法草稿 T = 0 的 α 的范围。
+    """
+    neural = [r for r in LEVIATHAN_T3 if r[1] != "二元语法"]
+    t5 = [a0 - a1 for t, _, a0, a1 in neural if t.startswith("T5")]
+    other = [abs(a0 - a1) for t, _, a0, a1 in neural if not t.startswith("T5")]
+    bigram = [a0 for _, d, a0, _ in LEVIATHAN_T3 if d == "二元语法"]
+    return {"n_neural": len(neural), "n_t5": len(t5), "t5": (min(t5), max(t5)), "t5_all_up": min(t5) > 0,
+            "n_other": len(other), "other": max(other), "bigram0": (min(bigram), max(bigram))}
+
+
 # -----------------------------------------------------------------------------
 def demo1_alphas(ctx):
     print_header("演示 1：真实目标（SmolLM2-135M）的草稿和它们的 α（teacher forcing，目标自己的贪心文本）")
@@ -252,6 +276,7 @@ def demo1_alphas(ctx):
     toy_t, toy_d = build_seed04_models()
     toks = sample_tokens(toy_t.params, QCFG, **TOY_TEXT)
     toy = alphas_on_text(toy_t, toy_d, toks, (0.0, 1.0))
+    ctx["toy_models"] = (toy_t, toy_d, toks)                    # 演示 3 再用（玩具的 r₁）
     ent_toy = _entropy(toy_t.full_logits(toks))
     ent_real = _entropy(np.concatenate(ctx["target_logits"]))
     rows2 = [[f"Leviathan 表 3：{t} + {d}", f"{a0:.2f}", f"{a1:.2f}", f"{a0 - a1:+.2f}"]
@@ -267,11 +292,16 @@ def demo1_alphas(ctx):
     gap_toy = max(toy[n][0] - toy[n][1] for n in toy_neural)     # 降得最少的那个（负数 = T = 0 更低）
     best = max(neural, key=lambda n: alphas[n][0])
     ng = alphas[ctx["ngram_label"]][0]
+    t3 = leviathan_t3_gaps()
     obs = [
         f"温度：真实目标的 {len(neural)} 个神经网络草稿里 {len(up)} 个在 T = 0 时 α 更高"
         f"（{'、'.join(up) or '没有'}）" + ("" if len(up) == len(neural) else "，其余的 T = 1 更高")
-        + f"；两列最多差 {gap_real:.3f}。Leviathan 表 3 的真实模型对"
-        "也多半只差 0.01（T5-small 差 0.13）。04 的玩具却是 T = 0 低得多：它的三个神经网络草稿至少低"
+        + f"；两列最多差 {gap_real:.3f}。Leviathan 表 3 的 {t3['n_neural']} 对神经网络模型差别不小："
+        f"{t3['n_t5']} 对 T5（EnDe、CNNDM 各三个草稿）" + ("都是 " if t3["t5_all_up"] else "")
+        + f"T = 0 高 {t3['t5'][0]:.2f}–{t3['t5'][1]:.2f}，GPT-like 和 LaMDA 的 {t3['n_other']} 对两列最多差"
+        f" {t3['other']:.2f}" + (f"；这里的草稿都比 T5 那几对差得少（{gap_real:.3f} < {t3['t5'][0]:.2f}）。"
+                                 if gap_real < t3["t5"][0] else "。")
+        + "04 的玩具却是 T = 0 低得多：它的三个神经网络草稿至少低"
         f" {-gap_toy:.3f}——随机模型的分布很平（目标的平均熵 {ent_toy:.2f} nats，真实目标在这段文本上"
         f" {ent_real:.2f} nats），argmax 常常是几乎并列的几个之一，草稿稍有偏差就选了另一个；"
         "训练过的模型多数位置有一个明显的峰，猜中峰就行。"
@@ -282,13 +312,15 @@ def demo1_alphas(ctx):
         "（层 dropout + 每层都接 lm_head 的损失）才能从前面的层退出。04 的玩具里\"只用前 3 层\"（4 层里丢掉最后 1 层）"
         f"的 α 在 T = 1 时有 {toy['只用前 3 层'][1]:.2f}：随机模型的最后一层没有特别的分工。",
         f"{ctx['ngram_label']}：α = {ng:.3f}（T = 0），"
-        + ("远低于" if ng < 0.1 else "接近") + " Leviathan 表 3 的 bigram（0.20 / 0.19，那是在 10K 个 token 上）："
+        + ("远低于" if ng < 0.1 else "低于" if ng < t3["bigram0"][0] else "不低于")
+        + f" Leviathan 表 3 的两个二元语法草稿（T = 0 时 {t3['bigram0'][0]:.2f}–{t3['bigram0'][1]:.2f}，"
+        "在目标生成的 1 万个 token 上量的）："
         "它只从另外两段几十个 token 里学，文本一换题目就几乎猜不中。"
         f"prompt lookup 只在照抄的文本上有用（照抄 {lk_per[2]:.2f}，散文 {lk_per[0]:.2f}）。",
     ]
     print_observations(obs)
     return {"alphas": alphas, "toy": toy, "up": up, "gap_real": gap_real, "gap_toy": gap_toy,
-            "ent_toy": ent_toy, "ent_real": ent_real}
+            "ent_toy": ent_toy, "ent_real": ent_real, "t3": t3}
 
 
 # -----------------------------------------------------------------------------
@@ -359,6 +391,23 @@ def demo2_tokens_per_call(ctx):
     return {"exact": exact, "over": over, "t1": cells}
 
 
+def _toy_lag1(ctx):
+    """
+    04 的玩具，T = 0：每个草稿"argmax 和目标的 argmax 相同"的指示在玩具文本（演示 1 的 8 × 64 个 token）上的相邻相关
+    -> {草稿名: r₁}（每条序列里相邻的两个位置配对，不跨序列；方差为 0 的草稿不列）。
+    """
+    toy_t, toy_d, toks = ctx["toy_models"]
+    top_t = toy_t.full_logits(toks).argmax(-1)
+    out = {}
+    for name, d in toy_d.items():
+        lq = d.table[np.asarray(toks)] if hasattr(d, "table") else d.full_logits(toks)
+        try:
+            out[name] = lag1_correlation((lq.argmax(-1) == top_t).astype(float))
+        except ValueError:
+            pass
+    return out
+
+
 # -----------------------------------------------------------------------------
 def demo3_seed04_sentence(ctx):
     g = GAMMA_CORR
@@ -388,6 +437,7 @@ def demo3_seed04_sentence(ctx):
                f"\"打乱后\"：每段的 β 随机打乱顺序（α 不变）再精确地数，{N_SHUFFLE} 次的平均；第二个差 = 精确 / 打乱后 − 1，"
                "只剩\"猜错的位置排在哪里\"的效应（文本有限、末尾不完整的轮这些效应两边一样）。")
     n_pairs = sum(len(a) - 1 for a in _agree(ctx, next(iter(ctx["drafts"]))))
+    toy_r = _toy_lag1(ctx)
     n_pos = n_pairs + len(ctx["texts"])
     finite = {n: v["lag1"] for n, v in out.items() if not np.isnan(v["lag1"])}
     pos_r = [n for n, r in finite.items() if r > 0]
@@ -396,14 +446,15 @@ def demo3_seed04_sentence(ctx):
     neg_order = [n for n, v in out.items() if v["err_order"] < 0]
     obs = [
         f"相邻相关：r₁ 有定义的 {len(finite)} 个草稿里 {len(pos_r)} 个 r₁ > 0（{'、'.join(pos_r) or '没有'}），"
-        f"从 {min(finite.values()):+.2f} 到 {max(finite.values()):+.2f}（04 的玩具里 |r| < 0.07）。"
+        f"从 {min(finite.values()):+.2f} 到 {max(finite.values()):+.2f}（04 的玩具，T = 0、它自己的文本上："
+        f"{len(toy_r)} 个草稿的 |r₁| ≤ {max(abs(r) for r in toy_r.values()):.2f}）。"
         f"{n_pairs} 对相邻位置上，不相关时 r₁ 的抽样误差约 ±{1 / np.sqrt(n_pairs):.2f}：只有明显大于它的才算\"成片\"。",
         f"每轮起点：{len(low_start)} / {len(out)} 个草稿的\"α 起点\"低于总的 α（08 的机制：一轮在猜错处结束，"
         "下一轮就从猜错的附近开始）。",
         f"式 (1)：{len(neg)} / {len(out)} 个草稿的精确值低于式 (1)（γ = {g}）；和同样 α 的打乱顺序比，"
         f"{len(neg_order)} / {len(out)} 个低于打乱后的值。式 (1) 的误差里有一部分不是\"成片\"：打乱以后它还在"
         "（文本有限：完整的轮数少、猜错的位置就那么几个）。",
-        "对种子 04 那句话的意思：在这台真实模型上，式 (1) 对这几个草稿"
+        "对种子 04 那句话的意思：在这个真实模型上，式 (1) 对这几个草稿"
         + ("多半是高估" if len(neg) > len(out) / 2 else "并不总是高估")
         + ("，而且去掉顺序之后高估变小——顺序（成片）确实贡献了一部分；" if len(neg_order) > len(out) / 2 else
            "，但打乱顺序后大多还在——这几段文本里高估主要不是来自成片；")
@@ -413,7 +464,7 @@ def demo3_seed04_sentence(ctx):
         f"这里是三段、{n_pos} 个位置的精确值，不是一条定律。",
     ]
     print_observations(obs)
-    return {"per_draft": out, "n_pairs": n_pairs, "pos_r": pos_r, "neg": neg, "neg_order": neg_order}
+    return {"per_draft": out, "n_pairs": n_pairs, "pos_r": pos_r, "neg": neg, "neg_order": neg_order, "toy_r": toy_r}
 
 
 # -----------------------------------------------------------------------------
@@ -490,21 +541,29 @@ def demo5_trees(ctx):
     chain_names = [n for n in names if n not in tree_names]
     a_tree = [_alpha0(ctx, n) for n in tree_names]
     a_chain = [_alpha0(ctx, n) for n in chain_names]
+    margin = {n: max(v[1] / v[2] - 1 for (b, m), v in wins.items() if m == n) for n in tree_names}
+    budgets = sorted({tree_size(w) for w in TREES})
+    n_pos = sum(len(new) for _, new in ctx["texts"])
     e8 = ctx["drafts"][f"只用前 {EXIT_K} 层"]["ranks"]
     miss = np.concatenate(e8)
     second = float(((miss > 0) & (miss < 4)).sum() / max((miss > 0).sum(), 1))
     obs = [
-        f"同样的位置数下，树（至少一种位置数）赢链的草稿：{'、'.join(tree_names) or '没有'}"
-        + (f"（α ≤ {max(a_tree):.2f}）" if a_tree else "")
-        + f"；链始终更好的：{'、'.join(chain_names) or '没有'}" + (f"（α ≥ {min(a_chain):.2f}）。" if a_chain else "。")
-        + "和 09 的 i.i.d. 候选一样：α 低时树赢、α 高时链好。",
+        "同样的位置数下，树（至少一种位置数）赢链的草稿："
+        + ("、".join(f"{n}（最多 {margin[n]:+.0%}）" for n in tree_names) + f"，α ≤ {max(a_tree):.2f}"
+           if tree_names else "没有")
+        + f"；链始终更好的：{'、'.join(chain_names) or '没有'}" + (f"，α ≥ {min(a_chain):.2f}。" if a_chain else "。")
+        + f"\"α 低时树赢、α 高时链好\"只在这里的条件下成立：位置只有 {' 和 '.join(map(str, budgets))} 个、"
+        f"{len(TREES)} 种固定的形状（每层宽度不随上下文变）、三段文本的 {n_pos} 个位置。它不是一般规律：09 演示 4 的观察 4 说"
+        "取前 k 个不同候选的树 T = 0 时也能赢；EAGLE（arXiv 2401.15077）的草稿 α 高，验证的却是树——EAGLE-2"
+        "（arXiv 2406.16858）按草稿的置信度为每个上下文长一棵动态树，每轮验证几十个 token（发布的设置约 60 个）。",
         f"为什么：只用前 {EXIT_K} 层猜错的位置里，{second:.0%} 的目标 token 排在它的第 2–4 名——宽的第一层把它们接住；"
-        f"α 高的草稿本来就很少猜错，把位置花在第二名上不如把链拉长（INT8 8 个位置的链 "
+        f"α 高的草稿本来就很少猜错，只有这么几个位置时，花在第二名上不如把链拉长（INT8 8 个位置的链 "
         f"{out[((1,) * 8, names[0])]:.2f}，(2, 1, 1, 1) {out[((2, 1, 1, 1), names[0])]:.2f}）。"
         "候选是不重复的前 k 名（Medusa、EAGLE 的做法），T = 0 时不会浪费在重复的候选上。",
     ]
     print_observations(obs)
-    return {"per_call": out, "wins": wins, "tree_names": tree_names, "second": second}
+    return {"per_call": out, "wins": wins, "tree_names": tree_names, "second": second, "margin": margin,
+            "budgets": budgets, "n_pos": n_pos}
 
 
 # -----------------------------------------------------------------------------
@@ -546,8 +605,10 @@ def demo6_cost(ctx):
         "自草稿的量化要比目标部署的格式更窄才有意义。",
         f"重新量化的自草稿：{q4} 的 c = {out[q4]['c']:.2f}（层 4.5 位，共用目标 BF16 的 lm_head），定理 3.8 在 α = "
         f"{_alpha0(ctx, q4):.3f} 时最优 γ = {out[q4]['gamma_star']}、{out[q4]['speedup']:.2f}×；用精确的每轮 token"
-        f" 最好是 {out[q4]['exact_best'][1]:.2f}×（γ = {out[q4]['exact_best'][0]}）。INT8 更准却更贵"
-        f"（c = {out[q8]['c']:.2f}）：{out[q8]['speedup']:.2f}×。",
+        f" 最好是 {out[q4]['exact_best'][1]:.2f}×（γ = {out[q4]['exact_best'][0]}）。INT8 更准也更贵"
+        f"（c = {out[q8]['c']:.2f}），定理 3.8 给 {out[q8]['speedup']:.2f}×（γ = {out[q8]['gamma_star']}），"
+        + ("比 INT4-g32 还快：α 高出的部分抵过了多读的字节。" if out[q8]["speedup"] > out[q4]["speedup"] else
+           "不如 INT4-g32：多读的字节抵掉了 α 高出的部分。"),
         f"跳过 {SKIP[1]} 层的草稿 c = {skip['c']:.2f} > α = {_alpha0(ctx, ctx['skip_label']):.3f}：推论 3.9 的条件 α > c "
         "不成立，定理 3.8 说任何 γ 都比普通 decode 慢——30 层里用了 26 层、lm_head 照算，太贵了。"
         "自草稿要便宜得多才划算：跳掉多得多的层（Draft & Verify 用优化挑要跳的层），"
@@ -560,49 +621,77 @@ def demo6_cost(ctx):
 
 
 # -----------------------------------------------------------------------------
-def demo7_timing(ctx, n_new=32):
-    print_header(f"演示 7：在这台 CPU 上计时（每种做法生成 {n_new} 个 token，T = 0，float32）")
+def _timed_runs(ctx, prompt, n_new):
+    """三种做法各生成一次 -> list of (名字, 秒, 新 token 数, 目标调用次数（普通 decode 是 None）)。"""
     target, skip = ctx["target"], ctx["skip"]
+    out = []
+    t0 = time.perf_counter()
+    base = autoregressive_generate(target, prompt, n_new, 0.0, np.random.default_rng(0), stop=STOP)
+    out.append(("普通 decode", time.perf_counter() - t0, len(base), None))
+    t0 = time.perf_counter()
+    o, st = speculative_generate(target, skip, prompt, n_new, GAMMA_CORR, 0.0, np.random.default_rng(0), stop=STOP)
+    out.append((f"{ctx['skip_label']}（γ = {GAMMA_CORR}）", time.perf_counter() - t0, len(o), st["target_calls"]))
+    t0 = time.perf_counter()
+    o2, st2 = speculative_generate_adaptive(target, PromptLookup(LOOKUP_N), prompt, n_new, ADAPT[0], 0.0,
+                                            np.random.default_rng(0), gamma_max=ADAPT[1], stop=STOP)
+    out.append(("prompt lookup（自适应）", time.perf_counter() - t0, len(o2), st2["target_calls"]))
+    return out
+
+
+def demo7_timing(ctx, n_new=32, repeats=TIME_REPEATS):
+    if not (isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1):
+        raise ValueError(f"重复次数必须是 ≥ 1 的整数（收到 {repeats!r}）")
+    print_header(f"演示 7：在这台 CPU 上计时（每种做法生成 {n_new} 个 token，T = 0，float32；重复 {repeats} 次）")
     rows, out = [], {}
+    c_skip = ctx["costs"][ctx["skip_label"]][1]          # 这台 CPU 上 numpy 的时间 ∝ 运算量：c ≈ ĉ
     for label, idx in (("散文", 0), ("照抄", 2)):
         pr = ctx["prompts"][idx]
-        t0 = time.perf_counter()
-        base = autoregressive_generate(target, pr, n_new, 0.0, np.random.default_rng(0), stop=STOP)
-        t_base = time.perf_counter() - t0
-        runs = [("普通 decode", t_base, len(base), None)]
-        t0 = time.perf_counter()
-        o, st = speculative_generate(target, skip, pr, n_new, GAMMA_CORR, 0.0, np.random.default_rng(0), stop=STOP)
-        runs.append((f"{ctx['skip_label']}（γ = {GAMMA_CORR}）", time.perf_counter() - t0, len(o), st["target_calls"]))
-        t0 = time.perf_counter()
-        o2, st2 = speculative_generate_adaptive(target, PromptLookup(LOOKUP_N), pr, n_new, ADAPT[0], 0.0,
-                                                np.random.default_rng(0), gamma_max=ADAPT[1], stop=STOP)
-        runs.append(("prompt lookup（自适应）", time.perf_counter() - t0, len(o2), st2["target_calls"]))
-        c_skip = ctx["costs"][ctx["skip_label"]][1]          # 这台 CPU 上 numpy 的时间 ∝ 运算量：c ≈ ĉ
-        for (name, t, n, calls), g, c in zip(runs, (0, GAMMA_CORR, None), (0.0, c_skip, 0.0)):
+        reps = [_timed_runs(ctx, pr, n_new) for _ in range(repeats)]   # 三种做法交替着跑：负载的起伏三者都碰上
+        t_base = np.array([r[0][1] for r in reps])
+        for j, (name, _, n, calls) in enumerate(reps[0]):
+            t = np.array([r[j][1] for r in reps])
+            ratio = t_base / t                                # 同一次重复里的两者之比
             if calls is None:
                 pred = 1.0
-            elif g is None:                                   # prompt lookup：草稿免费，每次调用 n / calls 个
+            elif j == 2:                                      # prompt lookup：草稿免费，每次调用 n / calls 个
                 pred = n / calls
             else:                                             # 定理 3.8 的形式：每轮 n / calls 个 token，一轮 1 + γc
-                pred = (n / calls) / (g * c + 1)
-            out[(label, name)] = (t, n, calls, pred)
-            rows.append([label, name, n, "—" if calls is None else calls, f"{t:.2f} s", f"{t_base / t:.2f}×",
-                         f"{pred:.2f}×"])
-    print_table(["文本", "做法", "token", "目标调用", "墙钟", "相对普通", "预测"], rows)
-    print_note(f"预测 = 每次调用的 token / (γc + 1)：跳层草稿 c 取运算量之比 ĉ = {c_skip:.2f}（numpy 在 CPU 上的时间"
-               "大致跟着运算量走），prompt lookup c = 0；都把 γ + 1 行的目标前向当成和 1 行一样贵，也没算第一次前向"
-               "（整个提示，两种做法一样长，把实测的比值拉向 1）。")
-    sk, lk = out[("照抄", runs[1][0])], out[("照抄", runs[2][0])]
-    t_plain = out[("照抄", runs[0][0])][0]
+                pred = (n / calls) / (GAMMA_CORR * c_skip + 1)
+            v = {"times": t, "median": float(np.median(t)), "n": n, "calls": calls, "pred": pred,
+                 "ratio": float(np.median(ratio)), "ratio_range": (float(ratio.min()), float(ratio.max()))}
+            out[(label, name)] = v
+            rows.append([label, name, n, "—" if calls is None else calls, f"{v['median']:.2f} s",
+                         f"{t.min():.2f}–{t.max():.2f} s",
+                         f"{v['ratio']:.2f}×", "—" if j == 0 else f"{ratio.min():.2f}–{ratio.max():.2f}×", f"{pred:.2f}×"])
+    print_table(["文本", "做法", "token", "目标\n调用", "墙钟\n中位数", "最快–最慢", "相对普通\n中位数", "相对普通\n范围",
+                 "预测"], rows)
+    print_note(f"每次重复里三种做法接着跑一遍，共 {repeats} 遍；\"相对普通\" = 同一遍里普通 decode 的时间 / 这种做法的时间，"
+               f"{repeats} 个比值的中位数和最小–最大。预测 = 每次调用的 token / (γc + 1)：跳层草稿 c 取运算量之比"
+               f" ĉ = {c_skip:.2f}（numpy 在 CPU 上的时间大致跟着运算量走），prompt lookup c = 0；都把 γ + 1 行的目标前向当成"
+               "和 1 行一样贵，也没算第一次前向（整个提示，几种做法一样长，把实测的比值拉向 1）。")
+    names = list(dict.fromkeys(name for _, name in out))
+    plain, sk_name, lk_name = names
+    prose, copy, sk = out[("散文", lk_name)], out[("照抄", lk_name)], out[("照抄", sk_name)]
+    prose_plain = out[("散文", plain)]
+    same_calls = prose["calls"] == prose_plain["n"]
+    lo, hi = prose["ratio_range"]
     obs = [
-        "计时只在这一次运行有效（机器上别的进程、BLAS 的线程都会改变它），所以默认运行不打印它。",
-        f"照抄的提示上 prompt lookup 是 {t_plain / lk[0]:.2f}×（预测 {lk[3]:.2f}×）"
-        + ("：真的快了——numpy 里多几行的目标前向比一行贵不了多少（读一遍权重、固定的调用开销）。"
-           if t_plain / lk[0] > 1 else
-           "：这次没有快起来——生成的 token 太少时，第一次前向（整个提示）占了大头，或多几行的前向没有想的那么便宜。"),
-        f"跳层草稿是 {t_plain / sk[0]:.2f}×（预测 {sk[3]:.2f}×）：每个草稿 token 要跑 {30 - SKIP[1]} 层，"
-        "一轮的草稿比省下的目标前向还贵。重新量化的草稿在这里也不会更快：numpy 把它反量化成浮点来算，"
-        "读的字节和运算量都和目标一样。",
+        "计时只对这一次运行、这台机器有效（别的进程、BLAS 的线程都会改变它），所以默认运行不打印它。",
+        (f"误差有多大：散文上 prompt lookup 的目标调用和普通 decode 一样多（{prose['calls']} 次，几乎找不到可抄的），"
+         "真实的比值就是 ≈ 1.00×（有草稿的那几轮目标多打分几行，只会慢一点）；"
+         if same_calls else
+         f"误差有多大：散文上 prompt lookup 调用 {prose['calls']} 次、普通 decode {prose_plain['n']} 次（预测 "
+         f"{prose['pred']:.2f}×）；")
+        + f"测出来是 {prose['ratio']:.2f}×，{repeats} 次在 {lo:.2f}–{hi:.2f}× 之间"
+        + ("：离 1.00× 的距离就是这台机器上计时的误差（负载的起伏、先后次序这类系统差别都在里面），比它小的差别这里分不出来。" if same_calls else "。"),
+        f"照抄的提示上 prompt lookup 是 {copy['ratio']:.2f}×（{copy['ratio_range'][0]:.2f}–{copy['ratio_range'][1]:.2f}，"
+        f"{copy['n']} 个 token 只调用目标 {copy['calls']} 次，预测 {copy['pred']:.2f}×）"
+        + ("：最慢的一次也比散文那行的上限快，真的快了——numpy 里多几行的目标前向比一行贵不了多少（读一遍权重、"
+           "固定的调用开销）。" if copy["ratio_range"][0] > hi else
+           "：和散文那行的范围重叠，这次分不出是不是真的快了（生成的 token 少时，几种做法一样长的第一次前向——整个提示——占的比重大）。"),
+        f"跳层草稿是 {sk['ratio']:.2f}×（{sk['ratio_range'][0]:.2f}–{sk['ratio_range'][1]:.2f}，预测 {sk['pred']:.2f}×）："
+        f"每个草稿 token 要跑 {30 - SKIP[1]} 层，一轮的草稿比省下的目标前向还贵。重新量化的草稿在这里也不会更快："
+        "numpy 把它反量化成浮点来算，读的字节和运算量都和目标一样。",
     ]
     print_observations(obs)
     return out

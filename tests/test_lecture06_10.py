@@ -24,6 +24,27 @@ S = "lecture06/10_real_model_spec_decode.py"
 
 
 # ---------------------------------------------------------------------------
+# Leviathan 表 3（不需要模型）
+# ---------------------------------------------------------------------------
+def test_leviathan_table3_is_the_whole_table_of_06():
+    """10 的表 3 和 06 的一字不差（06 的演示 2 打印整张表）。"""
+    s10, s06 = load_script(S), load_script("lecture06/06_papers_vs_formulas.py")
+    assert list(s10.LEVIATHAN_T3) == [tuple(r) for r in s06.LEVIATHAN_TABLE3]
+
+
+def test_leviathan_table3_gaps_by_hand():
+    """
+    观察 1 的句子（回归：旧的句子说"真实模型对也多半只差 0.01（T5-small 差 0.13）"，是错的）：
+    6 对 T5 都是 T = 0 高 0.11–0.18，GPT-like 和 LaMDA 的 4 对最多差 0.04；两个二元语法草稿 T = 0 时 0.20、0.23。
+    """
+    g = load_script(S).leviathan_t3_gaps()
+    assert (g["n_neural"], g["n_t5"], g["n_other"]) == (10, 6, 4)
+    assert g["t5"] == pytest.approx((0.11, 0.18), abs=1e-12) and g["t5_all_up"]
+    assert g["other"] == pytest.approx(0.04, abs=1e-12)
+    assert g["bigram0"] == pytest.approx((0.20, 0.23), abs=1e-12)
+
+
+# ---------------------------------------------------------------------------
 # float64 的真实循环
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
@@ -147,6 +168,89 @@ def test_greedy_texts_and_target_agreement(run):
     assert [len(new) for _, new in ctx["texts"][:2]] == list(s.N_NEW[:2])
 
 
+def _to_f64(P):
+    if isinstance(P, dict):
+        return {k: _to_f64(v) for k, v in P.items()}
+    if isinstance(P, list):
+        return [_to_f64(v) for v in P]
+    return P.astype(np.float64) if isinstance(P, np.ndarray) and P.dtype == np.float32 else P
+
+
+SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
+
+
+def test_float32_decisions_hold_on_any_blas(run, f64):
+    """
+    脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
+    精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
+    α T = 1 打印 3 位小数。这里用 float64 重算同样的模型（目标和层草稿：文件的 float64 权重；量化的草稿：把 float32 的
+    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS），量出这台机器上 float32 离 float64 的最大距离 err。
+    【假设】别的机器的 float32 离 float64 也是这个量级（同样的单位舍入、同样长的点积，只是求和顺序不同），
+    两个 float32 结果最多差 2·err。要求：排名 ≤ 8 的位置上，别的 token 的 logit 离文本的 token 的 logit 都超过
+    2 × SAFETY × err（排名在任何机器上都一样）；α T = 1 在 ± SAFETY × 它的 float32–float64 差以内舍入到同一个 3 位小数。
+    """
+    s, ctx, out = run
+    target64, _, _ = f64
+    from drafts_lab import requantized_draft
+    from transformer_lab import config_like as _cl
+
+    def rows(model):
+        res = []
+        for prompt, new in ctx["texts"]:
+            seq = np.array([list(prompt) + list(new)])
+            res.append(model.full_logits(seq)[0, len(prompt) - 1:len(prompt) - 1 + len(new)].astype(np.float64))
+        return res
+
+    a, n = s.SKIP
+    L = ctx["cfg"].n_layers
+    pairs = [("目标", lambda: ctx["target"], lambda: target64)]
+    for label, keep in ((ctx["skip_label"], list(range(a)) + list(range(a + n, L))),
+                        (f"只用前 {s.EXIT_K} 层", list(range(s.EXIT_K)))):
+        def m32(keep=keep):
+            return _plain_draft(ctx, keep)
+
+        def m64(keep=keep):
+            P = dict(target64.params)
+            P["layers"] = [target64.params["layers"][i] for i in keep]
+            return TransformerLM(P, config_like(target64.cfg, n_layers=len(keep)))
+        pairs.append((label, m32, m64))
+    toks = [np.asarray(new) for _, new in ctx["texts"]]
+    checked = []
+    pairs += [("INT8 的自己", "int8", None), ("INT4-g32 的自己", "int4-g32", None)]
+    for label, m32, m64 in pairs:
+        if isinstance(m32, str):                    # 量化的草稿：float32 的量化权重，原样转成 float64
+            d32, _ = requantized_draft(ctx["P"], ctx["cfg"], m32)
+            l32 = rows(d32)
+            l64 = rows(TransformerLM(_to_f64(d32.params), _cl(d32.cfg, dtype="float64")))
+            del d32
+        else:
+            l32, l64 = rows(m32()), rows(m64())
+        err = max(float(np.abs(x - y).max()) for x, y in zip(l32, l64))
+        assert 0 < err < 1e-2
+        for x64, t in zip(l64, toks):
+            own = x64[np.arange(t.size), t][:, None]
+            rank = (x64 > own).sum(1)
+            gap = np.abs(x64 - own)
+            gap[np.arange(t.size), t] = np.inf
+            near = gap.min(1)[rank <= 8]
+            assert (near > 2 * SAFETY * err).all(), (label, float(near.min()), err)
+        if label == "目标":
+            assert all((x.argmax(-1) == t).all() for x, t in zip(l64, toks))     # float64 的贪心文本也是这段
+        else:
+            ranks32 = ctx["drafts"][label]["ranks"]
+            for x64, t, r32 in zip(l64, toks, ranks32):
+                r64 = (x64 > x64[np.arange(t.size), t][:, None]).sum(1)
+                np.testing.assert_array_equal(np.minimum(r64, 9), np.minimum(r32, 9))
+            b64 = np.concatenate([np.minimum(_softmax(lp), _softmax(lq)).sum(-1) for lp, lq in zip(l64, tgt64)])
+            a1_32, a1_64 = out["d1"]["alphas"][label][1], float(b64.mean())
+            d = max(abs(a1_32 - a1_64), 1e-12)
+            assert f"{a1_32 - SAFETY * d:.3f}" == f"{a1_32 + SAFETY * d:.3f}" == f"{a1_32:.3f}", (label, a1_32, d)
+        if label == "目标":
+            tgt64 = l64
+        checked.append(label)
+    assert len(checked) == 5
+
+
 def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, rebuilt):
     s, ctx, out = run
     al = out["d1"]["alphas"]
@@ -232,6 +336,15 @@ def test_seed04_sentence_figures(run):
         rng = np.random.default_rng(s.SHUFFLE_SEED)
         sh = [_per_call([x[np.argsort(rng.random(x.size))] for x in agrees], g) for _ in range(s.N_SHUFFLE)]
         assert v["shuffled"] == pytest.approx(np.mean(sh), abs=1e-12)
+    # 04 的玩具的 r₁（观察 1 的括号；旧的句子里是打上去的"|r| < 0.07"）：T = 0 的指示，每条序列里相邻配对
+    toy_t, toy_d, toks = ctx["toy_models"]
+    top = toy_t.full_logits(toks).argmax(-1)
+    for name, r in out["d3"]["toy_r"].items():
+        d = toy_d[name]
+        lq = d.table[toks] if name == "二元语法表" else d.full_logits(toks)
+        x = (lq.argmax(-1) == top).astype(float)
+        assert r == pytest.approx(np.corrcoef(x[:, :-1].ravel(), x[:, 1:].ravel())[0, 1], abs=1e-12)
+    assert len(out["d3"]["toy_r"]) == 4
 
 
 def test_prompt_lookup_rounds_by_hand(run):
@@ -305,24 +418,43 @@ def test_cost_coefficients_and_theorem_3_8(run):
     assert out["d1"]["alphas"][ctx["skip_label"]][0] < out["d6"][ctx["skip_label"]]["c"]
 
 
-def test_time_path_runs(run):
+def test_time_path_runs(run, monkeypatch):
+    """--time：每种做法重复 k 次；中位数、范围、同一遍里的比值都由返回的时间重算；预测按式子。"""
     s, ctx, _ = run
+    said = []
+    monkeypatch.setattr(s, "print_observations", lambda obs: said.extend(obs))    # 观察的原文（不折行）
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        res = s.demo7_timing(ctx, 2)
-    assert "演示 7" in buf.getvalue()
+        res = s.demo7_timing(ctx, 2, repeats=3)
+    assert "演示 7" in buf.getvalue() and "重复 3 次" in buf.getvalue()
+    text = "".join(said)
     P, cfg = ctx["P"], ctx["cfg"]
     per_layer = sum(P["layers"][0][m].size for m in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
     c_hat = ((cfg.n_layers - s.SKIP[1]) * per_layer + P["lm_head"].size) / (cfg.n_layers * per_layer
                                                                            + P["lm_head"].size)
-    for (label, name), (t, n, calls, pred) in res.items():
-        assert t > 0 and 1 <= n <= 2
-        if calls is None:
-            assert pred == 1.0
+    for (label, name), v in res.items():
+        t = v["times"]
+        base = res[(label, "普通 decode")]["times"]
+        assert t.shape == (3,) and (t > 0).all() and 1 <= v["n"] <= 2
+        assert v["median"] == sorted(t)[1]
+        r = base / t
+        assert v["ratio"] == sorted(r)[1] and v["ratio_range"] == (r.min(), r.max())
+        if v["calls"] is None:
+            assert v["pred"] == 1.0 and v["ratio"] == 1.0
         elif "lookup" in name:
-            assert pred == pytest.approx(n / calls, rel=1e-12)
+            assert v["pred"] == pytest.approx(v["n"] / v["calls"], rel=1e-12)
         else:
-            assert pred == pytest.approx(n / calls / (s.GAMMA_CORR * c_hat + 1), rel=1e-12)
+            assert v["pred"] == pytest.approx(v["n"] / v["calls"] / (s.GAMMA_CORR * c_hat + 1), rel=1e-12)
+    lk = res[("散文", "prompt lookup（自适应）")]
+    lo, hi = lk["ratio_range"]
+    assert f"测出来是 {lk['ratio']:.2f}×，3 次在 {lo:.2f}–{hi:.2f}× 之间" in text
+    if lk["calls"] == res[("散文", "普通 decode")]["n"]:            # 调用次数一样：真实的比值 ≈ 1.00×
+        assert "真实的比值就是 ≈ 1.00×" in text and "离 1.00× 的距离就是这台机器上计时的误差" in text
+    cp = res[("照抄", "prompt lookup（自适应）")]
+    assert ("最慢的一次也比散文那行的上限快" in text) == (cp["ratio_range"][0] > hi)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="重复次数"):
+        s.demo7_timing(ctx, 2, repeats=0)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         s.main(["--time", "1"])
@@ -341,3 +473,23 @@ def test_printed_observations_cite_the_returned_figures(run):
     assert f"{neg} / {len(d3)} 个草稿的精确值低于式 (1)" in text
     assert out["d3"]["n_pairs"] == sum(len(new) - 1 for _, new in ctx["texts"])
     assert "演示 7" not in text                      # 默认运行不计时
+    t3 = out["d1"]["t3"]
+    assert "多半只差 0.01" not in text                # 旧的句子：表 3 的 T5 对差 0.11–0.18
+    toy_r = out["d3"]["toy_r"]
+    assert f"{len(toy_r)} 个草稿的 |r₁| ≤ {max(abs(r) for r in toy_r.values()):.2f}）" in text
+    q8, q4 = out["d6"]["INT8 的自己"]["speedup"], out["d6"]["INT4-g32 的自己"]["speedup"]
+    assert ("比 INT4-g32 还快" in text) == (q8 > q4) and ("不如 INT4-g32" in text) == (q8 <= q4)
+    assert f"{t3['n_t5']} 对 T5（EnDe、CNNDM 各三个草稿）都是 T = 0 高 {t3['t5'][0]:.2f}–{t3['t5'][1]:.2f}" in text
+    assert f"GPT-like 和 LaMDA 的 {t3['n_other']} 对两列最多差 {t3['other']:.2f}" in text
+    d5 = out["d5"]
+    assert "和 09 的 i.i.d. 候选一样：α 低时树赢、α 高时链好" not in text     # 旧的句子：说成了一般规律
+    assert f"位置只有 {' 和 '.join(map(str, d5['budgets']))} 个、{len(s.TREES)} 种固定的形状" in text
+    assert f"三段文本的 {d5['n_pos']} 个位置。它不是一般规律" in text
+    assert d5["n_pos"] == sum(len(new) for _, new in ctx["texts"])
+    size = {w: int(sum(np.cumprod(w))) for w in s.TREES}                  # 位置数 = 各层节点数之和
+    assert d5["budgets"] == sorted(set(size.values()))
+    pc = d5["per_call"]
+    for n, m in d5["margin"].items():                                     # 树赢链最多多少（括号里的百分数）
+        best = max(max(pc[(w, n)] for w in s.TREES if size[w] == b) / pc[((1,) * b, n)] for b in d5["budgets"])
+        assert m == pytest.approx(best - 1, abs=1e-12) and m > 0
+        assert f"最多 {m:+.0%}" in text
