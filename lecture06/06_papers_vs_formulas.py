@@ -35,27 +35,13 @@ for sub in ("lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 from decode_lab import adjust, alphas_on_text  # noqa: E402
-from spec_math_lab import LEVIATHAN_TABLE4, alpha_for_speedup, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
+from spec_math_lab import LEVIATHAN_TABLE3, LEVIATHAN_TABLE4, alpha_for_speedup, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
 from drafts_lab import build_seed04_models  # noqa: E402
 from console import print_header, print_observations, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 
 # ---- 论文的数字（抄来的，见文件开头）----
-# 表 3：α（T = 0, T = 1），"在目标模型生成的 1 万个 token 上"量的；这里只列神经网络草稿和二元语法草稿
-LEVIATHAN_TABLE3 = [
-    ("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
-    ("T5-XXL EnDe", "二元语法", 0.20, 0.19),
-    ("T5-XXL EnDe", "T5-small", 0.75, 0.62),
-    ("T5-XXL EnDe", "T5-base", 0.80, 0.68),
-    ("T5-XXL EnDe", "T5-large", 0.82, 0.71),
-    ("T5-XXL CNNDM", "二元语法", 0.23, 0.16),
-    ("T5-XXL CNNDM", "T5-small", 0.65, 0.53),
-    ("T5-XXL CNNDM", "T5-base", 0.73, 0.55),
-    ("T5-XXL CNNDM", "T5-large", 0.74, 0.56),
-    ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57),
-    ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
-    ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74),
-]
+# 表 3 和表 4 在 spec_math_lab（LEVIATHAN_TABLE3、LEVIATHAN_TABLE4）
 # Chen et al. 2023：Chinchilla 70B 目标、4B 草稿，16 块 TPU v4，批大小 1，K = 4
 CHEN_TARGET_MS, CHEN_DRAFT_MS, CHEN_K = 14.1, 1.8, 4
 CHEN_TABLE1 = [("XSum 核采样 p=0.8", 7.52, 1.92), ("XSum 贪心", 7.00, 2.01), ("HumanEval 核采样", 5.73, 2.46)]

@@ -80,7 +80,7 @@ from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
 from ngram_lab import SparseNGramLM  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
-from spec_math_lab import best_gamma, expected_tokens  # noqa: E402
+from spec_math_lab import LEVIATHAN_TABLE3, best_gamma, expected_tokens  # noqa: E402
 
 # ---- 实验设置（都是选出来的，不是事实）----
 PASSAGE = "The old lighthouse stood on the rocky shore, and every night its keeper lit the lamp for the ships."
@@ -101,15 +101,7 @@ ADAPT = (2, 16)                 # 自适应 γ：从 2 开始，最多 16（look
 TREES = ((1, 1, 1, 1), (2, 1), (4,), (1,) * 8, (2, 1, 1, 1), (4, 1), (8,))   # 每层的宽度
 T1 = {"prompt": 0, "n_new": 16, "gamma": 2, "seed": 1000}          # T = 1 真跑的一格（跳层草稿，散文）
 TOY_TEXT = {"n_seq": 8, "length": 64, "seed": 0}                  # 玩具（种子 04）的 α：同 04 的演示 3 的文本
-# Leviathan et al. 2023 表 3（arXiv 2211.17192）：(目标, 草稿, α 在 T = 0, α 在 T = 1)，整张表（10 对神经网络模型 +
-# 2 个二元语法草稿），和 06_papers_vs_formulas.py 的 LEVIATHAN_TABLE3 一字不差（测试核对）
-LEVIATHAN_T3 = (("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
-                ("T5-XXL EnDe", "二元语法", 0.20, 0.19), ("T5-XXL EnDe", "T5-small", 0.75, 0.62),
-                ("T5-XXL EnDe", "T5-base", 0.80, 0.68), ("T5-XXL EnDe", "T5-large", 0.82, 0.71),
-                ("T5-XXL CNNDM", "二元语法", 0.23, 0.16), ("T5-XXL CNNDM", "T5-small", 0.65, 0.53),
-                ("T5-XXL CNNDM", "T5-base", 0.73, 0.55), ("T5-XXL CNNDM", "T5-large", 0.74, 0.56),
-                ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57), ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
-                ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74))
+LEVIATHAN_T3 = tuple(LEVIATHAN_TABLE3)   # Leviathan et al. 2023 表 3 的整张表（spec_math_lab，06 也用它）
 
 _CTX = {}
 

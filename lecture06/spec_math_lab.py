@@ -8,7 +8,8 @@ spec_math_lab —— 投机解码的期望收益：Leviathan et al. 2023 的公�
 import numpy as np
 
 __all__ = ["expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "truncated_geometric",
-           "alpha_for_speedup", "expected_rounds", "simulate_rounds", "LEVIATHAN_TABLE4"]
+           "alpha_for_speedup", "expected_rounds", "simulate_rounds", "LEVIATHAN_TABLE3",
+           "LEVIATHAN_TABLE4"]
 
 # 论文的数字（抄来的，第 6 讲 06、08 用）：Leviathan et al. 2023（arXiv 2211.17192）附录 A.3 表 4，
 # T5-XXL 11B 目标，批大小 1，一块 TPU-v4：(任务, 草稿, T, γ, α, c, Exp, Emp)；Exp = 论文按定理 3.8 印的，
@@ -28,6 +29,22 @@ LEVIATHAN_TABLE4 = [
     ("CNNDM", "T5-large", 1, 3, 0.56, 0.11, 1.6, 1.7),
 ]
 
+# 同一篇论文的表 3（第 6 讲 06、10 用）：(目标, 草稿, α 在 T = 0, α 在 T = 1)，"在目标模型生成的 1 万个 token 上"量的；
+# 整张表的神经网络草稿（10 对）和两个二元语法草稿（CURRICULUM §7）
+LEVIATHAN_TABLE3 = [
+    ("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
+    ("T5-XXL EnDe", "二元语法", 0.20, 0.19),
+    ("T5-XXL EnDe", "T5-small", 0.75, 0.62),
+    ("T5-XXL EnDe", "T5-base", 0.80, 0.68),
+    ("T5-XXL EnDe", "T5-large", 0.82, 0.71),
+    ("T5-XXL CNNDM", "二元语法", 0.23, 0.16),
+    ("T5-XXL CNNDM", "T5-small", 0.65, 0.53),
+    ("T5-XXL CNNDM", "T5-base", 0.73, 0.55),
+    ("T5-XXL CNNDM", "T5-large", 0.74, 0.56),
+    ("LaMDA 137B", "LaMDA 100M", 0.61, 0.57),
+    ("LaMDA 137B", "LaMDA 2B", 0.71, 0.71),
+    ("LaMDA 137B", "LaMDA 8B", 0.75, 0.74),
+]
 
 # ---------------------------------------------------------------------------
 # 公式（Leviathan et al. 2023）

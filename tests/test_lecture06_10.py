@@ -19,6 +19,7 @@ from drafts_lab import layer_skip_draft  # noqa: E402
 from greedy_lab import greedy_rounds, lookup_rounds  # noqa: E402
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
+import spec_math_lab  # noqa: E402
 
 S = "lecture06/10_real_model_spec_decode.py"
 
@@ -26,10 +27,18 @@ S = "lecture06/10_real_model_spec_decode.py"
 # ---------------------------------------------------------------------------
 # Leviathan 表 3（不需要模型）
 # ---------------------------------------------------------------------------
-def test_leviathan_table3_is_the_whole_table_of_06():
-    """10 的表 3 和 06 的一字不差（06 的演示 2 打印整张表）。"""
+def test_leviathan_table3_is_one_table_the_papers():
+    """表 3 只存一份（spec_math_lab），06 和 10 用的是它；内容按 CURRICULUM §7 抄的论文表 3 逐格核对。"""
     s10, s06 = load_script(S), load_script("lecture06/06_papers_vs_formulas.py")
-    assert list(s10.LEVIATHAN_T3) == [tuple(r) for r in s06.LEVIATHAN_TABLE3]
+    assert s06.LEVIATHAN_TABLE3 is spec_math_lab.LEVIATHAN_TABLE3
+    assert list(s10.LEVIATHAN_T3) == [tuple(r) for r in spec_math_lab.LEVIATHAN_TABLE3]
+    paper = {("GPT-like 6M", None): (0.88, 0.89), ("二元语法", "EnDe"): (0.20, 0.19), ("T5-small", "EnDe"): (0.75, 0.62),
+             ("T5-base", "EnDe"): (0.80, 0.68), ("T5-large", "EnDe"): (0.82, 0.71),
+             ("二元语法", "CNNDM"): (0.23, 0.16), ("T5-small", "CNNDM"): (0.65, 0.53),
+             ("T5-base", "CNNDM"): (0.73, 0.55), ("T5-large", "CNNDM"): (0.74, 0.56),
+             ("LaMDA 100M", None): (0.61, 0.57), ("LaMDA 2B", None): (0.71, 0.71), ("LaMDA 8B", None): (0.75, 0.74)}
+    got = {(d, t.split()[-1] if t.startswith("T5") else None): (a0, a1) for t, d, a0, a1 in spec_math_lab.LEVIATHAN_TABLE3}
+    assert got == paper
 
 
 def test_leviathan_table3_gaps_by_hand():
