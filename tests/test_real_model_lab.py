@@ -192,7 +192,9 @@ def test_stop_token_is_returned_and_ends_generation(toy):
     first = full.index(stop)
     got = autoregressive_generate(target, prompt, 30, 0, np.random.default_rng(0), stop=[stop]).tolist()
     assert got == full[:first + 1]
-    for g in (1, 3, 6):                 # 停止 token 落在一轮被接受的草稿里、或者是修正 / 额外的 token
+    # 这里停止 token 是修正 / 额外的 token（这个草稿一个都没被接受）；
+    # 被接受的草稿里的停止 token 见 tests/test_decode_lab_stop.py（目标自己当草稿）
+    for g in (1, 3, 6):
         out, st = speculative_generate(target, draft, prompt, 30, g, 0, np.random.default_rng(1), stop=stop)
         assert out.tolist() == got
         assert sum(a + 1 for a in st["accepted"]) >= len(got) and len(st["accepted"]) == st["target_calls"]
