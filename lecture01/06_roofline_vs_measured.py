@@ -89,10 +89,6 @@ import os
 import sys
 import time
 
-# 小矩阵上多线程的 BLAS 反而慢（README："一个 BLAS 线程"）：没设时只用一个线程。必须在 import numpy 之前设。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 for _sub in ("lecture01", "lecture02", "lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", _sub))

@@ -25,6 +25,8 @@ console —— 所有脚本共用的终端输出：标题、对齐的表格、"�
 【数字怎么写】fmt_time / fmt_bytes / fmt_num 都保留 3 位有效数字，用十进制 SI 前缀（和数据手册一样：
 "12.3 GB" = 12.3 × 10⁹ 字节，不是 GiB）。
 
+【BLAS 线程】import console 时执行 blas_threads 的规则：学生没设 OPENBLAS_NUM_THREADS 等变量时，BLAS 只用一个线程。
+
 【给测试的记录】环境变量 CS349E_CONSOLE_LOG 指向一个文件时，console 把它打印的每个块（表格的格子和排好的行、
 观察、图）以 JSON 行追加到那个文件——打印的内容不变。tests/test_page.py 用它检查每个脚本的页面。
 """
@@ -35,6 +37,10 @@ import re
 import unicodedata
 
 import numpy as np
+
+import blas_threads
+
+blas_threads.apply_rule()     # 每个编号脚本都 import console：BLAS 一个线程，除非学生自己设了（见 blas_threads）
 
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
            "wrap_text", "print_note", "print_bars", "print_plot", "format_bars", "format_plot", "is_numeric_cell",

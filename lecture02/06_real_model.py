@@ -44,10 +44,6 @@ console、llm_math（SMOLLM2_135M、LLAMA31_8B）、hw_specs（H100）；../prer
 import os
 import sys
 
-# 一个 BLAS 线程：必须在 import numpy 之前设；已经设了的环境变量不动（见【运行】）。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 import re  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -61,7 +57,7 @@ from hw_specs import H100  # noqa: E402
 from console import fmt_bound, fmt_bytes, print_header, print_observations, print_table  # noqa: E402
 from decode_lab import TransformerLM, autoregressive_generate  # noqa: E402
 from gguf_lab import read_gguf  # noqa: E402
-from hub_lab import gguf_path  # noqa: E402
+from hub_lab import gguf_path, gguf_path_or_exit  # noqa: E402
 from ledger_lab import Counter, analytic_ops, sum_rows  # noqa: E402
 from llm_math import LLAMA31_8B, SMOLLM2_135M  # noqa: E402
 from numfmt import GGUF_BITS_PER_WEIGHT  # noqa: E402
@@ -399,6 +395,7 @@ def demo6_decode_ledger(loaded=None, path=None):
 
 
 if __name__ == "__main__":
+    gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
     demo1_model_card()
     demo2_tokenize()
     demo3_next_token()

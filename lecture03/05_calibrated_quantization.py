@@ -38,11 +38,6 @@ layer_inputs、compare_logits、with_salient_channels；需要 ../prereq3 的 nu
 import os
 import sys
 
-# 这里的矩阵都很小：多线程的 BLAS 在别的进程占着 CPU 时反而会慢十几倍（在共享的 2 核机器上实测），
-# 所以只用一个线程。必须在 import numpy 之前设；已经设了的环境变量不动。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
