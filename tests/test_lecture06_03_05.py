@@ -353,7 +353,8 @@ def test_05_speedup_chart(s05, capsys):
     assert grid[0] == 1 and grid[-1] <= r["bmax"] and all(b in grid for b in s05.BATCHES)
     xs, ys, mark = r["curves"]["加速比 = 1（不赚不赔）"]
     assert mark == "-" and list(ys) == [1.0] * len(grid)
-    for g in s05.GAMMAS:
+    assert set(r["curves"]) == {"加速比 = 1（不赚不赔）"} | {f"γ = {g}" for g in s05.CHART_GAMMAS}
+    for g in s05.CHART_GAMMAS:
         xs, ys, mark = r["curves"][f"γ = {g}"]
         assert mark == str(g) and list(xs) == grid
         for b, y in zip(xs, ys):
@@ -363,6 +364,26 @@ def test_05_speedup_chart(s05, capsys):
     for g in s05.GAMMAS:
         vals = [_speedup(0.8, g, b, 512, T, D) for b in (512, 1024, 2048)]
         assert max(vals) - min(vals) < 0.03
+
+
+def test_05_chart_curves_stay_visible(s05, capsys):
+    """
+    回归（issue 26 第 21 项）：四条曲线都画时，γ = 4 和 γ = 8 在小批时落在同一行，后画的 8 盖住 4（"88 8 4 4444"）。
+    现在每条画出的曲线在图上至少露出它所占的格子的 60%；没画的 γ（4）在 B = 1 时和 γ = 8 差不到图上的一行。
+    """
+    r = s05.demo2_speedup()
+    out = capsys.readouterr().out.splitlines()
+    top = next(i for i, l in enumerate(out) if l.startswith("加速比（× 普通 decode）"))
+    axis = next(i for i in range(top + 1, len(out)) if out[i].lstrip().startswith("++"))
+    cells = "".join(l.split("|", 1)[-1] if "|" in l else l.split("+", 1)[-1] for l in out[top + 1:axis])
+    ys_all = [y for _, ys, _ in r["curves"].values() for y in ys]
+    row = (max(ys_all) - min(ys_all)) / (18 - 1)                 # print_plot 的默认高度 18 行
+    for g in s05.CHART_GAMMAS:
+        xs, ys, mark = r["curves"][f"γ = {g}"]
+        cols = {round(math.log10(x) / math.log10(max(xs)) * 71) for x in xs}   # 这条线占的列数（对数 x 轴，72 列）
+        assert cells.count(mark) >= 0.6 * len(cols), (g, cells.count(mark), len(cols))
+    for g in set(s05.GAMMAS) - set(s05.CHART_GAMMAS):
+        assert abs(r["speedup"][(1, g)] - r["speedup"][(1, s05.GAMMAS[-1])]) < row
 
 
 def test_05_best_gamma(s05, capsys):
