@@ -33,8 +33,8 @@ CS349E · 第 2 讲 · 06_real_model.py —— 一个真的模型：SmolLM2-135M
 
 【运行】python3 06_real_model.py （约 11 秒，大部分是装模型：反量化、转成 float64、拼融合的矩阵；
 在一台空闲的 2 核机器上和种子 04 背靠背量的，三次里最快的一次，种子 04 当时 4.9 秒；第一次运行先下载）。
-脚本开头把 BLAS 设成一个线程（OPENBLAS_NUM_THREADS 等没设时设成 1，已设的不动）：这个模型的矩阵不大，decode 一步
-一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
+和每个编号脚本一样，BLAS 只用一个线程（OPENBLAS_NUM_THREADS 等没设时；README 的"一个 BLAS 线程"）：这个模型的矩阵
+不大，decode 一步一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
 
 【依赖】numpy；本目录的 real_model_lab（load_gguf、gguf_config）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
 bpe_lab（load_gguf 给的分词器）、transformer_lab（NumpyTransformer 的前向和 KV cache）、ledger_lab（Counter、
