@@ -387,8 +387,11 @@ def test_05_chart_curves_stay_visible(s05, capsys):
                  for x, y in zip(xs, ys)}
         shown = sum(rows[17 - i][j] == mark for i, j in cells)
         assert shown >= 0.9 * len(cells), (g, shown, len(cells))
+    T, D = s05.TARGET, s05.DRAFT
     for g in set(s05.GAMMAS) - set(s05.CHART_GAMMAS):
         assert abs(r["speedup"][(1, g)] - r["speedup"][(1, s05.GAMMAS[-1])]) < (hi - lo) / 17
+        a, b = _speedup(0.8, g, 1, 512, T, D), _speedup(0.8, s05.GAMMAS[-1], 1, 512, T, D)
+        assert f"（B = 1：{a:.2f}× 对 {b:.2f}×）" in "".join(out)              # 图上的注引的两个数
 
 
 def test_05_best_gamma(s05, capsys):
