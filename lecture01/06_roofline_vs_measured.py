@@ -77,7 +77,7 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
   固定开销"用 1×64 @ 64×64 的矩阵乘量。观察里的两个门槛（实测 ÷ 下界 ≥ 2 倍才说"主要是调用开销"、快 1.5 倍以上
   才说"放进了缓存"）是判断用的约定，不是事实。
 
-【运行】python3 06_roofline_vs_measured.py （约 0.7 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
+【运行】python3 06_roofline_vs_measured.py （约 0.1 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
 每次的数都不一样。
 
 【依赖】本目录的 console、hw_specs（H100、A100、gang、NVLINK4、ring_allreduce、roofline_bound）、
