@@ -288,13 +288,21 @@ def _chunks(atoms, line_width):
 
     【规则】_glued 说不能断的地方不断；括号里面也不断（"Σ min(p, q)"、"γ ∈ {1, 2, 4, 8}"、"链 (1, …, 1)"）。
     例外：一个括号比 _SHORT_GROUP 列宽（多半是一句插在括号里的话），它里面可以在挨着汉字的地方断（两个汉字之间、
-    汉字和英文之间的空格），两个英文词 / 数之间的空格仍然不断，里面更短的括号、式子照样不拆；粘成的一块比整行（line_width）还宽时，这一块里退回只按 _glued 断。
+    汉字和英文之间的空格）；两个英文词 / 数之间的空格仍然不断，里面更短的括号、式子照样不拆。
+    粘成的一块比整行（line_width）还宽时，这一块里退回只按 _glued 断。
     """
     if not atoms:
         return []
 
     def text(lo, hi):
         return "".join((" " if (k > lo and atoms[k][1]) else "") + atoms[k][0] for k in range(lo, hi + 1))
+
+    widths = {}
+
+    def group_width(g):
+        if g not in widths:
+            widths[g] = display_width(text(*g))
+        return widths[g]
 
     groups = _groups(atoms)
     loose = [False] + [_glued(atoms[k - 1][0], atoms[k][0], atoms[k][1]) for k in range(1, len(atoms))]
@@ -304,7 +312,7 @@ def _chunks(atoms, line_width):
         if g is None or loose[k]:
             continue
         wide = _wide(atoms[k - 1][0][-1]) or _wide(atoms[k][0][0])
-        strict[k] = not (wide and display_width(text(*g)) > _SHORT_GROUP)
+        strict[k] = not (wide and group_width(g) > _SHORT_GROUP)
 
     chunks, k = [], 0
     while k < len(atoms):
@@ -336,7 +344,7 @@ def wrap_text(text, width=RULE_WIDTH, first_prefix="", rest_prefix=""):
     把一段文字折成每行不超过 width 列的行列表（第一行以 first_prefix 开头，后面的行以 rest_prefix 开头）。
 
     【规则】只在空格处（空格去掉）或两个汉字之间断开；不拆开一个数和它的单位、一个短式子、一个英文词（见模块说明），
-    不在括号里面断开（长括号只在汉字之间断，见 _chunks）；文字里的 "\\n" 强制换行。一个比整行还宽的词才会被硬切开。
+    不在括号里面断开（长括号只在挨着汉字处断，见 _chunks）；文字里的 "\\n" 强制换行。一个比整行还宽的词才会被硬切开。
     """
     lines = []
     for p, para in enumerate(text.split("\n")):
