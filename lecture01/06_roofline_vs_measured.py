@@ -98,7 +98,7 @@ Server 的约束（第 99 百分位）还剩多少。
   固定开销"用 1×64 @ 64×64 的矩阵乘量。观察里的两个门槛（实测 ÷ 下界 ≥ 2 倍才说"主要是调用开销"、快 1.5 倍以上
   才说"放进了缓存"）是判断用的约定，不是事实。
 
-【运行】python3 06_roofline_vs_measured.py （约 0.7 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
+【运行】python3 06_roofline_vs_measured.py （约 0.1 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
 每次的数都不一样。
 
 【依赖】本目录的 console、hw_specs（H100、A100、gang、NVLINK4、ring_allreduce、roofline_bound）、
@@ -109,10 +109,6 @@ hub_lab 和 real_model_lab（真实模型的文件在本机时用它），和 ..
 import os
 import sys
 import time
-
-# 小矩阵上多线程的 BLAS 反而慢（README："一个 BLAS 线程"）：没设时只用一个线程。必须在 import numpy 之前设。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for _sub in ("lecture01", "lecture02", "lecture03", "prereq3"):

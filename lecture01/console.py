@@ -16,14 +16,16 @@ console —— 所有脚本共用的终端输出：标题、对齐的表格、"�
   的表头在自然的位置（全角括号前、空格处、两个汉字之间）断成两行，直到放得下或没有可断的表头。
 
 【观察怎么折行】print_observations：每条在 100 列处折行，续行缩进到正文的起点（"  1. " 之后）。只在空格处或两个
-汉字之间断开，不断开一个数、一个数和它的单位（"3.1 ms"、"128 个"）、一个短式子（"γ = 8"、"1 − α"）或一个英文词；
-逗号、句号这类标点不放在行首。
+汉字之间断开，不断开一个数、一个数和它的单位（"3.1 ms"、"128 个"）、一个短式子（"γ = 8"、"1 − α"、"Σ min(p, q)"）、
+括号里面（()、[]、{}、（）；超过 32 列的括号只在挨着汉字处断）或一个英文词；逗号、句号这类标点不放在行首。
 
 【图】print_bars：横条，长度和数值成正比（取最近的整格）；print_plot：字符网格上的散点 / 折线图，可取对数轴。
 都只用 ASCII 字符画（█ ▇ 和制表符在 CJK 终端里是"宽度不明确"的，会错位）。
 
 【数字怎么写】fmt_time / fmt_bytes / fmt_num 都保留 3 位有效数字，用十进制 SI 前缀（和数据手册一样：
 "12.3 GB" = 12.3 × 10⁹ 字节，不是 GiB）。
+
+【BLAS 线程】import console 时执行 blas_threads 的规则：学生没设 OPENBLAS_NUM_THREADS 等变量时，BLAS 只用一个线程。
 
 【给测试的记录】环境变量 CS349E_CONSOLE_LOG 指向一个文件时，console 把它打印的每个块（表格的格子和排好的行、
 观察、图）以 JSON 行追加到那个文件——打印的内容不变。tests/test_page.py 用它检查每个脚本的页面。
@@ -35,6 +37,10 @@ import re
 import unicodedata
 
 import numpy as np
+
+import blas_threads
+
+blas_threads.apply_rule()     # 每个编号脚本都 import console：BLAS 一个线程，除非学生自己设了（见 blas_threads）
 
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
            "wrap_text", "print_note", "print_bars", "print_plot", "format_bars", "format_plot", "is_numeric_cell",
@@ -205,7 +211,9 @@ def print_table(headers, rows):
 # 折行
 
 _OPERATORS = {"=", "<", ">", "≤", "≥", "≈", "×", "→", "←", "+", "−", "-", "/", "·", "~", "≠", "÷", "*", "±",
-              "|", "–", ":", "⇒", "∝", "≪", "≫", "==", "!=", "<=", ">="}
+              "|", "–", ":", "⇒", "∝", "≪", "≫", "==", "!=", "<=", ">=", "∈", "∉", "⊂", "⊆", "≡", "∼", "↔",
+              "⇔", "Σ", "∑", "Π", "∏", "√", "∫", "∂", "∀", "∃", "¬"}
+_OPEN, _CLOSE = "([{（", ")]}）"
 _NO_LINE_START = set("，。、；：！？）」』】》…%”’,.;:!?)]}")
 _NO_LINE_END = set("（「『【《“‘([{")
 _UNIT = re.compile(r"^[A-Za-zµ%×/²³·]{1,8}[,.;:)，。；：）]*$")
@@ -240,6 +248,8 @@ def _glued(a, b, space):
         return True
     if a in _OPERATORS or b in _OPERATORS:                 # "γ = 8"、"1 − α" 不拆
         return True
+    if b[0] in "([{" and a[-1].isalnum():                  # 名字和它后面的括号："链 (1, …, 1)"、"f (x)"
+        return True
     has_digit = any(c.isdigit() for c in a)
     if has_digit and (_wide(b[0]) or (space and _UNIT.match(b))):   # "128 个"、"3.1 ms" 不拆
         return True
@@ -248,6 +258,75 @@ def _glued(a, b, space):
     if not space and not _wide(a[-1]) and _wide(b[0]) and b[0] in "倍个位次轮步秒":
         return True
     return False
+
+
+_SHORT_GROUP = 32      # 括号连同里面的字不超过这么多列时，整个括号不拆开
+
+
+def _groups(atoms):
+    """
+    每个原子之前最里层没合上的括号 -> 列表：下标 k 处是 (开括号所在的原子, 合上它的原子) 或 None（不在括号里）。
+
+    ()、[]、{}、（）不分种类地配对（"[0, 1)" 也是一个括号），多出来的右括号不算；没合上的括号到段尾。
+    """
+    stack, spans, inner = [], {}, []
+    for k, (a, _) in enumerate(atoms):
+        inner.append(stack[-1] if stack else None)
+        for ch in a:
+            if ch in _OPEN:
+                stack.append((k, len(spans)))
+                spans[len(spans)] = None
+            elif ch in _CLOSE and stack:
+                spans[stack.pop()[1]] = k
+    last = len(atoms) - 1
+    return [None if g is None else (g[0], last if spans[g[1]] is None else spans[g[1]]) for g in inner]
+
+
+def _chunks(atoms, line_width):
+    """
+    原子 → 不可再分的块 [文字, 前面有没有空格]。
+
+    【规则】_glued 说不能断的地方不断；括号里面也不断（"Σ min(p, q)"、"γ ∈ {1, 2, 4, 8}"、"链 (1, …, 1)"）。
+    例外：一个括号比 _SHORT_GROUP 列宽（多半是一句插在括号里的话），它里面可以在挨着汉字的地方断（两个汉字之间、
+    汉字和英文之间的空格）；两个英文词 / 数之间的空格仍然不断，里面更短的括号、式子照样不拆。
+    粘成的一块比整行（line_width）还宽时，这一块里退回只按 _glued 断。
+    """
+    if not atoms:
+        return []
+
+    def text(lo, hi):
+        return "".join((" " if (k > lo and atoms[k][1]) else "") + atoms[k][0] for k in range(lo, hi + 1))
+
+    widths = {}
+
+    def group_width(g):
+        if g not in widths:
+            widths[g] = display_width(text(*g))
+        return widths[g]
+
+    groups = _groups(atoms)
+    loose = [False] + [_glued(atoms[k - 1][0], atoms[k][0], atoms[k][1]) for k in range(1, len(atoms))]
+    strict = list(loose)
+    for k in range(1, len(atoms)):
+        g = groups[k]
+        if g is None or loose[k]:
+            continue
+        wide = _wide(atoms[k - 1][0][-1]) or _wide(atoms[k][0][0])
+        strict[k] = not (wide and group_width(g) > _SHORT_GROUP)
+
+    chunks, k = [], 0
+    while k < len(atoms):
+        end = k + 1
+        while end < len(atoms) and strict[end]:
+            end += 1
+        glue = strict if display_width(text(k, end - 1)) <= line_width else loose   # 太长：退回只按 _glued 断
+        for i in range(k, end):
+            if i > k and glue[i]:
+                chunks[-1][0] += (" " if atoms[i][1] else "") + atoms[i][0]
+            else:
+                chunks.append(list(atoms[i]))
+        k = end
+    return chunks
 
 
 def _hard_split(text, width):
@@ -264,19 +343,13 @@ def wrap_text(text, width=RULE_WIDTH, first_prefix="", rest_prefix=""):
     """
     把一段文字折成每行不超过 width 列的行列表（第一行以 first_prefix 开头，后面的行以 rest_prefix 开头）。
 
-    【规则】只在空格处（空格去掉）或两个汉字之间断开；不拆开一个数和它的单位、一个短式子、一个英文词（见模块说明）；
-    文字里的 "\\n" 强制换行。一个比整行还宽的词才会被硬切开。
+    【规则】只在空格处（空格去掉）或两个汉字之间断开；不拆开一个数和它的单位、一个短式子、一个英文词（见模块说明），
+    不在括号里面断开（长括号只在挨着汉字处断，见 _chunks）；文字里的 "\\n" 强制换行。一个比整行还宽的词才会被硬切开。
     """
     lines = []
     for p, para in enumerate(text.split("\n")):
         pre = first_prefix if p == 0 else rest_prefix
-        atoms = _atoms(para)
-        chunks = []                                         # [文字, 前面有没有空格]：不可再分的块
-        for k, (a, space) in enumerate(atoms):
-            if chunks and _glued(atoms[k - 1][0], a, space):
-                chunks[-1][0] += (" " if space else "") + a
-            else:
-                chunks.append([a, space])
+        chunks = _chunks(_atoms(para), width - display_width(rest_prefix))
         cur = pre
         cur_empty = True
         for c, space in chunks:
@@ -383,13 +456,21 @@ def _tick_text(v):
 
 
 def _nice_ticks(lo, hi, log):
-    """坐标轴的刻度值：对数轴取 10 的整数次幂（不到两个时加上两端）；线性轴取 1、2、5 × 10^k 的整数倍。"""
+    """
+    坐标轴的刻度值：对数轴取 10 的整数次幂，不到两个时取 1、2、5 × 10^k（还不够再加 3，再不够取 1–9 × 10^k，
+    最后才加上两端）；线性轴取 1、2、5 × 10^k 的整数倍。
+    """
     if log:
         ks = range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9) + 1)
         ticks = [10.0 ** k for k in ks]
         if len(ticks) > 8:
             step = math.ceil(len(ticks) / 6)
             ticks = ticks[::step]
+        for mantissas in ((1, 2, 5), (1, 2, 3, 5), range(1, 10)):     # 不到两个 10 的幂：1、2、5 × 10^k
+            if len(ticks) >= 2:
+                break
+            ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
+                     for m in mantissas if lo * (1 - 1e-9) <= m * 10.0 ** k <= hi * (1 + 1e-9)]
         if len(ticks) < 2:
             ticks = sorted(set(ticks + [lo, hi]))
         return ticks

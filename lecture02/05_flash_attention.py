@@ -25,7 +25,7 @@ attention_io（同样的数、按公式，大尺寸只能这样数；测试核�
   这里每次从 HBM 读都算数，所以 FlashAttention 的数是没有 cache 时的上界，演示 4 另给"每个张量只读一次"的下限。
 - 时间 = 字节 ÷ 3.35 TB/s（H100 SXM5 数据手册），只是搬数据的下界；注意力的计算时间按 989.4 TFLOP/s（BF16 稠密）。
 
-【运行】python3 05_flash_attention.py （约 1 秒）
+【运行】python3 05_flash_attention.py （约 0.2 秒）
 
 【依赖】numpy；本目录的 flash_lab（flash_attention、naive_attention、attention_io、flash_blocks、online_softmax）；
 ../lecture01 的 console、hw_specs、llm_math（Llama-3.1-8B 的形状）。

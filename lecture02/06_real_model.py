@@ -33,8 +33,8 @@ CS349E · 第 2 讲 · 06_real_model.py —— 一个真的模型：SmolLM2-135M
 
 【运行】python3 06_real_model.py （约 11 秒，大部分是装模型：反量化、转成 float64、拼融合的矩阵；
 在一台空闲的 2 核机器上和种子 04 背靠背量的，三次里最快的一次，种子 04 当时 4.9 秒；第一次运行先下载）。
-脚本开头把 BLAS 设成一个线程（OPENBLAS_NUM_THREADS 等没设时设成 1，已设的不动）：这个模型的矩阵不大，decode 一步
-一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
+和每个编号脚本一样，BLAS 只用一个线程（OPENBLAS_NUM_THREADS 等没设时；README 的"一个 BLAS 线程"）：这个模型的矩阵
+不大，decode 一步一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
 
 【依赖】numpy；本目录的 real_model_lab（load_gguf、gguf_config）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
 bpe_lab（load_gguf 给的分词器）、transformer_lab（NumpyTransformer 的前向和 KV cache）、ledger_lab（Counter、
@@ -43,10 +43,6 @@ console、llm_math（SMOLLM2_135M、LLAMA31_8B）、hw_specs（H100）；../prer
 """
 import os
 import sys
-
-# 一个 BLAS 线程：必须在 import numpy 之前设；已经设了的环境变量不动（见【运行】）。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
 
 import re  # noqa: E402
 
@@ -61,7 +57,7 @@ from hw_specs import H100  # noqa: E402
 from console import fmt_bound, fmt_bytes, print_header, print_observations, print_table  # noqa: E402
 from decode_lab import TransformerLM, autoregressive_generate  # noqa: E402
 from gguf_lab import read_gguf  # noqa: E402
-from hub_lab import gguf_path  # noqa: E402
+from hub_lab import gguf_path, gguf_path_or_exit  # noqa: E402
 from ledger_lab import Counter, analytic_ops, sum_rows  # noqa: E402
 from llm_math import LLAMA31_8B, SMOLLM2_135M  # noqa: E402
 from numfmt import GGUF_BITS_PER_WEIGHT  # noqa: E402
@@ -399,6 +395,7 @@ def demo6_decode_ledger(loaded=None, path=None):
 
 
 if __name__ == "__main__":
+    gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
     demo1_model_card()
     demo2_tokenize()
     demo3_next_token()

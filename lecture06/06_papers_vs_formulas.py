@@ -19,7 +19,7 @@ Chen et al. 2023（arXiv 2302.01318）表 1 和实验设置（目标 14.1 ms/tok
 二手转录（Leviathan 表 2、表 3 全部和表 4 的几行；Chen 表 1 和 1.8 / 14.1 ms，其中一份引自论文 PDF），没能打开论文原文——以原文为准。表 4 的 c 是论文从 profiler 的记录里估的；Chen 的 c = 1.8 / 14.1 是用两个模型各自每 token 的时间
 算的，**假设**验证 K + 1 个 token 的一次前向和目标普通的一步一样快（定理 3.8 的假设）。
 
-【运行】python3 06_papers_vs_formulas.py （约 1 秒）
+【运行】python3 06_papers_vs_formulas.py （约 0.5 秒）
 
 【依赖】numpy；本目录的 spec_math_lab（walltime_speedup、best_gamma、alpha_for_speedup、expected_tokens）、
 decode_lab（adjust、alphas_on_text）、drafts_lab（build_seed04_models）；../lecture03 的 quant_lab（QCFG、sample_tokens，需要 ../prereq3）；../lecture01 的 console。

@@ -57,11 +57,6 @@ import os
 import sys
 import time
 
-# 这里的矩阵乘都是一两行的：多线程的 BLAS 在别的进程占着 CPU 时反而慢好几倍（第 3 讲 05 同样的做法）。
-# 必须在 import numpy 之前设；已经设了的环境变量不动。
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,6 +74,7 @@ from greedy_lab import greedy_rounds, lookup_rounds, round_summary, token_ranks,
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
 from ngram_lab import SparseNGramLM  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
+from hub_lab import gguf_path_or_exit  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from spec_math_lab import LEVIATHAN_TABLE3, best_gamma, expected_tokens  # noqa: E402
 
@@ -704,4 +700,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
     main(sys.argv[1:])

@@ -25,7 +25,7 @@ GGUF 的块格式按 llama.cpp（ggml-common.h 的 block_q4_0 / block_q4_1 / blo
 quants.py）：编码是参考实现的就近取整，不是 llama.cpp 用 imatrix 的更好编码。演示 6 的 |N(0, 1)|（只有正数）是**假设**的对照，
 像激活后的值，不像权重（权重每 32 个大致对称）。
 
-【运行】python3 02_scaling_and_blocks.py （约 1 秒）
+【运行】python3 02_scaling_and_blocks.py （约 0.5 秒）
 
 【依赖】numpy；本目录的 numfmt（quantize_int、quantize_mx、quantize_nvfp4、quantize_e2m1_fp16、round_to、bits_per_value、INT_QMAX；
 演示 6 用它末尾 GGUF 一节的 encode_blocks、decode_blocks、quantize_gguf 和 quantize_int_asym）；

@@ -191,3 +191,41 @@ def test_print_note_wraps_at_100_columns(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and all(display_width(l) <= 100 for l in lines)
     assert lines[1].startswith(" 说") and "".join(l.strip() for l in lines) == "说明" * 80
+
+
+# issue 26 第 20 项：观察在式子里折行（"Σ min(p," / "q)"；"γ ∈ {1, 2, 4," / "8}"；"链 (1, …," / "1)"）
+FORMULAS = ["Σ min(p, q)", "γ ∈ {1, 2, 4, 8}", "链 (1, …, 1)", "walltime_speedup(0.8, 4, 0.108)", "[0, 1)"]
+
+
+@pytest.mark.parametrize("formula", FORMULAS)
+def test_wrap_never_breaks_inside_brackets_or_after_a_symbol(formula):
+    for offset in range(60):                          # 换不同的起点，让式子的每个位置都有机会落在行尾
+        text = "汉" * (offset // 2) + "x" * (offset % 2) + f"接受率是 {formula} 的平均，后面还有一些字。" * 3
+        lines = wrap_text(text, 100, "  1. ", "     ")
+        assert all(display_width(l) <= 100 for l in lines)
+        assert "".join(l[5:] for l in lines).replace(" ", "") == text.replace(" ", "")
+        assert sum(l.count(formula) for l in lines) == 3, (offset, lines)
+
+
+def test_a_bracket_wider_than_a_line_still_wraps_without_cutting_words():
+    inner = ", ".join(f"item{i}" for i in range(40))           # 一个比整行还宽的括号
+    lines = wrap_text(f"列表 ({inner}) 完。", 100, "  1. ", "     ")
+    assert len(lines) >= 3 and all(display_width(l) <= 100 for l in lines)
+    words = set(f"item{i}," for i in range(39)) | {"item39)"}
+    assert all(w in words or not w.startswith("item") for l in lines for w in l.split())
+
+
+def test_a_long_aside_in_chinese_brackets_breaks_between_characters_not_early():
+    """超过 32 列、插在全角括号里的一句话可以在汉字之间断：前一行不会因为整句挪到下一行而空出一大截。"""
+    aside = "（这一句是插在括号里的说明，里面有 H100 和 3.35 TB/s 这样的词，比三十二列长得多）"
+    text = "汉" * 40 + aside + "后面的正文。"
+    lines = wrap_text(text, 100, "  1. ", "     ")
+    assert display_width(lines[0]) >= 96
+    assert "3.35 TB/s" in "".join(lines) and "H100 和" in "".join(lines)
+
+
+def test_log_axis_with_less_than_a_decade_gets_1_2_5_ticks():
+    """回归（issue 26 第 21 项）：范围里只有一个 10 的幂时，刻度是两端的原值（0.0561 / 0.01 / 0.00919）。"""
+    lines = format_plot({"a": ([0, 1], [0.00919, 0.0561])}, "x", "y", logy=True, height=12)
+    labels = [l.split("+")[0].strip() for l in lines[1:13] if "+" in l]
+    assert labels == ["0.05", "0.02", "0.01"]

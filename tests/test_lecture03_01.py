@@ -189,7 +189,7 @@ def test_demo2_mxfp4_gap_is_grid_plus_power_of_two_scale(run):
 
 def test_demo2_page_decimal_sizes_and_chart(run):
     """
-    issue 9：演示 2 的矩阵大小用十进制 MB（不是 MiB），图里每个方案的记号都看得见（没有两个点落进同一格被盖住），
+    issue 9：演示 2 的矩阵大小用十进制 MB（不是 MiB），图里每个方案各占一行、看得见（issue 26：散点图把两个方案挤在一行），
     观察 4 引的 4 位 / 8 位误差范围和表里一致。
     """
     mod, _ = run
@@ -202,13 +202,18 @@ def test_demo2_page_decimal_sizes_and_chart(run):
     for scheme in mod.BIG_SCHEMES:
         row = next(line for line in text.splitlines() if line.startswith(scheme + " "))
         assert row.rstrip().endswith(f"{n_in * n_out * bits_closed_form(scheme, n_in) / 8 / 1e6:.2f}"), scheme
+    # 图：一个方案一行（issue 26 第 21 项：散点图把 int4-g128 和 mxfp4 挤在同一行），按位数排，条长 ∝ 误差
     lines = text.splitlines()
-    top = lines.index("相对误差")
-    legend = next(i for i, line in enumerate(lines) if line.startswith("图例："))
-    grid = "".join(line.split("|", 1)[-1] if "|" in line else line.split("+", 1)[-1] for line in lines[top + 1:legend - 3])
-    for scheme, mark in mod.MARKS.items():
-        assert grid.count(mark) == 1, (scheme, mark)             # 每个方案一个点，正好一个
-        assert f"{mark} {scheme}" in lines[legend]
+    bars = [line for line in lines if "位）" in line and "#" in line]
+    assert len(bars) == len(mod.BIG_SCHEMES)
+    names = [line.split("（")[0] for line in bars]
+    assert sorted(names) == sorted(mod.BIG_SCHEMES)
+    assert [r[s]["bits"] for s in names] == sorted(r[s]["bits"] for s in names)
+    top = max(r[s]["rel_err"] for s in names)
+    for line, s in zip(bars, names):
+        assert f"{s}（{r[s]['bits']:.3f} 位）" in line
+        assert abs(line.count("#") - 60 * r[s]["rel_err"] / top) <= 0.51, s
+        assert float(line.split()[-1]) == round(r[s]["rel_err"], 4)             # 和表里一样，4 位小数
     four = [r[s]["rel_err"] for s in mod.BIG_SCHEMES if r[s]["bits"] < 6]
     eight = [r[s]["rel_err"] for s in mod.BIG_SCHEMES if r[s]["bits"] > 6]
     assert len(four) == 5 and len(eight) == 2

@@ -318,3 +318,25 @@ def test_demo2_awq_kl_gain_is_not_significant_over_8_sequences(run, awq_ref):
     text = buf.getvalue().replace("\n     ", "")
     assert "-0.28 ± 0.19" in text and "少 2%，1.5 个标准误：在 5% 的界之下" in text
     assert "少 5%，2.4 个标准误，刚过 5% 的界" in text
+
+
+def test_demo3_chart_y_ticks_are_1_2_5(run):
+    """
+    回归（issue 26 第 21 项）：α 扫描图的对数 y 轴只含一个 10 的幂，刻度是 0.0561 / 0.01 / 0.00919（两端的原值）。
+    现在是范围里的 1、2、5 × 10^k，从上到下递减，而且都在数据范围里。
+    """
+    mod, ev, _ = run
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        d3 = mod.demo3_salient_channels(ev)
+    lines = buf.getvalue().splitlines()
+    top = lines.index("第 0 层 wq 的校准误差（相对，平方）")
+    axis = next(i for i in range(top + 1, len(lines)) if lines[i].lstrip().startswith("++"))
+    labels = [line.split("+")[0].strip() for line in lines[top + 1:axis] if "+" in line]
+    values = [float(s) for s in labels]
+    lo = min(d3["base_curve"].min(), d3["sal_curve"].min())
+    hi = max(d3["base_curve"].max(), d3["sal_curve"].max())
+    assert len(values) >= 2 and values == sorted(values, reverse=True)
+    for v in values:
+        k = np.floor(np.log10(v))
+        assert round(v / 10 ** k, 9) in (1, 2, 5) and lo <= v <= hi, labels

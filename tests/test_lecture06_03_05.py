@@ -353,7 +353,8 @@ def test_05_speedup_chart(s05, capsys):
     assert grid[0] == 1 and grid[-1] <= r["bmax"] and all(b in grid for b in s05.BATCHES)
     xs, ys, mark = r["curves"]["加速比 = 1（不赚不赔）"]
     assert mark == "-" and list(ys) == [1.0] * len(grid)
-    for g in s05.GAMMAS:
+    assert set(r["curves"]) == {"加速比 = 1（不赚不赔）"} | {f"γ = {g}" for g in s05.CHART_GAMMAS}
+    for g in s05.CHART_GAMMAS:
         xs, ys, mark = r["curves"][f"γ = {g}"]
         assert mark == str(g) and list(xs) == grid
         for b, y in zip(xs, ys):
@@ -363,6 +364,34 @@ def test_05_speedup_chart(s05, capsys):
     for g in s05.GAMMAS:
         vals = [_speedup(0.8, g, b, 512, T, D) for b in (512, 1024, 2048)]
         assert max(vals) - min(vals) < 0.03
+
+
+def test_05_chart_curves_stay_visible(s05, capsys):
+    """
+    回归（issue 26 第 21 项）：四条曲线都画时，γ = 4 和 γ = 8 在小批时落在同一行，后画的 8 盖住 4（"88 8 4 4444"），
+    γ = 4 的点只露出 80%。现在每条画出的 γ 曲线至少露出它的格子的 90%（只在和别的线相交处被盖住）；
+    没画的 γ（4）在 B = 1 时和 γ = 8 差不到图上的一行。格子在这里独立地算（对数 x 轴 72 列、y 轴 18 行）。
+    """
+    r = s05.demo2_speedup()
+    out = capsys.readouterr().out.splitlines()
+    top = next(i for i, l in enumerate(out) if l.startswith("加速比（× 普通 decode）"))
+    axis = next(i for i in range(top + 1, len(out)) if out[i].lstrip().startswith("++"))
+    rows = [(l.split("|", 1)[-1] if "|" in l else l.split("+", 1)[-1]).ljust(72) for l in out[top + 1:axis]]
+    assert len(rows) == 18
+    ys_all = [y for _, ys, _ in r["curves"].values() for y in ys]
+    lo, hi = min(ys_all), max(ys_all)
+    xmax = max(x for xs, _, _ in r["curves"].values() for x in xs)
+    for g in s05.CHART_GAMMAS:
+        xs, ys, mark = r["curves"][f"γ = {g}"]
+        cells = {(math.floor((y - lo) / (hi - lo) * 17 + 0.5), math.floor(math.log10(x) / math.log10(xmax) * 71 + 0.5))
+                 for x, y in zip(xs, ys)}
+        shown = sum(rows[17 - i][j] == mark for i, j in cells)
+        assert shown >= 0.9 * len(cells), (g, shown, len(cells))
+    T, D = s05.TARGET, s05.DRAFT
+    for g in set(s05.GAMMAS) - set(s05.CHART_GAMMAS):
+        assert abs(r["speedup"][(1, g)] - r["speedup"][(1, s05.GAMMAS[-1])]) < (hi - lo) / 17
+        a, b = _speedup(0.8, g, 1, 512, T, D), _speedup(0.8, s05.GAMMAS[-1], 1, 512, T, D)
+        assert f"（B = 1：{a:.2f}× 对 {b:.2f}×）" in "".join(out)              # 图上的注引的两个数
 
 
 def test_05_best_gamma(s05, capsys):

@@ -73,3 +73,65 @@ def test_table_columns_line_up(rel):
                        and all(NUMBER.match(c) or PLACEHOLDER.match(c) for c in col))
             edges = {s[j][1] if numeric else s[j][0] for s in spans if s[j] is not None}
             assert len(edges) <= 1, f"{rel}：表 {t['headers']} 的第 {j + 1} 列没对齐（{'右' if numeric else '左'}端）"
+
+
+# 观察不在括号里折行（issue 26 第 20 项）。这里独立地数括号：()、[]、{}、（）不分种类地配对。console 的规则：
+# 不超过 32 列的括号整个不拆；更长的括号（一句插进来的话）只在挨着汉字的地方断，两个英文词 / 数之间不断。
+_OPEN, _CLOSE = "([{（", ")]}）"
+SHORT_GROUP = 32
+
+
+def _wide(c):
+    return unicodedata.east_asian_width(c) in "WF"
+
+
+def breaks_inside_brackets(item_lines):
+    """一条观察折成的几行（已去掉编号和缩进）-> 违反上面规则的断点 [(括号, 断点附近的字)]。"""
+    text, breaks = "", []
+    for i, line in enumerate(item_lines):
+        if i:
+            breaks.append(len(text))
+            text += " "
+        text += line
+    stack, spans = [], []
+    for i, ch in enumerate(text):
+        if ch in _OPEN:
+            stack.append(i)
+        elif ch in _CLOSE and stack:
+            spans.append((stack.pop(), i))
+    spans += [(s, len(text) - 1) for s in stack]
+    bad = []
+    for b in breaks:
+        inner = [s for s in spans if s[0] < b < s[1]]
+        if inner:
+            lo, hi = max(inner)
+            group = text[lo:hi + 1]
+            if width(group) <= SHORT_GROUP or not (_wide(text[b - 1]) or _wide(text[b + 1])):
+                bad.append((group, text[max(0, b - 12):b + 12]))
+    return bad
+
+
+def test_the_bracket_check_catches_the_issue_examples():
+    assert [g for g, _ in breaks_inside_brackets(["接受率是 Σ min(p,", "q) 的平均"])] == ["(p, q)"]
+    assert breaks_inside_brackets(["在 γ ∈ {1, 2, 4,", "8} 里"])
+    assert breaks_inside_brackets(["形状：链 (1, …,", "1)；"])
+    assert not breaks_inside_brackets(["形状：", "链 (1, …, 1)；"])
+
+
+@pytest.mark.parametrize("rel", SCRIPTS)
+def test_observations_do_not_wrap_inside_brackets(rel):
+    bad = []
+    for b in script_console_blocks(rel):
+        if b["kind"] != "observations":
+            continue
+        items, cur = [], None
+        for line in b["lines"]:
+            m = re.match(r"^  (\d+)\. ", line)
+            if m:
+                cur = [line[m.end():]]
+                items.append(cur)
+            else:
+                cur.append(line.lstrip())
+        for item in items:
+            bad += breaks_inside_brackets(item)
+    assert not bad, bad[:5]
