@@ -259,6 +259,7 @@ class NumpyTransformer:
         self._rot = np.exp(1j * ang).astype(self._cdt)                 # e^{iθ}，[max_seq, hd/2]
         self._eps_d = cfg.d_model * cfg.norm_eps
         self.matmul_hook = None                                        # 每次权重矩阵乘之前的输入变换（见 linear）
+        self.matmul = _mm                                              # 权重矩阵乘本身（引擎的"批不变"模式换掉它）
 
     def new_cache(self, batch=1, max_len=None):
         return KVCache(self.cfg, batch, max_len)
@@ -283,7 +284,7 @@ class NumpyTransformer:
         """
         if self.matmul_hook is not None:
             x = self.matmul_hook(op, li, x)
-        return _mm(x, w)
+        return self.matmul(x, w)
 
     def qkv_proj(self, li, h):  # [..., d] -> [..., nq + 2·nkv]
         """第 li 层融合的 q/k/v 投影（q、k 的列已按 RoPE 的复数写法重排，q 已乘 1/√hd）。"""

@@ -1,0 +1,195 @@
+"""
+runner_lab —— 引擎的模型执行：一步一次前向，把不规则的批（几段 prefill、几个 decode，各在各的位置）摊成一个
+[N, d] 矩阵做每一次权重矩阵乘（一步只读一遍权重：这就是成批划算的原因），注意力按序列各算各的（按块表取出它自己的
+K、V），RoPE 按每个 token 自己的位置转；然后给要抽下一个 token 的序列抽样。还有一步的账（FLOPs、字节）和
+一台 CPU 上的模型时间。
+
+【模型的数学只在一处】这里只调用 transformer_lab.NumpyTransformer 的零件（embed、rms_scale、qkv_proj、rope、
+attention、o_proj、mlp、lm_head），不抄一层的代码。
+【KV 块池】每层一个 K 和一个 V 数组 [n_blocks, block_size, n_kv_heads, head_dim]（模型的 dtype）；
+token 在块里的"槽"= 块表[位置 // block_size]·block_size + 位置 % block_size。
+【抽样】每个请求带着自己的种子、自己的 np.random.default_rng(seed)——这是 STYLE"随机数传进来"的一个例外：
+一个请求抽到什么不能取决于同一步里还有谁。规则同 decode_lab.autoregressive_generate：每个新 token 一个 rng.random()，
+adjust(logits, T) 的 CDF 反查（T = 0 是贪心，也照样消耗一个均匀数）。所以引擎里的请求和它单独生成的抽到同样的 token。
+【批不变】numpy 的矩阵乘不是批不变的：float32 里一行的结果随这次调用有几行而变（~1e-6 相对）。batch_invariant=True 时
+每次权重矩阵乘都按固定的 INVARIANT_TILE 行一块来算（不够的补零行），注意力一次只算一个 query：一行的结果只取决于
+它自己的数据，和批里还有谁无关。代价：批小于一块时多算补的零行（batch 1 时多算 15 行）。
+"""
+import functools
+import os
+import sys
+import time
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _sub in ("lecture01", "lecture02", "lecture06"):
+    _p = os.path.join(_HERE, "..", _sub)
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sample_inverse_cdf  # noqa: E402
+from decode_lab import adjust  # noqa: E402
+
+__all__ = ["ModelRunner", "INVARIANT_TILE", "tiled_matmul", "chunk_counts", "step_counts", "CPU_COST",
+           "modelled_step_time"]
+
+INVARIANT_TILE = 16   # 批不变模式下每次矩阵乘的行数（固定的形状）
+
+
+def tiled_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
+    """每次只乘固定的 INVARIANT_TILE 行（最后一块补零行）：一行的结果和同一次调用里的其他行、行数都无关。"""
+    x = a.reshape(-1, a.shape[-1])
+    n, t = x.shape[0], INVARIANT_TILE
+    pad = np.zeros((-(-n // t) * t, x.shape[1]), dtype=x.dtype)
+    pad[:n] = x
+    out = np.concatenate([pad[i:i + t] @ w for i in range(0, len(pad), t)])[:n]
+    return out.reshape(a.shape[:-1] + (w.shape[1],))
+
+
+class ModelRunner:
+    """
+    一个模型 + 一个 KV 块池。run(chunks) 做一步的前向 -> (每段抽出的 token 或 None, 抽样那几行的 logits [k, V])。
+
+    chunks：scheduler_lab.ScheduledChunk 的列表（req、start、n、sample），块表已经够放这一步要写的 token。
+    """
+
+    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False):
+        self.cfg, self.block_size = cfg, block_size
+        self.model = NumpyTransformer(params, cfg)
+        if batch_invariant:
+            self.model.matmul = tiled_matmul
+        self.invariant = batch_invariant
+        dt = np.dtype(cfg.dtype)
+        shape = (cfg.n_layers, num_blocks * block_size, cfg.n_kv_heads, cfg.head_dim)   # 块 × 块内位置摊平成"槽"
+        self.k, self.v = np.zeros(shape, dtype=dt), np.zeros(shape, dtype=dt)
+        self._causal = {}
+        self.prepare_s = 0.0
+
+    def _mask(self, start, n):  # -> [n, start + n] 加性遮罩（0 = 能看）
+        key = (start, n)
+        if key not in self._causal:
+            S = start + n
+            self._causal[key] = np.where(np.arange(S)[None, :] > (start + np.arange(n))[:, None], -np.inf,
+                                         0.0).astype(self.cfg.dtype)
+            if len(self._causal) > 4096:
+                self._causal.clear()
+        return self._causal[key]
+
+    def prepare(self, chunks):
+        """一步的下标数组：token、位置、写入的槽、每段的上下文槽和遮罩、要抽样的行（nano-vllm 的 prepare_prefill / decode）。"""
+        bs = self.block_size
+        toks, pos, slots, seqs, rows = [], [], [], [], []
+        r = 0
+        for c in chunks:
+            tbl = np.asarray(c.req.block_table, dtype=np.int64)
+            p = np.arange(c.start, c.start + c.n)
+            S = c.start + c.n
+            ctx = np.arange(S)
+            toks.append(c.req.tokens[c.start:S])
+            pos.append(p)
+            slots.append(tbl[p // bs] * bs + p % bs)
+            seqs.append((r, c.n, c.start, tbl[ctx // bs] * bs + ctx % bs))
+            r += c.n
+            if c.sample:
+                rows.append(r - 1)
+        toks = np.asarray([t for ts in toks for t in ts], dtype=np.int64)
+        return toks, np.concatenate(pos), np.concatenate(slots), seqs, np.asarray(rows, dtype=np.int64)
+
+    def forward(self, chunks):
+        """一步的前向 -> 要抽样的那几行的 logits [k, V]（k = 抽样的段数，按 chunks 的顺序）。"""
+        m, cfg = self.model, self.cfg
+        H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        nq, nkv = H * hd, Hkv * hd
+        t0 = time.perf_counter()
+        toks, pos, slots, seqs, rows = self.prepare(chunks)
+        self.prepare_s = time.perf_counter() - t0                        # 建下标数组的时间（引擎自己的开销）
+        N = len(toks)
+        rot = m.rope_table(pos)                                          # [N, 1, hd/2]：每个 token 自己的位置
+        x = m.embed(toks)                                                # [N, d]
+        A = np.empty((N, nq), dtype=x.dtype)
+        masks = [None if (n == 1 or self.invariant) else self._mask(start, n) for _, n, start, _ in seqs]
+        for li in range(cfg.n_layers):
+            qkv = m.qkv_proj(li, m.rms_scale(x))                         # [N, nq + 2·nkv]：一次读这一层的权重
+            qk = m.rope(qkv, rot)                                        # [N, H + Hkv, hd]
+            kl, vl = self.k[li], self.v[li]
+            kl[slots] = qk[:, H:]
+            vl[slots] = qkv[:, nq + nkv:].reshape(N, Hkv, hd)
+            q = qk[:, :H]
+            for (r0, n, start, ctx), mask in zip(seqs, masks):          # 注意力：按序列，只看它自己的块
+                K = kl[ctx].transpose(1, 0, 2)[None]                     # [1, Hkv, S, hd]
+                V = vl[ctx].transpose(1, 0, 2)[None]
+                if self.invariant:                                       # 一次一个 query：形状和批无关
+                    for j in range(n):
+                        S = start + j + 1
+                        A[r0 + j] = m.attention(q[None, r0 + j:r0 + j + 1], K[:, :, :S], V[:, :, :S], None)[0, 0]
+                else:
+                    A[r0:r0 + n] = m.attention(q[None, r0:r0 + n], K, V, mask)[0]
+            x = x + m.o_proj(li, A)
+            x = x + m.mlp(li, m.rms_scale(x))
+        if not len(rows):
+            return np.zeros((0, cfg.vocab), dtype=x.dtype)
+        return m.lm_head(m.rms_scale(x[rows]))                           # [k, V]
+
+    def run(self, chunks):
+        """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。"""
+        logits = self.forward(chunks)
+        out, k = [], 0
+        for c in chunks:
+            if not c.sample:
+                out.append(None)
+                continue
+            probs = adjust(logits[k], c.req.temperature)
+            out.append(int(sample_inverse_cdf(probs, c.req.rng.random())))
+            k += 1
+        return out, logits
+
+
+# ---------------------------------------------------------------------------
+# 一步的账和 CPU 上的模型时间
+# ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1 << 16)
+def chunk_counts(cfg, n, start, sample):
+    """
+    一段（n 个新 token，前面已缓存 start 个）的账 -> (flops, 权重字节, KV 字节, 嵌入字节)，字节按模型的 dtype。
+
+    【推导】ledger_lab.analytic_ops(cfg, 1, n, start, last_only=True) 逐算子求和（测试断言和账本一致）；不抽样的段
+    （prefill 的中间块）不算 lm_head。字节的账按 BF16 记（2 字节），这里乘 dtype 的字节数 / 2。
+    """
+    rows = analytic_ops(cfg, 1, n, start, last_only=True)
+    scale = np.dtype(cfg.dtype).itemsize / BYTES_PER_EL
+    flops = sum(r["flops"] for r in rows if sample or r["op"] != "lm_head")
+    w = sum(r["w"] for r in rows if r["op"] != "embed")
+    emb = sum(r["w"] for r in rows if r["op"] == "embed")
+    kv = sum(r["kv"] for r in rows)
+    return flops, w * scale, kv * scale, emb * scale
+
+
+def step_counts(cfg, chunks):
+    """
+    一步（几段，每段 (n, start, sample)）的账 -> dict flops、bytes（权重**只读一遍** + 每段的 KV + 嵌入行）、seqs、tokens。
+    """
+    flops = kv = emb = 0
+    w = 0
+    for n, start, sample in chunks:
+        f, wc, k, e = chunk_counts(cfg, n, start, sample)
+        flops, kv, emb, w = flops + f, kv + k, emb + e, max(w, wc)
+    return {"flops": flops, "bytes": w + kv + emb, "seqs": len(chunks), "tokens": sum(c[0] for c in chunks)}
+
+
+# CPU 的代价模型（假设；bench_decode 和 tests/bench_engine.py 在 AMD EPYC、一个 BLAS 线程、空闲时量的，见 README）：
+CPU_COST = {
+    "flops_per_s": 53e9,     # 矩阵乘能达到的算力（SmolLM2 float32 prefill 195 token/s ≈ 53 GFLOP/s）
+    "bytes_per_s": 10.4e9,   # 读权重的带宽（batch-1 decode 51.8 ms/token）
+    "step_s": 2.0e-3,        # 每步固定的开销：几百次 numpy 调用、调度、建下标数组
+    "seq_s": 0.5e-3,         # 每个序列每步的开销：每层一次按块表取 K/V 和一次小的注意力
+}
+
+
+def modelled_step_time(counts, cost=None):
+    """
+    一步的模型时间（秒）= max(FLOPs / 算力, 字节 / 带宽) + 每步开销 + 序列数 × 每序列开销（roofline + 固定开销）。
+    """
+    c = CPU_COST if cost is None else cost
+    return (max(counts["flops"] / c["flops_per_s"], counts["bytes"] / c["bytes_per_s"]) + c["step_s"]
+            + counts["seqs"] * c["seq_s"])
