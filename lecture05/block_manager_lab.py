@@ -96,6 +96,7 @@ class BlockManager:
         self.parent = [None] * n_blocks       # 它的父块号（第一块是 -1）
         self.table = {}                       # 键 -> 块号
         self.hits = 0                         # 命中的块数（累计）
+        self.collisions = 0                   # 键在表里、核对却不符的次数（哈希碰撞：没有被当成命中）
 
     @property
     def num_free_blocks(self):
@@ -120,7 +121,10 @@ class BlockManager:
             blk = tuple(tokens[j * bs:(j + 1) * bs])
             key = self.hash_fn(key, blk)
             i = self.table.get(key)
-            if i is None or self.tokens[i] != blk or self.parent[i] != parent:
+            if i is None:
+                break
+            if self.tokens[i] != blk or self.parent[i] != parent:
+                self.collisions += 1
                 break
             out.append(i)
             parent = i

@@ -12,8 +12,10 @@ token 在块里的"槽"= 块表[位置 // block_size]·block_size + 位置 % blo
 一个请求抽到什么不能取决于同一步里还有谁。规则同 decode_lab.autoregressive_generate：每个新 token 一个 rng.random()，
 adjust(logits, T) 的 CDF 反查（T = 0 是贪心，也照样消耗一个均匀数）。所以引擎里的请求和它单独生成的抽到同样的 token。
 【批不变】numpy 的矩阵乘不是批不变的：float32 里一行的结果随这次调用有几行而变（~1e-6 相对）。batch_invariant=True 时
-每次权重矩阵乘都按固定的 INVARIANT_TILE 行一块来算（不够的补零行），注意力一次只算一个 query：一行的结果只取决于
-它自己的数据，和批里还有谁无关。代价：批小于一块时多算补的零行（batch 1 时多算 15 行）。
+每次权重矩阵乘一行一次（rowwise_matmul），注意力一次只算一个 query：一行的结果只取决于它自己的数据，和批里还有谁、
+prefill 怎么分块都无关（测试断言 float32 下逐位相同）。代价：每个 token 都把权重读一遍——成批的好处全没了。
+更省的做法是固定形状的块（每次都乘同样的 M 行）：但这台机器上（OpenBLAS）同一行放在块里的第 0–5 行和第 6–15 行
+结果就不同，一行在块里的位置也得固定，这依赖 BLAS 的内核，换一台机器就不成立，所以这里不用。
 """
 import functools
 import os
@@ -31,19 +33,15 @@ for _sub in ("lecture01", "lecture02", "lecture06"):
 from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sample_inverse_cdf  # noqa: E402
 from decode_lab import adjust  # noqa: E402
 
-__all__ = ["ModelRunner", "INVARIANT_TILE", "tiled_matmul", "chunk_counts", "step_counts", "CPU_COST",
+__all__ = ["ModelRunner", "rowwise_matmul", "chunk_counts", "step_counts", "CPU_COST",
            "modelled_step_time"]
 
-INVARIANT_TILE = 16   # 批不变模式下每次矩阵乘的行数（固定的形状）
 
 
-def tiled_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
-    """每次只乘固定的 INVARIANT_TILE 行（最后一块补零行）：一行的结果和同一次调用里的其他行、行数都无关。"""
+def rowwise_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
+    """一行一次的矩阵乘（[1, k] @ [k, m]）：一行的结果只取决于它自己，和这次有几行、别的行是什么都无关。"""
     x = a.reshape(-1, a.shape[-1])
-    n, t = x.shape[0], INVARIANT_TILE
-    pad = np.zeros((-(-n // t) * t, x.shape[1]), dtype=x.dtype)
-    pad[:n] = x
-    out = np.concatenate([pad[i:i + t] @ w for i in range(0, len(pad), t)])[:n]
+    out = np.concatenate([x[i:i + 1] @ w for i in range(len(x))])
     return out.reshape(a.shape[:-1] + (w.shape[1],))
 
 
@@ -51,14 +49,23 @@ class ModelRunner:
     """
     一个模型 + 一个 KV 块池。run(chunks) 做一步的前向 -> (每段抽出的 token 或 None, 抽样那几行的 logits [k, V])。
 
+    params：init_params / load_gguf 的参数 dict，或一个现成的 NumpyTransformer（例如 decode_lab.TransformerLM：
+    脚本里引擎和"单独生成"共用一份融合好的权重）。
     chunks：scheduler_lab.ScheduledChunk 的列表（req、start、n、sample），块表已经够放这一步要写的 token。
     """
 
     def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False):
         self.cfg, self.block_size = cfg, block_size
-        self.model = NumpyTransformer(params, cfg)
+        if isinstance(params, NumpyTransformer):        # 一个现成的模型（省得再融合一遍权重）
+            if params.cfg != cfg:
+                raise ValueError("给的模型的配置和 cfg 不同")
+            self.model = params
+        else:
+            self.model = NumpyTransformer(params, cfg)
         if batch_invariant:
-            self.model.matmul = tiled_matmul
+            if self.model.matmul is not rowwise_matmul and isinstance(params, NumpyTransformer):
+                self.model = NumpyTransformer(params.params, cfg)   # 不改调用者的模型
+            self.model.matmul = rowwise_matmul
         self.invariant = batch_invariant
         dt = np.dtype(cfg.dtype)
         shape = (cfg.n_layers, num_blocks * block_size, cfg.n_kv_heads, cfg.head_dim)   # 块 × 块内位置摊平成"槽"
