@@ -584,6 +584,7 @@ def make_server(engine, tok, model_name, host="127.0.0.1", port=0, max_queue=MAX
     """
     if tok.im_start_id is None or tok.im_end_id is None:
         raise ValueError("分词器没有 <|im_start|> / <|im_end|>：不是 ChatML 格式的模型，chat 接口用不了")
+    tok.encode("warm up")                 # 第一次切词要先建预分词的正则（扫一遍 Unicode，约几秒）：别让第一个请求等
     httpd = Server((host, port), Handler)
     loop = EngineLoop(engine, max_queue)
     httpd.loop, httpd.tok, httpd.cfg, httpd.model_name = loop, tok, engine.cfg, model_name
