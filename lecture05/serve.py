@@ -74,6 +74,8 @@ class ApiError(Exception):
     """一个要回给客户端的错误：HTTP 状态码 + OpenAI 的错误体。"""
 
     def __init__(self, status, message, param=None, type_="invalid_request_error", code=None):
+        if param is not None and param not in message:
+            message = f"{param}：{message}"               # 消息里点名是哪个字段
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
 
@@ -209,10 +211,10 @@ def parse_request(body, chat, tok, cfg, num_blocks, block_size, model_name):
         else:
             raise ApiError(400, "prompt 必须是字符串、只有一个字符串的列表，或 token id 的列表", "prompt")
     if not prompt:
-        raise ApiError(400, "提示是空的：至少要 1 个 token", pname)
+        raise ApiError(400, f"{pname}：提示是空的，至少要 1 个 token", pname)
     n_prompt = len(prompt)
     if n_prompt > cfg.max_seq:
-        raise ApiError(400, f"提示有 {n_prompt} 个 token，超过模型的上下文 {cfg.max_seq}", pname)
+        raise ApiError(400, f"{pname}：提示有 {n_prompt} 个 token，超过模型的上下文 {cfg.max_seq}", pname)
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     mt = body.get(name)
     room = cfg.max_seq - n_prompt + 1                  # 引擎的规则：提示 + max_tokens − 1 ≤ 上下文
@@ -224,8 +226,9 @@ def parse_request(body, chat, tok, cfg, num_blocks, block_size, model_name):
         raise ApiError(400, f"{name} = {mt} 太大：提示 {n_prompt} 个 token，上下文 {cfg.max_seq}，最多还能生成 {room} 个",
                        name)
     if blocks_for(n_prompt + mt - 1, block_size) > num_blocks:
-        raise ApiError(400, f"提示 {n_prompt} + {name} {mt} 要 {blocks_for(n_prompt + mt - 1, block_size)} 个 KV 块，"
-                            f"整个块池只有 {num_blocks} 块", pname if n_prompt > num_blocks * block_size else name)
+        p = pname if n_prompt > num_blocks * block_size else name
+        raise ApiError(400, f"{p}：提示 {n_prompt} + {name} {mt} − 1 个位置要 {blocks_for(n_prompt + mt - 1, block_size)} "
+                            f"个 KV 块，整个块池只有 {num_blocks} 块", p)
     temp = body.get("temperature")
     temp = 1.0 if temp is None else temp
     if not _is_num(temp) or not 0 <= temp <= 2:
@@ -320,7 +323,11 @@ class EngineLoop(threading.Thread):
                 return
             self.jobs[job.rid] = job
         elif kind == "abort" and job.rid in self.jobs:
-            eng.abort_request(job.rid)
+            eng.abort_request(job.rid)                       # 块马上放回块池
+            # 引擎要到下一次 step() 才报告 (id, [], "abort")，而没有别的请求时不会再 step：这里就收尾
+            del self.jobs[job.rid]
+            job.events.put(([], "abort"))
+            self._done(job)
 
     def run(self):
         eng = self.engine
