@@ -166,7 +166,7 @@ class LLMEngine:
                            "tokens": counts["tokens"], "seqs": counts["seqs"],
                            "prefill": sum(c.n for c in chunks if not c.decode),
                            "decodes": sum(1 for c in chunks if c.decode),
-                           "chunks": [(c.req.id, c.n) for c in chunks],
+                           "chunks": [(c.req.id, c.n, c.decode) for c in chunks],
                            "blocks_used": self.num_blocks - self.bm.num_free_blocks,
                            "hits": self.bm.hits - hits0, "preempted": sch.n_preemptions - pre0})
         out, k = self._pending, 0

@@ -49,7 +49,7 @@ class ScheduledChunk:
     def __init__(self, req, start, n):
         self.req, self.start, self.n = req, start, n
         self.sample = start + n == len(req.tokens)
-        self.decode = n == 1 and self.sample and start >= req.n_prompt and req.n_computed == start  # 一个 decode token
+        self.decode = n == 1 and self.sample and start >= req.n_prompt          # decode：喂上一步抽出的 token
 
 
 class Scheduler:

@@ -214,3 +214,19 @@ def test_smollm2_engine_equals_each_request_alone():
 
 def blocks_for_ctx(cfg):
     return -(-cfg.max_seq // 16)
+
+
+def test_step_counts_read_the_weights_once_per_step():
+    """一步的账：B 个同位置的 decode = ledger 的 analytic_ops(cfg, B, 1, p)（权重只记一遍）；字节按 dtype 换算。"""
+    from runner_lab import modelled_step_time, step_counts
+    from transformer_lab import analytic_ops
+    for B, p in ((1, 0), (5, 17)):
+        rows = analytic_ops(CFG, B, 1, p, last_only=True)
+        c = step_counts(CFG, [(1, p, True)] * B)
+        assert c["flops"] == sum(r["flops"] for r in rows)
+        assert c["bytes"] == 4 * sum(r["w"] + r["kv"] for r in rows)      # float64：8 字节 = BF16 账的 4 倍
+    one, many = step_counts(CFG, [(1, 9, True)]), step_counts(CFG, [(1, 9, True)] * 8)
+    assert many["bytes"] < 2 * one["bytes"]                                   # 8 个序列：权重仍只读一遍
+    assert modelled_step_time(many) < 8 * modelled_step_time(one)
+    mid = step_counts(CFG, [(4, 0, False)])
+    assert mid["flops"] < step_counts(CFG, [(4, 0, True)])["flops"]            # 不抽样的块不算 lm_head

@@ -113,19 +113,21 @@ def test_shared_block_is_not_freed_while_another_request_uses_it():
     m = TransformerLM(P, cfg)
     shared = list(range(10, 22))                  # 3 个满块
     prompts = [shared + [1], shared + [2, 3]] + [[int(t) for t in np.random.default_rng(k).integers(0, 64, 12)]
-                                                  for k in range(3)]
-    eng = LLMEngine(P, cfg, 8, block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
-    eng.add_request(prompts[0], 1, seed=0)        # 马上结束
-    eng.add_request(prompts[1], 12, seed=1)       # 还在用共享块
+                                                  for k in range(4)]
+    eng = LLMEngine(P, cfg, 16, block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
+    eng.add_request(prompts[0], 2, seed=0)        # 第二步结束
     eng.step()
+    eng.add_request(prompts[1], 6, seed=1)        # 命中 0 号请求的 3 个满块；0 号结束后它还在用
     eng.step()
-    for k in range(2, 5):
-        eng.add_request(prompts[k], 2, seed=k)    # 要块：不能拿到共享的块
+    assert eng.bm.hits == 3 and eng.requests[0].finish_reason == "length"
+    assert [eng.bm.pool.ref[i] for i in eng.requests[1].block_table[:3]] == [1, 1, 1]
+    for k in range(2, 6):
+        eng.add_request(prompts[k], 2, seed=k)    # 共要 16 块：空闲的 12 块用完后，不能拿到共享的块
     while eng.has_unfinished_requests():
         eng.step()
-    assert eng.requests[1].output == [int(t) for t in autoregressive_generate(m, prompts[1], 12, 0.0,
+    assert eng.requests[1].output == [int(t) for t in autoregressive_generate(m, prompts[1], 6, 0.0,
                                                                               np.random.default_rng(1))]
-    assert eng.num_free_blocks == 8
+    assert eng.num_free_blocks == 16
 
 
 def test_chain_hash_is_deterministic():

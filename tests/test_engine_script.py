@@ -1,0 +1,89 @@
+"""
+第 5 讲 08_numpy_engine.py：演示 2–5（模型时间、重放）直接调用、断言它们返回的数；演示 1、6 从脚本的输出
+（test_scripts 已经跑过一次，这里共用）里读。只读 GGUF 的元数据和分词器（不装权重），所以很快。
+"""
+import re
+
+import numpy as np
+import pytest
+
+from conftest import load_script, script_stdout, smollm2_path
+from gguf_lab import read_gguf
+from real_model_lab import gguf_config
+from bpe_lab import BPETokenizer
+
+S8 = "lecture05/08_numpy_engine.py"
+_CTX = {}
+
+
+def ctx():
+    if not _CTX:
+        g = read_gguf(smollm2_path())
+        _CTX["cfg"] = gguf_config(g, np.float32)
+        _CTX["tok"] = BPETokenizer.from_gguf_metadata(g.metadata)
+        g.close()
+        _CTX["mod"] = load_script(S8)
+    return _CTX["mod"], _CTX["cfg"], _CTX["tok"]
+
+
+def quiet(f, *a):
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        return f(*a)
+
+
+def test_demo2_throughput_at_16_is_at_least_4x_and_knee_at_twice_the_ridge():
+    mod, cfg, _ = ctx()
+    r = quiet(mod.demo2_batch, cfg)
+    assert r["tps"][16] / r["tps"][1] >= 4
+    assert r["ridge"] == pytest.approx(53e9 / 10.4e9)
+    # float32 decode 的强度 ≈ B/2（KV 的字节让它略小）：第一个越过拐点的批是 16（8 的强度 ≈ 4 < 5.1）
+    assert r["knee"] == 16
+    tps = [r["tps"][b] for b in mod.BATCHES]
+    assert all(b >= a for a, b in zip(tps, tps[1:]))
+
+
+def test_demo3_paged_runs_more_at_once_and_reservation_never_preempts():
+    mod, cfg, _ = ctx()
+    r = quiet(mod.demo3_paged_vs_reserved, cfg)
+    pg, rs = r["engine"]["分页（16 一块）"], r["engine"][f"整段预留 {mod.MAX_LEN3}"]
+    assert rs["max"] == mod.POOL_TOKENS3 // mod.MAX_LEN3 and rs["pre"] == 0
+    assert pg["max"] > rs["max"] and pg["pre"] > 0 and pg["t"] < rs["t"]
+
+
+def test_demo4_hits_equal_the_full_blocks_shared_with_earlier_prompts():
+    """命中的块数按提示手算：每个请求开头有几个满块（最多 (len − 1) // 16）和更早的某个提示逐 token 相同。"""
+    mod, cfg, tok = ctx()
+    r = quiet(mod.demo4_prefix_cache, cfg, tok)
+    doc = (mod.DOC_SENT * mod.DOC_REPEAT).strip()
+    prompts = [tok.chat(doc + "\n\n" + q) for q in mod.DOC_QUESTIONS]
+    B = mod.BLOCK
+    want = 0
+    for i, p in enumerate(prompts):
+        best = 0
+        for q in prompts[:i]:
+            k = 0
+            while k < (len(p) - 1) // B and p[k * B:(k + 1) * B] == q[k * B:(k + 1) * B] and (k + 1) * B <= len(q):
+                k += 1
+            best = max(best, k)
+        want += best
+    assert r["on"]["hits"] == want and r["off"]["hits"] == 0
+    assert r["on"]["computed"] == r["off"]["computed"] - want * B
+    assert r["on"]["ttft"] < r["off"]["ttft"]
+
+
+def test_demo5_small_budget_bounds_the_stall():
+    mod, cfg, _ = ctx()
+    r = quiet(mod.demo5_chunked, cfg)
+    lo, hi = mod.BUDGETS[0], mod.BUDGETS[-1]
+    assert r[lo]["itl_max"] < r[hi]["itl_max"] / 5
+
+
+def test_demo1_every_answer_equals_its_solo_run_and_demo6_float64_is_tiny():
+    out = script_stdout(S8)
+    m = re.search(r"(\d+) / (\d+) 个回答和这个请求单独跑", out)
+    assert m and m.group(1) == m.group(2)
+    d32 = float(re.search(r"float32  2 个提示一起 prefill vs 各自 +(\S+)", out).group(1))
+    d64 = float(re.search(r"float64  2 个提示一起 prefill vs 各自 +(\S+)", out).group(1))
+    assert d64 < 1e-10 < 1e-7 < d32 < 1e-3
