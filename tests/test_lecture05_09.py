@@ -66,6 +66,7 @@ def test_replay_equals_running_a_model_step_for_step():
         assert [r.token_times for r in e.requests] == [r.token_times for r in real.requests]
         assert [s["chunks"] for s in e.steps] == [s["chunks"] for s in real.steps]
     assert sum(len(v) for v in streams.values()) == int(S.OUT_LENS[:n].sum())
+    assert max(s["seqs"] for s in real.steps) > 1                          # 真的成批跑过
 
 
 def test_attainment_and_goodput_recomputed_by_hand(d1):
