@@ -410,3 +410,52 @@ def test_smollm2_answers_like_the_offline_engine():
     ids = [int(t) for t in want]
     assert text == tok.decode(ids[:-1] if ids[-1] == tok.im_end_id else ids)
     assert "Paris" in text
+
+
+_CTRL_C_CHILD = r"""
+import importlib.util, sys
+sys.path[:0] = {paths!r}
+spec = importlib.util.spec_from_file_location("serve", {path!r})
+serve = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(serve)
+import test_serve
+serve.load_server = lambda host, port, *a, **k: test_serve.start(port=port)   # 小模型代替 SmolLM2
+sys.exit(serve.main(["--port", "0"]))
+"""
+
+
+def test_ctrl_c_stops_the_command_line_server_cleanly():
+    """python3 serve.py 的 main：收到 SIGINT（Ctrl-C）时中止请求、等线程结束、退出码 0（模型换成小模型）。"""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
+    code = _CTRL_C_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    try:
+        line = b""
+        t = time.monotonic() + 60
+        while b"/v1" not in line and time.monotonic() < t:
+            line = p.stderr.readline()
+            assert line, "服务器没有起来"
+        port = int(re.search(rb"127\.0\.0\.1:(\d+)", line).group(1))
+
+        class H:
+            pass
+        h = H()
+        h.port = port
+        got, resp = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 3})
+        assert got == 200
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(30)
+        err = p.stderr.read().decode("utf-8")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        p.stderr.close()
+    assert rc == 0 and "停下" in err and "Traceback" not in err
