@@ -81,6 +81,12 @@ def test_attainment_and_goodput_recomputed_by_hand(d1):
     i = max(k for k, r in enumerate(S.RATES) if r <= d1["goodput"])          # goodput 落在粗网格的哪一格
     assert d1["width"] == pytest.approx((S.RATES[i + 1] - S.RATES[i]) / (S.N_REFINE + 1), rel=1e-9)
     assert d1["hits"] == 0 and d1["goodput_06"] > d1["goodput"]
+    assert d1["cap_06"] > d1["cap"]                                           # 去掉开销，撑得住的率更高
+    # 第一个不达标的率，和它超标的请求数
+    fail = min(r for r in S.RATES if att_at(r) < S.GOAL)
+    m = by_hand(fail)
+    assert (d1["fail_rate"], d1["n_ttft"], d1["n_tpot"]) == (fail, sum(t > S.TTFT_SLO for t, _ in m),
+                                                             sum(p > S.TPOT_SLO for _, p in m))
     # 最低的率、一个序列单独 decode 的一步：读一遍 float32 的权重 + 每步 + 每序列开销
     w_bytes = 4 * (S.M.params() - 0)
     assert d1["single"] == pytest.approx(w_bytes / CPU_COST["bytes_per_s"] + CPU_COST["step_s"] + CPU_COST["seq_s"],
@@ -120,6 +126,8 @@ def test_queue_at_the_last_arrival_recomputed(d2):
         want = sum(1 for a, f in zip(arr, first) if a < arr[-1] < f)
         assert d2["rows"][r]["queued"] == want
     assert d2["queued_top"] > d2["queued_stable_max"]
+    assert d2["s_dec"] <= d2["tpot_sim"] <= d2["s_mix"]                     # 观察 4 说"落在两者之间"
+    assert d2["tpot_sim"] == pytest.approx(np.median([p for _, p in by_hand(d2["r_last"])]), rel=1e-12)
 
 
 def test_printed_figures(d1, d2):
