@@ -46,7 +46,7 @@ for _p in (HERE, os.path.join(HERE, "..", "lecture01")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from console import print_table  # noqa: E402
+from console import print_note, print_table  # noqa: E402
 from goodput_lab import find_goodput, slo_attainment  # noqa: E402
 from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
@@ -208,7 +208,7 @@ def run_benchmark(base_url, reqs, rate, endpoint="completions", model=None, seed
     stop_progress = threading.Event()
 
     def show():
-        while not stop_progress.wait(0.5):
+        while not stop_progress.wait(1.0):
             print(f"\r  率 {rate:g} req/s：已完成 {done[0]}/{n}", end="", file=sys.stderr, flush=True)
         print(f"\r  率 {rate:g} req/s：已完成 {done[0]}/{n}", file=sys.stderr, flush=True)
 
@@ -309,17 +309,18 @@ def print_summary(summaries, goal=0.9):
     print_table(["率 req/s", "完成", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p50", "p99", "端到端 p50", "p99",
                  "req/s", "tok/s", "达标"], rows)
     s0 = summaries[0]
-    print(f"时间单位 ms；SLO：TTFT ≤ {_ms(s0['ttft_slo'])} ms、TPOT ≤ {_ms(s0['tpot_slo'])} ms")
+    print_note(f"时间单位 ms；SLO：TTFT ≤ {_ms(s0['ttft_slo'])} ms、TPOT ≤ {_ms(s0['tpot_slo'])} ms；"
+               "TPOT = (最后一个 − 第一个带文字的块) / (输出 token − 1)；ITL = 相邻两个带文字的块")
     for s in summaries:
-        parts = [f"率 {s['rate']:g}："]
-        for k, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "端到端")):
-            if s[k]:
-                parts.append(f"{name} 平均 {_ms(s[k]['mean'])} / p90 {_ms(s[k]['p90'])} ms；")
-        parts.append(f"每秒达标的请求 {s['good_throughput']:.2f}")
-        print(" ".join(parts))
+        means = "、".join(f"{name} {_ms(s[k]['mean'])}" for k, name in (("ttft", "TTFT"), ("tpot", "TPOT"),
+                                                                       ("itl", "ITL"), ("e2e", "端到端")) if s[k])
+        p90 = "、".join(f"{name} {_ms(s[k]['p90'])}" for k, name in (("ttft", "TTFT"), ("tpot", "TPOT"),
+                                                                     ("itl", "ITL"), ("e2e", "端到端")) if s[k])
+        print_note(f"率 {s['rate']:g} req/s：平均 {means}；p90 {p90}（ms）；每秒达标的请求 {s['good_throughput']:.2f}"
+                   + (f"；失败 {s['failed']} 个" if s["failed"] else ""))
     if len(summaries) > 1:
         g = goodput_over(summaries, goal)
-        print(f"goodput（达标率 ≥ {goal:.0%} 的最高到达率，只在测过的率里找）：{g['goodput']:g} req/s")
+        print_note(f"goodput（达标率 ≥ {goal:.0%} 的最高到达率，只在测过的率里找）：{g['goodput']:g} req/s")
 
 
 def _rates(text):

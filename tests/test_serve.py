@@ -337,7 +337,7 @@ def test_client_disconnect_mid_stream_aborts_and_frees_every_block():
         s.close()
         assert wait_until(lambda: not eng.has_unfinished_requests() and eng.num_free_blocks == NB)
         assert eng.requests[0].finish_reason == "abort"
-        assert len(eng.requests[0].output) < 60 if eng.requests[0].tokens else True
+        assert len(eng.requests[0].output) < 60                 # 没跑完就中止了
         assert wait_until(lambda: h.loop.n_live == 0)
     finally:
         h.close()
