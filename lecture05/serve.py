@@ -64,7 +64,7 @@ from bpe_lab import SPECIAL_TOKEN_TYPES  # noqa: E402
 MAX_BODY = 1 << 20          # 请求体的上限（字节）：1 MiB 装得下任何放得进上下文的提示
 MAX_QUEUE = 64              # 同时在服务器里（排着或在跑）的请求数上限，再多就 503
 MAX_STOP = 4                # stop 最多几个字符串（OpenAI 的上限）
-POLL_S = 0.05               # 连接线程等新 token 时每隔多久看一眼客户端断了没有
+POLL_S = 0.5               # 连接线程等新 token 时每隔多久看一眼客户端断了没有（醒得太勤会和引擎线程抢 GIL）
 
 
 # ---------------------------------------------------------------------------
@@ -513,11 +513,13 @@ class Handler(BaseHTTPRequestHandler):
         parts = []
         for toks, r in self._events(job):
             if toks is None:                                 # 关机或引擎拒收
-                if req.stream:                               # 头已经发了：只能关掉连接
-                    return
-                if r.startswith("error:"):
-                    raise ApiError(400, r[6:])
-                raise ApiError(503, "服务器正在关机", type_="server_error")
+                e = (ApiError(400, r[6:]) if r.startswith("error:") else
+                     ApiError(503, "服务器正在关机，这个请求被中止了", type_="server_error"))
+                if not req.stream:
+                    raise e
+                send(e.body())                               # 头已经发了：流里发一个错误事件，再正常结束
+                self.wfile.write(b"data: [DONE]\n\n")
+                return
             if r == "stop" and toks and toks[-1] in stop_ids:
                 feed = toks[:-1]
             else:

@@ -374,17 +374,19 @@ def test_burst_past_the_queue_limit_gets_503_and_the_rest_are_served():
 def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
     before = set(threading.enumerate())
     gate = threading.Event()
-    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("x" * 60)}, gate))
+    gate.set()
+    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("x" * 60)}, gate, delay=0.05))  # ≥ 3 s 才跑完
     h = serve.make_server(eng, TOK, "tiny")
     res = {}
     t = threading.Thread(target=lambda: res.update(r=post(h, "/v1/completions", {"prompt": "q", "max_tokens": 60,
                                                                                   "stream": True})))
     t.start()
     assert wait_until(lambda: h.loop.n_live == 1)
-    gate.set()
     h.close()
     t.join(20)
     assert not t.is_alive()
+    status, chunks = res["r"]
+    assert status == 200 and chunks[-1]["error"]["type"] == "server_error"     # 流里最后是一个错误事件
     assert wait_until(lambda: set(threading.enumerate()) <= before, 5)
     assert eng.num_free_blocks == NB
 
