@@ -315,6 +315,7 @@ def demo6_batch_invariance(d1, timed=False):
     # 多长才会翻转一次（粗估）：假设 top-2 差距在 0 附近的密度是平的，用差距 < GAP_WINDOW 的比例估它
     dens = sum(1 for g in gaps if g < GAP_WINDOW) / (n_pos * GAP_WINDOW)
     per_flip = 1 / (2 * max_diff * dens) if dens > 0 else float("inf")
+    flip_round = float(f"{per_flip:.2g}")                                           # 粗估只留两位有效数字
     rows = [["float32", "演示 1 的请求流 vs 各自单独跑", f"{max_diff:.1e}", f"{min(gaps):.1e}", close]]
     d64 = _prefill_diff(np.float64, prompts[:2])
     d32 = _prefill_diff(np.float32, prompts[:2])
@@ -329,7 +330,7 @@ def demo6_batch_invariance(d1, timed=False):
         f"的最小差距是 {min(gaps):.1e}，差距小于两倍偏差的位置有 {close} 个——所以这次 {same} / {d1['n']} 个回答"
         "和单独跑的相同。",
         f"翻转要等某个位置的 top-2 差距小于偏差。粗估（假设差距在 0 附近的密度是平的：这里 {n_pos} 个位置里差距 < "
-        f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}）：大约每 {float(f"{per_flip:.2g}"):,.0f} 个贪心 token 才有一次——这么短的演示"
+        f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}）：大约每 {flip_round:,.0f} 个贪心 token 才有一次——这么短的演示"
         "碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines：Qwen3-235B 同一提示 T = 0 跑 1000 次，"
         "得到 80 种回答）。",
         f"float64 下同样的比较差 {d64:.1e}（float32 是 {d32:.1e}）：小了约 {np.log10(d32 / d64):.0f} 个数量级，"
