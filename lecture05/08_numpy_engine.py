@@ -33,8 +33,9 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
   （调度只看长度）；演示 4 的提示是真的分词结果（前缀缓存只看提示）。
 - 请求、文档、预算、块池都是随意选的例子，不是基准。
 
-【运行】python3 08_numpy_engine.py [--time]（在一台负载很重的 2 核机器上量的 CPU 时间约 20 秒，空闲时待重测；
-大部分是装模型、演示 1 的单独生成和演示 6 的 float64 模型；--time 另外真测演示 2 的各个批，要几分钟）
+【运行】python3 08_numpy_engine.py [--time]（在一台负载很重的 2 核机器上和种子 04 背靠背量的 CPU 时间：本脚本 22 秒、
+种子 04 19.7 秒（种子 04 空闲时约 5 秒），约 1.1 倍；空闲时待重测。大部分是装模型、演示 1 的单独生成和演示 6 的
+float64 模型；--time 另外真测演示 2 的各个批和批不变模式的一步，要几分钟）
 
 【依赖】numpy；本目录的 engine_lab（LLMEngine、run_trace）、scheduler_lab、block_manager_lab、runner_lab（一步的账、
 CPU 的代价模型）、metrics_lab（TTFT、ITL、分位数）、paging_lab（07 的模拟）；../lecture02 的 real_model_lab（load_gguf）、
