@@ -260,7 +260,8 @@ def demo4_prefix_cache(cfg, tok):
         f"开着缓存，后到的请求把共用开头里写满的块直接拿来用：{on['hits']} 块命中（可命中的满块的 "
         f"{100 * on['rate']:.0f}%），prefill 只算 {on['computed']} 个 token，省下 {on['total'] - on['computed']} 个；"
         f"TTFT 的中位数从 {off['ttft'] * 1e3:,.0f} ms 降到 {on['ttft'] * 1e3:,.0f} ms。",
-        f"命中只算整块：共用的 {shared} 个 token 里最后那个不满的块每个请求还得自己算；第一个请求什么也命中不了。",
+        f"命中只算整块：共用的 {shared} 个 token 里最后 {shared % BLOCK} 个不满一块，每个请求还得自己算；"
+        "第一个请求什么也命中不了。",
     ])
     return {"on": on, "off": off, "shared": shared}
 
@@ -280,14 +281,16 @@ def demo5_chunked(cfg):
         run_trace(eng, trace)
         itl = [x for r in eng.requests[:N_DECODERS] for x in request_metrics(r)["itl"]]
         long_m = request_metrics(eng.requests[N_DECODERS])
-        res[budget] = {"itl99": float(np.percentile(itl, 99)), "itl_max": max(itl), "ttft": long_m["ttft"]}
+        pieces = sum(1 for st in eng.steps for r, _, _ in st["chunks"] if r == N_DECODERS) - (long_m["n"] - 1)
+        res[budget] = {"itl99": float(np.percentile(itl, 99)), "itl_max": max(itl), "ttft": long_m["ttft"],
+                       "pieces": pieces}
         rows.append([budget, f"{np.percentile(itl, 50) * 1e3:,.0f}", f"{res[budget]['itl99'] * 1e3:,.0f}",
                      f"{max(itl) * 1e3:,.0f}", f"{long_m['ttft']:.2f}"])
     print_table(["预算 token/步", "ITL p50 ms", "ITL p99 ms", "最长停顿 ms", "长提示 TTFT s"], rows)
     lo, hi = BUDGETS[0], BUDGETS[-1]
     print_observations([
-        f"预算 {hi}：长提示一步 prefill 完，那一步所有 decode 都陪着等——最长停顿 {res[hi]['itl_max'] * 1e3:,.0f} ms；"
-        f"预算 {lo}：长提示切成 {LONG_PROMPT // lo} 段和 decode 混着走，最长停顿 {res[lo]['itl_max'] * 1e3:,.0f} ms，"
+        f"预算 {hi}：长提示只分 {res[hi]['pieces']} 段 prefill，最大那段所在的一步里所有 decode 都陪着等——最长停顿 {res[hi]['itl_max'] * 1e3:,.0f} ms；"
+        f"预算 {lo}：长提示切成 {res[lo]['pieces']} 段和 decode 混着走，最长停顿 {res[lo]['itl_max'] * 1e3:,.0f} ms，"
         f"但长提示的 TTFT 从 {res[hi]['ttft']:.2f} s 变成 {res[lo]['ttft']:.2f} s。",
         f"这就是 Sarathi-Serve 的取舍（Agrawal et al., OSDI 2024）：预算定了 decode 停顿的上界。这台 CPU 上长提示的 TTFT "
         f"在各个预算间只在 {min(r['ttft'] for r in res.values()):.2f}–{max(r['ttft'] for r in res.values()):.2f} s 之间变："
