@@ -289,7 +289,8 @@ def demo5_chunked(cfg):
     print_table(["预算 token/步", "ITL p50 ms", "ITL p99 ms", "最长停顿 ms", "长提示 TTFT s"], rows)
     lo, hi = BUDGETS[0], BUDGETS[-1]
     print_observations([
-        f"预算 {hi}：长提示只分 {res[hi]['pieces']} 段 prefill，最大那段所在的一步里所有 decode 都陪着等——最长停顿 {res[hi]['itl_max'] * 1e3:,.0f} ms；"
+        f"预算 {hi}：长提示只分 {res[hi]['pieces']} 段 prefill，最大那段所在的一步里所有 decode 都陪着等——"
+        f"最长停顿 {res[hi]['itl_max'] * 1e3:,.0f} ms；"
         f"预算 {lo}：长提示切成 {res[lo]['pieces']} 段和 decode 混着走，最长停顿 {res[lo]['itl_max'] * 1e3:,.0f} ms，"
         f"但长提示的 TTFT 从 {res[hi]['ttft']:.2f} s 变成 {res[lo]['ttft']:.2f} s。",
         f"这就是 Sarathi-Serve 的取舍（Agrawal et al., OSDI 2024）：预算定了 decode 停顿的上界。这台 CPU 上长提示的 TTFT "
