@@ -12,7 +12,7 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
 同时跑几个请求、挤出几次；旁边是 07 的模拟跑同样的请求。
 演示 4：前缀缓存：请求共用一段长文档：命中率、省下的 prefill token、TTFT，开和关。
 演示 5：分块 prefill：一个长提示在 8 个正在 decode 的请求中间到达：每步的 token 预算 vs decode 最长的停顿
-（token 间隔的 p99）和长提示的 TTFT——Sarathi-Serve 的取舍。
+（token 间隔的 p99）和长提示的 TTFT——Sarathi-Serve 的取舍；旁边是 05/06 的模型（H100）上的拐点。
 演示 6：批不变：float32 下一个请求的 logits 随它和谁一批而变多少，和 top-2 的差距比；float64 下呢；
 一种让引擎批不变的做法和它的代价。
 
@@ -33,12 +33,14 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
   （调度只看长度）；演示 4 的提示是真的分词结果（前缀缓存只看提示）。
 - 请求、文档、预算、块池都是随意选的例子，不是基准。
 
-【运行】python3 08_numpy_engine.py [--time]（在一台负载很重的 2 核机器上量的 CPU 时间约 20 秒，空闲时待重测；
-大部分是装模型、演示 1 的单独生成和演示 6 的 float64 模型；--time 另外真测演示 2 的各个批，要几分钟）
+【运行】python3 08_numpy_engine.py [--time]（在一台负载很重的 2 核机器上和种子 04 背靠背量的 CPU 时间：本脚本 22 秒、
+种子 04 19.7 秒（种子 04 空闲时约 5 秒），约 1.1 倍；空闲时待重测。大部分是装模型、演示 1 的单独生成和演示 6 的
+float64 模型；--time 另外真测演示 2 的各个批和批不变模式的一步，要几分钟）
 
 【依赖】numpy；本目录的 engine_lab（LLMEngine、run_trace）、scheduler_lab、block_manager_lab、runner_lab（一步的账、
-CPU 的代价模型）、metrics_lab（TTFT、ITL、分位数）、paging_lab（07 的模拟）；../lecture02 的 real_model_lab（load_gguf）、
-transformer_lab（config_like）；../lecture06 的 decode_lab（TransformerLM）；../lecture01 的 console。
+CPU 的代价模型）、metrics_lab（TTFT、ITL、分位数）、paging_lab（07 的模拟）、iteration_lab（05/06 的 knee_chunk）；../lecture02 的 real_model_lab（load_gguf）、
+transformer_lab（config_like）；../lecture06 的 decode_lab（TransformerLM）；../lecture01 的 console、hw_specs（H100）、
+llm_math（Llama-3.1-8B）。
 """
 import os
 import sys
@@ -63,6 +65,9 @@ from real_model_lab import load_gguf  # noqa: E402
 from runner_lab import CPU_COST, modelled_step_time, step_counts  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
 from workload_lab import uniform_ints  # noqa: E402
+from iteration_lab import knee_chunk  # noqa: E402
+from hw_specs import H100  # noqa: E402
+from llm_math import LLAMA31_8B  # noqa: E402
 
 # ---- 选的例子（不是事实，也不是基准）----
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Say hello in Spanish.",
@@ -259,7 +264,8 @@ def demo4_prefix_cache(cfg, tok):
         f"开着缓存，后到的请求把共用开头里写满的块直接拿来用：{on['hits']} 块命中（可命中的满块的 "
         f"{100 * on['rate']:.0f}%），prefill 只算 {on['computed']} 个 token，省下 {on['total'] - on['computed']} 个；"
         f"TTFT 的中位数从 {off['ttft'] * 1e3:,.0f} ms 降到 {on['ttft'] * 1e3:,.0f} ms。",
-        f"命中只算整块：共用的 {shared} 个 token 里最后那个不满的块每个请求还得自己算；第一个请求什么也命中不了。",
+        f"命中只算整块：共用的 {shared} 个 token 里最后 {shared % BLOCK} 个不满一块，每个请求还得自己算；"
+        "第一个请求什么也命中不了。",
     ])
     return {"on": on, "off": off, "shared": shared}
 
@@ -279,21 +285,53 @@ def demo5_chunked(cfg):
         run_trace(eng, trace)
         itl = [x for r in eng.requests[:N_DECODERS] for x in request_metrics(r)["itl"]]
         long_m = request_metrics(eng.requests[N_DECODERS])
-        res[budget] = {"itl99": float(np.percentile(itl, 99)), "itl_max": max(itl), "ttft": long_m["ttft"]}
+        pieces = sum(1 for st in eng.steps for r, _, _ in st["chunks"] if r == N_DECODERS) - (long_m["n"] - 1)
+        res[budget] = {"itl99": float(np.percentile(itl, 99)), "itl_max": max(itl), "ttft": long_m["ttft"],
+                       "pieces": pieces}
         rows.append([budget, f"{np.percentile(itl, 50) * 1e3:,.0f}", f"{res[budget]['itl99'] * 1e3:,.0f}",
                      f"{max(itl) * 1e3:,.0f}", f"{long_m['ttft']:.2f}"])
     print_table(["预算 token/步", "ITL p50 ms", "ITL p99 ms", "最长停顿 ms", "长提示 TTFT s"], rows)
     lo, hi = BUDGETS[0], BUDGETS[-1]
+    ctx = N_DECODERS * (DECODE_PROMPT + DECODE_OUT // 2)           # 8 个 decode 的上下文之和（取输出的一半处）
+    knee_gpu = knee_chunk(LLAMA31_8B, H100, N_DECODERS, ctx)
+    knee_cpu = cpu_knee(cfg, N_DECODERS, ctx)
     print_observations([
-        f"预算 {hi}：长提示一步 prefill 完，那一步所有 decode 都陪着等——最长停顿 {res[hi]['itl_max'] * 1e3:,.0f} ms；"
-        f"预算 {lo}：长提示切成 {LONG_PROMPT // lo} 段和 decode 混着走，最长停顿 {res[lo]['itl_max'] * 1e3:,.0f} ms，"
+        f"预算 {hi}：长提示只分 {res[hi]['pieces']} 段 prefill，最大那段所在的一步里所有 decode 都陪着等——"
+        f"最长停顿 {res[hi]['itl_max'] * 1e3:,.0f} ms；"
+        f"预算 {lo}：长提示切成 {res[lo]['pieces']} 段和 decode 混着走，最长停顿 {res[lo]['itl_max'] * 1e3:,.0f} ms，"
         f"但长提示的 TTFT 从 {res[hi]['ttft']:.2f} s 变成 {res[lo]['ttft']:.2f} s。",
         f"这就是 Sarathi-Serve 的取舍（Agrawal et al., OSDI 2024）：预算定了 decode 停顿的上界。这台 CPU 上长提示的 TTFT "
         f"在各个预算间只在 {min(r['ttft'] for r in res.values()):.2f}–{max(r['ttft'] for r in res.values()):.2f} s 之间变："
         "prefill 是算力受限的，一段的代价大致正比于它的 token 数，切段多读几遍权重不显眼（GPU 上小段会浪费算力，"
         "那是 Sarathi 要权衡的另一半）。",
+        f"05/06 的模型（iteration_lab.knee_chunk：H100、Llama-3.1-8B）：{N_DECODERS} 个 decode 的一步里能白搭 "
+        f"{knee_gpu:,} 个 prefill token、一步的时间不变（decode 受带宽限制，算力闲着）；这台 CPU 的代价下（SmolLM2，"
+        f"一步仍受带宽限制的最大块）只有 {knee_cpu} 个。所以 GPU 上预算取到拐点附近，停顿几乎不涨；CPU 上每个 prefill token 都直接"
+        "加进 decode 的停顿，预算就是停顿本身。",
     ])
+    res["knee_gpu"], res["knee_cpu"] = knee_gpu, knee_cpu
     return res
+
+
+def cpu_knee(cfg, n_decode, ctx_sum):
+    """
+    这台 CPU 上的 knee_chunk：n_decode 个 decode（上下文平分 ctx_sum）的一步里顺带 prefill，这一步仍受带宽限制
+    （FLOPs / 算力 ≤ 字节 / 带宽：算力还闲着）的最大块。knee_chunk 的"时间不变"在这里差一点点：账本把每个 token 的
+    嵌入行也算作读的字节，所以多一个 token 时间就多几纳秒；这里用"仍受带宽限制"。
+    """
+    dec = [(1, ctx_sum // n_decode, True)] * n_decode
+    c_ = CPU_COST
+
+    def free(c):
+        k = step_counts(cfg, dec + [(c, 0, True)])
+        return k["flops"] / c_["flops_per_s"] <= k["bytes"] / c_["bytes_per_s"]
+    lo, hi = 0, 1
+    while free(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if free(mid) else (lo, mid)
+    return lo
 
 
 # ---------------------------------------------------------------------------
@@ -315,6 +353,7 @@ def demo6_batch_invariance(d1, timed=False):
     # 多长才会翻转一次（粗估）：假设 top-2 差距在 0 附近的密度是平的，用差距 < GAP_WINDOW 的比例估它
     dens = sum(1 for g in gaps if g < GAP_WINDOW) / (n_pos * GAP_WINDOW)
     per_flip = 1 / (2 * max_diff * dens) if dens > 0 else float("inf")
+    flip_round = float(f"{per_flip:.2g}")                                           # 粗估只留两位有效数字
     rows = [["float32", "演示 1 的请求流 vs 各自单独跑", f"{max_diff:.1e}", f"{min(gaps):.1e}", close]]
     d64 = _prefill_diff(np.float64, prompts[:2])
     d32 = _prefill_diff(np.float32, prompts[:2])
@@ -329,7 +368,7 @@ def demo6_batch_invariance(d1, timed=False):
         f"的最小差距是 {min(gaps):.1e}，差距小于两倍偏差的位置有 {close} 个——所以这次 {same} / {d1['n']} 个回答"
         "和单独跑的相同。",
         f"翻转要等某个位置的 top-2 差距小于偏差。粗估（假设差距在 0 附近的密度是平的：这里 {n_pos} 个位置里差距 < "
-        f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}）：大约每 {float(f"{per_flip:.2g}"):,.0f} 个贪心 token 才有一次——这么短的演示"
+        f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}）：大约每 {flip_round:,.0f} 个贪心 token 才有一次——这么短的演示"
         "碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines：Qwen3-235B 同一提示 T = 0 跑 1000 次，"
         "得到 80 种回答）。",
         f"float64 下同样的比较差 {d64:.1e}（float32 是 {d32:.1e}）：小了约 {np.log10(d32 / d64):.0f} 个数量级，"

@@ -10,7 +10,7 @@ incref / decref 改计数，计数降到 0 的块放回空闲表尾。paging_lab
 所以 num_free_blocks 把它们算作空闲：所有请求都结束后，每一块都空闲。
 【出处】Kwon et al., SOSP 2023（PagedAttention）；vLLM 文档 "Automatic Prefix Caching"；nano-vllm engine/block_manager.py。
 """
-from collections import OrderedDict
+import numpy as np
 
 __all__ = ["BlockPool", "BlockManager", "chain_hash", "blocks_for"]
 
@@ -29,50 +29,105 @@ class BlockPool:
     """
     固定的 n_blocks 块：ref[i] = 块 i 的引用计数；空闲表 = 计数为 0 的块，按放回的先后排（最早放回的在前）。
 
-    【不变式】一块要么在空闲表里（计数 0），要么不在（计数 ≥ 1）；check() 断言它。
+    【做法】空闲表是一个只往尾部追加、从头部取的队列（numpy 数组），每个条目带一个"戳"：块每放回一次换一个新戳。
+    一个条目有效 = 块的计数是 0 且戳是它最新的戳。缓存命中的空闲块计数从 0 变 1（incref）时不用从队列中间删掉它：
+    它的条目自动失效，取块时跳过（惰性删除）。所以取、放都是整批的数组运算：paging_lab 的模拟一次要分几十万块。
+    【不变式】num_free = 计数为 0 的块数 = 队列里有效条目的个数；check() 断言它。
     on_evict(i)：从空闲表拿走一块去重新用之前调用（前缀缓存用它把这块从缓存里删掉）。
     """
 
     def __init__(self, n_blocks, on_evict=None):
-        if not (isinstance(n_blocks, int) and not isinstance(n_blocks, bool) and n_blocks >= 1):
+        if not (isinstance(n_blocks, (int, np.integer)) and not isinstance(n_blocks, bool) and n_blocks >= 1):
             raise ValueError(f"块数必须是 ≥ 1 的整数（收到 {n_blocks!r}）")
-        self.n_blocks = n_blocks
-        self.ref = [0] * n_blocks
-        self.free = OrderedDict.fromkeys(range(n_blocks))   # 有序：表头 = 最久没用的
+        n = self.n_blocks = int(n_blocks)
+        self.ref = np.zeros(n, dtype=np.int64)
+        self._stamp = np.zeros(n, dtype=np.int64)          # 每块最新的戳
+        self._q = np.zeros(2 * n, dtype=np.int64)          # 队列：块号
+        self._qs = np.zeros(2 * n, dtype=np.int64)         # 队列：条目的戳
+        self._q[:n] = np.arange(n)
+        self._head, self._tail, self._clock = 0, n, 0
+        self.num_free = n
         self.on_evict = on_evict
 
-    @property
-    def num_free(self):
-        return len(self.free)
+    def _push(self, ids):  # 计数刚变成 0 的块，按顺序追加到队尾
+        k = len(ids)
+        if self._tail + k > len(self._q):                  # 先挤掉已经取走的头部；还不够就加倍
+            live = slice(self._head, self._tail)
+            m = self._tail - self._head
+            cap = max(len(self._q), 2 * (m + k))
+            q, qs = np.zeros(cap, dtype=np.int64), np.zeros(cap, dtype=np.int64)
+            q[:m], qs[:m] = self._q[live], self._qs[live]
+            self._q, self._qs, self._head, self._tail = q, qs, 0, m
+        stamps = self._clock + 1 + np.arange(k)
+        self._clock += k
+        self._stamp[ids] = stamps
+        self._q[self._tail:self._tail + k] = ids
+        self._qs[self._tail:self._tail + k] = stamps
+        self._tail += k
+        self.num_free += k
+
+    def take_many(self, k):
+        """从空闲表头拿 k 块（计数设为 1）-> 块号的数组。【边界】空闲块不够：RuntimeError（调用者应先看 num_free）。"""
+        if k > self.num_free:
+            raise RuntimeError(f"块池只剩 {self.num_free} 块，要 {k} 块：调用者应先检查 num_free（这是代码的错）")
+        got = []
+        need = k
+        while need > 0:
+            seg = slice(self._head, self._head + need)
+            ids, st = self._q[seg], self._qs[seg]
+            self._head += need
+            ok = ids[(self.ref[ids] == 0) & (self._stamp[ids] == st)]
+            got.append(ok)
+            need -= len(ok)
+        out = np.concatenate(got) if len(got) > 1 else got[0]
+        if self.on_evict is not None:
+            for i in out:
+                self.on_evict(int(i))
+        self.ref[out] = 1
+        self.num_free -= k
+        return out
 
     def take(self):
-        """从空闲表头拿一块（计数设为 1）-> 块号。【边界】没有空闲块：RuntimeError（调用者应先看 num_free）。"""
-        if not self.free:
-            raise RuntimeError("块池空了：调用者应先检查 num_free（这是代码的错）")
-        i, _ = self.free.popitem(last=False)
-        if self.on_evict is not None:
-            self.on_evict(i)
-        self.ref[i] = 1
-        return i
+        """从空闲表头拿一块 -> 块号。"""
+        return int(self.take_many(1)[0])
 
     def incref(self, i):
-        """多一个用户；计数从 0 变 1 的块（缓存命中的空闲块）离开空闲表。"""
+        """多一个用户；计数从 0 变 1 的块（缓存命中的空闲块）离开空闲表（它的条目失效）。"""
         if self.ref[i] == 0:
-            del self.free[i]
+            self.num_free -= 1
         self.ref[i] += 1
 
+    def decref_many(self, ids):
+        """
+        ids 里的每一块各少一个用户；计数降到 0 的按给的顺序放回空闲表尾。
+
+        【边界】计数已经是 0：RuntimeError（重复释放）。ids 里不能有重复的块（一个用户对一块只持一个引用）。
+        """
+        ids = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64)
+        if not len(ids):
+            return
+        if np.any(self.ref[ids] <= 0):
+            bad = [int(i) for i in ids if self.ref[i] <= 0]
+            raise RuntimeError(f"块 {bad} 的引用计数已经是 0：重复释放（这是代码的错）")
+        self.ref[ids] -= 1
+        zero = ids[self.ref[ids] == 0]
+        if len(zero):
+            self._push(zero)
+
     def decref(self, i):
-        """少一个用户；计数降到 0 的块放回空闲表尾。【边界】计数已经是 0：RuntimeError（重复释放）。"""
-        if self.ref[i] <= 0:
-            raise RuntimeError(f"块 {i} 的引用计数已经是 0：重复释放（这是代码的错）")
-        self.ref[i] -= 1
-        if self.ref[i] == 0:
-            self.free[i] = None
+        self.decref_many([i])
+
+    @property
+    def free(self):
+        """空闲表（块号的 list，表头 = 最久没用的）。"""
+        ids, st = self._q[self._head:self._tail], self._qs[self._head:self._tail]
+        return [int(i) for i in ids[(self.ref[ids] == 0) & (self._stamp[ids] == st)]]
 
     def check(self):
-        """不变式：空闲表里的块计数为 0，不在里面的计数 ≥ 1。"""
-        for i in range(self.n_blocks):
-            assert (i in self.free) == (self.ref[i] == 0) and self.ref[i] >= 0, f"块 {i}：计数 {self.ref[i]}"
+        """不变式：空闲表里的块计数为 0、各出现一次，计数为 0 的块都在里面；num_free 对得上。"""
+        f = self.free
+        assert len(f) == len(set(f)) == self.num_free == int(np.sum(self.ref == 0)), "空闲表和计数对不上"
+        assert np.all(self.ref >= 0)
 
 
 class BlockManager:
@@ -152,8 +207,9 @@ class BlockManager:
 
     def append_slots(self, req, n_tokens):
         """补块，使块表放得下 n_tokens 个 token。调用者先用 slots_needed 和 num_free_blocks 确认够。"""
-        for _ in range(self.slots_needed(req, n_tokens)):
-            req.block_table.append(self.pool.take())
+        k = self.slots_needed(req, n_tokens)
+        if k:
+            req.block_table.extend(int(i) for i in self.pool.take_many(k))
 
     def commit_full(self, req, tokens, n_computed):
         """前 n_computed 个 token 的 KV 已写好：把其中新写满的块登记进缓存（键链接着上一块的键）。"""
@@ -172,7 +228,6 @@ class BlockManager:
 
     def free(self, req):
         """放掉请求的所有块（从尾到头：尾部的块先被挤掉，开头的共享前缀留得最久）。"""
-        for i in reversed(req.block_table):
-            self.pool.decref(i)
+        self.pool.decref_many(req.block_table[::-1])
         req.block_table = []
         req.n_cached_blocks = 0

@@ -10,9 +10,9 @@ ITL = 相邻两个 token 的间隔（每个间隔一个样本）；端到端 = �
 """
 import numpy as np
 
-from goodput_lab import slo_attainment
+from goodput_lab import find_goodput, slo_attainment
 
-__all__ = ["request_metrics", "percentiles", "summarize"]
+__all__ = ["request_metrics", "percentiles", "summarize", "engine_goodput"]
 
 QUANTILES = (50, 90, 99)
 
@@ -51,3 +51,15 @@ def summarize(requests, ttft_slo=None, tpot_slo=None):
         out["attainment"] = slo_attainment({"ttft": [m["ttft"] for m in ms], "tpot": [m["tpot"] for m in ms]},
                                            ttft_slo, tpot_slo)
     return out
+
+
+def engine_goodput(serve_at_rate, rates, ttft_slo, tpot_slo, goal=0.9, n_refine=4):
+    """
+    引擎的 goodput（DistServe 的定义，goodput_lab.find_goodput）：TTFT ≤ ttft_slo 且 TPOT ≤ tpot_slo 的请求占比
+    ≥ goal 的最高到达率 -> find_goodput 的 dict（goodput、upper、tested）。
+
+    【参数】serve_at_rate(rate) -> 跑完的请求的 list（例如按 workload_lab.poisson_arrivals 的到达时刻 run_trace 一个
+    重放的引擎）；rates：递增的到达率网格（每秒请求数）。
+    """
+    return find_goodput(lambda r: summarize(serve_at_rate(r), ttft_slo, tpot_slo)["attainment"], rates,
+                        n_refine=n_refine, goal=goal)

@@ -24,13 +24,13 @@ from engine_lab import LLMEngine  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from transformer_lab import NumpyTransformer  # noqa: E402
 
-CTX, REPEAT, BLOCK = 128, 3, 16
+CTX, REPEAT, BLOCK = 64, 3, 16
 
 
 def bench(model, cfg, B):
     """-> (最快一步的秒数, 那一步里引擎自己的开销的秒数)。"""
     nb = max(-(-cfg.max_seq // BLOCK), B * -(-(CTX + REPEAT + 2) // BLOCK))
-    eng = LLMEngine(model, cfg, nb, block_size=BLOCK, max_num_batched_tokens=max(256, CTX), max_num_seqs=B)
+    eng = LLMEngine(model, cfg, nb, block_size=BLOCK, max_num_batched_tokens=2048, max_num_seqs=B)
     for b in range(B):
         eng.add_request([(7 * b + j) % 1000 + 100 for j in range(CTX)], REPEAT + 2)
     best = None

@@ -230,3 +230,42 @@ def test_step_counts_read_the_weights_once_per_step():
     assert modelled_step_time(many) < 8 * modelled_step_time(one)
     mid = step_counts(CFG, [(4, 0, False)])
     assert mid["flops"] < step_counts(CFG, [(4, 0, True)])["flops"]            # 不抽样的块不算 lm_head
+
+
+def test_request_metrics_by_hand():
+    """TTFT、TPOT（不含第一个 token）、ITL、端到端：手算一个请求；摘要的达标率用 goodput_lab 的定义。"""
+    from metrics_lab import request_metrics, summarize
+
+    class R:
+        pass
+    a, b = R(), R()
+    a.arrival, a.token_times = 1.0, [1.5, 1.7, 2.0]
+    b.arrival, b.token_times = 2.0, [2.1]
+    m = request_metrics(a)
+    assert m["ttft"] == pytest.approx(0.5) and m["tpot"] == pytest.approx(0.25)
+    assert m["itl"] == pytest.approx([0.2, 0.3]) and m["e2e"] == pytest.approx(1.0)
+    assert request_metrics(b)["tpot"] == 0.0
+    s = summarize([a, b], ttft_slo=0.2, tpot_slo=1.0)
+    assert s["attainment"] == 0.5 and s["output_tokens"] == 4 and s["makespan"] == pytest.approx(1.1)
+    assert s["ttft"][50] == pytest.approx(0.3)
+
+
+def test_engine_goodput_falls_when_the_slo_tightens():
+    """goodput（goodput_lab 的定义）在重放的引擎上：TTFT 目标收紧，能撑住的到达率不升；目标宽到永远达标时是网格的最高率。"""
+    from metrics_lab import engine_goodput
+    from workload_lab import poisson_arrivals
+
+    def serve(rate):
+        arr = poisson_arrivals(rate, 12, seed=3)
+        streams = {i: [0] * 8 for i in range(12)}
+        eng = LLMEngine.replay(streams, CFG, 40, block_size=4, max_num_batched_tokens=32)
+        ids = run_trace(eng, [(float(t), [1] * 20, 8, {}) for t in arr])
+        return [eng.requests[i] for i in ids]
+    rates = [4.0 ** k for k in range(1, 7)]                 # 4 … 4096 个请求每秒
+    loose = engine_goodput(serve, rates, ttft_slo=1e9, tpot_slo=1e9)
+    assert loose["goodput"] == rates[-1]
+    one = serve(rates[0])[0]                                # 低负载：没有排队
+    alone = one.token_times[0] - one.arrival
+    a = engine_goodput(serve, rates, ttft_slo=3 * alone, tpot_slo=1e9)
+    b = engine_goodput(serve, rates, ttft_slo=1.5 * alone, tpot_slo=1e9)
+    assert 0 < b["goodput"] <= a["goodput"] < rates[-1]

@@ -132,3 +132,27 @@ def test_shared_block_is_not_freed_while_another_request_uses_it():
 
 def test_chain_hash_is_deterministic():
     assert chain_hash(None, (1, 2)) == chain_hash(None, (1, 2)) != chain_hash(0, (1, 2))
+
+
+def test_paging_simulation_uses_the_engines_pool():
+    """课程里只有一个块池：paging_lab 的模拟（07）从同一个 BlockPool 拿块、放块；它的空闲数每一步都和自己的账对得上。"""
+    import paging_lab
+    import block_manager_lab
+    assert paging_lab.BlockPool is block_manager_lab.BlockPool
+    s = paging_lab.simulate_kv_allocation([40, 70, 90, 30], [30, 50, 20, 60], 160, "paged", block=16,
+                                          shared_prefix=20, watermark=0.0)
+    assert s["preempted"] > 0 and s["max_held"] <= s["pool"]
+
+
+def test_pool_take_skips_blocks_revived_by_a_hit():
+    """惰性删除：计数为 0 的块被命中（incref）后，它在空闲队列里的旧条目失效，取块时跳过。"""
+    pool = BlockPool(3)
+    pool.take_many(3)
+    pool.decref_many([0, 1, 2])
+    pool.incref(1)                       # 缓存命中：1 号离开空闲表
+    assert pool.free == [0, 2] and pool.num_free == 2
+    assert [int(i) for i in pool.take_many(2)] == [0, 2]
+    pool.decref(1)
+    pool.decref(0)
+    assert pool.free == [1, 0]
+    pool.check()

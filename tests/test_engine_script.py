@@ -78,6 +78,12 @@ def test_demo5_small_budget_bounds_the_stall():
     r = quiet(mod.demo5_chunked, cfg)
     lo, hi = mod.BUDGETS[0], mod.BUDGETS[-1]
     assert r[lo]["itl_max"] < r[hi]["itl_max"] / 5
+    # 长提示的段数：预算减去 8 个 decode 的 token 才是它每步能拿的（64 → 56 一段，1024 个 token → 19 段）
+    assert r[lo]["pieces"] == -(-mod.LONG_PROMPT // (lo - mod.N_DECODERS))
+    # CPU 的拐点：float32 decode 读 4 字节权重做 2 次 FLOP，(8 + c) 行仍受带宽限制要 2·(8 + c)/算力 ≤ 4/带宽，
+    # c ≤ 2·53/10.4 − 8 ≈ 2.2（注意力的 FLOPs 和 KV 的字节略有出入）
+    assert r["knee_cpu"] == int(2 * 53e9 / 10.4e9 - mod.N_DECODERS)
+    assert r["knee_gpu"] > 100 * max(r["knee_cpu"], 1)
 
 
 def test_demo1_every_answer_equals_its_solo_run_and_demo6_float64_is_tiny():
