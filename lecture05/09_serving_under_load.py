@@ -18,8 +18,8 @@ bench_serving.py 经 HTTP 按两三个到达率压它，量到的表打印在同
   达标 = 同时 TTFT ≤ 目标、TPOT ≤ 目标；goodput = 达标率 ≥ 90% 的最高到达率（goodput_lab.find_goodput：在粗网格上
   二分，再在那一格里插几个点细找）。
 - 演示 2 的"稳态一步"：到达率 λ 下，一个请求 decode Ō − 1 步，按利特尔定律同时在 decode 的序列数 B = λ·(Ō − 1)·s，
-  一步里还要 prefill λ·P̄·s 个提示 token；s = 这样一步的模型时间。从 s = 0 迭代到不动点；B 超过并发上限、一步的 token
-  超过预算、或者迭代发散（每秒到达的活比一秒干得完的多），这个率就没有稳态：队列无限变长。
+  一步里还要 prefill λ·P̄·s 个提示 token；s = 这样一步的模型时间（s = T(s) 的最小解，steady_state 里有式子）。
+  没有解（每秒到达的活一秒干不完）、B 超过并发上限或一步的 token 超过预算时，这个率没有稳态：队列无限变长。
 
 【模型的假设（务必看）】
 - 模型的形状是 SmolLM2-135M（llm_math.SMOLLM2_135M；float32，服务器的默认），CPU 的代价是 runner_lab.CPU_COST
@@ -28,7 +28,8 @@ bench_serving.py 经 HTTP 按两三个到达率压它，量到的表打印在同
   （max_tokens，不在 <|im_end|> 停：vLLM 压测的 ignore_eos），调度只看长度，所以 token 的值只是占位；T = 0、float64
   下真模型的 token 和它跟谁一批无关（engine_lab 的测试），换成真 token，每一步的时间也一模一样——tests/test_lecture05_09.py
   在一个小模型上核对"真跑 == 重放"。提示是随机的 token、两两不同：前缀缓存一块也不命中（演示 1 核对）。
-- 引擎的设置（vLLM 的默认那一类）：块 16 个 token、一步的 token 预算 256、最多 16 个序列一起跑、块池 256 块。
+- 引擎的设置（**假设**，同 serve.py 的默认）：块 16 个 token（vLLM 的默认）、一步的 token 预算 256、最多 16 个序列一起跑、
+  块池 256 块。
 - 工作负载（**假设**）：64 个请求，提示长度在 [32, 160) 均匀，输出长度在 [16, 80) 均匀（种子 1、2），泊松到达
   （间隔 −ln(1 − u) / λ，同一组 u 用于所有的到达率，种子 0）。SLO（**假设**）：TTFT ≤ 2 s、TPOT ≤ 150 ms
   （这台 CPU 上一个序列单独 decode 一步约 55 ms）。
