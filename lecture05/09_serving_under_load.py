@@ -289,7 +289,7 @@ def demo2_queue():
     between = res["s_dec"] <= res["tpot_sim"] <= res["s_mix"]
     print_observations([
         f"有稳态的最高到达率约 {cap:.3g} req/s（二分）。{res['r_last']:g} req/s 时稳态的一步受{ls['bound']}限制"
-        f"（一步 {ls['tokens']:.1f} 个 token，矩阵乘的时间是读一遍权重的 {ls['compute_frac']:.0%}）。过了算力的拐点，"
+        f"（一步 {ls['tokens']:.1f} 个 token，矩阵乘的时间是读这一步的字节的 {ls['compute_frac']:.0%}）。过了算力的拐点，"
         f"一步每多一个 decode token 多 {fmt_time(w['token_s'])}；一步越长，这一步里到的活越多，要的 token 又越多——"
         "到达率再高，这个循环的不动点（稳态的一步）就越来越长，批也跟着变大。",
         f"每个请求的账：算力受限时一个请求要 {fmt_time(w['compute'])} 的矩阵乘（一个平均提示 + Ō − 1 个 decode token），"
