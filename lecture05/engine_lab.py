@@ -51,7 +51,8 @@ class ReplayRunner:
 
 class LLMEngine:
     """
-    引擎（见模块说明）。关键字参数之外：speculative_config 留给投机解码（issue 29，还没做：不是 None 就抛 ValueError）；
+    引擎（见模块说明）。params 是 init_params / load_gguf 的参数 dict，也可以是一个现成的 NumpyTransformer（例如
+    decode_lab.TransformerLM：和单独生成共用一份融合好的权重）。关键字参数之外：speculative_config 留给投机解码（issue 29，还没做：不是 None 就抛 ValueError）；
     batch_invariant（runner_lab）；clock="model"（默认）或 "wall"；keep_logits=True 时每个请求记下每个抽样位置的 logits
     （测试拿它和单独生成的比）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）。
     【边界】块数、块大小、两个预算不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。

@@ -184,12 +184,14 @@ def step_counts(cfg, chunks):
     return {"flops": flops, "bytes": w + kv + emb, "seqs": len(chunks), "tokens": sum(c[0] for c in chunks)}
 
 
-# CPU 的代价模型（假设；bench_decode 和 tests/bench_engine.py 在 AMD EPYC、一个 BLAS 线程、空闲时量的，见 README）：
+# CPU 的代价模型（假设）。算力和带宽是 tests/bench_decode.py 在一台 AMD EPYC（2 核、一个 BLAS 线程、空闲）上量的
+# （CURRICULUM §9）；两个固定开销是估计（每步几百次 numpy 调用、每个序列每层约十次，每次几微秒），
+# tests/bench_engine.py 会按"实测 − roofline"拟合出本机的值，空闲时待核对：
 CPU_COST = {
     "flops_per_s": 53e9,     # 矩阵乘能达到的算力（SmolLM2 float32 prefill 195 token/s ≈ 53 GFLOP/s）
     "bytes_per_s": 10.4e9,   # 读权重的带宽（batch-1 decode 51.8 ms/token）
-    "step_s": 2.0e-3,        # 每步固定的开销：几百次 numpy 调用、调度、建下标数组
-    "seq_s": 0.5e-3,         # 每个序列每步的开销：每层一次按块表取 K/V 和一次小的注意力
+    "step_s": 2.0e-3,        # 每步固定的开销（估计）：几百次 numpy 调用、调度、建下标数组
+    "seq_s": 0.5e-3,         # 每个序列每步的开销（估计）：每层一次按块表取 K/V 和一次小的注意力
 }
 
 

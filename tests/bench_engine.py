@@ -21,6 +21,7 @@ for _sub in ("lecture01", "lecture02", "lecture05", "lecture06"):
 import numpy as np  # noqa: E402
 
 from engine_lab import LLMEngine  # noqa: E402
+from runner_lab import CPU_COST, step_counts  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from transformer_lab import NumpyTransformer  # noqa: E402
 
@@ -59,6 +60,15 @@ def main(argv):
         base = base or tps
         res[B] = (dt, ov, tps)
         print(f"{B:>4}  {dt * 1e3:>9.1f}  {tps:>9.1f}  {tps / base:>7.2f}  {ov * 1e3:>8.2f}  {ov / dt:>8.1%}")
+    # runner_lab.CPU_COST 的两个固定开销：实测一步 − roofline 部分（同样的账、CPU_COST 的算力和带宽），按 a + b·B 拟合
+    if len(res) >= 2:
+        Bs = np.array(sorted(res), dtype=float)
+        roof = [max(k["flops"] / CPU_COST["flops_per_s"], k["bytes"] / CPU_COST["bytes_per_s"])
+                for k in (step_counts(cfg, [(1, CTX + 1, True)] * int(B)) for B in Bs)]
+        resid = np.array([res[int(B)][0] for B in Bs]) - np.array(roof)
+        b, a = np.polyfit(Bs, resid, 1)
+        print(f"实测 − roofline ≈ {a * 1e3:.2f} ms + {b * 1e3:.3f} ms × B（runner_lab.CPU_COST 假设 "
+              f"{CPU_COST['step_s'] * 1e3:.1f} ms + {CPU_COST['seq_s'] * 1e3:.1f} ms × B）")
     if 1 in res and 16 in res:
         ratio = res[16][2] / res[1][2]
         share = res[16][1] / res[16][0]
