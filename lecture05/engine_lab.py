@@ -14,7 +14,11 @@ float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有�
 【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账在一台 CPU 上的 roofline + 固定开销），所以打印
 的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
 用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
+【记录有界】默认 requests 留着每个请求、steps 留着每一步（脚本和测试要看）。一直开着的服务器两样都不能无限长：
+release(id) 忘掉一个已经结束、结束也已经由 step() 报告过的请求（它的 token、时间、logits 一起放掉）；
+max_step_history=n 时 steps 只留最近的 n 步（collections.deque）。serve.py 两样都用。
 """
+import collections
 import os
 import sys
 import time
@@ -29,7 +33,7 @@ from block_manager_lab import BlockManager, blocks_for, chain_hash  # noqa: E402
 from scheduler_lab import Request, Scheduler  # noqa: E402
 from runner_lab import ModelRunner, modelled_step_time, step_counts  # noqa: E402
 
-__all__ = ["LLMEngine", "ReplayRunner", "run_trace"]
+__all__ = ["LLMEngine", "ReplayRunner", "RequestLog", "run_trace"]
 
 
 def _is_int(x, lo):
@@ -49,20 +53,60 @@ class ReplayRunner:
         return [self.streams[c.req.id][len(c.req.output)] if c.sample else None for c in chunks], None
 
 
+class RequestLog:
+    """
+    引擎记下的请求，用起来像一个按 id 排的 list：log[id]、log[a:b]（区间里还在的）、按 id 的顺序迭代、len。
+    release 过的 id 不在里面（log[id] 抛 KeyError），所以内存只跟还没放掉的请求数走。
+    """
+
+    def __init__(self):
+        self._d, self.n_issued = {}, 0
+
+    def add(self, req):
+        self._d[req.id] = req
+        self.n_issued = max(self.n_issued, req.id + 1)
+
+    def pop(self, rid):
+        return self._d.pop(rid)
+
+    def get(self, rid):
+        return self._d.get(rid)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._d[i] for i in range(*k.indices(self.n_issued)) if i in self._d]
+        if isinstance(k, (int, np.integer)) and k < 0:
+            k += self.n_issued
+        return self._d[k]
+
+    def __contains__(self, rid):
+        return rid in self._d
+
+    def __iter__(self):
+        return iter(self._d.values())              # dict 按插入的顺序 = id 的顺序
+
+    def __len__(self):
+        return len(self._d)
+
+
 class LLMEngine:
     """
     引擎（见模块说明）。params 是 init_params / load_gguf 的参数 dict，也可以是一个现成的 NumpyTransformer（例如
     decode_lab.TransformerLM：和单独生成共用一份融合好的权重）。关键字参数之外：speculative_config 留给投机解码（issue 29，还没做：不是 None 就抛 ValueError）；
     batch_invariant（runner_lab）；clock="model"（默认）或 "wall"；keep_logits=True 时每个请求记下每个抽样位置的 logits
-    （测试拿它和单独生成的比）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）。
-    【边界】块数、块大小、两个预算不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。
+    （测试拿它和单独生成的比）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）；max_step_history
+    （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【记录有界】）。
+    【边界】块数、块大小、两个预算、max_step_history（不是 None 时）不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。
     """
 
     def __init__(self, params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
                  enable_prefix_caching=True, *, speculative_config=None, batch_invariant=False, clock="model",
-                 keep_logits=False, hash_fn=chain_hash, runner=None):
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size),
-                        ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+                 keep_logits=False, hash_fn=chain_hash, runner=None, max_step_history=None):
+        knobs = [("num_blocks", num_blocks), ("block_size", block_size),
+                 ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)]
+        if max_step_history is not None:
+            knobs.append(("max_step_history", max_step_history))
+        for name, v in knobs:
             if not _is_int(v, 1):
                 raise ValueError(f"{name} 必须是 ≥ 1 的整数（收到 {v!r}）")
         if num_blocks * block_size < cfg.max_seq:
@@ -79,7 +123,8 @@ class LLMEngine:
         self.runner = runner if runner is not None else ModelRunner(params, cfg, self.num_blocks, self.block_size,
                                                                     batch_invariant)
         self.clock, self.keep_logits = clock, keep_logits
-        self.requests, self.now, self.steps = [], 0.0, []
+        self.requests, self.now = RequestLog(), 0.0
+        self.steps = [] if max_step_history is None else collections.deque(maxlen=int(max_step_history))
         self._pending = []                                   # 中止了、下一次 step 要报告的
 
     @classmethod
@@ -119,28 +164,49 @@ class LLMEngine:
         for t in ids:
             if not _is_int(t, 0):
                 raise ValueError(f"停止 token 必须是 ≥ 0 的整数 id（收到 {t!r}）")
-        rid = len(self.requests)
+        rid = self.requests.n_issued
         req = Request(rid, prompt, int(max_tokens), float(temperature), int(seed), frozenset(int(t) for t in ids),
                       np.random.default_rng(int(seed)), arrival=self.now)
         req.logits = [] if self.keep_logits else None
-        self.requests.append(req)
+        self.requests.add(req)
         self.scheduler.add(req)
         return rid
 
+    def _check_id(self, request_id):
+        n = self.requests.n_issued
+        if not (_is_int(request_id, 0) and request_id < n):
+            raise ValueError(f"没有这个请求 id：{request_id!r}（发过的是 0..{n - 1}）")
+
     def abort_request(self, request_id):
-        """中止一个请求：放掉它的块，下一次 step 报告 (id, [], "abort")。已经结束的请求：什么都不做。
+        """中止一个请求：放掉它的块，下一次 step 报告 (id, [], "abort")（在那之前 has_unfinished_requests() 是 True）。
+        已经结束（或已经 release）的请求：什么都不做。
         【边界】从没发过的 id：ValueError。"""
-        if not (_is_int(request_id, 0) and request_id < len(self.requests)):
-            raise ValueError(f"没有这个请求 id：{request_id!r}（发过的是 0..{len(self.requests) - 1}）")
-        req = self.requests[request_id]
-        if req.finish_reason is not None:
+        self._check_id(request_id)
+        req = self.requests.get(request_id)
+        if req is None or req.finish_reason is not None:
             return
         req.finish_reason = "abort"
         self.scheduler.finish(req)
         self._pending.append((req.id, [], "abort"))
 
     def has_unfinished_requests(self):
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        """还有请求在等、在跑，或者有中止还没由 step() 报告 -> True（所以 while 它: step() 的循环收得到每个结束）。"""
+        return bool(self.scheduler.waiting or self.scheduler.running or self._pending)
+
+    def release(self, request_id):
+        """
+        忘掉一个请求：它的记录（token、时间、logits）从 requests 里拿掉，之后 requests[id] 抛 KeyError、
+        abort_request(id) 什么都不做。一直开着的服务器在把结束告诉客户端之后调它，requests 才不会无限长。
+        【边界】（ValueError）从没发过的 id；请求还没结束，或结束还没由 step() 报告（中止了、还没 step）；
+        已经 release 过的：什么都不做。
+        """
+        self._check_id(request_id)
+        req = self.requests.get(request_id)
+        if req is None:
+            return
+        if req.finish_reason is None or any(e[0] == request_id for e in self._pending):
+            raise ValueError(f"请求 {request_id} 还没结束（或它的结束还没由 step() 报告）：不能 release")
+        self.requests.pop(request_id)
 
     @property
     def num_free_blocks(self):
@@ -149,19 +215,25 @@ class LLMEngine:
 
     # ---- 一步 ----
     def step(self):
-        """一次调度、一次前向 -> [(request_id, 这一步的新 token, finish_reason)]（只列有新 token 或刚结束的请求）。"""
+        """
+        一次调度、一次前向 -> [(request_id, 这一步的新 token, finish_reason)]（只列有新 token 或刚结束的请求）。
+        没有可算的（只剩待报告的中止，或什么都没有）：不跑模型、不记一步，只报告中止。
+        """
         sch, t0 = self.scheduler, time.perf_counter()
         hits0, pre0 = self.bm.hits, sch.n_preemptions
         chunks = sch.schedule()
+        if not chunks:
+            out, self._pending = self._pending, []
+            return out
         t1 = time.perf_counter()
-        sampled, logits = self.runner.run(chunks) if chunks else ([], None)
+        sampled, logits = self.runner.run(chunks)
         t2 = time.perf_counter()
         sch.postprocess(chunks, sampled)
         t3 = time.perf_counter()
         counts = step_counts(self.cfg, [(c.n, c.start, c.sample) for c in chunks])
         prep = getattr(self.runner, "prepare_s", 0.0)
         wall = t3 - t0
-        dt = modelled_step_time(counts) if chunks else 0.0
+        dt = modelled_step_time(counts)
         self.now += dt if self.clock == "model" else wall
         self.steps.append({"t": self.now, "dt": dt, "wall": wall, "overhead": (t1 - t0) + (t3 - t2) + prep,
                            "tokens": counts["tokens"], "seqs": counts["seqs"],

@@ -64,6 +64,7 @@ from bpe_lab import SPECIAL_TOKEN_TYPES  # noqa: E402
 MAX_BODY = 1 << 20          # 请求体的上限（字节）：1 MiB 装得下任何放得进上下文的提示
 MAX_QUEUE = 64              # 同时在服务器里（排着或在跑）的请求数上限，再多就 503
 MAX_STOP = 4                # stop 最多几个字符串（OpenAI 的上限）
+STEP_HISTORY = 1000         # load_server 的引擎只留最近这么多步的记录（engine_lab 的 max_step_history）
 POLL_S = 0.5               # 连接线程等新 token 时每隔多久看一眼客户端断了没有（醒得太勤会和引擎线程抢 GIL）
 
 
@@ -287,11 +288,13 @@ class EngineLoop(threading.Thread):
     引擎只在这一个线程里跑。submit(job) 和 abort(job) 可以从任何线程调：它们只往收件箱（线程安全的队列）里放东西。
     循环：收件箱里的都处理掉（加请求 / 中止）；引擎有活就 step() 一次，把新 token 分给各个请求；没活就在收件箱上等。
     同时在服务器里的请求数（排着的 + 在跑的）到了 max_queue 时 submit 抛 QueueFull。
+    一个请求的结束（"stop" / "length" / "abort"）交给它的连接之后，engine.release(id) 忘掉它；引擎的步记录有多长由建
+    引擎时的 max_step_history 定（load_server 用 STEP_HISTORY）。
     """
 
-    def __init__(self, engine, max_queue=MAX_QUEUE, keep_steps=1000):
+    def __init__(self, engine, max_queue=MAX_QUEUE):
         super().__init__(name="engine-loop", daemon=True)
-        self.engine, self.max_queue, self.keep_steps = engine, max_queue, keep_steps
+        self.engine, self.max_queue = engine, max_queue
         self.inbox, self.jobs = queue.Queue(), {}
         self.lock, self.n_live = threading.Lock(), 0
         self._halt = threading.Event()
@@ -323,11 +326,7 @@ class EngineLoop(threading.Thread):
                 return
             self.jobs[job.rid] = job
         elif kind == "abort" and job.rid in self.jobs:
-            eng.abort_request(job.rid)                       # 块马上放回块池
-            # 引擎要到下一次 step() 才报告 (id, [], "abort")，而没有别的请求时不会再 step：这里就收尾
-            del self.jobs[job.rid]
-            job.events.put(([], "abort"))
-            self._done(job)
+            eng.abort_request(job.rid)                       # 块马上放回块池；下一次 step() 报告 (id, [], "abort")
 
     def run(self):
         eng = self.engine
@@ -347,14 +346,10 @@ class EngineLoop(threading.Thread):
                     if job is None:
                         continue
                     job.events.put((toks, reason))
-                    if reason is not None:
+                    if reason is not None:                   # 结束（含中止）已经报告：引擎忘掉它，requests 不会无限长
                         del self.jobs[rid]
-                        # 引擎把每个请求、每一步的记录都留着（给脚本和测试看）；一直开着的服务器不能让它们无限长：
-                        # 结束的请求的 token 放掉，步的记录只留最近的 keep_steps 条（见报告：想要引擎提供这个钩子）
-                        eng.requests[rid].tokens = []
+                        eng.release(rid)
                         self._done(job)
-                if len(eng.steps) > 2 * self.keep_steps:
-                    del eng.steps[:-self.keep_steps]
         except Exception as e:                               # 引擎坏了：让每个请求都知道，不挂住
             self.error = e
             raise
@@ -589,7 +584,8 @@ def make_server(engine, tok, model_name, host="127.0.0.1", port=0, max_queue=MAX
                 log=False, start=True):
     """
     建一个服务器 -> ServerHandle（start=True 时服务器和引擎线程都已经在跑）。port=0：系统给一个空闲的端口。
-    engine：engine_lab.LLMEngine（之后只有引擎线程碰它）；tok：bpe_lab.BPETokenizer（要有 <|im_start|>、<|im_end|>）。
+    engine：engine_lab.LLMEngine（之后只有引擎线程碰它；结束了的请求由引擎线程 release；一直开着的服务器建引擎时
+    给 max_step_history，步的记录才有界）；tok：bpe_lab.BPETokenizer（要有 <|im_start|>、<|im_end|>）。
     """
     if tok.im_start_id is None or tok.im_end_id is None:
         raise ValueError("分词器没有 <|im_start|> / <|im_end|>：不是 ChatML 格式的模型，chat 接口用不了")
@@ -615,7 +611,8 @@ def load_server(host="127.0.0.1", port=0, dtype="float32", num_blocks=None, max_
     params, cfg, tok = load_gguf(dtype=np.dtype(dtype))
     block_size = 16
     nb = 2 * blocks_for(cfg.max_seq, block_size) if num_blocks is None else num_blocks
-    engine = LLMEngine(params, cfg, nb, block_size, max_num_batched_tokens, max_num_seqs, clock="wall")
+    engine = LLMEngine(params, cfg, nb, block_size, max_num_batched_tokens, max_num_seqs, clock="wall",
+                       max_step_history=STEP_HISTORY)
     return make_server(engine, tok, cfg.name, host, port, max_queue, log=log)
 
 

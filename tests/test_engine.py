@@ -135,6 +135,57 @@ def test_abort_frees_blocks_and_is_reported():
         eng.abort_request(3)
 
 
+def test_a_step_loop_receives_the_abort_of_the_last_request():
+    """回归：中止最后一个（或唯一的）请求后 has_unfinished_requests() 曾是 False，while 它: step() 的循环收不到
+    (id, [], "abort")（serve.py 只好自己收尾）。"""
+    for n_steps_before in (0, 2):                       # 还在等时中止；prefill / decode 中途中止
+        eng = LLMEngine(PARAMS, CFG, 32, block_size=4, max_num_batched_tokens=8)
+        rid = eng.add_request(PROMPTS[1], N_NEW)
+        for _ in range(n_steps_before):
+            eng.step()
+        eng.abort_request(rid)
+        assert eng.has_unfinished_requests()
+        events = []
+        while eng.has_unfinished_requests():
+            events += eng.step()
+        assert events == [(rid, [], "abort")]
+        assert eng.step() == []                          # 只报告一次
+        assert_no_leak(eng)
+
+
+def test_release_and_max_step_history_bound_what_the_engine_keeps():
+    eng = LLMEngine(PARAMS, CFG, 32, block_size=4, max_num_batched_tokens=8, max_step_history=3)
+    ids = [eng.add_request(p, 4) for p in PROMPTS[:3]]
+    eng.step()
+    eng.abort_request(ids[2])
+    with pytest.raises(ValueError, match="还没结束"):
+        eng.release(ids[0])                              # 还在跑
+    with pytest.raises(ValueError, match="还没结束"):
+        eng.release(ids[2])                              # 中止了，但还没报告
+    n = 1
+    finished = []
+    while eng.has_unfinished_requests():
+        for rid, _, why in eng.step():
+            if why is not None:
+                finished.append(rid)
+                eng.release(rid)
+        n += 1
+    assert sorted(finished) == ids
+    assert n > 3 and len(eng.steps) == 3                 # 只留最近 3 步
+    assert len(eng.requests) == 0 and list(eng.requests) == [] and eng.requests[0:3] == []
+    with pytest.raises(KeyError):
+        eng.requests[ids[0]]
+    eng.release(ids[0])                                  # 已经 release 过：什么都不做
+    eng.abort_request(ids[1])                            # 同上
+    with pytest.raises(ValueError, match="没有这个请求"):
+        eng.release(3)
+    rid = eng.add_request(PROMPTS[0], 2)                 # id 继续往后数，不重用
+    assert rid == 3 and eng.requests[-1].id == 3 and [r.id for r in eng.requests] == [3]
+    assert_no_leak(eng) if not eng.has_unfinished_requests() else None
+    with pytest.raises(ValueError, match="max_step_history"):
+        LLMEngine(PARAMS, CFG, 32, block_size=4, max_step_history=0)
+
+
 def test_step_reports_each_token_once():
     eng = LLMEngine(PARAMS, CFG, 32, block_size=4, max_num_batched_tokens=6)
     ids = [eng.add_request(p, 5) for p in PROMPTS[:3]]

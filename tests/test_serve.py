@@ -319,10 +319,68 @@ class GatedRunner(ReplayRunner):
         return super().run(chunks)
 
 
+def record_releases(eng):
+    """让 eng.release 先记下 (id, finish_reason, 生成了几个 token) 再放掉 -> 记录的 list。"""
+    got, release = [], eng.release
+
+    def rec(rid):
+        r = eng.requests[rid]
+        got.append((rid, r.finish_reason, len(r.output)))
+        release(rid)
+    eng.release = rec
+    return got
+
+
+def test_engine_loop_gets_an_abort_from_step_and_releases_every_finished_request():
+    """回归：EngineLoop 曾经自己收尾中止（引擎不报告最后一个请求的中止），结束了的请求只把 token 清空、留在
+    engine.requests 里，还自己剪 engine.steps。现在中止由 step() 报告，每个结束了的请求都 release。"""
+    gate = threading.Event()
+    gate.set()
+    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("b" * 60), 1: byte_ids("ok")}, gate,
+                                                          delay=0.01))
+    stepped = []
+    step = eng.step
+    eng.step = lambda: stepped.append(step()) or stepped[-1]
+    loop = serve.EngineLoop(eng)
+    loop.start()
+    try:
+        job = serve.Job(serve.GenRequest(prompt_ids=[5], max_tokens=60, temperature=0.0, seed=0, stop_ids=[]))
+        loop.submit(job)
+        assert job.events.get(timeout=10)[0] == [byte_ids("b")[0]]
+        loop.abort(job)
+        evs = []
+        while not evs or evs[-1][1] is None:
+            evs.append(job.events.get(timeout=10))
+        assert evs[-1] == ([], "abort")
+        assert any((0, [], "abort") in out for out in stepped)          # 来自 step()，不是 EngineLoop 自己
+        done = serve.Job(serve.GenRequest(prompt_ids=[5], max_tokens=2, temperature=0.0, seed=0, stop_ids=[]))
+        loop.submit(done)
+        while done.events.get(timeout=10)[1] is None:
+            pass
+        assert wait_until(lambda: loop.n_live == 0)
+        assert len(eng.requests) == 0 and eng.num_free_blocks == NB    # 两个都 release 了
+    finally:
+        loop.stop()
+    assert not loop.is_alive()
+
+
+def test_load_server_bounds_the_step_history(monkeypatch):
+    import real_model_lab
+    monkeypatch.setattr(real_model_lab, "load_gguf", lambda dtype=None: (PARAMS, CFG, TOK))
+    h = serve.load_server(num_blocks=NB)
+    try:
+        assert h.loop.engine.steps.maxlen == serve.STEP_HISTORY
+        assert post(h, "/v1/completions", {"prompt": "q", "max_tokens": 3})[0] == 200
+        assert wait_until(lambda: len(h.loop.engine.requests) == 0)
+    finally:
+        h.close()
+
+
 def test_client_disconnect_mid_stream_aborts_and_frees_every_block():
     gate = threading.Event()
     gate.set()
     eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("a" * 60)}, gate, delay=0.01))
+    released = record_releases(eng)
     h = serve.make_server(eng, TOK, "tiny")
     try:
         s = socket.create_connection(("127.0.0.1", h.port), timeout=10)
@@ -336,9 +394,9 @@ def test_client_disconnect_mid_stream_aborts_and_frees_every_block():
             got += more
         s.close()
         assert wait_until(lambda: not eng.has_unfinished_requests() and eng.num_free_blocks == NB)
-        assert eng.requests[0].finish_reason == "abort"
-        assert len(eng.requests[0].output) < 60                 # 没跑完就中止了
         assert wait_until(lambda: h.loop.n_live == 0)
+        assert [(rid, why) for rid, why, _ in released] == [(0, "abort")]
+        assert released[0][2] < 60                              # 没跑完就中止了
     finally:
         h.close()
 
