@@ -155,21 +155,37 @@ class ModelRunner:
 # ---------------------------------------------------------------------------
 # 一步的账和 CPU 上的模型时间
 # ---------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 12)
+def _chunk_ints(cfg, n, sample):
+    """
+    一段 n 个 token 的账（整数，BF16 的字节）在 start = 0 处的值和对 start 的斜率 -> ((flops, w, kv, emb), (斜率…))。
+
+    【推导】账本里和已缓存长度 start 有关的只有注意力：打分和乘 V 的 FLOPs 2·H·n·(start + n)·hd、softmax 的
+    H·n·(start + n)、读 KV 的字节 Hkv·(start + n)·hd——都是 start 的一次函数（ledger_lab._layer_ledger），所以
+    f(start) = f(0) + start·(f(1) − f(0))，整数上精确。一个 n 只跑两遍账本，不是每个 start 一遍（decode 的 start
+    每步都不同：模型时间里最贵的就是这个）。
+    """
+    def at(start):
+        rows = analytic_ops(cfg, 1, n, start, last_only=True)
+        return (sum(r["flops"] for r in rows if sample or r["op"] != "lm_head"),
+                sum(r["w"] for r in rows if r["op"] != "embed"),
+                sum(r["kv"] for r in rows),
+                sum(r["w"] for r in rows if r["op"] == "embed"))
+    f0, f1 = at(0), at(1)
+    return f0, tuple(b - a for a, b in zip(f0, f1))
+
+
 def chunk_counts(cfg, n, start, sample):
     """
     一段（n 个新 token，前面已缓存 start 个）的账 -> (flops, 权重字节, KV 字节, 嵌入字节)，字节按模型的 dtype。
 
     【推导】ledger_lab.analytic_ops(cfg, 1, n, start, last_only=True) 逐算子求和（测试断言和账本一致）；不抽样的段
-    （prefill 的中间块）不算 lm_head。字节的账按 BF16 记（2 字节），这里乘 dtype 的字节数 / 2。
+    （prefill 的中间块）不算 lm_head。字节的账按 BF16 记（2 字节），这里乘 dtype 的字节数 / 2。按 start 是一次函数
+    来算（_chunk_ints）。
     """
-    rows = analytic_ops(cfg, 1, n, start, last_only=True)
+    (flops, w, kv, emb), (dflops, _, dkv, _) = _chunk_ints(cfg, n, bool(sample))
     scale = np.dtype(cfg.dtype).itemsize / BYTES_PER_EL
-    flops = sum(r["flops"] for r in rows if sample or r["op"] != "lm_head")
-    w = sum(r["w"] for r in rows if r["op"] != "embed")
-    emb = sum(r["w"] for r in rows if r["op"] == "embed")
-    kv = sum(r["kv"] for r in rows)
-    return flops, w * scale, kv * scale, emb * scale
+    return flops + start * dflops, w * scale, (kv + start * dkv) * scale, emb * scale
 
 
 def step_counts(cfg, chunks):

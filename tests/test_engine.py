@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from conftest import real_model
+from smollm2_models import smollm2_lm
 from decode_lab import TransformerLM, autoregressive_generate
 from engine_lab import LLMEngine, run_trace
 from transformer_lab import LMConfig, init_params
@@ -253,8 +253,7 @@ def test_batch_invariant_mode_is_bitwise_in_float32():
 
 def test_smollm2_engine_equals_each_request_alone():
     """真实模型一次：SmolLM2（float64）两个请求一起跑（预算 4：提示分块 prefill、和 decode 混在一步），token 等于单独生成的。"""
-    P, cfg, tok = real_model("float64")
-    model = TransformerLM(P, cfg)
+    model, cfg, tok = smollm2_lm("float64")             # 和 test_serve 共用一份（装一次、融合一次）
     prompts = [tok.encode(s) for s in ("The capital of France is", "Once upon a time")]
     eng = LLMEngine(model, cfg, blocks_for_ctx(cfg), block_size=16, max_num_batched_tokens=4)
     out = eng.generate(prompts, 3, temperature=1.0, seed=5)
@@ -281,6 +280,19 @@ def test_step_counts_read_the_weights_once_per_step():
     assert modelled_step_time(many) < 8 * modelled_step_time(one)
     mid = step_counts(CFG, [(4, 0, False)])
     assert mid["flops"] < step_counts(CFG, [(4, 0, True)])["flops"]            # 不抽样的块不算 lm_head
+
+
+def test_chunk_counts_equal_the_ledger_at_every_cached_length():
+    """chunk_counts 按 start 的一次函数算（两遍账本外推）：和直接用账本算的逐个相等，start 很大、n > 1、不抽样都是。"""
+    from runner_lab import chunk_counts
+    from transformer_lab import analytic_ops
+    for n, start, sample in ((1, 0, True), (1, 1, True), (1, 63, True), (7, 0, False), (7, 40, True),
+                             (16, 1000, False), (3, 2047, True)):
+        rows = analytic_ops(CFG, 1, n, start, last_only=True)
+        want = (sum(r["flops"] for r in rows if sample or r["op"] != "lm_head"),
+                4 * sum(r["w"] for r in rows if r["op"] != "embed"), 4 * sum(r["kv"] for r in rows),
+                4 * sum(r["w"] for r in rows if r["op"] == "embed"))
+        assert chunk_counts(CFG, n, start, sample) == want, (n, start, sample)
 
 
 def test_request_metrics_by_hand():

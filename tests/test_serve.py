@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script, real_model
+from conftest import ROOT, load_script
+from smollm2_models import smollm2_lm
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import TransformerLM, autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -453,8 +454,7 @@ def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
 # 真实模型一次
 # ---------------------------------------------------------------------------
 def test_smollm2_answers_like_the_offline_engine():
-    params, cfg, tok = real_model()
-    model = TransformerLM(params, cfg)                    # 引擎和单独生成共用一份融合好的权重
+    model, cfg, tok = smollm2_lm("float64")              # 引擎和单独生成共用一份融合好的权重（test_engine 也用它）
     eng = LLMEngine(model, cfg, 2 * (cfg.max_seq // BS), BS)
     h = serve.make_server(eng, tok, cfg.name)
     try:
