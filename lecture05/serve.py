@@ -363,8 +363,7 @@ class EngineLoop(threading.Thread):
                 if kind == "add":
                     job.events.put((None, "shutdown"))
             for rid, job in list(self.jobs.items()):
-                if eng.requests[rid].finish_reason is None:
-                    eng.abort_request(rid)
+                eng.abort_request(rid)                       # 已经结束的：引擎什么都不做
                 job.events.put((None, "shutdown"))
             self.jobs.clear()
 
