@@ -398,7 +398,8 @@ def demo6_batch_invariance(d1, timed=False):
         "同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
         f"float64 下同样的比较 {below(d64, BOUND64)}（float32 {below(d32, BOUND32)}）：float64 的单位舍入小 "
         f"2^29 ≈ {sci(2.0 ** 29)} 倍，舍入差按比例缩小（{sci(BOUND32)} / {sci(2.0 ** 29)} ≈ "
-        f"{sci(BOUND32 / 2.0 ** 29)}），比这里最小的 top-2 差距 {min(gaps):.2f} 小十几个数量级，翻转实际上不会发生——这就是测试在 float64 下断言"
+        f"{sci(BOUND32 / 2.0 ** 29)}），比这里最小的 top-2 差距 {min(gaps):.2f} 小 "
+        f"{int(np.log10(min(gaps) / (BOUND32 / 2.0 ** 29)))} 个数量级以上，翻转实际上不会发生——这就是测试在 float64 下断言"
         "\"引擎 = 单独生成\"的原因。",
         f"一种让引擎批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
         f"注意力一次一个 query，一行的舍入只看它自己。代价：权重每个 token 读一遍，{INVARIANT_BATCH} 个序列 decode "
