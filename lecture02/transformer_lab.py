@@ -257,9 +257,82 @@ class NumpyTransformer:
         inv_freq = cfg.rope_theta ** (-np.arange(half) / half)
         ang = np.arange(cfg.max_seq)[:, None] * inv_freq[None, :]      # [max_seq, hd/2]，角度按 float64 算
         self._rot = np.exp(1j * ang).astype(self._cdt)                 # e^{iθ}，[max_seq, hd/2]
+        self._eps_d = cfg.d_model * cfg.norm_eps
+        self.matmul_hook = None                                        # 每次权重矩阵乘之前的输入变换（见 linear）
+        self.matmul = _mm                                              # 权重矩阵乘本身（引擎的"批不变"模式换掉它）
 
     def new_cache(self, batch=1, max_len=None):
         return KVCache(self.cfg, batch, max_len)
+
+    # ---- 模型的零件：forward 按顺序调用它们；第 5 讲的引擎（runner_lab）把一个不规则的批摊成 [N, d] 也调用它们 ----
+    # 数学只在这里写一次。每个零件都接受任意的前导维 [..., d]（forward 用 [B, n, d]，引擎用 [N, d]）。
+    def embed(self, toks):  # [...] int -> [..., d]
+        """词嵌入：查表。"""
+        return self._embed[toks]
+
+    def rms_scale(self, x):  # [..., d] -> [..., d]
+        """RMSNorm 不乘权重的部分（权重 g 和 √d 已并进后面的矩阵，见类的说明）。"""
+        return _rms_scale(x, self._eps_d)
+
+    def linear(self, x, w, op, li):  # [..., k], [k, m] -> [..., m]
+        """
+        一次权重矩阵乘 x @ w（先摊成二维，见 _mm）。
+
+        【钩子】self.matmul_hook 不是 None 时，先把输入换成 matmul_hook(op, li, x)（同形状）再乘：
+        激活量化、在线旋转（第 3 讲）从这里插进来。op ∈ {"qkv", "o_proj", "gate_up", "down", "lm_head"}，
+        li 是层号（lm_head 是 -1）。默认 None：不多做任何运算，forward 的每个字节不变。
+        """
+        if self.matmul_hook is not None:
+            x = self.matmul_hook(op, li, x)
+        return self.matmul(x, w)
+
+    def qkv_proj(self, li, h):  # [..., d] -> [..., nq + 2·nkv]
+        """第 li 层融合的 q/k/v 投影（q、k 的列已按 RoPE 的复数写法重排，q 已乘 1/√hd）。"""
+        return self.linear(h, self._layers[li][0], "qkv", li)
+
+    def rope_table(self, positions):  # [n] int -> [n, 1, hd/2] complex
+        """每个 token 自己的位置的 e^{iθ}（RoPE 表里取行）：位置可以任意（引擎里不同序列的 token 位置各不相同）。"""
+        return self._rot[positions][:, None, :]
+
+    def rope(self, qkv, rot):  # [..., nq + 2·nkv], [..., 1, hd/2] -> [..., H + Hkv, hd]
+        """q 和 k 一起转 RoPE：相邻两列看成一个复数，乘 e^{iθ}（rot 由 rope_table 或 RoPE 表的切片给）。"""
+        cfg = self.cfg
+        H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        c = qkv[..., :(H + Hkv) * hd].view(self._cdt).reshape(qkv.shape[:-1] + (H + Hkv, hd // 2))
+        return (c * rot).view(self._dt)
+
+    def attention(self, q, K, Vv, mask):  # [B, n, H, hd], [B, Hkv, S, hd] ×2, [n, S] 或 None -> [B, n, H·hd]
+        """
+        注意力的核心：softmax(q·Kᵀ + mask)·V（1/√hd 已并进 wq）。mask 是加性的（0 = 能看，−inf = 不能看），None = 全能看。
+
+        【GQA】第 h 个 query 头 = 第 h // G 个 KV 头的第 h % G 个；把同组的头和位置摞在一起做一次矩阵乘。
+        """
+        B, n, H, hd = q.shape
+        Hkv, S = K.shape[1], K.shape[2]
+        G = H // Hkv
+        qg = q.reshape(B, n, Hkv, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, hd)
+        s = qg @ K.transpose(0, 1, 3, 2)                                 # [B, Hkv, G·n, S]
+        if mask is not None:
+            s = (s.reshape(B, Hkv, G, n, S) + mask).reshape(B, Hkv, G * n, S)
+        p = np.exp(s - np.maximum.reduce(s, axis=-1, keepdims=True))
+        a = (p / np.add.reduce(p, axis=-1, keepdims=True)) @ Vv          # softmax · V，[B, Hkv, G·n, hd]
+        return a.reshape(B, Hkv, G, n, hd).transpose(0, 3, 1, 2, 4).reshape(B, n, H * hd)
+
+    def o_proj(self, li, a):  # [..., H·hd] -> [..., d]
+        """第 li 层注意力的输出投影。"""
+        return self.linear(a, self._layers[li][1], "o_proj", li)
+
+    def mlp(self, li, h):  # [..., d] -> [..., d]
+        """第 li 层的 SwiGLU：(SiLU(h·W_gate) ⊙ h·W_up)·W_down（gate、up 融合成一次矩阵乘）。"""
+        ff = self.cfg.d_ff
+        gu = self.linear(h, self._layers[li][2], "gate_up", li)          # [..., 2·ff]
+        gate = gu[..., :ff]
+        act = gate / (1.0 + np.exp(-gate)) * gu[..., ff:]                # SiLU(gate)·up
+        return self.linear(act, self._layers[li][3], "down", li)
+
+    def lm_head(self, h):  # [..., d] -> [..., V]
+        """最后的 RMSNorm 权重已并进 lm_head：输入是 rms_scale(x)。"""
+        return self.linear(h, self._head, "lm_head", -1)
 
     def forward(self, toks, cache=None, counter=None, attn_mask=None, positions=None):  # [B, n] -> [B, n, V]
         """
@@ -288,10 +361,9 @@ class NumpyTransformer:
             raise ValueError(f"token 必须在 0..{cfg.vocab - 1} 之间")
         if attn_mask is not None or positions is not None:
             attn_mask, positions = _check_tree_args(attn_mask, positions, n, p0, cfg.max_seq)
-        H, Hkv, hd, G, ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.d_ff
+        H, Hkv, hd, ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
         nq, nkv = H * hd, Hkv * hd
-        eps_d = cfg.d_model * cfg.norm_eps
-        rot = self._rot[p0:S, None, :] if positions is None else self._rot[positions][:, None, :]  # [n, 1, hd/2]
+        rot = self._rot[p0:S, None, :] if positions is None else self.rope_table(positions)  # [n, 1, hd/2]
         mask = None
         if attn_mask is not None:  # 树形注意力：调用者给的遮罩
             mask = np.where(attn_mask, 0.0, -np.inf).astype(self._dt)
@@ -299,28 +371,22 @@ class NumpyTransformer:
             mask = np.where(np.arange(S)[None, :] > (p0 + np.arange(n))[:, None], -np.inf, 0.0).astype(self._dt)
         add = counter.add if counter is not None else None
         e = ELEMENTWISE_FLOPS
-        x = self._embed[toks]                                            # [B, n, d]
+        x = self.embed(toks)                                             # [B, n, d]
         if add:
             add("embed", 0, 0, x.size * BYTES_PER_EL, 0)
-        for li, (wqkv, wo, wgu, wdown) in enumerate(self._layers):
+        for li in range(cfg.n_layers):
             L = self.params["layers"][li] if add else None
-            h = _rms_scale(x, eps_d)
-            qkv = _mm(h, wqkv)                                           # [B, n, nq + 2·nkv]
-            # RoPE：q 和 k 一起，按复数乘 e^{iθ}
-            qk = (qkv[..., :nq + nkv].view(self._cdt).reshape(B, n, H + Hkv, hd // 2) * rot).view(self._dt)
+            h = self.rms_scale(x)
+            qkv = self.qkv_proj(li, h)                                   # [B, n, nq + 2·nkv]
+            qk = self.rope(qkv, rot)                                     # [B, n, H + Hkv, hd]
             cache.k[li, :, :, p0:S] = qk[:, :, H:].transpose(0, 2, 1, 3)
             cache.v[li, :, :, p0:S] = qkv[..., nq + nkv:].reshape(B, n, Hkv, hd).transpose(0, 2, 1, 3)
             K, Vv = cache.k[li, :, :, :S], cache.v[li, :, :, :S]           # [B, Hkv, S, hd]
-            # 第 h 个 query 头 = 第 h // G 个 KV 头的第 h % G 个；把同组的头和位置摞在一起做一次矩阵乘
-            qg = qk[:, :, :H].reshape(B, n, Hkv, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, hd)
-            s = qg @ K.transpose(0, 1, 3, 2)                             # [B, Hkv, G·n, S]（1/√hd 已并进 wq）
-            if mask is not None:
-                s = (s.reshape(B, Hkv, G, n, S) + mask).reshape(B, Hkv, G * n, S)
-            p = np.exp(s - np.maximum.reduce(s, axis=-1, keepdims=True))
-            a = (p / np.add.reduce(p, axis=-1, keepdims=True)) @ Vv      # softmax · V，[B, Hkv, G·n, hd]
-            a = a.reshape(B, Hkv, G, n, hd).transpose(0, 3, 1, 2, 4).reshape(B, n, nq)
-            x = x + _mm(a, wo)
+            a = self.attention(qk[:, :, :H], K, Vv, mask)                # [B, n, nq]
+            x = x + self.o_proj(li, a)
             if add:  # 账按真实数组的形状记：矩阵乘 2·(行数)·(权重的输入维)·(输出维)
+                wo = self._layers[li][1]
+                s_size = B * H * n * S                                   # 打分矩阵 s 的元素数
                 rows = h.shape[0] * h.shape[1]
                 add("attn_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
                 for op in ("q_proj", "k_proj", "v_proj"):
@@ -329,28 +395,26 @@ class NumpyTransformer:
                 add("rope", e["rope"] * qk.size, 0, 0, 0)
                 # 打分和加权和都按整个矩形执行；因果遮罩下真正需要的 (query, key) 对数单独数
                 visible = int(np.count_nonzero(mask == 0)) if mask is not None else n * S
-                rect = 2 * s.size * hd
+                rect = 2 * s_size * hd
                 useful = 2 * B * H * visible * hd
                 add("attn_scores", rect, useful, 0, K.size * BYTES_PER_EL)
-                add("attn_softmax", e["softmax"] * s.size, 0, 0, 0)
+                add("attn_softmax", e["softmax"] * s_size, 0, 0, 0)
                 add("attn_av", rect, useful, 0, Vv.size * BYTES_PER_EL)
                 add("o_proj", 2 * rows * wo.size, 2 * rows * wo.size, wo.size * BYTES_PER_EL, 0)
                 add("attn_residual", e["residual"] * x.size, 0, 0, 0)
-            h = _rms_scale(x, eps_d)
-            gu = _mm(h, wgu)                                             # [B, n, 2·ff]
-            gate = gu[..., :ff]
-            act = gate / (1.0 + np.exp(-gate)) * gu[..., ff:]            # SiLU(gate)·up
-            x = x + _mm(act, wdown)
+            h = self.rms_scale(x)
+            x = x + self.mlp(li, h)
             if add:
+                wdown = self._layers[li][3]
                 add("mlp_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
                 for op in ("mlp_gate", "mlp_up"):
                     W = L["w_" + op[4:]]
                     add(op, 2 * rows * W.size, 2 * rows * W.size, W.size * BYTES_PER_EL, 0)
-                add("mlp_act", e["act"] * act.size, 0, 0, 0)
+                add("mlp_act", e["act"] * (h.size // cfg.d_model) * ff, 0, 0, 0)
                 add("mlp_down", 2 * rows * wdown.size, 2 * rows * wdown.size, wdown.size * BYTES_PER_EL, 0)
                 add("mlp_residual", e["residual"] * x.size, 0, 0, 0)
-        h = _rms_scale(x, eps_d)
-        logits = _mm(h, self._head)                                      # [B, n, V]
+        h = self.rms_scale(x)
+        logits = self.lm_head(h)                                         # [B, n, V]
         if add:
             add("final_norm", e["norm"] * h.size, 0, cfg.d_model * BYTES_PER_EL, 0)
             add("lm_head", 2 * B * n * self._head.size, 2 * B * n * self._head.size,

@@ -9,6 +9,8 @@ from collections import deque
 
 import numpy as np
 
+from block_manager_lab import BlockPool   # 课程里只有一个块池：引擎（engine_lab）和这里的模拟共用它的空闲表和引用计数
+
 __all__ = ["simulate_kv_allocation"]
 
 
@@ -64,11 +66,23 @@ def simulate_kv_allocation(prompt_lens, out_lens, capacity_tokens, policy, reser
     if policy == "paged" and (private_blocks(need) + shared_blk).max() > total - wm:
         raise ValueError(f"有的请求自己就装不下：最多要 {int((private_blocks(need) + shared_blk).max())} 块，"
                          f"内存只有 {total} 块（水位线留 {wm} 块）")
+    pool = BlockPool(int(total)) if policy == "paged" else None
+    ids = {}                                            # 分页：请求 -> 它自己的块号
+    shared_ids = []                                     # 分页：共享前缀的满块（每个在跑的请求各持一个引用）
+
+    def hold(r, k):                                     # 请求 r 再拿 k 块
+        ids.setdefault(r, []).append(pool.take_many(k))
+
+    def release(r):                                     # 请求 r 放掉自己的块和它对共享块的引用
+        mine = ids.pop(r, [])
+        if mine:
+            pool.decref_many(np.concatenate(mine))
+        pool.decref_many(np.asarray(shared_ids, dtype=np.int64))
     queue = deque(range(n))
     run_r = np.zeros(0, dtype=np.int64)                 # 批里的请求（按进来的先后）
     run_s = np.zeros(0, dtype=np.int64)                 # 它们各自是第几次迭代
     run_h = np.zeros(0, dtype=np.int64)                 # 分页：各自持有的块；预留：各自预留的位置
-    free, steps, preempted = total, 0, 0
+    free, steps, preempted = total, 0, 0               # 分页时 free 总是等于 pool.num_free（每次改动后同步）
     iters, max_iters, max_held = 0, int(O.sum()), 0
     sums = {"real": 0, "occupied": 0, "running": 0, "waste": 0, "saved": 0}
     max_running = 0
@@ -87,6 +101,15 @@ def simulate_kv_allocation(prompt_lens, out_lens, capacity_tokens, policy, reser
                 break
             queue.popleft()
             free -= h + extra
+            if policy == "paged":
+                if extra:
+                    shared_ids[:] = [int(i) for i in pool.take_many(extra)]
+                else:
+                    for i in shared_ids:
+                        pool.incref(i)
+                if h:
+                    hold(r, h)
+                assert free == pool.num_free
             add_r.append(r)
             add_h.append(h)
         if add_r:
@@ -97,10 +120,20 @@ def simulate_kv_allocation(prompt_lens, out_lens, capacity_tokens, policy, reser
             want = private_blocks(P[run_r] + run_s - 1) - run_h
             while want.sum() > free:                  # 不会挤空：参数检查保证一个请求自己总装得下
                 free += int(run_h[-1])
+                release(int(run_r[-1]))
                 queue.appendleft(int(run_r[-1]))
                 run_r, run_s, run_h, want = run_r[:-1], run_s[:-1], run_h[:-1], want[:-1]
                 preempted += 1
             free -= int(want.sum())
+            tot = int(want.sum())
+            if tot:                                    # 一步要的块一次拿齐，再按请求分开
+                need = np.flatnonzero(want)
+                got, at = pool.take_many(tot), 0
+                for j in need:
+                    k = int(want[j])
+                    ids.setdefault(int(run_r[j]), []).append(got[at:at + k])
+                    at += k
+            assert free == pool.num_free
             run_h = run_h + want
         if not len(run_r):
             raise RuntimeError(f"simulate_kv_allocation：批空着，队首的请求 {queue[0]} 却放不进来（空着的 {free} / {total}）："
@@ -122,9 +155,14 @@ def simulate_kv_allocation(prompt_lens, out_lens, capacity_tokens, policy, reser
         done = run_s == O[run_r]                       # 这一步是它的最后一次迭代
         if done.any():
             free += int(run_h[done].sum())
+            if policy == "paged":
+                for r in run_r[done]:
+                    release(int(r))
             run_r, run_s, run_h = run_r[~done], run_s[~done], run_h[~done]
             if policy == "paged" and shared_blk and not len(run_r):
                 free += shared_blk
+            if policy == "paged":
+                assert free == pool.num_free
         run_s = run_s + 1
     if steps == 0:
         raise ValueError("所有请求一次就都放得下，内存从来不是瓶颈：这个模拟量的是内存放不下时的情形")

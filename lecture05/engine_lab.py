@@ -1,0 +1,289 @@
+"""
+engine_lab —— 第 5 讲的 numpy 推理引擎：连续批处理、分页的 KV 块、自动前缀缓存、分块 prefill、挤出重算。
+
+【外观】（vLLM 的名字）LLMEngine(params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
+enable_prefix_caching=True)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None) -> request_id；
+step() -> [(request_id, 新 token 的 list, finish_reason)]（一次调度、一次前向；finish_reason 运行中是 None，
+之后是 "stop"、"length" 或 "abort"）；has_unfinished_requests()；abort_request(id)；num_free_blocks；
+generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None) -> 每个提示的 token list。
+【一步】schedule（scheduler_lab）→ run（runner_lab：一次前向 + 每个请求用自己的种子抽样）→ postprocess（追加 token、
+登记写满的块、结束的放掉块）。三间小屋各做一件事：块（block_manager_lab）、调度（scheduler_lab）、模型（runner_lab）。
+【精确】float64 下，引擎里每个请求的 token 等于它单独用 decode_lab.autoregressive_generate、同一个种子生成的
+（测试：任意到达顺序、预算小到每步 1 个 token、块池小到要挤出、前缀缓存开或关、T = 0 和 T = 1）。
+float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有谁而差 ~1e-5：见 batch_invariant。
+【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账在一台 CPU 上的 roofline + 固定开销），所以打印
+的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
+用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
+【记录有界】默认 requests 留着每个请求、steps 留着每一步（脚本和测试要看）。一直开着的服务器两样都不能无限长：
+release(id) 忘掉一个已经结束、结束也已经由 step() 报告过的请求（它的 token、时间、logits 一起放掉）；
+max_step_history=n 时 steps 只留最近的 n 步（collections.deque）。serve.py 两样都用。
+"""
+import collections
+import os
+import sys
+import time
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from block_manager_lab import BlockManager, blocks_for, chain_hash  # noqa: E402
+from scheduler_lab import Request, Scheduler  # noqa: E402
+from runner_lab import ModelRunner, modelled_step_time, step_counts  # noqa: E402
+
+__all__ = ["LLMEngine", "ReplayRunner", "RequestLog", "run_trace"]
+
+
+def _is_int(x, lo):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= lo
+
+
+class ReplayRunner:
+    """
+    不跑模型的"模型"：按事先算好的 token 流回答（streams[request_id] = 那个请求的输出）。
+    扫一个旋钮（预算、块池、到达率）时用：float64、T = 0 下一个请求的 token 和它跟谁一批无关，算一次，之后只重跑调度和模型时间。
+    """
+
+    def __init__(self, streams):
+        self.streams = streams
+
+    def run(self, chunks):
+        return [self.streams[c.req.id][len(c.req.output)] if c.sample else None for c in chunks], None
+
+
+class RequestLog:
+    """
+    引擎记下的请求，用起来像一个按 id 排的 list：log[id]、log[a:b]（区间里还在的）、按 id 的顺序迭代、len。
+    release 过的 id 不在里面（log[id] 抛 KeyError），所以内存只跟还没放掉的请求数走。
+    """
+
+    def __init__(self):
+        self._d, self.n_issued = {}, 0
+
+    def add(self, req):
+        self._d[req.id] = req
+        self.n_issued = max(self.n_issued, req.id + 1)
+
+    def pop(self, rid):
+        return self._d.pop(rid)
+
+    def get(self, rid):
+        return self._d.get(rid)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._d[i] for i in range(*k.indices(self.n_issued)) if i in self._d]
+        if isinstance(k, (int, np.integer)) and k < 0:
+            k += self.n_issued
+        return self._d[k]
+
+    def __contains__(self, rid):
+        return rid in self._d
+
+    def __iter__(self):
+        return iter(self._d.values())              # dict 按插入的顺序 = id 的顺序
+
+    def __len__(self):
+        return len(self._d)
+
+
+class LLMEngine:
+    """
+    引擎（见模块说明）。params 是 init_params / load_gguf 的参数 dict，也可以是一个现成的 NumpyTransformer（例如
+    decode_lab.TransformerLM：和单独生成共用一份融合好的权重）。关键字参数之外：speculative_config 留给投机解码（issue 29，还没做：不是 None 就抛 ValueError）；
+    batch_invariant（runner_lab）；clock="model"（默认）或 "wall"；keep_logits=True 时每个请求记下每个抽样位置的 logits
+    （测试拿它和单独生成的比）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）；max_step_history
+    （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【记录有界】）。
+    【边界】块数、块大小、两个预算、max_step_history（不是 None 时）不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。
+    """
+
+    def __init__(self, params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
+                 enable_prefix_caching=True, *, speculative_config=None, batch_invariant=False, clock="model",
+                 keep_logits=False, hash_fn=chain_hash, runner=None, max_step_history=None):
+        knobs = [("num_blocks", num_blocks), ("block_size", block_size),
+                 ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)]
+        if max_step_history is not None:
+            knobs.append(("max_step_history", max_step_history))
+        for name, v in knobs:
+            if not _is_int(v, 1):
+                raise ValueError(f"{name} 必须是 ≥ 1 的整数（收到 {v!r}）")
+        if num_blocks * block_size < cfg.max_seq:
+            raise ValueError(f"块池 num_blocks × block_size = {num_blocks} × {block_size} = {num_blocks * block_size} 个 "
+                             f"token，放不下一个用满模型上下文 max_seq = {cfg.max_seq} 的请求：至少要 "
+                             f"{blocks_for(cfg.max_seq, block_size)} 块")
+        if speculative_config is not None:
+            raise ValueError("speculative_config：引擎里的投机解码还没做（issue 29），只能是 None")
+        if clock not in ("model", "wall"):
+            raise ValueError(f"clock 只能是 'model'（模型时间，默认）或 'wall'（真实时钟），收到 {clock!r}")
+        self.cfg, self.num_blocks, self.block_size = cfg, int(num_blocks), int(block_size)
+        self.bm = BlockManager(self.num_blocks, self.block_size, enable_prefix_caching, hash_fn)
+        self.scheduler = Scheduler(self.bm, int(max_num_batched_tokens), int(max_num_seqs))
+        self.runner = runner if runner is not None else ModelRunner(params, cfg, self.num_blocks, self.block_size,
+                                                                    batch_invariant)
+        self.clock, self.keep_logits = clock, keep_logits
+        self.requests, self.now = RequestLog(), 0.0
+        self.steps = [] if max_step_history is None else collections.deque(maxlen=int(max_step_history))
+        self._pending = []                                   # 中止了、下一次 step 要报告的
+
+    @classmethod
+    def replay(cls, streams, cfg, num_blocks, **kw):
+        """用事先算好的 token 流（streams[i] = 第 i 个请求的输出）代替模型的引擎：只跑调度、块和模型时间。"""
+        return cls(None, cfg, num_blocks, runner=ReplayRunner(streams), **kw)
+
+    # ---- 请求 ----
+    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None):
+        """
+        排进一个请求 -> request_id（0, 1, 2, …）。
+
+        【边界】（ValueError）空提示、token 越界；max_tokens 不是 ≥ 1 的整数；提示 + max_tokens − 1 超过上下文 max_seq
+        （decode_lab 的规则：最后抽出的 token 不用再喂）或超过整个块池；T < 0；seed 不是 ≥ 0 的整数；停止 token 不是 id。
+        """
+        cfg = self.cfg
+        prompt = [int(t) for t in np.asarray(prompt_ids).ravel()]
+        if not prompt:
+            raise ValueError("提示至少要有 1 个 token")
+        if min(prompt) < 0 or max(prompt) >= cfg.vocab:
+            raise ValueError(f"提示里的 token 必须在 0..{cfg.vocab - 1} 之间（收到 {min(prompt)}..{max(prompt)}）")
+        if not _is_int(max_tokens, 1):
+            raise ValueError(f"max_tokens 必须是 ≥ 1 的整数（收到 {max_tokens!r}）")
+        need = len(prompt) + int(max_tokens) - 1
+        if need > cfg.max_seq:
+            raise ValueError(f"提示 {len(prompt)} + max_tokens {max_tokens} − 1 = {need} 个位置，超过模型的上下文 "
+                             f"max_seq = {cfg.max_seq}")
+        if blocks_for(need, self.block_size) > self.num_blocks:
+            raise ValueError(f"这个请求最多要 {blocks_for(need, self.block_size)} 块，整个块池只有 {self.num_blocks} 块："
+                             "它永远放不进来")
+        if not (isinstance(temperature, (int, float, np.floating, np.integer)) and np.isfinite(temperature)
+                and temperature >= 0):
+            raise ValueError(f"温度 temperature 必须是 ≥ 0 的有限数（0 = 贪心），收到 {temperature!r}")
+        if not _is_int(seed, 0):
+            raise ValueError(f"seed 必须是 ≥ 0 的整数（收到 {seed!r}）")
+        ids = [] if stop is None else ([stop] if isinstance(stop, (int, np.integer)) else list(stop))
+        for t in ids:
+            if not _is_int(t, 0):
+                raise ValueError(f"停止 token 必须是 ≥ 0 的整数 id（收到 {t!r}）")
+        rid = self.requests.n_issued
+        req = Request(rid, prompt, int(max_tokens), float(temperature), int(seed), frozenset(int(t) for t in ids),
+                      np.random.default_rng(int(seed)), arrival=self.now)
+        req.logits = [] if self.keep_logits else None
+        self.requests.add(req)
+        self.scheduler.add(req)
+        return rid
+
+    def _check_id(self, request_id):
+        n = self.requests.n_issued
+        if not (_is_int(request_id, 0) and request_id < n):
+            raise ValueError(f"没有这个请求 id：{request_id!r}（发过的是 0..{n - 1}）")
+
+    def abort_request(self, request_id):
+        """中止一个请求：放掉它的块，下一次 step 报告 (id, [], "abort")（在那之前 has_unfinished_requests() 是 True）。
+        已经结束（或已经 release）的请求：什么都不做。
+        【边界】从没发过的 id：ValueError。"""
+        self._check_id(request_id)
+        req = self.requests.get(request_id)
+        if req is None or req.finish_reason is not None:
+            return
+        req.finish_reason = "abort"
+        self.scheduler.finish(req)
+        self._pending.append((req.id, [], "abort"))
+
+    def has_unfinished_requests(self):
+        """还有请求在等、在跑，或者有中止还没由 step() 报告 -> True（所以 while 它: step() 的循环收得到每个结束）。"""
+        return bool(self.scheduler.waiting or self.scheduler.running or self._pending)
+
+    def release(self, request_id):
+        """
+        忘掉一个请求：它的记录（token、时间、logits）从 requests 里拿掉，之后 requests[id] 抛 KeyError、
+        abort_request(id) 什么都不做。一直开着的服务器在把结束告诉客户端之后调它，requests 才不会无限长。
+        【边界】（ValueError）从没发过的 id；请求还没结束，或结束还没由 step() 报告（中止了、还没 step）；
+        已经 release 过的：什么都不做。
+        """
+        self._check_id(request_id)
+        req = self.requests.get(request_id)
+        if req is None:
+            return
+        if req.finish_reason is None or any(e[0] == request_id for e in self._pending):
+            raise ValueError(f"请求 {request_id} 还没结束（或它的结束还没由 step() 报告）：不能 release")
+        self.requests.pop(request_id)
+
+    @property
+    def num_free_blocks(self):
+        """空闲的块（引用计数为 0 的缓存块也算：所有请求都结束后，每一块都空闲）。"""
+        return self.bm.num_free_blocks
+
+    # ---- 一步 ----
+    def step(self):
+        """
+        一次调度、一次前向 -> [(request_id, 这一步的新 token, finish_reason)]（只列有新 token 或刚结束的请求）。
+        没有可算的（只剩待报告的中止，或什么都没有）：不跑模型、不记一步，只报告中止。
+        """
+        sch, t0 = self.scheduler, time.perf_counter()
+        hits0, pre0 = self.bm.hits, sch.n_preemptions
+        chunks = sch.schedule()
+        if not chunks:
+            out, self._pending = self._pending, []
+            return out
+        t1 = time.perf_counter()
+        sampled, logits = self.runner.run(chunks)
+        t2 = time.perf_counter()
+        sch.postprocess(chunks, sampled)
+        t3 = time.perf_counter()
+        counts = step_counts(self.cfg, [(c.n, c.start, c.sample) for c in chunks])
+        prep = getattr(self.runner, "prepare_s", 0.0)
+        wall = t3 - t0
+        dt = modelled_step_time(counts)
+        self.now += dt if self.clock == "model" else wall
+        self.steps.append({"t": self.now, "dt": dt, "wall": wall, "overhead": (t1 - t0) + (t3 - t2) + prep,
+                           "tokens": counts["tokens"], "seqs": counts["seqs"],
+                           "prefill": sum(c.n for c in chunks if not c.decode),
+                           "decodes": sum(1 for c in chunks if c.decode),
+                           "chunks": [(c.req.id, c.n, c.decode) for c in chunks],
+                           "blocks_used": self.num_blocks - self.bm.num_free_blocks,
+                           "hits": self.bm.hits - hits0, "preempted": sch.n_preemptions - pre0})
+        out, k = self._pending, 0
+        self._pending = []
+        for c, tok in zip(chunks, sampled):
+            if tok is None:
+                continue
+            c.req.token_times.append(self.now)
+            if self.keep_logits and logits is not None:
+                c.req.logits.append(np.array(logits[k]))
+            k += 1
+            out.append((c.req.id, [tok], c.req.finish_reason))
+        return out
+
+    def generate(self, prompts, max_tokens, temperature=0.0, seed=0, stop=None):
+        """
+        所有提示一起跑到完 -> 每个提示的新 token 的 list（按提示的顺序）。第 i 个请求的种子是 seed + i：和
+        decode_lab.autoregressive_generate(…, np.random.default_rng(seed + i)) 单独生成的抽到同样的 token。
+        max_tokens：一个整数，或每个提示一个。
+        """
+        prompts = list(prompts)
+        mts = list(max_tokens) if isinstance(max_tokens, (list, tuple, np.ndarray)) else [max_tokens] * len(prompts)
+        if len(mts) != len(prompts):
+            raise ValueError(f"max_tokens 要么是一个整数，要么每个提示一个（{len(prompts)} 个提示，收到 {len(mts)} 个）")
+        ids = [self.add_request(p, m, temperature, seed + i, stop) for i, (p, m) in enumerate(zip(prompts, mts))]
+        while self.has_unfinished_requests():
+            self.step()
+        return [list(self.requests[i].output) for i in ids]
+
+
+def run_trace(engine, trace):
+    """
+    按到达时间把请求喂进引擎，跑到全部结束 -> 请求 id 的 list。trace：[(到达时间 s, prompt, max_tokens, 其余关键字 dict)]，
+    按到达时间排好。引擎空着、下一个请求还没到时，时钟直接跳到它的到达时间。
+    """
+    ids, i = [], 0
+    while i < len(trace) or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and i < len(trace) and engine.now < trace[i][0]:
+            engine.now = trace[i][0]
+        while i < len(trace) and trace[i][0] <= engine.now:
+            arr, prompt, mt, kw = trace[i]
+            rid = engine.add_request(prompt, mt, **kw)
+            engine.requests[rid].arrival = arr
+            ids.append(rid)
+            i += 1
+        engine.step()
+    return ids

@@ -1,0 +1,521 @@
+"""
+lecture05/serve.py（OpenAI 兼容的服务器）：在 127.0.0.1 的临时端口上开，小的随机模型（float64）或按剧本出 token 的
+"模型"（测 UTF-8：随机模型吐的字节多半不是合法的 UTF-8）。
+
+- 神谕：几个客户端（线程）同时发，流式和不流式：每个回答的文字 == 单独生成（decode_lab.autoregressive_generate、同一个种子）
+  的 token 按字节一次解码；流式的块拼起来 == 同一段文字；usage 的数对；
+- 汉字切在几个 token 里：流里没有 U+FFFD；结束时不完整的字节：一个 U+FFFD，流式和不流式一样；停止串不进文字、不提前漏出；
+- 坏输入：状态码和点名字段；客户端中途断开：请求中止、块全回块池；超过排队上限：503，其余照常；关机后没有线程剩下；
+- 真实模型一次（SmolLM2，float64）。
+每个等待都有次数和时间的上限。
+"""
+import http.client
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, load_script
+from smollm2_models import smollm2_lm
+from bpe_lab import BPETokenizer, bytes_to_unicode
+from decode_lab import TransformerLM, autoregressive_generate
+from engine_lab import LLMEngine, ReplayRunner
+from transformer_lab import LMConfig, init_params
+
+serve = load_script("lecture05/serve.py")
+
+_B2U = bytes_to_unicode()
+# 小分词器：三个特殊 token + 256 个单字节 token（没有 merge）：每个字节一个 token，汉字一定切在 3 个 token 里
+TOK = BPETokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [_B2U[b] for b in range(256)], [],
+                   [3, 3, 3] + [1] * 256, eos_id=2)
+CFG = LMConfig(vocab=len(TOK), max_seq=64)
+PARAMS = init_params(CFG, 3)
+MODEL = TransformerLM(PARAMS, CFG)
+NB, BS = 12, 16
+
+
+def byte_ids(text):
+    return [3 + b for b in text.encode("utf-8")]
+
+
+def start(engine=None, **kw):
+    engine = engine or LLMEngine(PARAMS, CFG, NB, BS, max_num_batched_tokens=32, max_num_seqs=4)
+    return serve.make_server(engine, TOK, "tiny", **kw)
+
+
+def post(h, path, body, raw=None, timeout=20):
+    """-> (状态码, 解析后的 JSON 或 SSE 的 data 列表)。"""
+    conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=timeout)
+    try:
+        data = raw if raw is not None else json.dumps(body).encode()
+        conn.request("POST", path, data, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode("utf-8")
+    finally:
+        conn.close()
+    if r.getheader("Content-Type", "").startswith("text/event-stream"):
+        events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and text.endswith("data: [DONE]\n\n")
+        return r.status, [json.loads(e) for e in events[:-1]]
+    return r.status, json.loads(text)
+
+
+def stream_text(chunks, chat):
+    pieces = [c["choices"][0]["delta"].get("content", "") if chat else c["choices"][0]["text"]
+              for c in chunks if c["choices"]]
+    return pieces, "".join(pieces)
+
+
+def oracle_text(out_ids, stop_ids=(0, 2)):
+    """单独生成的 token -> 文字：去掉结尾的停止 token，剩下的字节（特殊 token 不算）一次按 UTF-8 解码（坏字节换成 U+FFFD）。"""
+    ids = list(out_ids)
+    if ids and ids[-1] in stop_ids:
+        ids = ids[:-1]
+    return b"".join(bytes([i - 3]) for i in ids if i >= 3).decode("utf-8", "replace")
+
+
+def wait_until(cond, seconds=10.0):
+    t = time.monotonic() + seconds
+    while time.monotonic() < t:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+@pytest.fixture
+def server():
+    h = start()
+    yield h
+    h.close()
+
+
+# ---------------------------------------------------------------------------
+# 神谕
+# ---------------------------------------------------------------------------
+def test_chat_prompt_equals_bpe_lab_chat_for_one_user_turn():
+    ids = serve.chat_prompt_ids(TOK, [{"role": "user", "content": "hi there"}])
+    assert ids == TOK.chat("hi there")
+    two = serve.chat_prompt_ids(TOK, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x"}])
+    assert two == TOK.chat("x", system="be brief")
+
+
+def test_concurrent_clients_get_the_solo_generation_text_streamed_or_not(server):
+    """6 个线程同时发（流式 / 不流式、chat / completions、T = 0 / 1）：文字 == 单独生成的，usage 对。"""
+    cases = []
+    for i in range(6):
+        chat, stream, T = i % 2 == 0, i % 3 != 0, [0.0, 1.0][i // 3]
+        content = f"req {i}: " + "ab" * i
+        body = {"max_tokens": 10 + i, "temperature": T, "seed": 100 + i, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if chat:
+            body["messages"] = [{"role": "user", "content": content}]
+            prompt = TOK.chat(content)
+        else:
+            body["prompt"] = content
+            prompt = TOK.encode(content)
+        cases.append((chat, stream, body, prompt, T))
+    results = [None] * len(cases)
+
+    def go(k):
+        chat, stream, body, _, _ = cases[k]
+        results[k] = post(server, "/v1/chat/completions" if chat else "/v1/completions", body)
+    threads = [threading.Thread(target=go, args=(k,)) for k in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for (chat, stream, body, prompt, T), (status, resp) in zip(cases, results):
+        assert status == 200
+        want_ids = autoregressive_generate(MODEL, prompt, body["max_tokens"], T, np.random.default_rng(body["seed"]),
+                                           stop=[0, 2])
+        want = oracle_text(want_ids)
+        if stream:
+            _, got = stream_text(resp, chat)
+            usage, finish = resp[-1]["usage"], [c for c in resp if c["choices"]][-1]["choices"][0]["finish_reason"]
+            assert all(c["usage"] is None for c in resp[:-1])
+        else:
+            ch = resp["choices"][0]
+            got, usage, finish = (ch["message"]["content"] if chat else ch["text"]), resp["usage"], ch["finish_reason"]
+        assert got == want
+        assert usage == {"prompt_tokens": len(prompt), "completion_tokens": len(want_ids),
+                         "total_tokens": len(prompt) + len(want_ids)}
+        assert finish == ("stop" if want_ids[-1] in (0, 2) else "length")
+    assert wait_until(lambda: server.loop.engine.num_free_blocks == NB)
+
+
+def test_streamed_chunks_join_to_the_non_streamed_text(server):
+    for seed in range(3):
+        body = {"prompt": "xyz", "max_tokens": 30, "temperature": 1.0, "seed": seed, "ignore_eos": True}
+        _, one = post(server, "/v1/completions", body)
+        _, chunks = post(server, "/v1/completions", dict(body, stream=True))
+        assert stream_text(chunks, False)[1] == one["choices"][0]["text"]
+        assert one["usage"]["completion_tokens"] == 30 and one["choices"][0]["finish_reason"] == "length"
+
+
+# ---------------------------------------------------------------------------
+# 按剧本出 token：UTF-8 与停止串
+# ---------------------------------------------------------------------------
+def scripted(streams):
+    """一个引擎，第 k 个请求按 streams[k] 出 token（ReplayRunner）。"""
+    return LLMEngine(None, CFG, NB, BS, runner=ReplayRunner(dict(enumerate(streams))))
+
+
+def test_cjk_split_across_tokens_streams_without_replacement_characters():
+    text = "你好，世界 ok"
+    ids = byte_ids(text) + [2]
+    h = start(scripted([ids, ids]))
+    try:
+        _, chunks = post(h, "/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}], "stream": True,
+                                                      "max_tokens": 40})
+        pieces, joined = stream_text(chunks, True)
+        _, one = post(h, "/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}], "max_tokens": 40})
+    finally:
+        h.close()
+    assert joined == text == one["choices"][0]["message"]["content"]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "你" in pieces and "好" in pieces          # 每个汉字凑齐 3 个字节时才发，而且一凑齐就发
+
+
+def test_incomplete_bytes_at_the_end_become_one_replacement_character_in_both_modes():
+    ids = byte_ids("ok 你")[:-1]                      # 最后一个汉字少一个字节，然后到了 max_tokens
+    h = start(scripted([ids, ids]))
+    try:
+        _, chunks = post(h, "/v1/completions", {"prompt": "q", "max_tokens": len(ids), "stream": True})
+        _, one = post(h, "/v1/completions", {"prompt": "q", "max_tokens": len(ids)})
+    finally:
+        h.close()
+    assert stream_text(chunks, False)[1] == one["choices"][0]["text"] == "ok \ufffd"
+    assert one["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_is_cut_out_never_leaks_and_counts_tokens_to_its_end():
+    text = "abc STOP and more"
+    ids = byte_ids(text)
+    h = start(scripted([ids, ids]))
+    try:
+        body = {"prompt": "q", "max_tokens": len(ids), "stop": ["STOP", "zzz"], "stream": True,
+                "stream_options": {"include_usage": True}}
+        _, chunks = post(h, "/v1/completions", body)
+        _, one = post(h, "/v1/completions", dict(body, stream=False, stream_options=None))
+        assert wait_until(lambda: h.loop.engine.num_free_blocks == NB and not h.loop.engine.has_unfinished_requests())
+    finally:
+        h.close()
+    pieces, joined = stream_text(chunks, False)
+    assert joined == one["choices"][0]["text"] == "abc "
+    assert not any("S" in p for p in pieces)             # "S"、"ST"、"STO" 都可能是停止串的开头：先留着
+    assert one["choices"][0]["finish_reason"] == "stop"
+    n = len("abc STOP")                                  # 凑齐停止串的那个 token 是第 8 个
+    assert one["usage"]["completion_tokens"] == n == chunks[-1]["usage"]["completion_tokens"]
+
+
+def test_stop_token_ids_end_generation_and_are_not_in_the_text():
+    ids = byte_ids("hello world")
+    h = start(scripted([ids]))
+    try:
+        _, one = post(h, "/v1/completions", {"prompt": "q", "max_tokens": len(ids),
+                                             "stop_token_ids": [byte_ids(" ")[0]]})
+    finally:
+        h.close()
+    assert one["choices"][0]["text"] == "hello" and one["choices"][0]["finish_reason"] == "stop"
+    assert one["usage"]["completion_tokens"] == 6
+
+
+# ---------------------------------------------------------------------------
+# 坏输入
+# ---------------------------------------------------------------------------
+MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 999]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x" * 70}, 400, "prompt"),               # 超过上下文 64
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 60}, 400, "max_tokens"),   # 过了上下文
+    ("/v1/chat/completions", {"messages": MSG, "temperature": -0.5}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": MSG, "seed": -1}, 400, "seed"),
+    ("/v1/chat/completions", {"messages": MSG, "stop": 3}, 400, "stop"),
+    ("/v1/chat/completions", {"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/v1/chat/completions", {"messages": MSG, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ("/v1/chat/completions", {"messages": MSG, "stream": "yes"}, 400, "stream"),
+    ("/v1/chat/completions", {"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("/v1/chat/completions", {"messages": MSG, "n": 2}, 400, "n"),
+    ("/v1/chat/completions", {"messages": MSG, "model": "gpt-4"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": MSG, "model": 7}, 400, "model"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_gets_its_status_and_names_the_field(server, path, body, status, param):
+    got, resp = post(server, path, body)
+    assert got == status
+    err = resp["error"]
+    assert err["param"] == param and param in err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_malformed_json_unknown_path_and_oversized_body(server):
+    got, resp = post(server, "/v1/completions", None, raw=b"{not json")
+    assert got == 400 and "JSON" in resp["error"]["message"]
+    got, resp = post(server, "/v1/nothing", {"prompt": "x"})
+    assert got == 404
+    h = start(max_body=100)
+    try:
+        got, resp = post(h, "/v1/completions", {"prompt": "x" * 200})
+        assert got == 413 and "100" in resp["error"]["message"]
+        got, _ = post(h, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        assert got == 200
+    finally:
+        h.close()
+
+
+def test_prompt_larger_than_the_kv_pool_is_400():
+    cfg = LMConfig(vocab=len(TOK), max_seq=64)
+    eng = LLMEngine(PARAMS, cfg, 5, BS)                  # 80 个槽 ≥ 上下文 64；提示 + max_tokens 装得下
+    h = serve.make_server(eng, TOK, "tiny")
+    try:
+        got, resp = post(h, "/v1/completions", {"prompt": "x" * 60, "max_tokens": 5})
+        assert got == 200
+    finally:
+        h.close()
+    with pytest.raises(serve.ApiError) as e:              # 块池只有 2 块（32 个槽）的引擎：同一个请求放不进
+        serve.parse_request({"prompt": "x" * 40, "max_tokens": 1}, False, TOK, cfg, 2, BS, "tiny")
+    assert e.value.status == 400 and e.value.param == "prompt" and "块池" in e.value.message
+
+
+def test_models_and_health(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/v1/models")
+    models = json.loads(conn.getresponse().read())
+    conn.close()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/health")
+    assert json.loads(conn.getresponse().read()) == {"status": "ok"}
+    conn.close()
+
+
+# ---------------------------------------------------------------------------
+# 断开、排队上限、关机
+# ---------------------------------------------------------------------------
+class GatedRunner(ReplayRunner):
+    """每一步等一下 gate（测试放行之前，请求一直在跑）；出 token 的规则同 ReplayRunner。"""
+
+    def __init__(self, streams, gate, delay=0.0):
+        super().__init__(streams)
+        self.gate, self.delay = gate, delay
+
+    def run(self, chunks):
+        self.gate.wait(20)
+        time.sleep(self.delay)
+        return super().run(chunks)
+
+
+def record_releases(eng):
+    """让 eng.release 先记下 (id, finish_reason, 生成了几个 token) 再放掉 -> 记录的 list。"""
+    got, release = [], eng.release
+
+    def rec(rid):
+        r = eng.requests[rid]
+        got.append((rid, r.finish_reason, len(r.output)))
+        release(rid)
+    eng.release = rec
+    return got
+
+
+def test_engine_loop_gets_an_abort_from_step_and_releases_every_finished_request():
+    """回归：EngineLoop 曾经自己收尾中止（引擎不报告最后一个请求的中止），结束了的请求只把 token 清空、留在
+    engine.requests 里，还自己剪 engine.steps。现在中止由 step() 报告，每个结束了的请求都 release。"""
+    gate = threading.Event()
+    gate.set()
+    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("b" * 60), 1: byte_ids("ok")}, gate,
+                                                          delay=0.01))
+    stepped = []
+    step = eng.step
+    eng.step = lambda: stepped.append(step()) or stepped[-1]
+    loop = serve.EngineLoop(eng)
+    loop.start()
+    try:
+        job = serve.Job(serve.GenRequest(prompt_ids=[5], max_tokens=60, temperature=0.0, seed=0, stop_ids=[]))
+        loop.submit(job)
+        assert job.events.get(timeout=10)[0] == [byte_ids("b")[0]]
+        loop.abort(job)
+        evs = []
+        while not evs or evs[-1][1] is None:
+            evs.append(job.events.get(timeout=10))
+        assert evs[-1] == ([], "abort")
+        assert any((0, [], "abort") in out for out in stepped)          # 来自 step()，不是 EngineLoop 自己
+        done = serve.Job(serve.GenRequest(prompt_ids=[5], max_tokens=2, temperature=0.0, seed=0, stop_ids=[]))
+        loop.submit(done)
+        while done.events.get(timeout=10)[1] is None:
+            pass
+        assert wait_until(lambda: loop.n_live == 0)
+        assert len(eng.requests) == 0 and eng.num_free_blocks == NB    # 两个都 release 了
+    finally:
+        loop.stop()
+    assert not loop.is_alive()
+
+
+def test_load_server_bounds_the_step_history(monkeypatch):
+    import real_model_lab
+    monkeypatch.setattr(real_model_lab, "load_gguf", lambda dtype=None: (PARAMS, CFG, TOK))
+    h = serve.load_server(num_blocks=NB)
+    try:
+        assert h.loop.engine.steps.maxlen == serve.STEP_HISTORY
+        assert post(h, "/v1/completions", {"prompt": "q", "max_tokens": 3})[0] == 200
+        assert wait_until(lambda: len(h.loop.engine.requests) == 0)
+    finally:
+        h.close()
+
+
+def test_client_disconnect_mid_stream_aborts_and_frees_every_block():
+    gate = threading.Event()
+    gate.set()
+    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("a" * 60)}, gate, delay=0.01))
+    released = record_releases(eng)
+    h = serve.make_server(eng, TOK, "tiny")
+    try:
+        s = socket.create_connection(("127.0.0.1", h.port), timeout=10)
+        body = json.dumps({"prompt": "q", "max_tokens": 60, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while b'"text": "a' not in got:                  # 读到第一块文字
+            more = s.recv(4096)
+            assert more
+            got += more
+        s.close()
+        assert wait_until(lambda: not eng.has_unfinished_requests() and eng.num_free_blocks == NB)
+        assert wait_until(lambda: h.loop.n_live == 0)
+        assert [(rid, why) for rid, why, _ in released] == [(0, "abort")]
+        assert released[0][2] < 60                              # 没跑完就中止了
+    finally:
+        h.close()
+
+
+def test_burst_past_the_queue_limit_gets_503_and_the_rest_are_served():
+    gate = threading.Event()
+    streams = {k: byte_ids("fine") for k in range(10)}
+    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner(streams, gate))
+    h = serve.make_server(eng, TOK, "tiny", max_queue=2)
+    out = {}
+
+    def go(k):
+        out[k] = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 4})
+    try:
+        first = [threading.Thread(target=go, args=(k,)) for k in range(2)]
+        for t in first:
+            t.start()
+        assert wait_until(lambda: h.loop.n_live == 2)
+        burst = [post(h, "/v1/completions", {"prompt": "q", "max_tokens": 4}) for _ in range(3)]
+        gate.set()
+        for t in first:
+            t.join(20)
+        after = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 4})
+    finally:
+        gate.set()
+        h.close()
+    assert [b[0] for b in burst] == [503] * 3
+    assert all(b[1]["error"]["type"] == "server_error" for b in burst)
+    assert [out[k][0] for k in range(2)] == [200, 200] and out[0][1]["choices"][0]["text"] == "fine"
+    assert after[0] == 200
+
+
+def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
+    before = set(threading.enumerate())
+    gate = threading.Event()
+    gate.set()
+    eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("x" * 60)}, gate, delay=0.05))  # ≥ 3 s 才跑完
+    h = serve.make_server(eng, TOK, "tiny")
+    res = {}
+    t = threading.Thread(target=lambda: res.update(r=post(h, "/v1/completions", {"prompt": "q", "max_tokens": 60,
+                                                                                  "stream": True})))
+    t.start()
+    assert wait_until(lambda: h.loop.n_live == 1)
+    h.close()
+    t.join(20)
+    assert not t.is_alive()
+    status, chunks = res["r"]
+    assert status == 200 and chunks[-1]["error"]["type"] == "server_error"     # 流里最后是一个错误事件
+    assert wait_until(lambda: set(threading.enumerate()) <= before, 5)
+    assert eng.num_free_blocks == NB
+
+
+# ---------------------------------------------------------------------------
+# 真实模型一次
+# ---------------------------------------------------------------------------
+def test_smollm2_answers_like_the_offline_engine():
+    model, cfg, tok = smollm2_lm("float64")              # 引擎和单独生成共用一份融合好的权重（test_engine 也用它）
+    eng = LLMEngine(model, cfg, 2 * (cfg.max_seq // BS), BS)
+    h = serve.make_server(eng, tok, cfg.name)
+    try:
+        q = "What is the capital of France?"
+        got, resp = post(h, "/v1/chat/completions", {"messages": [{"role": "user", "content": q}], "max_tokens": 12,
+                                                     "temperature": 0, "stream": True}, timeout=120)
+    finally:
+        h.close()
+    assert got == 200
+    want = autoregressive_generate(model, tok.chat(q), 12, 0.0, np.random.default_rng(0),
+                                   stop=[tok.im_end_id])
+    text = stream_text(resp, True)[1]
+    ids = [int(t) for t in want]
+    assert text == tok.decode(ids[:-1] if ids[-1] == tok.im_end_id else ids)
+    assert "Paris" in text
+
+
+_CTRL_C_CHILD = r"""
+import importlib.util, sys
+sys.path[:0] = {paths!r}
+spec = importlib.util.spec_from_file_location("serve", {path!r})
+serve = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(serve)
+import test_serve
+serve.load_server = lambda host, port, *a, **k: test_serve.start(port=port)   # 小模型代替 SmolLM2
+sys.exit(serve.main(["--port", "0"]))
+"""
+
+
+def test_ctrl_c_stops_the_command_line_server_cleanly():
+    """python3 serve.py 的 main：收到 SIGINT（Ctrl-C）时中止请求、等线程结束、退出码 0（模型换成小模型）。"""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
+    code = _CTRL_C_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    try:
+        line = b""
+        t = time.monotonic() + 60
+        while b"/v1" not in line and time.monotonic() < t:
+            line = p.stderr.readline()
+            assert line, "服务器没有起来"
+        port = int(re.search(rb"127\.0\.0\.1:(\d+)", line).group(1))
+
+        class H:
+            pass
+        h = H()
+        h.port = port
+        got, resp = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 3})
+        assert got == 200
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(30)
+        err = p.stderr.read().decode("utf-8")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        p.stderr.close()
+    assert rc == 0 and "停下" in err and "Traceback" not in err
