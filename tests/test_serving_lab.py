@@ -181,13 +181,18 @@ def test_simulations_reject_bad_requests_instead_of_hanging():
 
 
 # ---- 模拟卡住时报错，而不是一直转下去 ----
-def _mutant(module, old, new):
-    """把模块源码里的 old（必须正好出现一次）换成 new，另外加载成一个新模块：种下一个 bug，原来的模块不受影响。"""
+def _mutant(module, old, new, *more):
+    """
+    把模块源码里的 old（必须正好出现一次）换成 new（more：再几对 old, new），另外加载成一个新模块：
+    种下一个 bug，原来的模块不受影响。
+    """
     src = inspect.getsource(module)
-    assert src.count(old) == 1, f"{module.__name__} 里找不到（或不止一处）要改的那一行：{old!r}"
+    for old, new in [(old, new)] + list(zip(more[::2], more[1::2])):
+        assert src.count(old) == 1, f"{module.__name__} 里找不到（或不止一处）要改的那一行：{old!r}"
+        src = src.replace(old, new)
     mod = types.ModuleType(module.__name__ + "_mutant")
     mod.__file__ = module.__file__
-    exec(compile(src.replace(old, new), module.__file__, "exec"), mod.__dict__)
+    exec(compile(src, module.__file__, "exec"), mod.__dict__)
     return mod
 
 
@@ -201,8 +206,12 @@ def test_batching_simulation_that_never_finishes_a_request_raises():
 
 @pytest.mark.parametrize("policy", ["paged", "reserve"])
 def test_kv_allocation_that_never_frees_blocks_raises(policy):
-    """种下的 bug：完成的请求不放回它的块（或预留）。内存漏光以后批空着、队首放不进来：报错，而不是一直等。"""
-    bad = _mutant(paging_lab, "free += int(run_h[done].sum())", "free += 0")
+    """
+    种下的 bug：完成的请求不放回它的块（或预留）。内存漏光以后批空着、队首放不进来：报错，而不是一直等。
+    分页时"不放回"是两处都不做：自己的计数不加回来，块也不还给共用的块池（BlockPool，和引擎同一个）。
+    """
+    bad = _mutant(paging_lab, "free += int(run_h[done].sum())", "free += 0",
+                  "            pool.decref_many(np.concatenate(mine))\n", "            pass\n")
     P, O = [10] * 12, [2, 3] * 6
     with pytest.raises(RuntimeError, match="放不进来"):
         bad.simulate_kv_allocation(P, O, 64, policy, reserve=20, block=4, shared_prefix=4 if policy == "paged" else 0,
