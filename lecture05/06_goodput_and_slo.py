@@ -33,7 +33,7 @@ TPOT ≤ 100 ms；达标率的门槛 90%（DistServe 的例子）。goodput 还�
 Sarathi-Serve（Agrawal et al., OSDI 2024, arXiv 2403.02310）：分块 prefill、不停顿的批（摘要的数字）。两篇都对照了
 arXiv 正文的转录本（不是 PDF 本身）。
 
-【运行】python3 06_goodput_and_slo.py （约 6 秒）
+【运行】python3 06_goodput_and_slo.py （空闲的 2 核机器上 15 秒，和种子 04 差不多）
 
 【依赖】numpy；本目录的 disagg_lab（fast_colocated、fast_disaggregated）、goodput_lab（slo_attainment、find_goodput、
 prefill_capacity）、iteration_lab（knee_chunk、link_time）、workload_lab（poisson_arrivals、uniform_ints）；../lecture01 的 console、hw_specs（gang、互联表）、llm_math（max_batch）。

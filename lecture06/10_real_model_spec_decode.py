@@ -39,7 +39,8 @@ CS349E · 第 6 讲 · 10_real_model_spec_decode.py —— 真实模型上的投
   每个草稿按它自己的格式（INT8 / INT4-g32 含 scale，跳层 / 提前退出是 BF16 的一部分层）；n 元语法和 prompt lookup 的 c = 0
   （查表，不读模型权重）。KV cache、词嵌入的一行、RMSNorm 的权重都不算。这些都是**假设**。
 
-【运行】python3 10_real_model_spec_decode.py （约 18 秒，空闲的 2 核机器上三次里最快的一次；背靠背的种子 04 约 4.9 秒；
+【运行】python3 10_real_model_spec_decode.py （空闲的 2 核机器、一个 BLAS 线程：25 秒，前后背靠背的种子 04
+15.8 / 16.7 秒，约 1.5–1.6 倍（另一台快些的 2 核机器上是 18 秒对 4.9 秒：大矩阵和小 numpy 调用各占多少，随机器而变）；
 内存峰值约 2 GB；第一次运行先下载模型）
 python3 10_real_model_spec_decode.py --time [n] （再加演示 7：计时，每种做法生成 n 个 token，默认 32）
 
