@@ -55,9 +55,6 @@ import os
 import sys
 import time
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 for _sub in ("lecture01", "lecture02", "lecture06"):
     sys.path.insert(0, os.path.join(HERE, "..", _sub))

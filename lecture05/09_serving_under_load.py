@@ -47,9 +47,6 @@ workload_lab（poisson_arrivals、uniform_ints），--live 时还有 serve.py、
 import os
 import sys
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 for _sub in ("lecture01", "lecture02", "lecture06"):
     sys.path.insert(0, os.path.join(HERE, "..", _sub))

@@ -28,9 +28,6 @@ mini-sglang 的 benchmark/client.py：同样的量，只用标准库（和 numpy
 import os
 import sys
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 import argparse  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402

@@ -39,9 +39,6 @@ CS349E · 第 5 讲 · serve.py —— 把引擎开成一个服务：OpenAI 兼�
 import os
 import sys
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):   # 一个 BLAS 线程（在 numpy 之前）
-    os.environ.setdefault(_var, "1")
-
 import argparse  # noqa: E402
 import codecs  # noqa: E402
 import json  # noqa: E402
@@ -54,9 +51,13 @@ import time  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for _p in (HERE, os.path.join(HERE, "..", "lecture02")):
+for _p in (HERE, os.path.join(HERE, "..", "lecture02"), os.path.join(HERE, "..", "lecture01")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
+
+import blas_threads  # noqa: E402  （lecture01：一个 BLAS 线程，除非你设了线程变量；README 的"一个 BLAS 线程"）
+
+blas_threads.apply_rule()
 
 from block_manager_lab import blocks_for  # noqa: E402
 from bpe_lab import SPECIAL_TOKEN_TYPES  # noqa: E402
