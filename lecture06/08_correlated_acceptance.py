@@ -48,10 +48,10 @@ for sub in ("lecture03", "prereq3"):
 
 from decode_lab import acceptance_beta, adjust, speculative_generate, TransformerLM  # noqa: E402
 from spec_math_lab import LEVIATHAN_TABLE4, best_gamma, expected_tokens, walltime_speedup  # noqa: E402
-from correlated_lab import (bigram_chain_stats, lag1_correlation, regime_models, round_starts,  # noqa: E402
+from correlated_lab import (bigram_chain_stats, exact_tokens_per_call, lag1_correlation, regime_models, round_starts,  # noqa: E402
                             tokens_if_started_at)
 from lookup_lab import CopyingLM, induction_token, PromptLookup, speculative_generate_adaptive  # noqa: E402
-from console import print_header, print_observations, print_plot, print_table  # noqa: E402
+from console import print_header, print_note, print_observations, print_plot, print_table  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params  # noqa: E402
 
@@ -134,6 +134,12 @@ def seed04_lag1():
     return float(betas.mean()), lag1_correlation(betas)
 
 
+def _pct2(x):
+    """比例 -> 两位小数的百分数，带符号；舍入成 0 的写成 0.00%（不写 -0.00%）。"""
+    v = round(100 * x, 2) + 0.0
+    return "0.00%" if v == 0 else f"{v:+.2f}%"
+
+
 def _r2(x):
     """两位小数；舍入成 0 的负数写成 0.00（不写 -0.00）。"""
     return f"{round(x, 2) + 0.0:.2f}"
@@ -142,7 +148,7 @@ def _r2(x):
 def demo1_gap():
     print_header("演示 1：α 不变、难段变长：每次目标前向的 token vs 式 (1)（温度 1）")
     exact = {s: bigram_chain_stats(*regime_models(s)) for s in STAYS}
-    rows, gaps, alphas, lag1 = [], {}, {}, {}
+    rows, gaps, alphas, lag1, exact_gaps = [], {}, {}, {}, {}
     for s in STAYS:
         for g in GAMMAS:
             r = run_regime(s, g)
@@ -151,11 +157,16 @@ def demo1_gap():
             gaps[(s, g)] = r["per_call"] / e1 - 1
             lag1[(s, g)] = lag1_correlation(r["betas"])
             alphas[(s, g)] = a
+            pc = exact_tokens_per_call(*regime_models(s), g)
+            exact_gaps[(s, g)] = pc / expected_tokens(exact[s]["alpha"], g) - 1
             rows.append([f"{s}", f"{1 / (1 - s):.0f}", g, f"{a:.3f}", _r2(lag1[(s, g)]),
                          _r2(exact[s]["lag1"]), f"{r['per_call']:.2f}", f"{e1:.2f}",
-                         f"{100 * gaps[(s, g)]:+.1f}%"])
-    print(f"每格 {N_PROMPTS} 条 × {N_NEW} 个新 token；α、r₁ 在这次运行输出的文本上算，式 (1) 用这一行的 α")
-    print_table(["stay", "平均段长", "γ", "α 实测", "r₁ 实测", "r₁ 精确", "每轮 token", "式 (1)", "差"], rows)
+                         f"{100 * gaps[(s, g)]:+.1f}%", f"{pc:.3f}", _pct2(exact_gaps[(s, g)])])
+    print_note(f"每格 {N_PROMPTS} 条 × {N_NEW} 个新 token；α、r₁ 在这次运行输出的文本上算，式 (1) 用这一行的 α。"
+               "最后两列不抽样：同一条链长期下来每次目标前向的 token 的精确值（correlated_lab.exact_tokens_per_call），"
+               "和它与式 (1)（用精确的 α）的差")
+    print_table(["stay", "平均段长", "γ", "α 实测", "r₁ 实测", "r₁ 精确", "每轮 token", "式 (1)", "差",
+                 "每轮 精确", "差 精确"], rows)
     a04, r04 = seed04_lag1()
     print(f"\n对照：04 的模型（只用前 3 层的草稿，04 测 α 的 8 × 64 个 token）：α = {a04:.3f}，r₁ = {r04:.2f}")
     s_lo, s_hi = STAYS[0], STAYS[-1]
@@ -163,16 +174,23 @@ def demo1_gap():
     spread = {s: max(a for (s2, _), a in alphas.items() if s2 == s) - min(a for (s2, _), a in alphas.items() if s2 == s)
               for s in STAYS}
     g_lo = [100 * gaps[(s_lo, g)] for g in GAMMAS]
-    g_hi = [100 * gaps[(s_hi, g)] for g in GAMMAS]
+    x_lo = [100 * exact_gaps[(s_lo, g)] for g in GAMMAS]
+    x_hi = [100 * exact_gaps[(s_hi, g)] for g in GAMMAS]
+    off = {k: 100 * abs(gaps[k] - exact_gaps[k]) for k in gaps}
+    k_off = max(off, key=off.get)
     t4 = table4_versus_theorem()
     print_observations([
         f"α 按构造不随 stay 变（平稳分布下的精确值 {a_exact:.3f}）；每行实测的 α 在 {min(alphas.values()):.3f}–"
         f"{max(alphas.values()):.3f} 之间，是抽样误差：同一个 stay 的三行，stay = {s_lo} 时最多差 {spread[s_lo]:.3f}，"
         f"stay = {s_hi} 时差 {spread[s_hi]:.3f}——难段越长，同样多的 token 里独立的段越少。",
-        f"stay = {s_lo}（各位置的状态独立）时实测和式 (1) 差 {g_lo[0]:+.1f}% / {g_lo[1]:+.1f}% / {g_lo[2]:+.1f}%"
-        f"（γ = 1 / 4 / 8），式 (1) 成立；stay = {s_hi}（平均一段 {1 / (1 - s_hi):.0f} 个 token）时差 "
-        f"{g_hi[0]:+.1f}% / {g_hi[1]:+.1f}% / {g_hi[2]:+.1f}%：在这条链里，α 一样，难的位置成片出现，式 (1) 就高估了，"
-        f"γ = 4、8 比 γ = 1 高估得多。",
+        f"精确值（不抽样）：stay = {s_lo}（各位置的状态独立）时和式 (1) 差 {_pct2(x_lo[0] / 100)} / "
+        f"{_pct2(x_lo[1] / 100)} / {_pct2(x_lo[2] / 100)}（γ = 1 / 4 / 8），式 (1) 几乎精确（实测 {g_lo[0]:+.1f}% / {g_lo[1]:+.1f}% / {g_lo[2]:+.1f}%）；"
+        f"stay = {s_hi}（平均一段 {1 / (1 - s_hi):.0f} 个 token）时差 {x_hi[0]:+.2f}% / {x_hi[1]:+.2f}% / "
+        f"{x_hi[2]:+.2f}%：在这条链里，α 一样，难的位置成片出现，式 (1) 就高估了，"
+        + ("γ = 4、8 比 γ = 1 高估得多。" if max(x_hi[1], x_hi[2]) < x_hi[0] else "高估的多少随 γ 变。")
+        + f"实测的差离精确值最远的一格是 stay = {k_off[0]}、γ = {k_off[1]}（{100 * gaps[k_off]:+.1f}% 对 "
+        f"{100 * exact_gaps[k_off]:+.2f}%，差 {off[k_off]:.1f} 个百分点）：{N_PROMPTS} 条 × {N_NEW} 个 token 的一次抽样"
+        "有这么大的起伏，格与格之间的比较要看精确的两列。",
         f"β 的相邻相关 r₁：stay = {s_lo} 时 {lag1[(s_lo, 8)]:.2f}，stay = {s_hi} 时 {lag1[(s_hi, 8)]:.2f}"
         f"（精确值 {exact[s_hi]['lag1']:.2f}）；04 的模型是 {r04:.2f}，和 stay = {s_lo} 一样接近 0——"
         "所以 04 的实测和式 (1) 之间只有抽样的起伏和 07 脚本演示 3 的截断偏差（04 的估计偏低），它看不到这里的高估。",
@@ -184,7 +202,8 @@ def demo1_gap():
         f"还有 {t4['exp_rounded_up']} 行印的 Exp 比重算的高 0.05 以上（论文舍入过），所以这张表分不出式 (1) 自己的误差，"
         "只说明在真实系统里公式并不是一律高估。",
     ])
-    return {"gaps": gaps, "lag1": lag1, "alphas": alphas, "alpha_exact": a_exact,
+    return {"gaps": gaps, "exact_gaps": exact_gaps, "worst": (k_off, off[k_off]), "lag1": lag1, "alphas": alphas,
+            "alpha_exact": a_exact,
             "lag1_exact": {s: exact[s]["lag1"] for s in STAYS}, "seed04": (a04, r04), "table4": t4}
 
 

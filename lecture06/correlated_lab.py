@@ -11,7 +11,8 @@ import numpy as np
 from decode_lab import NGramLM, acceptance_beta, adjust  # noqa: E402
 from transformer_lab import softmax  # noqa: E402（decode_lab 已把 lecture02 放到 sys.path 上）
 
-__all__ = ["regime_models", "lag1_correlation", "bigram_chain_stats", "round_starts", "tokens_if_started_at"]
+__all__ = ["regime_models", "lag1_correlation", "bigram_chain_stats", "exact_tokens_per_call", "round_starts",
+           "tokens_if_started_at"]
 
 
 def regime_models(stay, n_words=96, seed=0, spread=1.5, easy_noise=0.1, hard_noise=2.5):
@@ -94,6 +95,45 @@ def bigram_chain_stats(target, draft, T=1.0, tol=1e-14, max_steps=1_000_000):
     pair = float((pi * beta * (P * beta).sum(1)).sum())
     var = float((pi * (beta - alpha) ** 2).sum())
     return {"alpha": alpha, "beta_pair": pair, "lag1": (pair - alpha ** 2) / var if var > 0 else 0.0}
+
+
+def _stationary(K, tol, max_steps):  # [V, V] 行随机矩阵 -> [V]
+    """πK = π 的平稳分布：懒惰链 (I + K) / 2 的幂迭代（同 bigram_chain_stats 的做法，逐元素乘加）。"""
+    pi = np.full(K.shape[0], 1.0 / K.shape[0])
+    for _ in range(max_steps):
+        nxt = 0.5 * (pi + (pi[:, None] * K).sum(0))
+        if np.abs(nxt - pi).max() < tol:
+            return nxt / nxt.sum()
+        pi = nxt
+    raise ValueError(f"平稳分布 {max_steps} 步还没收敛（链几乎不混合：例如状态几乎永远不变）")
+
+
+def exact_tokens_per_call(target, draft, gamma, T=1.0, tol=1e-15, max_steps=1_000_000):
+    """
+    目标、草稿都是二元语法表时，固定 γ 的投机解码长期下来每次目标前向产出的 token 数的精确值（不抽样）-> float。
+
+    【推导】一轮从"最后一个确认的 token"x 开始。记 A[a, b] = min(p(b|a), q(b|a))（草稿猜 b 且被接受的概率），
+    R[a, b] = max(p(b|a) − q(b|a), 0)（被拒绝、改抽 b 的概率；每行的和 = 1 − β(a)），P = 目标的转移矩阵。
+    前 i 个草稿都被接受、停在 b 的概率是 (A^i)[x, b]，所以这一轮的期望 token 数 E[x] = Σ_{i=0..γ} (A^i 1)[x]，
+    下一轮的起点的分布 K[x, ·] = Σ_{i<γ} (A^i R)[x, ·] + (A^γ P)[x, ·]（第 i + 1 个被拒绝，或 γ 个全接受再加目标的一个）。
+    各轮的起点是一条以 K 为转移矩阵的马尔可夫链；由更新-报酬定理，长期下来每轮（= 每次目标前向）的 token 数
+    = Σ_x π_K(x) E[x]，π_K 是 K 的平稳分布。β 处处相等、各位置独立时它就是式 (1)；
+    成片的难度让起点更多落在难段里，它就比式 (1) 小（08 脚本演示 1、2）。
+    【边界】γ 不是 ≥ 1 的整数抛 ValueError；平稳分布 max_steps 步还没收敛抛 ValueError。
+    """
+    if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
+        raise ValueError(f"γ 必须是 ≥ 1 的整数（收到 {gamma!r}）")
+    P, Q = adjust(target.table, T), adjust(draft.table, T)
+    A, R = np.minimum(P, Q), np.maximum(P - Q, 0.0)
+    reach = np.eye(P.shape[0])                       # A^i：前 i 个都被接受、停在哪个 token
+    per_round, K = np.zeros(P.shape[0]), np.zeros_like(P)
+    for _ in range(gamma):
+        per_round += reach.sum(1)
+        K += reach @ R
+        reach = reach @ A
+    per_round += reach.sum(1)
+    K += reach @ P
+    return float((_stationary(K, tol, max_steps) * per_round).sum())
 
 
 def round_starts(n0, accepted):

@@ -10,7 +10,7 @@ import pytest
 from decode_lab import (acceptance_beta, adjust, autoregressive_generate, NGramLM, speculative_generate,
                         speculative_step_probs, TransformerLM)
 from spec_math_lab import expected_tokens
-from correlated_lab import bigram_chain_stats, lag1_correlation, regime_models, round_starts, tokens_if_started_at
+from correlated_lab import bigram_chain_stats, exact_tokens_per_call, lag1_correlation, regime_models, round_starts, tokens_if_started_at
 from lookup_lab import CopyingLM, induction_token, PromptLookup, speculative_generate_adaptive
 from sampler_cases import TINY
 from transformer_lab import init_params
@@ -105,6 +105,67 @@ def test_bigram_chain_stats_periodic_chain():
     st = bigram_chain_stats(t, d)
     assert st["alpha"] == pytest.approx(0.75, abs=1e-12)
     assert st["beta_pair"] == pytest.approx(0.5, abs=1e-12)               # 相邻两个位置总有一个是 0.5、一个是 1
+
+
+def test_exact_tokens_per_call_hand_worked_two_token_chain():
+    """同上面的两 token 链，γ = 1：A = min(p, q) = [[0.9, 0.1], [0.2, 0.5]]，R = max(p − q, 0) = [[0, 0], [0, 0.3]]；
+    每轮 E = 1 + A 的行和 = (2, 1.7)；起点的转移 K = R + A·P = [[0.83, 0.17], [0.28, 0.72]]，π_K = (28, 17) / 45；
+    每次目标前向 (28·2 + 17·1.7) / 45 = 84.9 / 45 ≈ 1.8867，比式 (1) 的 1 + 0.9 = 1.9 小（α = 0.9，见上）。"""
+    t = NGramLM(np.log(np.array([[0.9, 0.1], [0.2, 0.8]])))
+    d = NGramLM(np.log(np.array([[0.9, 0.1], [0.5, 0.5]])))
+    assert exact_tokens_per_call(t, d, 1) == pytest.approx(84.9 / 45, abs=1e-12)
+    assert exact_tokens_per_call(t, t, 3) == pytest.approx(4.0, abs=1e-12)      # 草稿 = 目标：每轮 γ + 1 个
+
+
+def _per_call_by_enumeration(P, Q, gamma):
+    """沿草稿的每条路径逐个 token 展开（深度优先），按定义累加每轮的 token 数和下一轮的起点；平稳分布用线性方程组解。"""
+    V = P.shape[0]
+    E, K = np.zeros(V), np.zeros((V, V))
+
+    def walk(x, cur, i, prob):                      # 前 i 个草稿都被接受、停在 cur，概率 prob
+        if i == gamma:                              # 全部接受：再加目标的一个
+            E[x] += prob * (gamma + 1)
+            K[x] += prob * P[cur]
+            return
+        res = np.maximum(P[cur] - Q[cur], 0)
+        for y in range(V):
+            if Q[cur, y] == 0:
+                continue
+            acc = min(1.0, P[cur, y] / Q[cur, y])
+            if acc < 1:                             # 第 i + 1 个被拒绝：这一轮产出 i + 1 个，改从残差抽
+                E[x] += prob * Q[cur, y] * (1 - acc) * (i + 1)
+                K[x] += prob * Q[cur, y] * (1 - acc) * res / res.sum()
+            walk(x, y, i + 1, prob * Q[cur, y] * acc)
+
+    for x in range(V):
+        walk(x, x, 0, 1.0)
+    M = np.vstack([K.T - np.eye(V), np.ones(V)])
+    pi = np.linalg.lstsq(M, np.r_[np.zeros(V), 1.0], rcond=None)[0]
+    return float(pi @ E)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_exact_tokens_per_call_equals_enumeration(gamma):
+    """随机的 3 token 二元语法表（p、q 各有零），和逐条列举的结果一致；各行相同（各位置独立）时等于式 (1)。"""
+    rng = np.random.default_rng(gamma)
+    P, Q = rng.random((3, 3)), rng.random((3, 3))
+    P[0, 2] = Q[1, 0] = Q[2, 2] = 0.0
+    P, Q = P / P.sum(1, keepdims=True), Q / Q.sum(1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        t, d = NGramLM(np.log(P)), NGramLM(np.log(Q))
+        got = exact_tokens_per_call(t, d, gamma)
+        assert got == pytest.approx(_per_call_by_enumeration(P, Q, gamma), abs=1e-12)
+        row_p, row_q = np.tile(P[0], (3, 1)), np.tile(Q[1], (3, 1))
+        a = float(np.minimum(P[0], Q[1]).sum())
+        iid = exact_tokens_per_call(NGramLM(np.log(row_p)), NGramLM(np.log(row_q)), gamma)
+    assert iid == pytest.approx(expected_tokens(a, gamma), abs=1e-12)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_exact_tokens_per_call_rejects_bad_gamma(bad):
+    t, d = regime_models(0.5)
+    with pytest.raises(ValueError, match="γ"):
+        exact_tokens_per_call(t, d, bad)
 
 
 def test_exact_lag1_matches_a_long_sampled_chain():
