@@ -24,6 +24,7 @@ from decode_lab import TransformerLM, autoregressive_generate, speculative_gener
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
+from smollm2_models import smollm2_lm
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
 from transformer_lab import NumpyTransformer, config_like
 
@@ -58,8 +59,8 @@ def f64(path):
 
 @pytest.fixture(scope="module")
 def lm(f64):
-    P, cfg, tok = f64
-    return TransformerLM(P, cfg, name="SmolLM2"), tok
+    model, _, tok = smollm2_lm("float64")           # 整个测试会话共用的 float64 模型（tests/smollm2_models.py）
+    return model, tok
 
 
 @pytest.fixture(scope="module")

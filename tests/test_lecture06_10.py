@@ -12,7 +12,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script, real_model, script_stdout, smollm2_path
+from conftest import load_script, script_stdout, smollm2_path
 
 from decode_lab import TransformerLM, autoregressive_generate, speculative_generate  # noqa: E402
 from drafts_lab import layer_skip_draft  # noqa: E402
@@ -20,6 +20,7 @@ from greedy_lab import greedy_rounds, lookup_rounds  # noqa: E402
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
 import spec_math_lab  # noqa: E402
+from smollm2_models import smollm2_lm  # noqa: E402
 
 S = "lecture06/10_real_model_spec_decode.py"
 
@@ -58,8 +59,8 @@ def test_leviathan_table3_gaps_by_hand():
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def f64():
-    P, cfg, tok = real_model("float64")
-    return TransformerLM(P, cfg, "目标"), tok, load_script(S)
+    target, _, tok = smollm2_lm("float64")          # 整个测试会话共用的 float64 模型（tests/smollm2_models.py）
+    return target, tok, load_script(S)
 
 
 def test_float64_loop_equals_greedy_and_exact_rounds_layer_skip(f64):
