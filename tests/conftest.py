@@ -73,6 +73,21 @@ def load_script(relpath):
     return mod
 
 
+class _Unwrapped(str):
+    """unwrap 的结果：一个普通的 str，只是 `in` / `not in` 不看空白。"""
+
+    def __contains__(self, needle):
+        return "".join(needle.split()) in "".join(self.split())
+
+
+def unwrap(text):
+    """
+    把观察的折行接回去（续行的 5 个空格缩进去掉），-> 一个 str；它的 `in` / `not in` 两边都不看空白：
+    console 可能在空格处折行（那个空格就丢了），改一个字、折行挪了位置，断言也不受影响。
+    """
+    return _Unwrapped(text.replace("\n     ", ""))
+
+
 def run_script(relpath, cwd=None, console_log=None):
     """
     在 cwd（默认仓库根目录）里用 python3 运行脚本，返回 (退出码, stdout 字节, stderr 字节)。

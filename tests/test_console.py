@@ -229,3 +229,17 @@ def test_log_axis_with_less_than_a_decade_gets_1_2_5_ticks():
     lines = format_plot({"a": ([0, 1], [0.00919, 0.0561])}, "x", "y", logy=True, height=12)
     labels = [l.split("+")[0].strip() for l in lines[1:13] if "+" in l]
     assert labels == ["0.05", "0.02", "0.01"]
+
+
+def test_unwrap_finds_a_sentence_wherever_the_observation_breaks(capsys):
+    """conftest.unwrap：观察在任何宽度下折行（包括在空格处折、那个空格丢掉），`in` 都找得到原句；找不到的还是找不到。"""
+    from conftest import unwrap
+    from console import print_observations
+    text = "中文的观察里夹着 English words and numbers 3.1e-8 与 (1 − α^{γ+1}) / (1 − α)，再接一段中文。"
+    for width in range(30, 101, 7):
+        lines = wrap_text(text, width, "  1. ", "     ")
+        out = unwrap("\n".join(lines) + "\n")
+        assert "English words and numbers 3.1e-8 与" in out and "再接一段中文" in out
+        assert "English words and numbers 3.1e-9" not in out
+    print_observations([text])
+    assert "夹着 English words" in unwrap(capsys.readouterr().out)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import load_script
+from conftest import load_script, unwrap
 from hw_specs import A100, B200, H100, H100_PCIE, H200
 from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA31_70B, LLAMA31_8B,
                       bits_per_param, decode_step, linear_shapes, matmul_intensity, prefill_step, weight_bytes)
@@ -142,7 +142,7 @@ def test_01_ridge_points(s01, capsys):
     lo, hi = 2400e12 / 0.8e12, 2400e12 / 0.2e12
     assert r["corsair_lpddr_ridge_range"] == pytest.approx((lo, hi)) and (lo, hi) == (3000, 12000)
     assert lo > 1513 / 2.0                                     # 最小的也高过表里每块 GPU 的拐点（最高 756）
-    flat = out.replace("\n     ", "")
+    flat = unwrap(out)
     assert "假设值" in flat and "3000–12000" in flat and "几乎什么都受带宽限制" not in flat
 
 

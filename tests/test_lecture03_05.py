@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, unwrap
 from numfmt import quantize_mx, quantize_nvfp4
 from quant_lab import INPUT_OF, LAYER_MATRICES, QCFG, awq_quantize, gptq_quantize, layer_inputs
 
@@ -315,7 +315,7 @@ def test_demo2_awq_kl_gain_is_not_significant_over_8_sequences(run, awq_ref):
     assert z["int4-g32"] < 2 < t7 < z["int3-g32"] < 3
     with contextlib.redirect_stdout(io.StringIO()) as buf:
         mod.demo2_model_quality(ev)
-    text = buf.getvalue().replace("\n     ", "")
+    text = unwrap(buf.getvalue())
     assert "-0.28 ± 0.19" in text and "少 2%，1.5 个标准误：在 5% 的界之下" in text
     assert "少 5%，2.4 个标准误，刚过 5% 的界" in text
 

@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, unwrap
 from quant_lab import QCFG, kv_quantizer
 from transformer_lab import NumpyTransformer
 from kvcache_lab import KVCache
@@ -155,6 +155,6 @@ def test_demo2_best_alpha_depends_on_activation_granularity(run):
     assert d2["after_token"] == pytest.approx(err["token"][0.5], rel=1e-9)
     with contextlib.redirect_stdout(io.StringIO()) as buf:
         mod.demo2_smoothquant(ctx)
-    text = buf.getvalue().replace("\n     ", "")
+    text = unwrap(buf.getvalue())
     assert "激活每张量一个 scale 的 W8A8" in text and "每 token 一个 scale 时最好的是 α = 0.50（0.830%）" in text
     assert "QCFG 的权重是高斯的" in text and "取 α = 0.5" in text

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, unwrap
 from indep_formats import E2M1_GRID, E2M1_LSB, e4m3_grid, nearest_even
 from decode_lab import TransformerLM
 from hw_specs import H100
@@ -387,7 +387,7 @@ def test_demo2_w4_advantage_shrinks_while_both_bandwidth_bound(s03, capsys):
     # (3.70 − 3.11) / 63 ≈ 0.009×：这个斜率只在拐点紧挨着的那一步，句子要说清是哪一步
     avg = (closed_speedup(1) - closed_speedup(64)) / 63
     assert avg > 1.5 * d["w4_slope_before"]
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     assert f"紧挨着它之前（B = {b4 - 2} → {b4 - 1}）每多一个序列" in out and f"之后（B = {b4} → {b4 + 1}）" in out
 
 

@@ -4,7 +4,7 @@
 """
 import pytest
 
-from conftest import load_script, script_stdout
+from conftest import load_script, script_stdout, unwrap
 from test_lecture05_scripts import _closed_form_best
 
 SCRIPT = "lecture05/04_sram_accelerators.py"
@@ -32,7 +32,7 @@ def test_demo1_sram_is_not_only_for_small_models(text):
 def test_demo3_one_card_column(s04, capsys):
     """第 13 条：1.6 GB 的草稿一张卡就装得下：只用一张卡的带宽，c 差 44.8 倍（无开销）、14.2 倍（有开销），不是 89.6 / 15.8。"""
     r = s04.demo3_cost_coefficient()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     assert r["ratio_no_ovh"] == pytest.approx(2 * 150 / 3.35, rel=1e-12)        # 种子的两张卡：89.6
     assert r["ratio1_no_ovh"] == pytest.approx(150 / 3.35, rel=1e-12)           # 一张卡：44.8
     t_gpu = 0.3e-3 + 1.6e9 / (3.35e12 * 0.8)
@@ -53,7 +53,7 @@ def test_demo4_blog_numbers_and_toy_ratio(s04, capsys):
     """第 18 条：博客的 2–5×（面向交互）、最多 10×（面向能耗）都是 Corsair 草稿对同一个草稿在 GPU 上、能耗相当；
     玩具模型里同一个比较 = SRAM 草稿与 GPU 草稿加速比之比，用种子 05 自己的 round_time 独立算。"""
     r = s04.demo4_blog_claims()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     assert s04.BLOG_INTERACTIVE == (2, 5) and s04.BLOG_ENERGY_MAX == 10 and s04.BLOG_OVERALL == (2, 10)
     seed = load_script("lecture05/05_heterogeneous_spec_decode.py")
 
@@ -182,7 +182,7 @@ def test_demo3_and_demo4_say_their_speedups_assume_iid_alpha(s04, capsys):
 def test_demo4_says_the_seeds_quoted_blog_conclusion_is_not_in_the_readable_part(s04, capsys):
     """种子 05 演示 2 观察 2 用引号引了"博客的结论"；能读到的 tl;dr 和引言里没有这句：演示 4 观察 1 说出来。"""
     seed_text = script_stdout("lecture05/05_heterogeneous_spec_decode.py")
-    assert "这就是博客的结论：'草稿越便宜，越可以激进地草稿" in seed_text.replace("\n     ", "")
+    assert "这就是博客的结论：'草稿越便宜，越可以激进地草稿" in unwrap(seed_text)
     s04.demo4_blog_claims()
     obs1 = _observations(capsys.readouterr().out)[0]
     assert _has("种子演示 2 观察 2 用引号引的\"博客的结论\"", obs1) and _has("也一样", obs1)

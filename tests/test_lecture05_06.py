@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, unwrap
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
@@ -141,7 +141,7 @@ def test_demo2_curve_and_the_finite_run_claim(s06, capsys):
 
 def test_demo3_chunk_sweep(s06, capsys):
     r = s06.demo3_chunk_sweep()
-    text = capsys.readouterr().out.replace("\n     ", "")                  # 观察换行处接起来
+    text = unwrap(capsys.readouterr().out)                                # 观察换行处接起来
     sw, chunks = r["sweep"], s06.SWEEP_CHUNKS
     stalls = [sw[c]["stall"] for c in chunks]
     assert stalls == sorted(stalls) and sw[None]["stall"] > stalls[-1]
@@ -188,7 +188,7 @@ def test_demo3_chunk_sweep(s06, capsys):
 def test_demo1_states_the_favourable_assumption_where_chunking_wins(s06, capsys):
     """分块 prefill 拿到最高的那句话里，紧跟着说模型对它最有利（混合迭代没有额外开销）。"""
     s06.demo1_goodput()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     assert "同机+分块512（14.4；同机 prefill 优先 5.4），10 组里每一组都高于其他部署（模型对它最有利" in out
 
 
@@ -208,7 +208,7 @@ def test_demo1_orders_by_paired_draws_with_a_stated_error_bound(s06, d1, capsys)
     u = [poisson_arrivals(1.0, s06.N_REQ, s06.DRAWS[d][0]) for d in range(2)]
     assert np.allclose(poisson_arrivals(3.0, s06.N_REQ, s06.DRAWS[1][0]), u[1] / 3.0, rtol=1e-12)
     s06.demo1_goodput()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     assert "只有范围不重叠的先后才算数" not in out and "三组" not in out
     assert f"这样错判的机会 ≤ (1/2)^10 = 0.10%；一列 6 种部署有 15 对、两个方向" in out
     assert "≤ 30 × (1/2)^10 = 2.9%" in out
@@ -237,7 +237,7 @@ def test_demo2_overload_floor_is_the_earliest_arrivals(s06, capsys):
     现在说 32 时还有多少、达标的是哪些请求：原来的模拟（1:1）和独立写的达标率核对"都在最先到达的 N 个里"。
     """
     r = s06.demo2_attainment_curve()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     c12 = r["curves"]["解耦 1:2"]
     assert c12[-3] > c12[-2] > c12[-1]                                     # 还在降：不是"停在"
     assert "停在" not in out
@@ -269,6 +269,6 @@ def test_demo1_memory_check_covers_every_simulated_rate(s06, d1, capsys):
     assert d1["peak_kv_tested"] == pytest.approx(worst, rel=1e-12)
     assert d1["peak_kv_frac"] < d1["peak_kv_tested"] < 1
     s06.demo1_goodput()
-    out = capsys.readouterr().out.replace("\n     ", "").replace(" ", "")
+    out = unwrap(capsys.readouterr().out)
     assert "二分时模拟过的所有到达率（包括不达标的）上，再加一个最长提示的KV，最多占98%" in out
     assert "所以模拟不限制批大小不影响这张表" not in out

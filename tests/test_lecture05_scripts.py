@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, unwrap
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
@@ -108,7 +108,7 @@ def test_02_chunked_prefill_closed_form(s02, capsys):
     分 8 块，每个混合步的 roofline 闭式 max(FLOPs / P, 字节 / BW) 逐块写出来（不调第 5 讲的实验模块）。
     """
     r = s02.demo1_interference()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     assert "两者完美重叠（假设）" in out and "所以 84% 是这个模型给的上限" in out
     P, BW = 989.4e12, 3.35e12
     matmul, head, attn, kv_pos = 7_504_658_432, 128256 * 4096, 4 * 32 * 128 * 32, 131072

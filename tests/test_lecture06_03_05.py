@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout
+from conftest import load_script, script_stdout, unwrap
 
 from spec_math_lab import expected_tokens  # noqa: E402
 from transformer_lab import softmax  # noqa: E402
@@ -433,7 +433,7 @@ def test_05_each_side_at_its_own_largest_batch(s05, capsys):
     """issue 19 第 14 条：普通 decode 不放草稿，上下文 2048 时装 743 个序列（投机解码 513）；各用自己的最大批时，
     长上下文的整批吞吐只多 1.08–1.38 倍（不是同一批时的 1.18–1.52 倍），每个用户的延迟改善 1.56–2.00 倍。"""
     r = s05.demo4_context()
-    out = capsys.readouterr().out.replace("\n     ", "")
+    out = unwrap(capsys.readouterr().out)
     T, D = s05.TARGET, s05.DRAFT
     w_t, w_both = 2 * 70_553_706_496, 2 * (70_553_706_496 + 8_030_261_248)
     thr, lat = {}, {}

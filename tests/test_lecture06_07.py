@@ -14,7 +14,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from conftest import load_script, script_raw_stdout
+from conftest import load_script, script_raw_stdout, unwrap
 from decode_lab import autoregressive_generate, speculative_generate
 from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
@@ -412,7 +412,7 @@ def test_07_seed04_table_counts(s07, costs, full2):
     assert out["seed04_counts"] == (lo, hi, 16 - lo - hi) == (11, 3, 2)
     assert out["seed04_counts_exact"] == (11, 5)
     assert out["seed04_sign_p"] == pytest.approx(940 / 16384, rel=1e-12)
-    text = buf.getvalue().replace("\n     ", "")
+    text = unwrap(buf.getvalue())
     flat = text.replace(" ", "")                                      # 折行处的空格不算（console 可能在空格处折行）
     assert "04演示3观察2说实测和式(1)\"有高有低，没有系统偏差\"" in flat
     assert "16格里11格实测低于式(1)、3格高、2格打平" in flat and "不舍入是11格低、5格高" in flat
