@@ -15,7 +15,7 @@ from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # n
 
 __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
            "tree_parents", "tree_speculative_generate", "distinct_draft_step_probs", "distinct_draft_verify",
-           "dynamic_tree_generate", "EAGLE2_TOP_K", "EAGLE2_DEPTH"]
+           "dynamic_tree_generate", "dynamic_tree_expected", "EAGLE2_TOP_K", "EAGLE2_DEPTH"]
 
 # EAGLE 仓库（SafeAILab/EAGLE，commit cb7e084）的 EaModel.from_pretrained 默认 total_token = 60、depth = 7、top_k = 10；
 # cnets.py 的 Model 默认 total_tokens = 63、depth = 5、top_k = 8。这里的默认取 top_k = 10、depth = 6（两者之间），
@@ -212,8 +212,13 @@ def _log_softmax(logits):  # [..., V] -> [..., V]，每个值 ≤ 0
 
 
 def _top(logq, k):
-    """前 k 名的下标（从大到小，并列时下标小的在前）。"""
-    return np.argsort(-logq, kind="stable")[:k]
+    """前 k 名的下标（从大到小，并列时下标小的在前；同 distinct_lab.topk_candidates）。"""
+    if k >= logq.size:
+        return np.argsort(-logq, kind="stable")
+    part = np.argpartition(-logq, k - 1)[:k]
+    cut = logq[part].min()                           # 第 k 名的值；和它并列的都拿来按下标排
+    cand = np.flatnonzero(logq >= cut)
+    return cand[np.argsort(-logq[cand], kind="stable")][:k]
 
 
 def _check_count(name, v):
@@ -319,3 +324,53 @@ def dynamic_tree_generate(target, draft, prompt, n_new, budget, T, rng, stop=Non
         t_sess.keep(L, path)
         d_sess.keep(L, [feed[chosen[c]] for c in path if chosen[c] in feed])
     return _finish(seq, n0, n_new, stop), stats
+
+
+def dynamic_tree_expected(target, draft, prompt, text, n_pos, budgets, temps, *, top_k=EAGLE2_TOP_K,
+                          depth=EAGLE2_DEPTH):  # -> [n_pos, len(budgets), len(temps)]
+    """
+    在一段文本的前 n_pos 个位置上各长一棵动态树，算"如果一轮从这里开始，每次目标调用平均产出几个 token"-> 数组。
+
+    【推导】点质量规则等于"按 p 抽一个 token，它在孩子里就走过去"（distinct_lab.topk_draft_verify），所以一轮走到节点 v
+    的概率就是目标的路径概率 P(v) = Π_{沿路径} p_父(v 那一层的 token)；一轮产出 1 + 走到的深度 = 1 + Σ_v 1[走到 v]，
+    期望 E = 1 + Σ_{v ∈ 树} P(v)（T = 0 时 P(v) ∈ {0, 1}：1 + 树里贪心路径的长度）。不抽样：每个位置一个精确的条件期望。
+    预算小的树是预算大的树按路径概率排的前 b 个：每个位置只长一次树、目标只前向一次（最大的预算），各个预算、各个温度
+    都从这一次里算。位置 t 的上下文 = 提示 + text[:t]（和 dynamic_tree_generate 的一轮从这里开始时一样：
+    测试在 T = 0 逐轮核对，在 T = 1 用抽样核对）。
+    【参数】budgets：预算的元组；temps：验证用的温度（长树总是用草稿 T = 1 的 softmax）。
+    【边界】n_pos 不在 1..len(text)、预算不是 ≥ 1 的整数：ValueError；目标要是 TransformerLM。
+    """
+    for b in budgets:
+        _check_count("budget", b)
+    if not (isinstance(n_pos, (int, np.integer)) and 1 <= n_pos <= len(text)):
+        raise ValueError(f"n_pos 必须在 1..{len(text)} 之间（收到 {n_pos!r}）")
+    if not isinstance(target, NumpyTransformer):
+        raise ValueError("目标模型必须是 TransformerLM（要用树形注意力一次给整棵树打分）")
+    for T in temps:
+        adjust(np.zeros(1), T)
+    prompt = _check_generation(prompt, n_pos, [target], max(budgets))
+    _check_generation(prompt, n_pos, [draft], top_k * depth)
+    t_sess, d_sess = target.session(), draft.session()
+    out = np.zeros((n_pos, len(budgets), len(temps)))
+    for t in range(n_pos):
+        seq = prompt + [int(x) for x in text[:t]]
+        L = len(seq)
+        toks, par, score, _ = _grow_tree(d_sess, seq, top_k, depth)
+        order = sorted(range(len(toks)), key=lambda j: (-score[j], j))[:max(budgets)]
+        chosen = sorted(order)
+        idx = {j: i for i, j in enumerate(chosen)}
+        tree_par = [-1 if par[j] < 0 else idx[par[j]] for j in chosen]
+        pend = seq[t_sess.fed:]
+        full = list(range(-1, len(pend) - 1)) + [len(pend) - 1 if a < 0 else len(pend) + a for a in tree_par]
+        t_mask, t_pos = tree_mask(full, t_sess.fed)
+        rows = t_sess.tree_logits(pend + [toks[j] for j in chosen], t_mask, t_pos)[len(pend) - 1:]
+        for m, T in enumerate(temps):
+            ps = adjust(rows, T)                                           # 第 0 行 = 根，第 i + 1 行 = 节点 i
+            reach = np.zeros(len(chosen))
+            for i, a in enumerate(tree_par):                               # 父节点在前
+                reach[i] = (1.0 if a < 0 else reach[a]) * ps[a + 1][toks[chosen[i]]]
+            for n, b in enumerate(budgets):
+                out[t, n, m] = 1.0 + sum(reach[idx[j]] for j in order[:b])
+        t_sess.keep(L, [])
+        d_sess.keep(L, [])
+    return out
