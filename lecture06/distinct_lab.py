@@ -171,7 +171,16 @@ def topk_candidates(draft_probs, k):  # [..., V] -> [..., k]
     """草稿的前 k 名（概率从大到小；并列时下标小的在前，同 decode_lab.adjust 的 argmax）-> int 数组。"""
     _check_k(k)
     q = np.asarray(draft_probs, dtype=np.float64)
-    return np.argsort(-q, axis=-1, kind="stable")[..., :k]
+    V = q.shape[-1]
+    if k >= V:
+        return np.argsort(-q, axis=-1, kind="stable")
+    rows = q.reshape(-1, V)
+    out = np.empty((rows.shape[0], k), dtype=np.int64)
+    for i, row in enumerate(rows):                  # argpartition 找出前 k 名的门槛，和门槛并列的都拿来按下标排
+        cut = row[np.argpartition(-row, k - 1)[:k]].min()
+        cand = np.flatnonzero(row >= cut)
+        out[i] = cand[np.argsort(-row[cand], kind="stable")][:k]
+    return out.reshape(q.shape[:-1] + (k,))
 
 
 def topk_draft_verify(target_probs, candidates, rng):

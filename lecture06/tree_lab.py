@@ -10,7 +10,7 @@ distinct_draft_verify 两个名字；dynamic_tree_generate 按 EAGLE-2 的规则
 import numpy as np
 
 from decode_lab import _check_generation, _finish, _stop_set, _stopped, acceptance_beta, adjust, residual_distribution  # noqa: E402
-from distinct_lab import distinct_draft_step_probs, distinct_draft_verify, topk_draft_verify  # noqa: E402
+from distinct_lab import distinct_draft_step_probs, distinct_draft_verify, topk_candidates, topk_draft_verify  # noqa: E402
 from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # noqa: E402
 
 __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
@@ -212,13 +212,8 @@ def _log_softmax(logits):  # [..., V] -> [..., V]，每个值 ≤ 0
 
 
 def _top(logq, k):
-    """前 k 名的下标（从大到小，并列时下标小的在前；同 distinct_lab.topk_candidates）。"""
-    if k >= logq.size:
-        return np.argsort(-logq, kind="stable")
-    part = np.argpartition(-logq, k - 1)[:k]
-    cut = logq[part].min()                           # 第 k 名的值；和它并列的都拿来按下标排
-    cand = np.flatnonzero(logq >= cut)
-    return cand[np.argsort(-logq[cand], kind="stable")][:k]
+    """前 k 名的下标（从大到小，并列时下标小的在前）：distinct_lab.topk_candidates。"""
+    return topk_candidates(logq, k)
 
 
 def _check_count(name, v):
