@@ -51,8 +51,8 @@ for sub in ("lecture01", "lecture02", "lecture03", "prereq3"):
 
 from console import fmt_bound, fmt_p, print_header, print_note, print_observations, print_table  # noqa: E402
 from decode_lab import TransformerLM, acceptance_rate, adjust, autoregressive_generate  # noqa: E402
-from distinct_lab import (MEDUSA_DELTA, MEDUSA_EPSILON, distinct_draft_acceptance, distinct_rejection_products,  # noqa: E402
-                          lossy_acceptance, lossy_step_probs, lossy_verify, mean_ci, topk_acceptance,
+from distinct_lab import (MEDUSA_DELTA, MEDUSA_EPSILON, distinct_draft_acceptance,  # noqa: E402
+                          distinct_rejection_products, lossy_acceptance, lossy_step_probs, lossy_verify, mean_ci, topk_acceptance,
                           topk_candidates, topk_draft_step_probs, topk_draft_verify, total_variation,
                           typical_threshold)
 from drafts_lab import build_seed04_models, layer_skip_draft  # noqa: E402
@@ -117,6 +117,16 @@ def smollm2():
     _CTX.update(target=target, draft=draft, prompt=prompt, text=text, lp=lp, lq=lq, cfg=cfg,
                 ranks=token_ranks(lq, text), target_mismatch=int((token_ranks(lp, text) != 0).sum()))
     return _CTX
+
+
+def fmt_ks(ks):
+    """k 的列表：连续的写成 "2…8"，否则用顿号隔开；空的写 "没有"。"""
+    ks = list(ks)
+    if not ks:
+        return "没有"
+    if len(ks) > 2 and ks == list(range(ks[0], ks[-1] + 1)):
+        return f"{ks[0]}…{ks[-1]}"
+    return "、".join(str(k) for k in ks)
 
 
 def accepted_at(ranks, t, widths):
@@ -216,7 +226,8 @@ def demo2_acceptance_k():
     print_observations([
         f"k = 1 时无放回和独立是同一个规则（精确值 {toy[0][0]:.3f} / {real[0][0]:.3f}，抽样值"
         f"{'都在' if k1_ok else '不都在'}置信区间内）。k 越大无放回多接受得越多（最多多 {gap['玩具']:.3f}（玩具）、"
-        f"{gap['SmolLM2']:.3f}（SmolLM2）；区间下沿高过独立的 k：玩具 {above['玩具']}、SmolLM2 {above['SmolLM2']}）："
+        f"{gap['SmolLM2']:.3f}（SmolLM2）；区间下沿高过独立的 k：玩具 {fmt_ks(above['玩具'])}、SmolLM2 "
+        f"{fmt_ks(above['SmolLM2'])}）："
         "独立地抽会抽到重复的候选，重复的在残差下一定被拒绝。",
         f"前 k 名（点质量）在 k = 1…{KS[-1]} {'全都低于' if top_below else '并不都低于'}无放回（低过区间下沿）："
         f"k = 1 时是 p(草稿的 argmax)（玩具 {toy[2][0]:.3f}、SmolLM2 {real[2][0]:.3f}），k = {KS[-1]} 时 "
@@ -313,7 +324,8 @@ def demo4_dynamic_trees():
     rows, res = [], {}
     for n, b in enumerate(BUDGETS):
         chain0 = float(np.mean([1 + accepted_at(ranks, t, (1,) * b) for t in pos]))
-        fixed0 = {w: float(np.mean([1 + accepted_at(ranks, t, (w,) + (1,) * (b // w - 1)) for t in pos])) for w in (2, 4)}
+        fixed0 = {w: float(np.mean([1 + accepted_at(ranks, t, (w,) + (1,) * (b // w - 1)) for t in pos]))
+                  for w in (2, 4)}
         dyn0, dyn1 = float(E[:, n, 0].mean()), float(E[:, n, 1].mean())
         chain1 = tree_expected_tokens([a1] * b)
         fixed1 = tree_expected_tokens([ak[2]] + [a1] * (b // 2 - 1))
@@ -341,22 +353,25 @@ def demo4_dynamic_trees():
     a0_all = float(np.mean(ranks == 0))
     print_observations([
         f"T = 0 的链：γ 从 {small} 加到 {big}，每次调用只从 {res[small]['chain0']:.2f} 涨到 {res[big]['chain0']:.2f}，"
-        f"γ ≥ {sat} 以后一点不涨。一轮接受的个数不会超过从起点起连续猜对的长度，这 {N_TREE_POS} 个起点上最长 {run_max}："
+        + (f"γ ≥ {sat} 以后一点不涨。" if sat else "")
+        + f"一轮接受的个数不会超过从起点起连续猜对的长度，这 {N_TREE_POS} 个起点上最长 {run_max}："
         f"γ 再大，多出的位置都落在第一次猜错之后。式 (1) 的极限 1/(1 − α) 假设各位置独立：用这 {N_TREE_POS} 个起点的 α 是 "
-        f"{cap0:.2f}，用整段 {N_TEXT} 个位置的 α（{a0_all:.3f}）是 {1 / (1 - a0_all):.2f}——一轮会走进起点之后的位置，"
-        "那里猜错得更多。",
-        f"动态树（T = 0）从预算 {over0} 起超过链，预算 {big} 时每次 {res[big]['dyn0']:.2f} 个 token（链 "
+        f"{cap0:.2f}，用整段 {N_TEXT} 个位置的 α（{a0_all:.3f}）是 {1 / (1 - a0_all):.2f}——一轮会走进起点之后的位置"
+        + ("，那里猜错得更多。" if a0_all < a0 else "。"),
+        (f"动态树（T = 0）从预算 {over0} 起超过链" if over0 else f"动态树（T = 0）在预算 ≤ {big} 时都没有超过链")
+        + f"，预算 {big} 时每次 {res[big]['dyn0']:.2f} 个 token（链 "
         f"{res[big]['chain0']:.2f}）：位置按草稿的路径概率分给各个分支，链在第一次猜错处就断了。10 的固定形状"
-        f"（第 1 层 k 个、往下各 1 个）从预算 {over_fixed} 起就超过链；动态树只在预算 "
-        f"{'、'.join(str(b) for b in dyn_best)} 时比两种固定形状都好——"
+        + "（第 1 层 k 个、往下各 1 个）"
+        + (f"从预算 {over_fixed} 起超过链" if over_fixed else "没有超过链")
+        + f"；动态树在预算 {fmt_ks(dyn_best)} 时比两种固定形状都好——"
         f"它最深 {EAGLE2_DEPTH + 1} 层（depth = {EAGLE2_DEPTH}），预算小时按 T = 1 的路径概率挑节点也不一定挑中贪心路径。"
         f"条件：这个草稿（这些位置上 α = {a0:.3f}），{N_TREE_POS} 个位置，top_k = {EAGLE2_TOP_K}。",
-        (f"T = 1：动态树在预算 {'、'.join(str(b) for b in over1)} 时超过式 (1) 的链" if over1 else
+        (f"T = 1：动态树在预算 {fmt_ks(over1)} 时超过式 (1) 的链" if over1 else
          f"T = 1：预算 ≤ {big} 时动态树都不如式 (1) 的链（预算 {big}：{res[big]['dyn1']:.2f} vs {res[big]['chain1']:.2f}）")
         + f"，09 的独立候选的树（公式）在预算 {big} 时 {res[big]['fixed1']:.2f}。点质量规则在一个节点接受草稿第 1 名的"
         f"概率是 p(草稿的 argmax)，这些位置上平均 {pm1:.3f}，而从 q 抽的候选是 Σ min(p, q) = α = {a1:.3f}（演示 2 的"
-        "\"前 k 名\"列）。链和 09 的数是假设各位置独立的公式（08：会高估），动态树是每个位置的精确期望：两者的差里有公式的偏差，"
-        "这里只说明在这些条件下动态树没有赢。",
+        "\"前 k 名\"列）。链和 09 的数是假设各位置独立的公式（08：会高估），动态树是每个位置的精确期望：两者的差里有公式的偏差"
+        + ("。" if over1 else "，这里只说明在这些条件下动态树没有赢。"),
         f"代价：每次调用打分的位置从 {small + 1} 涨到 {big + 1}，每个位置换来的 token 从 "
         f"{res[small]['dyn0'] / (small + 1):.2f} 降到 {res[big]['dyn0'] / (big + 1):.3f}（T = 0）。多打分几十个位置"
         "几乎不加时间（带宽受限、批很小，05 的 roofline）时才划算；EAGLE 发布的设置每轮验证约 60 个节点。",

@@ -10,7 +10,8 @@ distinct_draft_verify 两个名字；dynamic_tree_generate 按 EAGLE-2 的规则
 import numpy as np
 
 from decode_lab import _check_generation, _finish, _stop_set, _stopped, acceptance_beta, adjust, residual_distribution  # noqa: E402
-from distinct_lab import distinct_draft_step_probs, distinct_draft_verify, topk_candidates, topk_draft_verify  # noqa: E402
+from distinct_lab import (distinct_draft_step_probs, distinct_draft_verify, topk_candidates,  # noqa: E402
+                          topk_draft_verify)
 from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # noqa: E402
 
 __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
