@@ -31,7 +31,8 @@ CS349E · 第 6 讲 · 12_production_trees.py —— 真实系统验证的树：
   tree_expected_tokens（都假设各位置独立，08 说过这会高估：对链有利）。
 - Medusa 的 ε = 0.09、δ = 0.3 是它代码的默认值（distinct_lab 的说明里写了出处）；草稿的候选一律是前 k 名。
 
-【运行】python3 12_production_trees.py （两核机器上另有两个人在跑东西时约 70 秒；空闲时由协调者重测）
+【运行】python3 12_production_trees.py （两核机器上另有两个人在跑东西、负载约 4.5 时 62 秒，背靠背的种子 04 26 秒：
+约 2.4 倍；空闲时由协调者重测。大部分时间在装模型、贪心续写和演示 4 的 16 棵树（每棵 7 次草稿前向、1 次目标前向））
 
 【依赖】numpy；本目录的 distinct_lab（不同候选的精确规则、有损规则、置信区间）、tree_lab（独立候选的规则、动态树）、
 decode_lab（模型、adjust）、drafts_lab（玩具、跳层草稿）、stats_lab（χ²）；../lecture02 的 real_model_lab（装 SmolLM2）、
@@ -164,7 +165,7 @@ def demo1_exact_rules():
         "每拒绝一个候选要做两件事：p 换成残差 norm(max(0, p − q))，q 去掉这个候选再归一化；只做后一件，分布就不对了"
         "（测试把残差那一步去掉，枚举立刻偏离 p）。",
         f"k 大于 q 的支撑时候选抽完了：\"p、q 都有 0\" 的 q 只有 {cap['support']} 个 token 能抽到，"
-        f"k = {cap['support'] + 1}…{cap['V']} 都截在 {cap['support']} 个候选（枚举照样等于 p）；"
+        f"k = {fmt_ks(range(cap['support'] + 1, cap['V'] + 1))} 截在 {cap['support']} 个候选（枚举照样等于 p）；"
         "前 k 名没有这个问题：q = 0 的 token 也排得上名次，只是排在最后。",
         f"一般情形：α_2 独立 {g[2][0]:.3f} < 无放回 {g[2][1]:.3f}——独立地抽会重复，重复的候选在残差下一定被拒绝；"
         f"前 k 名是 p(前 k 名)，k = 1 时 {g[1][2]:.3f} 不等于 Σ min(p, q) = {g[1][0]:.3f}：确定的候选丢掉了 q 的形状，"
@@ -250,7 +251,7 @@ def demo3_lossy():
         p, q = np.asarray(p), np.asarray(q)
         cand = [int(x) for x in topk_candidates(q, k)]
         tau = float(typical_threshold(p))
-        for rule, label in (("exact", "点质量（精确）"), ("typical", "Medusa 典型接受"), ("argmax", "是 argmax 就接受")):
+        for rule, label in (("exact", "点质量"), ("typical", "Medusa"), ("argmax", "argmax")):
             if rule == "exact":
                 dist = topk_draft_step_probs(p, cand)
                 draws = [topk_draft_verify(p, cand, rng)[1] for _ in range(CHI2_N)]
@@ -264,8 +265,9 @@ def demo3_lossy():
             res[(name, rule)] = {"dist": dist, "tv": tv, "p_vs_p": pv_p, "p_vs_own": pv_own, "tau": tau}
             rows.append([name, fmt_dist(p), str(cand), f"{tau:.3f}", label, fmt_dist(dist), f"{tv:.2f}",
                          fmt_p(pv_p), fmt_p(pv_own)])
-    print_note(f"门槛 τ = min(ε, δ·exp(−H(p)))，ε = {MEDUSA_EPSILON}、δ = {MEDUSA_DELTA}；候选 = q 的前 k 名；"
-               f"每个规则抽 {CHI2_N} 次，χ² 检验的 p 值：对 p、对规则自己的精确分布。")
+    print_note(f"规则：点质量（精确）、Medusa 的典型接受、\"是 argmax 就接受\"。门槛 τ = min(ε, δ·exp(−H(p)))，"
+               f"ε = {MEDUSA_EPSILON}、δ = {MEDUSA_DELTA}；候选 = q 的前 k 名；每个规则抽 {CHI2_N} 次，"
+               "χ² 检验的 p 值：对 p、对规则自己的精确分布。")
     print_table(["例子", "p", "候选", "τ", "规则", "输出分布", "TV", "χ² p 值\n对 p", "χ² p 值\n对自己"], rows)
 
     ctx = smollm2()

@@ -43,10 +43,10 @@ def _table_with(header_part):
 def test_demo3_hand_cases_print_the_hand_calculation():
     t = _table_with("规则")
     rows = {(r[0], r[4]): r for r in t["rows"]}
-    assert rows[("两个候选都过线", "Medusa 典型接受")][5:7] == ["0.00 1.00 0.00", "0.70"]
-    assert rows[("候选是 argmax", "是 argmax 就接受")][5:7] == ["1.00 0.00 0.00", "0.50"]
-    assert rows[("候选不过线", "Medusa 典型接受")][5:7] == ["1.00 0.00 0.00", "0.10"]
-    assert rows[("候选不过线", "是 argmax 就接受")][6] == "0.00"
+    assert rows[("两个候选都过线", "Medusa")][5:7] == ["0.00 1.00 0.00", "0.70"]
+    assert rows[("候选是 argmax", "argmax")][5:7] == ["1.00 0.00 0.00", "0.50"]
+    assert rows[("候选不过线", "Medusa")][5:7] == ["1.00 0.00 0.00", "0.10"]
+    assert rows[("候选不过线", "argmax")][6] == "0.00"
     for r in t["rows"]:
         if r[6] != "0.00":
             assert r[7].startswith("< 1e-")             # 输出不是 p 的格子：χ² 对 p 拒绝
