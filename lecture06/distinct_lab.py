@@ -13,8 +13,8 @@ p = 目标、q = 草稿，同 decode_lab 的约定。tree_lab 的多候选规则
 - Medusa 的典型接受（Cai et al. 2024，arXiv 2401.10774，§2.3.1）：候选 x 的 p(x) > min(ε, δ·exp(−H(p))) 就接受；
   代码的默认值 ε = posterior_threshold = 0.09、δ = posterior_alpha = 0.3（FasterDecoding/Medusa，commit e2a5d20，
   medusa/model/medusa_model.py 的 medusa_generate）；几个候选都过线时取 p 最大的（evaluate_posterior 按似然挑）；
-  一个都不过线时输出目标的 argmax（默认 fast=True：generate_candidates 对目标的 logits 取 argmax；论文：第一个 token
-  总是贪心地取）。代码在 log 里加 1e-5 算熵，这里按论文的 H(p) = −Σ p ln p。
+  一个都不过线时输出目标的 argmax（medusa_generate 默认 fast=True：medusa/model/utils.py 的 generate_candidates
+  对目标的 logits 取 argmax，它就是接在被接受的前缀后面的 token）。代码在 log 里加 1e-5 算熵，这里按 H(p) = −Σ p ln p。
 - "候选是目标的 argmax 就接受"（T > 0 时也这样验证）：argmax 在候选里就输出 argmax，否则从 p 抽。
 """
 import numpy as np
