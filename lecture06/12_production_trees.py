@@ -224,6 +224,7 @@ def demo2_acceptance_k():
     gap = {name: max(tab[1][i][0] - tab[0][i] for i in range(len(KS))) for name, tab in tabs}
     top_below = all(tab[2][i] < tab[1][i][0] - tab[1][i][1] for _, tab in tabs for i in range(len(KS)))
     k8 = len(KS) - 1
+    pmax_toy, pmax_real = float(p_toy.max(-1).mean()), float(p_real.max(-1).mean())
     print_observations([
         f"k = 1 时无放回和独立是同一个规则（精确值 {toy[0][0]:.3f} / {real[0][0]:.3f}，抽样值"
         f"{'都在' if k1_ok else '不都在'}置信区间内）。k 越大无放回多接受得越多（最多多 {gap['玩具']:.3f}（玩具）、"
@@ -233,12 +234,14 @@ def demo2_acceptance_k():
         f"前 k 名（点质量）在 k = 1…{KS[-1]} {'全都低于' if top_below else '并不都低于'}无放回（低过区间下沿）："
         f"k = 1 时是 p(草稿的 argmax)（玩具 {toy[2][0]:.3f}、SmolLM2 {real[2][0]:.3f}），k = {KS[-1]} 时 "
         f"{toy[2][k8]:.3f} / {real[2][k8]:.3f}，无放回 {toy[1][k8][0]:.3f} / {real[1][k8][0]:.3f}。玩具的 p 很平"
-        "（随机模型），前几名只占很少的质量；确定的候选只看 q 的名次，丢掉了\"按 q 的比例抽\"本来就有的接受率。",
+        f"（随机模型：p 的最大值平均 {pmax_toy:.3f}，SmolLM2 {pmax_real:.3f}），前几名只占很少的质量；确定的候选只看 q 的"
+        "名次，丢掉了\"按 q 的比例抽\"本来就有的接受率。",
         f"无放回的精确值要对 O(V^k) 个候选序列求和（SmolLM2 的 V = {V}），所以这里抽样：每组候选把接受用的均匀数"
         "积分掉（distinct_rejection_products），只剩抽候选的随机性；区间是各位置抽样误差合起来的 95% 区间，"
         "位置本身（这段文本）是固定的。",
     ])
     return {"toy": toy, "real": real, "gap": gap, "above": above, "k1_ok": k1_ok, "top_below": top_below,
+            "pmax": (pmax_toy, pmax_real),
             "n_toy": len(p_toy), "n_real": len(p_real)}
 
 
@@ -365,8 +368,8 @@ def demo4_dynamic_trees():
         f"{res[big]['chain0']:.2f}）：位置按草稿的路径概率分给各个分支，链在第一次猜错处就断了。10 的固定形状"
         + "（第 1 层 k 个、往下各 1 个）"
         + (f"从预算 {over_fixed} 起超过链" if over_fixed else "没有超过链")
-        + f"；动态树在预算 {fmt_ks(dyn_best)} 时比两种固定形状都好——"
-        f"它最深 {EAGLE2_DEPTH + 1} 层（depth = {EAGLE2_DEPTH}），预算小时按 T = 1 的路径概率挑节点也不一定挑中贪心路径。"
+        + f"；动态树只在预算 {fmt_ks(dyn_best)} 时比两种固定形状都好（它最深 {EAGLE2_DEPTH + 1} 层，depth = "
+        f"{EAGLE2_DEPTH}；节点按草稿 T = 1 的路径概率挑，不是按 T = 0 的接受）。"
         f"条件：这个草稿（这些位置上 α = {a0:.3f}），{N_TREE_POS} 个位置，top_k = {EAGLE2_TOP_K}。",
         (f"T = 1：动态树在预算 {fmt_ks(over1)} 时超过式 (1) 的链" if over1 else
          f"T = 1：预算 ≤ {big} 时动态树都不如式 (1) 的链（预算 {big}：{res[big]['dyn1']:.2f} vs {res[big]['chain1']:.2f}）")
