@@ -4,14 +4,24 @@ tree_lab —— 树形投机解码：一次目标前向验证一棵草稿树。
 SpecInfer（Miao et al. 2024，arXiv 2305.09781）的多步投机采样：一个位置上有 k 个候选（从草稿分布 q 独立同分布地抽），
 依次检查；目标模型一次前向用树形注意力（transformer_lab.tree_mask）给整棵草稿树打分，被接受的路径留在 KV cache 里
 （KVCache.keep，经会话的 keep）。p = 目标、q = 草稿，同 decode_lab 的约定。
+不同的候选（无放回地抽、草稿的前 k 名）的验证规则在 distinct_lab，这里导入 distinct_draft_step_probs、
+distinct_draft_verify 两个名字；dynamic_tree_generate 按 EAGLE-2 的规则长一棵动态的树（见它的说明）。
 """
 import numpy as np
 
 from decode_lab import _check_generation, _finish, _stop_set, _stopped, acceptance_beta, adjust, residual_distribution  # noqa: E402
+from distinct_lab import (distinct_draft_step_probs, distinct_draft_verify, topk_candidates,  # noqa: E402
+                          topk_draft_verify)
 from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # noqa: E402
 
 __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
-           "tree_parents", "tree_speculative_generate"]
+           "tree_parents", "tree_speculative_generate", "distinct_draft_step_probs", "distinct_draft_verify",
+           "dynamic_tree_generate", "dynamic_tree_expected", "EAGLE2_TOP_K", "EAGLE2_DEPTH"]
+
+# EAGLE 仓库（SafeAILab/EAGLE，commit cb7e084）的 EaModel.from_pretrained 默认 total_token = 60、depth = 7、top_k = 10；
+# cnets.py 的 Model 默认 total_tokens = 63、depth = 5、top_k = 8。这里的默认取 top_k = 10、depth = 6（两者之间），
+# 预算（total_token）由调用者给。
+EAGLE2_TOP_K, EAGLE2_DEPTH = 10, 6
 
 
 def _check_k(k):
@@ -194,3 +204,169 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
         t_sess.keep(L, path)
         d_sess.keep(L, [c for c in path if c < starts[D - 1]])
     return _finish(seq, n0, n_new, stop), {"target_calls": calls, "accepted": accepted}
+
+
+def _log_softmax(logits):  # [..., V] -> [..., V]，每个值 ≤ 0
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _top(logq, k):
+    """前 k 名的下标（从大到小，并列时下标小的在前）：distinct_lab.topk_candidates。"""
+    return topk_candidates(logq, k)
+
+
+def _check_count(name, v):
+    if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1):
+        raise ValueError(f"{name} 必须是 ≥ 1 的整数（收到 {v!r}）")
+
+
+def _grow_tree(d_sess, seq, top_k, depth):
+    """
+    EAGLE-2 的长树（cnets.py 的 topK_genrate）-> (toks, par, score, feed)：所有候选节点（按生成的顺序，父节点在前）、
+    父节点（-1 = 根）、路径的对数概率（草稿 T = 1 的 log softmax 之和）、喂过草稿的节点 -> 它在草稿缓存里的序号。
+    根的前 top_k 名是第 1 层，全部喂进草稿；之后每一步：把这一层要展开的（≤ top_k 个）一次喂进草稿（树形注意力），
+    每个的前 top_k 名都成为候选（top_k² 个），其中路径概率最大的 top_k 个是下一步要展开的。一共喂 depth 次。
+    """
+    L = len(seq)
+    root = _log_softmax(d_sess.logits(seq)[-1])
+    toks, par, score, feed, feed_par = [], [], [], {}, []
+    for c in _top(root, top_k):
+        toks.append(int(c)), par.append(-1), score.append(float(root[c]))
+    frontier = list(range(len(toks)))
+    for _ in range(depth):
+        lo = len(feed_par)
+        for n in frontier:
+            feed[n] = len(feed_par)
+            feed_par.append(-1 if par[n] < 0 else feed[par[n]])
+        mask, pos = tree_mask(feed_par, L)
+        rows = _log_softmax(d_sess.tree_logits([toks[n] for n in frontier], mask[lo:], pos[lo:]))
+        new = []
+        for n, lq in zip(frontier, rows):
+            for c in _top(lq, top_k):
+                new.append(len(toks))
+                toks.append(int(c)), par.append(n), score.append(score[n] + float(lq[c]))
+        frontier = sorted(new, key=lambda j: (-score[j], j))[:top_k]
+    return toks, par, score, feed
+
+
+def dynamic_tree_generate(target, draft, prompt, n_new, budget, T, rng, stop=None, *, top_k=EAGLE2_TOP_K,
+                          depth=EAGLE2_DEPTH):
+    """
+    动态树的投机解码（EAGLE-2，Li et al. 2024，arXiv 2406.16858）-> (新 token 的 int 数组 [n_new], stats)。
+
+    stats["target_calls"] = 轮数 = 目标的前向次数；stats["accepted"] = 每轮被接受的深度；stats["nodes"] = 每轮验证的
+    树的节点数（≤ budget）；stats["positions"] = 每轮目标前向打分的位置数（还没喂的已确定 token + 节点）。
+    【每一轮】
+      1. 长树（_grow_tree）：按草稿在 T = 1 的路径概率（即使 T = 0 也用 T = 1 的 softmax：T = 0 的 adjust 把 q 变成
+         one-hot，排不出名次）展开最可能的节点，depth 次草稿前向、每次 ≤ top_k 个节点；
+      2. 重排：所有候选里路径概率最大的 budget 个组成要验证的树。孩子的路径概率 = 父节点的 + log q ≤ 父节点的，
+         并列时父节点（生成得早）排在前面，所以选出来的节点的祖先都在树里；
+      3. 目标一次前向给整棵树打分（树形注意力）；从根往下，一个节点的孩子（按草稿的概率从大到小）用点质量规则
+         （distinct_lab.topk_draft_verify）验证，接受就走下去，全部拒绝就从剩下的 p 抽、结束；到了叶子从叶子的 p 抽额外的
+         token。点质量规则精确，所以 T > 0 时输出的分布和目标自己采样一样；T = 0 时输出就是目标的贪心序列；
+      4. 两个模型的缓存只留下被接受的路径（草稿只喂过展开过的节点：路径上喂过的是一个前缀）。
+    【参数】budget：每轮最多验证几个节点（EAGLE 的 total_token）；top_k、depth：长树的宽和步数（默认见 EAGLE2_TOP_K、
+    EAGLE2_DEPTH）。stop：停止 token，同 decode_lab.speculative_generate。
+    【随机数】只在第 3 步：每检查一个候选一个，最后一个抽修正 / 额外的 token（T = 0 时抽到的就是 argmax）。
+    【边界】budget、top_k、depth 不是 ≥ 1 的整数，目标不是 TransformerLM，提示 + 新 token − 1 + budget 超过目标的上下文、
+    + top_k·depth 超过草稿的上下文：ValueError。候选总数（top_k + depth·top_k²）比 budget 少时全部验证。
+    """
+    for name, v in (("budget", budget), ("top_k", top_k), ("depth", depth)):
+        _check_count(name, v)
+    if not isinstance(target, NumpyTransformer):
+        raise ValueError("动态树的目标模型必须是 TransformerLM（要用树形注意力一次给整棵树打分）")
+    adjust(np.zeros(1), T)
+    seq = _check_generation(prompt, n_new, [target], budget)
+    _check_generation(prompt, n_new, [draft], top_k * depth)
+    n0 = len(seq)
+    t_sess, d_sess = target.session(), draft.session()
+    stats = {"target_calls": 0, "accepted": [], "nodes": [], "positions": []}
+    stop = _stop_set(stop)
+    while len(seq) - n0 < n_new and not _stopped(seq, n0, stop):
+        L = len(seq)
+        # 1–2. 长树、留下路径概率最大的 budget 个节点（按生成的顺序：父节点在前）
+        toks, par, score, feed = _grow_tree(d_sess, seq, top_k, depth)
+        chosen = sorted(sorted(range(len(toks)), key=lambda j: (-score[j], j))[:budget])
+        idx = {j: i for i, j in enumerate(chosen)}
+        tree_par = [-1 if par[j] < 0 else idx[par[j]] for j in chosen]     # 祖先都在：idx 里查得到
+        tree_tok = [toks[j] for j in chosen]
+        children = [[] for _ in range(len(chosen) + 1)]                    # 同一个父节点的孩子按 q 从大到小
+        for i, a in enumerate(tree_par):
+            children[a + 1].append(i)
+        # 3. 目标一次前向：还没喂的已确定 token（一条链）+ 整棵树
+        pend = seq[t_sess.fed:]
+        full = list(range(-1, len(pend) - 1)) + [len(pend) - 1 if a < 0 else len(pend) + a for a in tree_par]
+        t_mask, t_pos = tree_mask(full, t_sess.fed)
+        ps = adjust(t_sess.tree_logits(pend + tree_tok, t_mask, t_pos)[len(pend) - 1:], T)
+        stats["target_calls"] += 1
+        stats["nodes"].append(len(chosen))
+        stats["positions"].append(len(pend) + len(chosen))
+        a, path = -1, []
+        while True:
+            kids = children[a + 1]
+            if not kids:                                                   # 叶子：额外的 token
+                tok = int(sample_inverse_cdf(ps[a + 1], rng.random()))
+                break
+            i, tok = topk_draft_verify(ps[a + 1], [tree_tok[c] for c in kids], rng)
+            if i < 0:
+                break
+            a = kids[i]
+            path.append(a)
+        seq += [tree_tok[c] for c in path] + [tok]
+        stats["accepted"].append(len(path))
+        # 4. 缓存只留下被接受的路径
+        t_sess.keep(L, path)
+        d_sess.keep(L, [feed[chosen[c]] for c in path if chosen[c] in feed])
+    return _finish(seq, n0, n_new, stop), stats
+
+
+def dynamic_tree_expected(target, draft, prompt, text, n_pos, budgets, temps, *, top_k=EAGLE2_TOP_K,
+                          depth=EAGLE2_DEPTH):  # -> [n_pos, len(budgets), len(temps)]
+    """
+    在一段文本的前 n_pos 个位置上各长一棵动态树，算"如果一轮从这里开始，每次目标调用平均产出几个 token"-> 数组。
+
+    【推导】点质量规则等于"按 p 抽一个 token，它在孩子里就走过去"（distinct_lab.topk_draft_verify），所以一轮走到节点 v
+    的概率就是目标的路径概率 P(v) = Π_{沿路径} p_父(v 那一层的 token)；一轮产出 1 + 走到的深度 = 1 + Σ_v 1[走到 v]，
+    期望 E = 1 + Σ_{v ∈ 树} P(v)（T = 0 时 P(v) ∈ {0, 1}：1 + 树里贪心路径的长度）。不抽样：每个位置一个精确的条件期望。
+    预算小的树是预算大的树按路径概率排的前 b 个：每个位置只长一次树、目标只前向一次（最大的预算），各个预算、各个温度
+    都从这一次里算。位置 t 的上下文 = 提示 + text[:t]（和 dynamic_tree_generate 的一轮从这里开始时一样：
+    测试在 T = 0 逐轮核对，在 T = 1 用抽样核对）。
+    【参数】budgets：预算的元组；temps：验证用的温度（长树总是用草稿 T = 1 的 softmax）。
+    【边界】n_pos 不在 1..len(text)、预算不是 ≥ 1 的整数：ValueError；目标要是 TransformerLM。
+    """
+    for b in budgets:
+        _check_count("budget", b)
+    if not (isinstance(n_pos, (int, np.integer)) and 1 <= n_pos <= len(text)):
+        raise ValueError(f"n_pos 必须在 1..{len(text)} 之间（收到 {n_pos!r}）")
+    if not isinstance(target, NumpyTransformer):
+        raise ValueError("目标模型必须是 TransformerLM（要用树形注意力一次给整棵树打分）")
+    for T in temps:
+        adjust(np.zeros(1), T)
+    prompt = _check_generation(prompt, n_pos, [target], max(budgets))
+    _check_generation(prompt, n_pos, [draft], top_k * depth)
+    t_sess, d_sess = target.session(), draft.session()
+    out = np.zeros((n_pos, len(budgets), len(temps)))
+    for t in range(n_pos):
+        seq = prompt + [int(x) for x in text[:t]]
+        L = len(seq)
+        toks, par, score, _ = _grow_tree(d_sess, seq, top_k, depth)
+        order = sorted(range(len(toks)), key=lambda j: (-score[j], j))[:max(budgets)]
+        chosen = sorted(order)
+        idx = {j: i for i, j in enumerate(chosen)}
+        tree_par = [-1 if par[j] < 0 else idx[par[j]] for j in chosen]
+        pend = seq[t_sess.fed:]
+        full = list(range(-1, len(pend) - 1)) + [len(pend) - 1 if a < 0 else len(pend) + a for a in tree_par]
+        t_mask, t_pos = tree_mask(full, t_sess.fed)
+        rows = t_sess.tree_logits(pend + [toks[j] for j in chosen], t_mask, t_pos)[len(pend) - 1:]
+        for m, T in enumerate(temps):
+            ps = adjust(rows, T)                                           # 第 0 行 = 根，第 i + 1 行 = 节点 i
+            reach = np.zeros(len(chosen))
+            for i, a in enumerate(tree_par):                               # 父节点在前
+                reach[i] = (1.0 if a < 0 else reach[a]) * ps[a + 1][toks[chosen[i]]]
+            for n, b in enumerate(budgets):
+                out[t, n, m] = 1.0 + sum(reach[idx[j]] for j in order[:b])
+        t_sess.keep(L, [])
+        d_sess.keep(L, [])
+    return out
