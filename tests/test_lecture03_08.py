@@ -133,10 +133,12 @@ def test_llm_int8_counts_sum_to_the_observation_and_decomposition_helps(text):
     tot = [sum(int(r[c]) for r in layers) for c in (1, 2, 3, 4)]
     flat = text.replace("\n", "")
     assert (f"注意力输入 {tot[0]} 个、wo 输入 {tot[1]} 个、FFN 输入 {tot[2]} 个、w_down 输入 {tot[3]} 个") in flat
-    assert f"第 29 层 1536 维里 {layers[29][4]} 维过 6" in flat
+    assert f"第 29 层 1536 维里 {layers[29][4]} 维过 6（{100 * int(layers[29][4]) / 1536:.0f}%）" in flat
     kl = {r[0]: float(r[1]) for r in table_rows(text, "W8A8（权重 INT8 每通道")}
     plain, dec = kl["全部 INT8"], kl["LLM.int8()：|x| ≥ 6 的维留 16 位"]
     assert dec < plain
-    m = re.search(r"16 位的乘加占 ([\d.]+)%，激活的 ([\d,]+) 个数里 ([\d,]+) 个存成 FP16", flat)
+    m = re.search(r"16 位的乘加占 ([\d.]+)%，激活的 ([\d,]+) 个数里 ([\d,]+) 个存成 FP16（多 ([\d,]+) 字节.*?；([\d.]+)% 仍是 8 位",
+                  flat)
     share = int(m.group(3).replace(",", "")) / int(m.group(2).replace(",", ""))
     assert 0 < share < 0.05 and 0 < float(m.group(1)) < 5
+    assert m.group(4) == m.group(3) and m.group(5) == f"{100 * (1 - share):.2f}"
