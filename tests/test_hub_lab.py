@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 import hub_lab
-from conftest import ROOT
+from conftest import ROOT, is_real_model_script, numbered_scripts
 
 PAYLOAD = b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 40     # 假的 "模型文件"
 
@@ -287,8 +287,8 @@ def test_gguf_path_or_exit_returns_the_path_when_there_is_one(fake):
     assert hub_lab.gguf_path_or_exit() == os.path.join(fake.cache, "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-REAL_SCRIPTS = ["lecture02/06_real_model.py", "lecture03/07_real_model_quantization.py",
-                "lecture06/10_real_model_spec_decode.py"]
+# 用真实模型的编号脚本：按源码认（conftest.is_real_model_script），新脚本自动加进来
+REAL_SCRIPTS = [r for r in numbered_scripts() if is_real_model_script(r)]
 
 
 def run_without_model(rel, tmp_path, **env_extra):
