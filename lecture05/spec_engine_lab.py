@@ -276,6 +276,8 @@ class SpecReplay:
     不跑模型的投机引擎（T = 0）：streams[id] = 请求的贪心输出；agree[id] = greedy_agreement 在输出各位置的值
     （草稿模型），或 None（prompt lookup：在请求自己的 token 上调 propose，和流比）。一轮接受几个由它们定下，
     账（plan）和 SpecRunner 一样算，所以扫到达率时只重跑调度、块和模型时间。测试断言它和真的 SpecRunner 一步一步相同。
+    流要比 max_tokens 长 γ 个：最后一轮也验证 γ 个草稿（输出截到 max_tokens），它接受几个要看后面的 token；
+    流不够长时只有最后一轮的 accepted / wasted 少记（token、块、时间都不变）。
     """
 
     def __init__(self, spec, streams, agree=None):
