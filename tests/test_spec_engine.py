@@ -182,7 +182,7 @@ def test_rejected_drafts_give_whole_blocks_back_and_abort_leaks_nothing():
     for _ in range(3):
         eng.step()
     for req in (eng.requests[i] for i in ids):          # 每一步之后：块表只放得下确认过的 token（+ 下一个要喂的）
-        if req.finish_reason is None and req.accepted:             # 做过一轮的
+        if req in eng.scheduler.running and req.accepted:         # 在跑、做过一轮的
             assert len(req.block_table) == -(-len(req.tokens) // 2)
     eng.abort_request(ids[1])
     eng.abort_request(ids[4])
