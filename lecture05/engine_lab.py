@@ -242,7 +242,7 @@ class LLMEngine:
         hits0, pre0 = self.bm.hits, sch.n_preemptions
         spec = self.spec
         spec_on = spec is not None and spec.on(min(len(sch.running) + len(sch.waiting), sch.max_seqs))
-        chunks = sch.schedule((lambda r: r.gamma) if spec_on else None)
+        chunks = sch.schedule((spec.gamma_of if spec_on else None) if spec is not None else None)
         if not chunks:
             out, self._pending = self._pending, []
             return out

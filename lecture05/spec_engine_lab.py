@@ -74,6 +74,15 @@ class SpecConfig:
         """一轮最多几个草稿（块和上下文按它留）。"""
         return self.gamma if self.gamma_max is None else self.gamma_max
 
+    def gamma_of(self, req):
+        """
+        这一轮给 req 留几个草稿位置：草稿模型是 req.gamma；prompt lookup 先找一遍，找到几个留几个（找不到是 0：
+        这一轮是普通的一步，不多占槽和预算——vLLM 也是先算 n-gram 的提议再排这一步）。
+        """
+        if isinstance(self.draft, PromptLookup):
+            return len(self.draft.propose(req.tokens, req.gamma))
+        return req.gamma
+
     def on(self, batch):
         """这一步的批有 batch 个请求时投机吗（开关）。"""
         return self.disable_by_batch_size is None or batch < self.disable_by_batch_size
@@ -205,7 +214,7 @@ class SpecRunner:
     def _draft_lookup(self, chunks, act, V):
         """prompt lookup：最多 γ 个抄来的 token，q 是 one-hot（不用随机数）。"""
         out = {}
-        for k, g in act.items():
+        for k, g in act.items():                       # 调度时已经找过一遍（gamma_of），同样的上下文、同样的结果
             xs = self.spec.draft.propose(chunks[k].req.tokens, g)
             out[k] = (xs, [np.eye(1, V, x)[0] for x in xs])
         return out
@@ -237,9 +246,11 @@ class SpecRunner:
             lg, r = logits[r:r + p.n_out], r + p.n_out
             ps = adjust(lg, c.req.temperature)
             c.req.target_calls += 1
-            if k not in act:                           # 普通的一步（开关关着）：同 runner_lab 的抽样
+            if k not in act:                           # 普通的一步：同 runner_lab 的抽样（= verify_chain 在 k = 0 时）
                 results.append(int(sample_inverse_cdf(ps[0], c.req.rng.random())))
                 rows.append(lg)
+                if spec_on:                            # 投机开着、prompt lookup 没找到：记一轮（草稿 0 个）
+                    self._after_round(c.req, 0, 0)
                 continue
             xs, qs = drafts[k]
             n, tok = verify_chain(ps, qs, xs, c.req.rng)
@@ -311,6 +322,8 @@ class SpecReplay:
             if k not in act:
                 results.append(s[o])
                 target.append((c.n, c.start, 1))
+                if spec_on:
+                    SpecRunner._after_round(self, req, 0, 0)
                 continue
             if self.agree is None:
                 xs = self.spec.draft.propose(req.tokens, act[k])
