@@ -58,7 +58,7 @@ from engine_lab import LLMEngine, run_trace  # noqa: E402
 from hub_lab import gguf_path_or_exit  # noqa: E402
 from metrics_lab import summarize  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
-from runner_lab import modelled_step_time, step_counts  # noqa: E402
+from runner_lab import CPU_COST, modelled_step_time, step_counts  # noqa: E402
 from spec_engine_lab import accept_counts  # noqa: E402
 from stats_lab import chi2_gof  # noqa: E402
 from transformer_lab import LMConfig, init_params  # noqa: E402
@@ -235,6 +235,7 @@ def demo2_load():
     kbar = sum(sum(r.drafted) for r in low) / sum(len(r.drafted) for r in low)
     ctx = int(round(np.mean([len(p) for p in prompts]) + np.mean([len(o) for o in outs]) / 2))
     b_star, sp = analytic_break_even(cfg, tpc, kbar, ctx)
+    ridge = CPU_COST["flops_per_s"] / CPU_COST["bytes_per_s"]
     configs = (("普通", None), ("投机", lookup_cfg()), ("加开关", lookup_cfg(b_star)))
     res = {}
     for rate in RATES:
@@ -265,7 +266,8 @@ def demo2_load():
         f"06/05 的算法放到这个模型和这台 CPU 上（每轮 {tpc:.2f} 个 token、验证平均 {kbar + 1:.2f} 个位置、上下文 "
         f"{ctx}、草稿不要钱）：批 B 时加速比 = {tpc:.2f} × 普通一步 ÷ 验证一步，B = 1 时 {sp[1]:.2f}，"
         + (f"B = {b_star} 时第一次 < 1。" if b_star else "到 256 都 ≥ 1。")
-        + "CPU 的算力 / 带宽比小（约 5 FLOP/字节），几个序列一起 decode 就越过拐点，所以这个批比 06/05 里 H100 的小得多。",
+        + f"这台 CPU 的算力 / 带宽只有 {ridge:.1f} FLOP/字节（float32 的 decode 强度约 B / 2，B ≈ {2 * ridge:.0f} "
+        "就越过拐点）：之后验证多出来的位置按 FLOPs 付钱，不再是顺带的。",
     ]
     if be_rate is not None:
         obs.append(f"量出来的：到达率 {be_rate:g}/s 起投机的吞吐比普通的低（{res[be_rate, spec]['tput']:.1f} 对 "
