@@ -2,7 +2,7 @@
 engine_lab —— 第 5 讲的 numpy 推理引擎：连续批处理、分页的 KV 块、自动前缀缓存、分块 prefill、挤出重算。
 
 【外观】（vLLM 的名字）LLMEngine(params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
-enable_prefix_caching=True)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None) -> request_id；
+enable_prefix_caching=True, speculative_config=None)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None) -> request_id；
 step() -> [(request_id, 新 token 的 list, finish_reason)]（一次调度、一次前向；finish_reason 运行中是 None，
 之后是 "stop"、"length" 或 "abort"）；has_unfinished_requests()；abort_request(id)；num_free_blocks；
 generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None) -> 每个提示的 token list。
@@ -11,6 +11,8 @@ generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None) -> 每个提�
 【精确】float64 下，引擎里每个请求的 token 等于它单独用 decode_lab.autoregressive_generate、同一个种子生成的
 （测试：任意到达顺序、预算小到每步 1 个 token、块池小到要挤出、前缀缓存开或关、T = 0 和 T = 1）。
 float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有谁而差 ~1e-5：见 batch_invariant。
+【投机解码】speculative_config（vLLM 的名字，spec_engine_lab）：每一步一轮——草稿、一次前向验证、verify_chain、还块；
+γ 固定、开关关着时第 i 个请求 == decode_lab.speculative_generate(…, default_rng(seed + i))（tests/test_spec_engine.py）。
 【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账在一台 CPU 上的 roofline + 固定开销），所以打印
 的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
 用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
