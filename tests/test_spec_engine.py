@@ -264,9 +264,9 @@ def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
     draft = layer_skip_draft(model, 12, 4)
     prompts = [tok.chat("Name a primary color."), tok.chat("Say hello in Spanish.")]
     eng = LLMEngine(model, cfg, -(-cfg.max_seq // 16), speculative_config=spec_cfg(draft=draft, gamma=2))
-    reqs = run_all(eng, prompts, 4, 1.0, seed=4, stop=2)
+    reqs = run_all(eng, prompts, 3, 1.0, seed=4, stop=2)
     for i, (p, req) in enumerate(zip(prompts, reqs)):
-        want, st = speculative_generate(model, draft, p, 4, 2, 1.0, np.random.default_rng(4 + i), stop=2)
+        want, st = speculative_generate(model, draft, p, 3, 2, 1.0, np.random.default_rng(4 + i), stop=2)
         assert req.output == [int(t) for t in want] and req.accepted == st["accepted"]
     assert_no_leak(eng)
 
