@@ -274,3 +274,62 @@ def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
 def test_decode_lab_is_the_one_verify_step():
     """引擎的接受 / 拒绝就是 decode_lab.verify_chain（不是另写的一份）。"""
     assert spec_engine_lab.verify_chain is decode_lab.verify_chain
+
+
+
+def assert_cached_blocks_hold_both_models_kv(eng):
+    """每一块登记进前缀缓存的块：目标和草稿在它的槽里的 K、V == 把它的整条前缀单独前向一遍算出的。"""
+    bm, bs, n = eng.bm, eng.block_size, 0
+    for i in range(eng.num_blocks):
+        if bm.key[i] is None:
+            continue
+        n += 1
+        chain, j = [], i
+        while j != -1:
+            chain.append(j)
+            j = bm.parent[j]
+        toks = [t for b in chain[::-1] for t in bm.tokens[b]]
+        for model, runner in ((MODEL, eng.runner.target), (DRAFT, eng.runner.draft)):
+            cache = model.new_cache(1)
+            model.forward(np.asarray([toks]), cache)
+            for got, want in ((runner.k, cache.k), (runner.v, cache.v)):
+                g = got[:, i * bs:(i + 1) * bs].transpose(0, 2, 1, 3)            # [L, Hkv, bs, hd]
+                assert np.max(np.abs(g - want[:, 0, :, len(toks) - bs:len(toks)])) < 1e-9, f"块 {i}"
+    return n
+
+
+@pytest.mark.parametrize("gamma", [1, 2])
+def test_prefix_cache_registers_a_block_only_when_the_draft_kv_is_written_too(gamma):
+    """
+    全部接受的一轮之后草稿的缓存落后一个位置（最后一个草稿还没喂）：那时写满的块不能登记进前缀缓存，
+    否则被挤出后重新命中（或者别的请求命中）的块里，草稿在那个槽的 KV 是作废的。每一步之后逐块核对。
+    """
+    eng = LLMEngine(MODEL, CFG, 40, block_size=2, max_num_seqs=4, speculative_config=spec_cfg(gamma=gamma))
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(p, N_NEW, 0.0, i)
+    checked = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        checked += assert_cached_blocks_hold_both_models_kv(eng)
+    assert eng.scheduler.n_preemptions > 0 and checked > 0
+    assert_no_leak(eng)
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_a_follow_up_turn_hits_generated_blocks_and_stays_exact(T):
+    """
+    第二轮对话 = 第一轮的提示 + 回答 + 新的一句：它命中第一轮生成的 token 所在的满块。那些块登记进缓存时草稿的 KV
+    必须也写好了（全部接受的一轮之后草稿落后一个位置）：否则第二轮的草稿读到作废的 KV，T = 1 时就和
+    speculative_generate 不同。
+    """
+    eng = LLMEngine(MODEL, CFG, 64, block_size=2, speculative_config=spec_cfg(gamma=4))
+    hits = 0
+    for i, p in enumerate(PROMPTS[:4]):
+        first = run_all(eng, [p], 20, T, seed=30 + i)[0]
+        follow = p + first.output + [5, 9]
+        h0 = eng.bm.hits
+        second = run_all(eng, [follow], 8, T, seed=40 + i)[0]
+        hits += eng.bm.hits - h0
+        want = speculative_generate(MODEL, DRAFT, follow, 8, 4, T, np.random.default_rng(40 + i))[0]
+        assert second.output == [int(t) for t in want]
+    assert hits > 0
+    assert_no_leak(eng)
