@@ -137,7 +137,7 @@ class BlockManager:
     序列（请求）对象要有 .block_table（块号的 list）和 .n_cached_blocks（它已登记进缓存的满块数）。
     【用法】进来时 match_prefix(token) 找命中的满块，can_allocate 看放不放得下，allocate 拿下命中块并补新块；
     每步之前 append_slots 补足这一步要写的块；每步之后 commit_full(req, tokens, n_computed) 把新写满的块登记进缓存；
-    结束、中止、被挤出去时 free。
+    结束、中止、被挤出去时 free；投机解码一轮之后 truncate 把被拒绝的草稿用过的整块还回去。
     hash_fn(parent_key, token_ids)：默认 chain_hash；测试传一个只有几个值的哈希来强行碰撞。
     """
 
@@ -225,6 +225,21 @@ class BlockManager:
                 self.key[i], self.tokens[i], self.parent[i] = key, blk, prev
                 self.table.setdefault(key, i)          # 同样内容已经有一块缓存着：留旧的（不去重）
             req.n_cached_blocks = j + 1
+
+    def truncate(self, req, n_tokens):
+        """
+        只留放 n_tokens 个 token 要的块，后面整块还给块池（从尾到头）-> 还回去的块数。投机解码被拒绝的草稿用过的块：
+        它们的槽里是作废的 KV，从没登记进前缀缓存（只登记确认过的满块），所以计数是 1、放回去就空闲。
+        【边界】要截掉已经登记进缓存的块：RuntimeError（确认过的 token 不能截：这是代码的错）。
+        """
+        keep = blocks_for(n_tokens, self.block_size)
+        if keep < req.n_cached_blocks:
+            raise RuntimeError(f"要截到 {keep} 块，可前 {req.n_cached_blocks} 块已经登记进前缀缓存（这是代码的错）")
+        extra = req.block_table[keep:]
+        if extra:
+            self.pool.decref_many(extra[::-1])
+            del req.block_table[keep:]
+        return len(extra)
 
     def free(self, req):
         """放掉请求的所有块（从尾到头：尾部的块先被挤掉，开头的共享前缀留得最久）。"""

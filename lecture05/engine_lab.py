@@ -2,7 +2,7 @@
 engine_lab —— 第 5 讲的 numpy 推理引擎：连续批处理、分页的 KV 块、自动前缀缓存、分块 prefill、挤出重算。
 
 【外观】（vLLM 的名字）LLMEngine(params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
-enable_prefix_caching=True)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None) -> request_id；
+enable_prefix_caching=True, speculative_config=None)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None) -> request_id；
 step() -> [(request_id, 新 token 的 list, finish_reason)]（一次调度、一次前向；finish_reason 运行中是 None，
 之后是 "stop"、"length" 或 "abort"）；has_unfinished_requests()；abort_request(id)；num_free_blocks；
 generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None) -> 每个提示的 token list。
@@ -11,6 +11,8 @@ generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None) -> 每个提�
 【精确】float64 下，引擎里每个请求的 token 等于它单独用 decode_lab.autoregressive_generate、同一个种子生成的
 （测试：任意到达顺序、预算小到每步 1 个 token、块池小到要挤出、前缀缓存开或关、T = 0 和 T = 1）。
 float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有谁而差 ~1e-5：见 batch_invariant。
+【投机解码】speculative_config（vLLM 的名字，spec_engine_lab）：每一步一轮——草稿、一次前向验证、verify_chain、还块；
+γ 固定、开关关着时第 i 个请求 == decode_lab.speculative_generate(…, default_rng(seed + i))（tests/test_spec_engine.py）。
 【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账在一台 CPU 上的 roofline + 固定开销），所以打印
 的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
 用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
@@ -32,6 +34,7 @@ if _HERE not in sys.path:
 from block_manager_lab import BlockManager, blocks_for, chain_hash  # noqa: E402
 from scheduler_lab import Request, Scheduler  # noqa: E402
 from runner_lab import ModelRunner, modelled_step_time, step_counts  # noqa: E402
+from spec_engine_lab import SpecReplay, SpecRunner, init_request, parse_speculative_config, spec_step_time  # noqa: E402
 
 __all__ = ["LLMEngine", "ReplayRunner", "RequestLog", "run_trace"]
 
@@ -92,7 +95,9 @@ class RequestLog:
 class LLMEngine:
     """
     引擎（见模块说明）。params 是 init_params / load_gguf 的参数 dict，也可以是一个现成的 NumpyTransformer（例如
-    decode_lab.TransformerLM：和单独生成共用一份融合好的权重）。关键字参数之外：speculative_config 留给投机解码（issue 29，还没做：不是 None 就抛 ValueError）；
+    decode_lab.TransformerLM：和单独生成共用一份融合好的权重）。关键字参数之外：speculative_config（vLLM 的名字）：
+    None = 不投机；一个 dict（method、draft_model、num_speculative_tokens、disable_by_batch_size……）= 投机解码，
+    见 spec_engine_lab（每一步一轮：草稿 γ 个、一次前向验证、verify_chain、还块）；
     batch_invariant（runner_lab）；clock="model"（默认）或 "wall"；keep_logits=True 时每个请求记下每个抽样位置的 logits
     （测试拿它和单独生成的比）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）；max_step_history
     （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【记录有界】）。
@@ -113,8 +118,10 @@ class LLMEngine:
             raise ValueError(f"块池 num_blocks × block_size = {num_blocks} × {block_size} = {num_blocks * block_size} 个 "
                              f"token，放不下一个用满模型上下文 max_seq = {cfg.max_seq} 的请求：至少要 "
                              f"{blocks_for(cfg.max_seq, block_size)} 块")
-        if speculative_config is not None:
-            raise ValueError("speculative_config：引擎里的投机解码还没做（issue 29），只能是 None")
+        self.spec = None if speculative_config is None else parse_speculative_config(speculative_config, cfg)
+        if self.spec is not None and max_num_batched_tokens < self.spec.gamma_top + 1:
+            raise ValueError(f"投机解码一轮要 1 + γ = {1 + self.spec.gamma_top} 个 token 的预算，"
+                             f"max_num_batched_tokens = {max_num_batched_tokens} 放不下")
         if clock not in ("model", "wall"):
             raise ValueError(f"clock 只能是 'model'（模型时间，默认）或 'wall'（真实时钟），收到 {clock!r}")
         self.cfg, self.num_blocks, self.block_size = cfg, int(num_blocks), int(block_size)
@@ -122,15 +129,26 @@ class LLMEngine:
         self.scheduler = Scheduler(self.bm, int(max_num_batched_tokens), int(max_num_seqs))
         self.runner = runner if runner is not None else ModelRunner(params, cfg, self.num_blocks, self.block_size,
                                                                     batch_invariant)
+        if self.spec is not None and runner is None:
+            self.runner = SpecRunner(self.runner, self.spec, self.num_blocks, self.block_size)
+        self.draft_cfg = self.spec.draft.cfg if self.spec is not None and self.spec.paged else None
         self.clock, self.keep_logits = clock, keep_logits
         self.requests, self.now = RequestLog(), 0.0
         self.steps = [] if max_step_history is None else collections.deque(maxlen=int(max_step_history))
         self._pending = []                                   # 中止了、下一次 step 要报告的
 
     @classmethod
-    def replay(cls, streams, cfg, num_blocks, **kw):
-        """用事先算好的 token 流（streams[i] = 第 i 个请求的输出）代替模型的引擎：只跑调度、块和模型时间。"""
-        return cls(None, cfg, num_blocks, runner=ReplayRunner(streams), **kw)
+    def replay(cls, streams, cfg, num_blocks, agree=None, **kw):
+        """
+        用事先算好的 token 流（streams[i] = 第 i 个请求的输出）代替模型的引擎：只跑调度、块和模型时间。
+        投机解码（kw 里有 speculative_config，T = 0）：agree[i] = spec_engine_lab.greedy_agreement 在第 i 个请求输出上的值
+        （草稿模型）；prompt lookup 不用它。
+        """
+        if kw.get("speculative_config") is None:
+            return cls(None, cfg, num_blocks, runner=ReplayRunner(streams), **kw)
+        eng = cls(None, cfg, num_blocks, runner=ReplayRunner(streams), **kw)
+        eng.runner = SpecReplay(eng.spec, streams, agree)
+        return eng
 
     # ---- 请求 ----
     def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None):
@@ -148,10 +166,11 @@ class LLMEngine:
             raise ValueError(f"提示里的 token 必须在 0..{cfg.vocab - 1} 之间（收到 {min(prompt)}..{max(prompt)}）")
         if not _is_int(max_tokens, 1):
             raise ValueError(f"max_tokens 必须是 ≥ 1 的整数（收到 {max_tokens!r}）")
-        need = len(prompt) + int(max_tokens) - 1
+        g = 0 if self.spec is None else self.spec.gamma_top        # 投机：最后一轮还多 γ 个草稿位置
+        need = len(prompt) + int(max_tokens) - 1 + g
         if need > cfg.max_seq:
-            raise ValueError(f"提示 {len(prompt)} + max_tokens {max_tokens} − 1 = {need} 个位置，超过模型的上下文 "
-                             f"max_seq = {cfg.max_seq}")
+            raise ValueError(f"提示 {len(prompt)} + max_tokens {max_tokens} − 1" + (f" + 草稿 {g}" if g else "")
+                             + f" = {need} 个位置，超过模型的上下文 max_seq = {cfg.max_seq}")
         if blocks_for(need, self.block_size) > self.num_blocks:
             raise ValueError(f"这个请求最多要 {blocks_for(need, self.block_size)} 块，整个块池只有 {self.num_blocks} 块："
                              "它永远放不进来")
@@ -168,6 +187,8 @@ class LLMEngine:
         req = Request(rid, prompt, int(max_tokens), float(temperature), int(seed), frozenset(int(t) for t in ids),
                       np.random.default_rng(int(seed)), arrival=self.now)
         req.logits = [] if self.keep_logits else None
+        if self.spec is not None:
+            init_request(req, self.spec)
         self.requests.add(req)
         self.scheduler.add(req)
         return rid
@@ -221,43 +242,64 @@ class LLMEngine:
         """
         sch, t0 = self.scheduler, time.perf_counter()
         hits0, pre0 = self.bm.hits, sch.n_preemptions
-        chunks = sch.schedule()
+        spec = self.spec
+        spec_on = spec is not None and spec.on(min(len(sch.running) + len(sch.waiting), sch.max_seqs))
+        chunks = sch.schedule((spec.gamma_of if spec_on else None) if spec is not None else None)
         if not chunks:
             out, self._pending = self._pending, []
             return out
         t1 = time.perf_counter()
-        sampled, logits = self.runner.run(chunks)
+        if spec is None:
+            sampled, logits = self.runner.run(chunks)
+            k = np.cumsum([c.sample for c in chunks])          # 第 j 段抽样时用 logits 的第 k[j] − 1 行
+            rows = [logits[k[j] - 1:k[j]] if c.sample and logits is not None else None for j, c in enumerate(chunks)]
+        else:
+            sampled, rows = self.runner.run(chunks, spec_on)
         t2 = time.perf_counter()
+        n0 = [len(c.req.tokens) for c in chunks]
         sch.postprocess(chunks, sampled)
+        freed = 0
+        for c in chunks:                                 # 投机：确认长度以外的整块还给块池
+            if c.gamma and c.req.finish_reason is None:
+                freed += self.bm.truncate(c.req, len(c.req.tokens))
         t3 = time.perf_counter()
-        counts = step_counts(self.cfg, [(c.n, c.start, c.sample) for c in chunks])
+        plan = getattr(self.runner, "plan", None) if spec is not None else None
+        if plan is None:
+            counts = step_counts(self.cfg, [(c.n, c.start, c.sample) for c in chunks])
+            dt = modelled_step_time(counts)
+        else:
+            dt, counts = spec_step_time(plan, self.cfg, self.draft_cfg)
         prep = getattr(self.runner, "prepare_s", 0.0)
         wall = t3 - t0
-        dt = modelled_step_time(counts)
         self.now += dt if self.clock == "model" else wall
-        self.steps.append({"t": self.now, "dt": dt, "wall": wall, "overhead": (t1 - t0) + (t3 - t2) + prep,
-                           "tokens": counts["tokens"], "seqs": counts["seqs"],
-                           "prefill": sum(c.n for c in chunks if not c.decode),
-                           "decodes": sum(1 for c in chunks if c.decode),
-                           "chunks": [(c.req.id, c.n, c.decode) for c in chunks],
-                           "blocks_used": self.num_blocks - self.bm.num_free_blocks,
-                           "hits": self.bm.hits - hits0, "preempted": sch.n_preemptions - pre0})
-        out, k = self._pending, 0
+        rec = {"t": self.now, "dt": dt, "wall": wall, "overhead": (t1 - t0) + (t3 - t2) + prep,
+               "tokens": counts["tokens"], "seqs": counts["seqs"],
+               "prefill": sum(c.n for c in chunks if not c.decode),
+               "decodes": sum(1 for c in chunks if c.decode),
+               "chunks": [(c.req.id, c.n, c.decode) for c in chunks],
+               "blocks_used": self.num_blocks - self.bm.num_free_blocks,
+               "hits": self.bm.hits - hits0, "preempted": sch.n_preemptions - pre0}
+        if spec is not None:
+            rec.update(spec=spec_on, verified=plan["verified"], wasted=plan["wasted"], freed=freed,
+                       draft_passes=len(plan["draft"]))
+        self.steps.append(rec)
+        out = self._pending
         self._pending = []
-        for c, tok in zip(chunks, sampled):
-            if tok is None:
+        for c, k0, lg in zip(chunks, n0, rows):
+            new = c.req.tokens[k0:]
+            if not c.sample or not new:
                 continue
-            c.req.token_times.append(self.now)
-            if self.keep_logits and logits is not None:
-                c.req.logits.append(np.array(logits[k]))
-            k += 1
-            out.append((c.req.id, [tok], c.req.finish_reason))
+            c.req.token_times.extend([self.now] * len(new))
+            if self.keep_logits and lg is not None:
+                c.req.logits.extend(np.array(lg[i]) for i in range(len(new)))
+            out.append((c.req.id, list(new), c.req.finish_reason))
         return out
 
     def generate(self, prompts, max_tokens, temperature=0.0, seed=0, stop=None):
         """
         所有提示一起跑到完 -> 每个提示的新 token 的 list（按提示的顺序）。第 i 个请求的种子是 seed + i：和
-        decode_lab.autoregressive_generate(…, np.random.default_rng(seed + i)) 单独生成的抽到同样的 token。
+        decode_lab.autoregressive_generate(…, np.random.default_rng(seed + i)) 单独生成的抽到同样的 token；投机解码
+        （γ 固定、开关关着）时和 speculative_generate(target, draft, prompt, n, γ, T, default_rng(seed + i)) 的相同。
         max_tokens：一个整数，或每个提示一个。
         """
         prompts = list(prompts)

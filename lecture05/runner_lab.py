@@ -84,7 +84,10 @@ class ModelRunner:
         return self._causal[key]
 
     def prepare(self, chunks):
-        """一步的下标数组：token、位置、写入的槽、每段的上下文槽和遮罩、要抽样的行（nano-vllm 的 prepare_prefill / decode）。"""
+        """
+        一步的下标数组：token、位置、写入的槽、每段的上下文槽和遮罩、要抽样的行（nano-vllm 的 prepare_prefill / decode）。
+        一段可以自带 toks（这一段的 token）和 n_out（要最后几行的 logits：验证 γ 个草稿要 γ + 1 行）。
+        """
         bs = self.block_size
         toks, pos, slots, seqs, rows = [], [], [], [], []
         r = 0
@@ -93,18 +96,18 @@ class ModelRunner:
             p = np.arange(c.start, c.start + c.n)
             S = c.start + c.n
             ctx = np.arange(S)
-            toks.append(c.req.tokens[c.start:S])
+            own = getattr(c, "toks", None)                # 投机解码的一段自带 token（草稿不在 req.tokens 里）
+            toks.append(c.req.tokens[c.start:S] if own is None else own)
             pos.append(p)
             slots.append(tbl[p // bs] * bs + p % bs)
             seqs.append((r, c.n, c.start, tbl[ctx // bs] * bs + ctx % bs))
             r += c.n
-            if c.sample:
-                rows.append(r - 1)
+            rows.extend(range(r - getattr(c, "n_out", 1 if c.sample else 0), r))   # 要 logits 的行：通常只有最后一行
         toks = np.asarray([t for ts in toks for t in ts], dtype=np.int64)
         return toks, np.concatenate(pos), np.concatenate(slots), seqs, np.asarray(rows, dtype=np.int64)
 
     def forward(self, chunks):
-        """一步的前向 -> 要抽样的那几行的 logits [k, V]（k = 抽样的段数，按 chunks 的顺序）。"""
+        """一步的前向 -> 要抽样的那几行的 logits [k, V]（k = 各段 n_out 之和，通常是抽样的段数；按 chunks 的顺序）。"""
         m, cfg = self.model, self.cfg
         H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         nq, nkv = H * hd, Hkv * hd
@@ -181,16 +184,20 @@ def chunk_counts(cfg, n, start, sample):
 
     【推导】ledger_lab.analytic_ops(cfg, 1, n, start, last_only=True) 逐算子求和（测试断言和账本一致）；不抽样的段
     （prefill 的中间块）不算 lm_head。字节的账按 BF16 记（2 字节），这里乘 dtype 的字节数 / 2。按 start 是一次函数
-    来算（_chunk_ints）。
+    来算（_chunk_ints）。sample 也可以是整数 k：lm_head 算 k 行（投机解码验证 γ 个草稿要 γ + 1 行的 logits），
+    FLOPs = 不抽样的 + k × 一行 lm_head 的（= 抽样的 − 不抽样的）。
     """
-    (flops, w, kv, emb), (dflops, _, dkv, _) = _chunk_ints(cfg, n, bool(sample))
+    k = int(sample)
+    (flops, w, kv, emb), (dflops, _, dkv, _) = _chunk_ints(cfg, n, k > 0)
+    if k > 1:
+        flops += (k - 1) * (flops - _chunk_ints(cfg, n, False)[0][0])
     scale = np.dtype(cfg.dtype).itemsize / BYTES_PER_EL
     return flops + start * dflops, w * scale, (kv + start * dkv) * scale, emb * scale
 
 
 def step_counts(cfg, chunks):
     """
-    一步（几段，每段 (n, start, sample)）的账 -> dict flops、bytes（权重**只读一遍** + 每段的 KV + 嵌入行）、seqs、tokens。
+    一步（几段，每段 (n, start, sample)；sample 可以是要 logits 的行数）的账 -> dict flops、bytes（权重**只读一遍** + 每段的 KV + 嵌入行）、seqs、tokens。
     """
     flops = kv = emb = 0
     w = 0

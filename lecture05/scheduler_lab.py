@@ -9,6 +9,9 @@ scheduler_lab —— 引擎的调度：等待队列和运行队列（先来先�
   2. 这一步没有挤出过请求、运行的请求数 < max_num_seqs 时，再从等待队列头按先后放人：前缀缓存命中的满块不用算；
      剩下的截到预算；块不够就停（不插队）。
   postprocess 收下这一步抽出的 token：追加、登记写满的块、按停止 token / max_tokens 结束并放掉块。
+【投机解码】（spec_engine_lab）schedule(gamma_of) 时，要抽样的段（decode，或 prefill 的最后一段）多算 γ 个草稿位置：
+  块表补到 n_computed + n + γ，预算扣 n + γ；一整轮放不进预算时，先算 prefill 的一段（不含最后一个 token），
+  连最后一个也放不下就停（不插队）。postprocess 收下一轮的几个 token（被接受的草稿 + 修正 / 额外的 token）。
 【出处】Sarathi-Serve（Agrawal et al., OSDI 2024, arXiv 2403.02310）；vLLM 的 recompute 挤出；nano-vllm scheduler.py。
 """
 from collections import deque
@@ -28,6 +31,8 @@ class Request:
         self.id, self.tokens, self.n_prompt = rid, list(prompt), len(prompt)
         self.max_tokens, self.temperature, self.seed, self.stop, self.rng = max_tokens, temperature, seed, stop, rng
         self.n_computed, self.block_table, self.n_cached_blocks = 0, [], 0
+        self.d_computed = None          # 草稿模型的 KV 已写到哪（没有带缓存的草稿时是 None；spec_engine_lab）
+        self.gamma = 0                  # 下一轮草稿几个（0 = 不投机）
         self.finish_reason = None
         self.arrival, self.token_times = arrival, []
         self.n_preempted = 0
@@ -43,11 +48,14 @@ class Request:
 
 
 class ScheduledChunk:
-    """一步里一个请求要算的一段：req、start（= 它的 n_computed）、n（token 数）；sample = 这一段算完后要不要抽下一个 token。"""
-    __slots__ = ("req", "start", "n", "sample", "decode")
+    """
+    一步里一个请求要算的一段：req、start（= 它的 n_computed）、n（token 数）；sample = 这一段算完后要不要抽下一个 token；
+    gamma = 这一段后面再接几个草稿位置一起验证（投机解码；0 = 不投机）。
+    """
+    __slots__ = ("req", "start", "n", "sample", "decode", "gamma")
 
-    def __init__(self, req, start, n):
-        self.req, self.start, self.n = req, start, n
+    def __init__(self, req, start, n, gamma=0):
+        self.req, self.start, self.n, self.gamma = req, start, n, gamma
         self.sample = start + n == len(req.tokens)
         self.decode = n == 1 and self.sample and start >= req.n_prompt          # decode：喂上一步抽出的 token
 
@@ -67,29 +75,45 @@ class Scheduler:
         """挤出：放掉块，n_computed 归零，带着已生成的 token 回到等待队列最前面（之后重算）。"""
         self.bm.free(req)
         req.n_computed = 0
+        if req.d_computed is not None:
+            req.d_computed = 0
         req.n_preempted += 1
         self.running.remove(req)
         self.waiting.appendleft(req)
         self.n_preemptions += 1
 
-    def schedule(self):
-        """一步要算的段（先运行中的，再新放进来的）-> list[ScheduledChunk]；预算和块都按上面的规则扣。"""
+    @staticmethod
+    def _fit(req, start, budget, g):
+        """这一步算几个 token、接几个草稿 -> (n, γ)；n = 0：这个请求这一步放不下。"""
+        rem = len(req.tokens) - start
+        if g and rem + g > budget:                     # 一整轮放不下：先算 prefill 的一段，留下最后一个 token
+            return min(rem - 1, budget), 0
+        return min(rem, budget), (g if rem <= budget else 0)
+
+    def schedule(self, gamma_of=None):
+        """
+        一步要算的段（先运行中的，再新放进来的）-> list[ScheduledChunk]；预算和块都按上面的规则扣。
+        gamma_of(req) -> 这一步它草稿几个（None = 都不投机）。
+        """
         bm, budget, out = self.bm, self.budget, []
+        g_of = gamma_of or (lambda r: 0)
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(len(req.tokens) - req.n_computed, budget)
-            while bm.slots_needed(req, req.n_computed + n) > bm.num_free_blocks:
+            n, g = self._fit(req, req.n_computed, budget, g_of(req))
+            if n == 0:
+                break                                  # 预算放不下它的一整轮：不插队
+            while bm.slots_needed(req, req.n_computed + n + g) > bm.num_free_blocks:
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
                     break
             else:
-                bm.append_slots(req, req.n_computed + n)
-                out.append(ScheduledChunk(req, req.n_computed, n))
-                budget -= n
+                bm.append_slots(req, req.n_computed + n + g)
+                out.append(ScheduledChunk(req, req.n_computed, n, g))
+                budget -= n + g
                 i += 1
                 continue
             break                                      # 挤到了自己
@@ -97,36 +121,46 @@ class Scheduler:
             req = self.waiting[0]
             hits = bm.match_prefix(req.tokens)
             start = len(hits) * bm.block_size
-            n = min(len(req.tokens) - start, budget)
-            if not bm.can_allocate(hits, start + n):
+            n, g = self._fit(req, start, budget, g_of(req))
+            if n == 0 or not bm.can_allocate(hits, start + n + g):
                 break
             self.waiting.popleft()
-            bm.allocate(req, hits, start + n)
+            bm.allocate(req, hits, start + n + g)
             req.n_computed = start
+            if req.d_computed is not None:
+                req.d_computed = start                 # 命中的块里草稿的 KV 也在（只登记两边都写好的块）
             self.running.append(req)
-            out.append(ScheduledChunk(req, start, n))
-            budget -= n
+            out.append(ScheduledChunk(req, start, n, g))
+            budget -= n + g
         return out
 
     def postprocess(self, chunks, sampled):
         """
-        收下一步的结果：sampled[k] = 第 k 段抽出的 token（不抽的段是 None）。-> 结束了的请求的 list。
+        收下一步的结果：sampled[k] = 第 k 段抽出的 token（不抽的段是 None；投机的一轮是几个 token 的 list：被接受的草稿
+        + 修正 / 额外的 token）。-> 结束了的请求的 list。
 
-        n_computed 前进 n；抽出的 token 追加到 tokens；写满的块登记进前缀缓存；抽到停止 token 结束（"stop"，
-        它是返回的最后一个 token），生成满 max_tokens 个结束（"length"）；结束的放掉块、离开运行队列。
+        n_computed 前进 n（一轮投机再加被接受的草稿数：它们的 KV 这一步已经写好）；抽出的 token 追加到 tokens（逐个：
+        抽到停止 token 结束（"stop"，它是返回的最后一个 token），生成满 max_tokens 个结束（"length"），后面的丢掉）；
+        写满的块登记进前缀缓存（有带缓存的草稿时只登记两边的 KV 都写好了的）；结束的放掉块、离开运行队列。
         """
         done = []
-        for c, tok in zip(chunks, sampled):
+        for c, got in zip(chunks, sampled):
             req = c.req
-            req.n_computed += c.n
-            self.bm.commit_full(req, req.tokens, req.n_computed)
-            if tok is None:
-                continue
-            req.tokens.append(tok)
-            if tok in req.stop:
-                req.finish_reason = "stop"
-            elif len(req.tokens) - req.n_prompt >= req.max_tokens:
-                req.finish_reason = "length"
+            toks = [] if got is None else ([got] if isinstance(got, int) else list(got))
+            req.n_computed += c.n + max(0, len(toks) - 1)
+            for tok in toks:
+                req.tokens.append(int(tok))
+                if tok in req.stop:
+                    req.finish_reason = "stop"
+                elif len(req.tokens) - req.n_prompt >= req.max_tokens:
+                    req.finish_reason = "length"
+                if req.finish_reason is not None:
+                    break
+            req.n_computed = min(req.n_computed, len(req.tokens) - 1 if toks else req.n_computed)   # 截掉的不算
+            if req.d_computed is not None:
+                req.d_computed = min(req.d_computed, req.n_computed)   # 草稿被拒绝的位置作废
+            self.bm.commit_full(req, req.tokens, req.n_computed if req.d_computed is None
+                                else req.d_computed)
             if req.finish_reason is not None:
                 self.finish(req)
                 done.append(req)

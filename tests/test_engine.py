@@ -211,7 +211,7 @@ def test_bad_input_raises():
     for kw in ({"block_size": 0}, {"max_num_batched_tokens": 0}, {"max_num_seqs": 1.5}):
         with pytest.raises(ValueError):
             LLMEngine(PARAMS, CFG, 16, **kw)
-    with pytest.raises(ValueError, match="issue 29"):
+    with pytest.raises(ValueError, match="不认识的键"):
         LLMEngine(PARAMS, CFG, 16, block_size=4, speculative_config={"k": 2})
     small = LMConfig(max_seq=8)
     e2 = LLMEngine(init_params(small, 0), small, 2, block_size=4)
