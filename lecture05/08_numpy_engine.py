@@ -47,7 +47,7 @@ CPU：6 个请求各自一个人跑，一步读一遍权重）、装模型（约
 真测演示 2 的各个批和批不变模式的一步，要几分钟）
 
 【依赖】numpy；本目录的 engine_lab（LLMEngine、run_trace）、scheduler_lab、block_manager_lab、runner_lab（一步的账、
-CPU 的代价模型）、metrics_lab（TTFT、ITL、分位数）、paging_lab（07 的模拟）、iteration_lab（05/06 的 knee_chunk）；../lecture02 的 real_model_lab（load_gguf）、
+CPU 的代价模型）、metrics_lab（TTFT、ITL、分位数）、paging_lab（07 的模拟）、iteration_lab（05/06 的 knee_chunk）；../lecture02 的 real_model_lab（load_gguf）、hub_lab（gguf_path_or_exit）、
 transformer_lab（config_like）；../lecture06 的 decode_lab（TransformerLM）；../lecture01 的 console、hw_specs（H100）、
 llm_math（Llama-3.1-8B）。
 """
@@ -67,6 +67,7 @@ from decode_lab import TransformerLM  # noqa: E402
 from engine_lab import LLMEngine, run_trace  # noqa: E402
 from metrics_lab import request_metrics, summarize  # noqa: E402
 from paging_lab import simulate_kv_allocation  # noqa: E402
+from hub_lab import gguf_path_or_exit  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from runner_lab import CPU_COST, modelled_step_time, step_counts  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
@@ -458,4 +459,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
     main(sys.argv[1:])

@@ -35,7 +35,7 @@ CS349E · 第 6 讲 · 12_production_trees.py —— 真实系统验证的树：
 约 2.4 倍；空闲时由协调者重测。大部分时间在装模型、贪心续写和演示 4 的 16 棵树（每棵 7 次草稿前向、1 次目标前向））
 
 【依赖】numpy；本目录的 distinct_lab（不同候选的精确规则、有损规则、置信区间）、tree_lab（独立候选的规则、动态树）、
-decode_lab（模型、adjust）、drafts_lab（玩具、跳层草稿）、stats_lab（χ²）；../lecture02 的 real_model_lab（装 SmolLM2）、
+decode_lab（模型、adjust）、drafts_lab（玩具、跳层草稿）、stats_lab（χ²）；../lecture02 的 real_model_lab（装 SmolLM2）、hub_lab（gguf_path_or_exit）、
 transformer_lab；../lecture03 的 quant_lab（需要 ../prereq3）；../lecture01 的 console。
 【来源】Jeon et al. 2024，Recursive Speculative Decoding（arXiv 2402.14160）；Cai et al. 2024，Medusa（arXiv 2401.10774，
 §2.3.1）；Li et al. 2024，EAGLE-2（arXiv 2406.16858）；Miao et al. 2024，SpecInfer（arXiv 2305.09781）。
@@ -59,6 +59,7 @@ from distinct_lab import (MEDUSA_DELTA, MEDUSA_EPSILON, distinct_draft_acceptanc
 from drafts_lab import build_seed04_models, layer_skip_draft  # noqa: E402
 from greedy_lab import token_ranks  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
+from hub_lab import gguf_path_or_exit  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from stats_lab import chi2_gof  # noqa: E402
 from tree_lab import (EAGLE2_DEPTH, EAGLE2_TOP_K, distinct_draft_step_probs, dynamic_tree_expected,  # noqa: E402
@@ -387,6 +388,7 @@ def demo4_dynamic_trees():
 
 
 if __name__ == "__main__":
+    gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
     demo1_exact_rules()
     demo2_acceptance_k()
     demo3_lossy()
