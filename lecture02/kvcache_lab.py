@@ -15,6 +15,7 @@ class KVCache:
     预先分配的 KV cache：k, v 形状 [层, B, Hkv, max_len, head_dim]，pos = 已经写入的位置数。
 
     rollback(n)：丢掉最后 n 个位置（只挪 pos；被丢掉的位置之后会被覆盖）。
+    repeat(n)：批为 1 的缓存复制成 n 条（同一个提示只 prefill 一次）。
     keep(start, offsets)：只留下 start 以后的几个位置、按顺序挪到一起（树形验证之后留下被接受的路径）。
     quant：None（默认：按模型的 dtype 原样存，float64 或 float32）或者一个函数 f(块) -> 同形状的块，K 和 V 每次写进缓存时先经过它
     （量化再反量化：缓存里存的就是低精度的值；第 3 讲 06 用它，见本文件末尾的 quantizing_store）。
@@ -37,6 +38,23 @@ class KVCache:
         if not 0 <= n <= self.pos:
             raise ValueError(f"回滚 {n} 个位置超出范围：缓存里只有 {self.pos} 个位置（允许 0..{self.pos}）")
         self.pos -= n
+
+    def repeat(self, n):
+        """
+        批为 1 的缓存复制成 n 条 -> 新的 KVCache（同样的 max_len 和 pos）：同一个提示只 prefill 一次，再分给 n 条序列。
+
+        【边界】批不是 1、n 不是 ≥ 1 的整数、缓存写入时量化（quant）时抛 ValueError。
+        """
+        if self.batch != 1:
+            raise ValueError(f"只能复制批为 1 的缓存（这个的批是 {self.batch}）")
+        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1):
+            raise ValueError(f"n 必须是 ≥ 1 的整数（收到 {n!r}）")
+        if isinstance(self.k, _QuantizingStore):
+            raise ValueError("写入时量化的缓存（quant）不能复制：复制出来的数组不再经过 quant")
+        out = object.__new__(KVCache)
+        out.k, out.v = np.repeat(self.k, n, axis=1), np.repeat(self.v, n, axis=1)
+        out.batch, out.max_len, out.pos = n, self.max_len, self.pos
+        return out
 
     def keep(self, start, offsets):
         """

@@ -302,7 +302,8 @@ def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
     """
     从给定的提示成批地生成（模型自己的"文本"）-> list：每个提示 n_per_prompt 条，每条是新 token 的 int 数组。
 
-    【做法】同一个提示的 n_per_prompt 条序列放在一批里：一次前向喂整个提示，然后每步一次 [n, 1] 的前向（一个 KV cache）。
+    【做法】同一个提示的 n_per_prompt 条序列放在一批里：提示只喂一次（批 1），缓存复制成 n_per_prompt 条（KVCache.repeat），
+    然后每步一次 [n, 1] 的前向。
     每步每条序列一个 rng.random()（按序列的顺序），CDF 反查；停下的序列照样消耗随机数、照样前向（结果丢掉），
     所以一条序列抽到什么只取决于种子和它的位置。第 3、6 讲用它在真实模型上取"模型自己的文本"
     （第 3 讲的 sample_tokens 从一个均匀随机的 token 开始，对真实词表不合适）。
@@ -317,8 +318,10 @@ def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
     out = []
     for prompt in prompts:
         seq = _check_generation(prompt, n_new, [model])
-        cache = model.new_cache(n_per_prompt, len(seq) + n_new - 1)
-        logits = model.forward(np.tile(np.asarray(seq), (n_per_prompt, 1)), cache)[:, -1]   # [n, V]
+        one = model.new_cache(1, len(seq) + n_new - 1)
+        first = model.forward(np.asarray(seq)[None, :], one)[:, -1]                       # [1, V]：提示只喂一次
+        cache = one.repeat(n_per_prompt)
+        logits = np.repeat(first, n_per_prompt, axis=0)                                   # [n, V]
         toks = np.zeros((n_per_prompt, n_new), dtype=np.int64)
         for t in range(n_new):
             toks[:, t] = sample_inverse_cdf(adjust(logits, T), rng.random(n_per_prompt))

@@ -56,6 +56,25 @@ def test_rollback_then_refeed_matches_fresh_pass(cfg):
     assert np.abs(cache.v[:, :, :, :30] - fresh.v[:, :, :, :30]).max() < TOL
 
 
+def test_repeated_prompt_cache_equals_feeding_every_row():
+    """KVCache.repeat：提示喂一次（批 1）、复制成 3 条，再各喂不同的后续 == 3 条各自从头喂（float64，1e-12）。"""
+    cfg = CONFIGS[0]
+    m = _model(cfg)
+    prompt, tails = _toks(cfg, 1, 9), _toks(cfg, 3, 5, seed=4)
+    one = m.new_cache(1, 14)
+    m.forward(prompt, one)
+    rep = one.repeat(3)
+    assert (rep.batch, rep.pos, rep.max_len) == (3, 9, 14) and one.batch == 1
+    got = m.forward(tails, rep)
+    full = m.forward(np.concatenate([np.repeat(prompt, 3, axis=0), tails], axis=1))
+    assert np.abs(got - full[:, 9:]).max() < TOL
+    assert not np.shares_memory(rep.k, one.k) and not np.shares_memory(rep.v, one.v)   # 独立的数组
+    with pytest.raises(ValueError, match="批为 1"):
+        rep.repeat(2)
+    with pytest.raises(ValueError, match="n 必须"):
+        one.repeat(0)
+
+
 def test_rollback_past_start_is_an_error():
     m = _model(CONFIGS[0])
     cache = m.new_cache(1)
