@@ -35,8 +35,8 @@ CS349E · 第 3 讲 · 08_rotations_and_llm_int8.py —— 把离群值转掉、
 - 权重量化之前先存成 float32（STORE；文件反量化出来的本来就是 float32 的值）：Hadamard 旋转后的权重里有些组的
   max|w|/7 恰在两个 FP16 刻度的正中，不这样做，旋转时求和顺序的 1e-16 之差（换一个 BLAS）就会改变打印的 KL。
 
-【运行】python3 08_rotations_and_llm_int8.py （这台共享的 2 核机器、一个 BLAS 线程、负载约 6 时：99 秒，前后背靠背的
-  种子 04 25 / 29 秒，约 3.4–4 倍；整个脚本用 float64，内存峰值约 6 GB；第一次运行先下载模型）
+【运行】python3 08_rotations_and_llm_int8.py （空闲的 2 核机器、一个 BLAS 线程：约 53 秒，和种子 04 背靠背三对，
+  比值中位数 3.4 倍（3.3–4.3：种子 04 自己在 12–16 秒之间变）；整个脚本用 float64，内存峰值约 5.5 GB；第一次运行先下载模型）
 
 【依赖】numpy；本目录的 rotation_lab（fold_norms、rotate_params、rotate_down_input、rotate_heads、hadamard、
 random_orthogonal）、actquant_lab（MatmulInputHook、PerToken、Int8Decomposition、input_scales、outlier_dims）、

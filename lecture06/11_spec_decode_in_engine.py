@@ -33,9 +33,8 @@ T = 1 时等于 decode_lab.speculative_generate 单独跑（同一个种子）�
 - CPU 的代价（runner_lab.CPU_COST，假设）：53 GFLOP/s、10.4 GB/s、每步 2 ms、每序列每步 0.5 ms。
 - SLO、到达率、γ、请求数都是随意选的例子，不是基准。
 
-【运行】python3 11_spec_decode_in_engine.py [--time]（2 核机器、一个 BLAS 线程、别人也在跑时：14.7 秒，前后背靠背的
-种子 04 16.0 / 14.8 秒，约 0.9–1.0 倍；空闲时待量。大部分是装模型、生成 8 个贪心回答和演示 1 的 3000 个小请求；
---time 另外真跑几分钟）
+【运行】python3 11_spec_decode_in_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：约 14 秒，和种子 04 背靠背三对，
+比值中位数 1.1 倍（0.97–1.16）；大部分是装模型、生成 8 个贪心回答和演示 1 的 3000 个小请求；--time 另外真跑几分钟）
 
 【依赖】numpy；../lecture05 的 engine_lab（LLMEngine、run_trace）、spec_engine_lab（accept_counts）、runner_lab
 （一步的账、CPU 的代价模型）、metrics_lab（summarize）、workload_lab（poisson_arrivals）；本目录的 decode_lab

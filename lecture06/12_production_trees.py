@@ -31,8 +31,8 @@ CS349E · 第 6 讲 · 12_production_trees.py —— 真实系统验证的树：
   tree_expected_tokens（都假设各位置独立，08 说过这会高估：对链有利）。
 - Medusa 的 ε = 0.09、δ = 0.3 是它代码的默认值（distinct_lab 的说明里写了出处）；草稿的候选一律是前 k 名。
 
-【运行】python3 12_production_trees.py （两核机器上另有两个人在跑东西、负载约 4.5 时 62 秒，背靠背的种子 04 26 秒：
-约 2.4 倍；空闲时由协调者重测。大部分时间在装模型、贪心续写和演示 4 的 16 棵树（每棵 7 次草稿前向、1 次目标前向））
+【运行】python3 12_production_trees.py （空闲的 2 核机器、一个 BLAS 线程：约 33 秒，和种子 04 背靠背三对，比值中位数 2.7 倍
+（2.6–2.9）。大部分时间在装模型、贪心续写和演示 4 的 16 棵树（每棵 7 次草稿前向、1 次目标前向））
 
 【依赖】numpy；本目录的 distinct_lab（不同候选的精确规则、有损规则、置信区间）、tree_lab（独立候选的规则、动态树）、
 decode_lab（模型、adjust）、drafts_lab（玩具、跳层草稿）、stats_lab（χ²）；../lecture02 的 real_model_lab（装 SmolLM2）、hub_lab（gguf_path_or_exit）、
