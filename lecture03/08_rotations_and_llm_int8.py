@@ -56,7 +56,7 @@ for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
 
 from actquant_lab import (INT8_THRESHOLD, Int8Decomposition, MatmulInputHook, PerToken, input_scales,  # noqa: E402
                           outlier_dims, systematic_dims)
-from console import print_header, print_note, print_observations, print_table  # noqa: E402
+from console import fmt_bound, print_header, print_note, print_observations, print_table  # noqa: E402
 from decode_lab import TransformerLM, sample_from_prompts  # noqa: E402
 from hub_lab import gguf_path_or_exit  # noqa: E402
 from outlier_lab import outlier_ratio  # noqa: E402
@@ -72,6 +72,8 @@ N_SEQ, N_NEW, TEMP, TEXT_SEED = 8, 12, 1.0, 0      # 和 07 相同：一次生�
 DTYPE = "float64"
 ROT_SEED = 0
 N_INV = 2                # 演示 1 比 logits 用的评估序列条数（各 N_NEW 个位置）
+ABS_BOUND = 1e-11        # 演示 1 打印的上界：float64 下折叠、旋转只改舍入（实测 1e-13 量级，随 BLAS 的内核变，所以只印上界；
+                         # 和 tests/test_rotation_lab.py 的相对界 1e-11 同一个推导：d·u 量级再放大几十倍）
 STORE = np.float32      # 量化前权重先存成的类型（quantize_layers 的说明：让打印的数不随 BLAS 的求和顺序变）
 OPS = ("qkv", "o_proj", "gate_up", "down")
 OP_ZH = {"qkv": "注意力输入", "o_proj": "wo 输入", "gate_up": "FFN 输入", "down": "w_down 输入"}
@@ -195,7 +197,7 @@ def demo1_invariance(ctx):
     for key, zh, hook in cases:       # 前 N_INV 条评估序列就够看出"只差舍入"和"不是同一个模型"
         d = float(np.abs(shared_prompt_logits(model, toks[:N_INV], start, hook) - ref[:N_INV]).max())
         res[key] = d
-        rows.append([zh, f"{d:.1e}", f"{d / scale:.1e}"])
+        rows.append([zh, fmt_bound(d, ABS_BOUND), fmt_bound(d / scale, 1e-12)])
     print_table(["模型（和装进来的原模型比）", "max|Δlogit|", "÷ max|logit|"], rows)
     bases = {n: hadamard_base(n) for n in (cfg.d_model, cfg.d_ff, cfg.head_dim)}
     res["ortho"] = {M.n: float(np.abs(M.dense() @ M.dense().T - np.eye(M.n)).max()) for M in (Q, Hd, Hh)}
@@ -204,12 +206,12 @@ def demo1_invariance(ctx):
     K, p = bases[cfg.d_model]
     Kd, pd = bases[cfg.d_ff]
     print_observations([
-        f"折叠和旋转只改舍入：logits 最多差 {res['all']:.1e}（logits 最大 {scale:.1f}）。"
+        f"折叠和旋转只改舍入：logits 之差 {fmt_bound(res['all'], ABS_BOUND)}（logits 最大 {scale:.1f}）。"
         f"漏了 w_down 前在线乘 H 的那一半（w_down 已经换成 Hᵀ·w_down），logits 差 {res['no_online']:.1f}："
         "不是同一个模型了。",
         f"Q 是 {cfg.d_model} = {K} × {p} 阶的 Hadamard 矩阵 H{K} ⊗ H{p}（{K} 阶的用 Paley II、q = {K // 2 - 1} 造，"
         f"{p} 阶的用 Sylvester），每行乘一个随机符号；w_down 前的是 {Kd} × {pd}（Paley I、q = {Kd - 1}）。"
-        f"QuaRot 的 get_hadK 给这两个阶选的底也是 {K} 和 {Kd}。max|Q Qᵀ − I| = {res['ortho'][cfg.d_model]:.1e}。",
+        f"QuaRot 的 get_hadK 给这两个阶选的底也是 {K} 和 {Kd}。max|Q Qᵀ − I| {fmt_bound(res['ortho'][cfg.d_model], 1e-13)}。",
         f"SmolLM2 的 lm_head 和词嵌入共享；最后的 RMSNorm 的权重折进 lm_head 以后就不共享了（tied: {cfg.tied} → "
         f"{cf.tied}），多存 {res['extra_params']:,} 个参数。",
     ])

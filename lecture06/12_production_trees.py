@@ -20,7 +20,8 @@ CS349E · 第 6 讲 · 12_production_trees.py —— 真实系统验证的树：
 
 【模型的假设（务必看）】
 - 玩具 = 04 的目标和"只用前 1 层"的草稿（drafts_lab），在目标自己采样的 8 × 64 个 token 上测（同 09 的 α_k）。
-- SmolLM2-135M-Instruct（第 2 讲 real_model_lab），float32；草稿 = 跳过第 14–15 层（30 层留 28 层，Draft & Verify 那样
+- SmolLM2-135M-Instruct（第 2 讲 real_model_lab），float32（贪心文本、演示 4 的树）；文本上各位置的 p、q 用 float64 再算一遍
+  （同样的权重：演示 2 从 q 抽候选，float32 的舍入随 BLAS 的内核变，会让打印的第 3 位小数跟着变）；草稿 = 跳过第 14–15 层（30 层留 28 层，Draft & Verify 那样
   不训练）。文本 = 一个散文提示（聊天格式）的 48 个贪心新 token；演示 2、3 用它的 48 个位置，演示 4 用前 16 个位置
   （每个位置长一次树、目标前向一次：为了运行时间）。温度 1 的数也在这段贪心文本上算（同 10 的 α T = 1）。
   位置这么少，SmolLM2 的数只说明这段文本，换一段会变；float32 的 argmax 在几乎并列的地方可能和 float64 不同
@@ -31,8 +32,8 @@ CS349E · 第 6 讲 · 12_production_trees.py —— 真实系统验证的树：
   tree_expected_tokens（都假设各位置独立，08 说过这会高估：对链有利）。
 - Medusa 的 ε = 0.09、δ = 0.3 是它代码的默认值（distinct_lab 的说明里写了出处）；草稿的候选一律是前 k 名。
 
-【运行】python3 12_production_trees.py （空闲的 2 核机器、一个 BLAS 线程：约 33 秒，和种子 04 背靠背三对，比值中位数 2.7 倍
-（2.6–2.9）。大部分时间在装模型、贪心续写和演示 4 的 16 棵树（每棵 7 次草稿前向、1 次目标前向））
+【运行】python3 12_production_trees.py （空闲的 2 核机器、一个 BLAS 线程：约 42 秒，和种子 04 背靠背三对，比值中位数 2.9 倍
+（2.7–3.2），内存峰值约 3.2 GB。大部分时间在装模型、贪心续写和演示 4 的 16 棵树（每棵 7 次草稿前向、1 次目标前向））
 
 【依赖】numpy；本目录的 distinct_lab（不同候选的精确规则、有损规则、置信区间）、tree_lab（独立候选的规则、动态树）、
 decode_lab（模型、adjust）、drafts_lab（玩具、跳层草稿）、stats_lab（χ²）；../lecture02 的 real_model_lab（装 SmolLM2）、hub_lab（gguf_path_or_exit）、
@@ -61,6 +62,7 @@ from greedy_lab import token_ranks  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from hub_lab import gguf_path_or_exit  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
+from transformer_lab import config_like  # noqa: E402
 from stats_lab import chi2_gof  # noqa: E402
 from tree_lab import (EAGLE2_DEPTH, EAGLE2_TOP_K, distinct_draft_step_probs, dynamic_tree_expected,  # noqa: E402
                       multi_draft_acceptance, tree_expected_tokens)
@@ -104,6 +106,15 @@ def fmt_dist(x):
     return " ".join(f"{v:.2f}" for v in x)
 
 
+def _to_f64(P):
+    """参数（dict / list 套着数组）的 float64 副本。"""
+    if isinstance(P, dict):
+        return {k: _to_f64(v) for k, v in P.items()}
+    if isinstance(P, list):
+        return [_to_f64(v) for v in P]
+    return np.asarray(P, dtype=np.float64)
+
+
 def smollm2():
     """装 SmolLM2、造跳层草稿、贪心续写、两边 teacher forcing 一次 -> dict（整个脚本只做一次）。"""
     if _CTX:
@@ -114,8 +125,12 @@ def smollm2():
     prompt = tok.chat(PROMPT)
     text = autoregressive_generate(target, prompt, N_TEXT, 0.0, np.random.default_rng(SEED))
     seq = np.asarray([prompt + [int(t) for t in text]])
-    lp = target.full_logits(seq)[0, len(prompt) - 1:-1]
-    lq = draft.full_logits(seq)[0, len(prompt) - 1:-1]
+    # p、q 用 float64 算（同样的权重：float32 的值原样转成 float64）：演示 2 要从 q 抽候选，float32 的舍入随 BLAS 的
+    # 内核变（1e-5 量级），会让个别抽样落到 CDF 的另一边、打印的第 3 位小数跟着变；float64 下只差 1e-13 量级
+    t64 = TransformerLM(_to_f64(P), config_like(cfg, dtype="float64"), "目标（float64）")
+    lp = t64.full_logits(seq)[0, len(prompt) - 1:-1]
+    lq = layer_skip_draft(t64, *SKIP).full_logits(seq)[0, len(prompt) - 1:-1]
+    del t64
     _CTX.update(target=target, draft=draft, prompt=prompt, text=text, lp=lp, lq=lq, cfg=cfg,
                 ranks=token_ranks(lq, text), target_mismatch=int((token_ranks(lp, text) != 0).sum()))
     return _CTX

@@ -88,9 +88,10 @@ def test_storing_rotated_weights_in_float32_makes_quantization_independent_of_su
 
 def test_invariance_table_is_rounding_and_the_missing_half_is_not(text):
     rows = {r[0]: r for r in table_rows(text, "模型（和装进来的原模型比）")}
-    rel = [float(r[2]) for r in rows.values()]
+    rel = [r[2] for r in rows.values()]
     assert len(rel) == 2
-    assert rel[0] < TOL and rel[1] > 0.1
+    # 只差舍入的一行印成上界（数字随 BLAS 的内核变），漏了一半的一行印它的值
+    assert rel[0].startswith("< ") and float(rel[0][2:]) < TOL and float(rel[1]) > 0.1
     assert "H36 ⊗ H16" in text and "12 × 128" in text and "多存 28,311,552 个参数" in text
 
 
