@@ -45,8 +45,8 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
   的 logits 为原模型（和 transformer_lab 的前向只差 float64 的舍入，测试核对这部分 KL 小于 1e-15）。
 - QCFG 的数（离群程度、SmoothQuant 的最优 α、KV 的排序）用 06 同样的设定在这里重算。
 
-【运行】python3 07_real_model_quantization.py （空闲的 2 核机器、一个 BLAS 线程：53 秒，前后背靠背的种子 04
-  14.7 / 16.0 秒，约 3.3–3.6 倍；整个脚本用 float64，内存峰值约 3.5 GB；第一次运行先下载模型）
+【运行】python3 07_real_model_quantization.py （空闲的 2 核机器、一个 BLAS 线程：约 41 秒，和种子 04 背靠背三对，
+  比值中位数 3.4 倍（2.9–4.3：种子 04 自己在 9–15 秒之间变）；整个脚本用 float64，内存峰值约 3.5 GB；第一次运行先下载模型）
 
 【依赖】numpy；../lecture02 的 real_model_lab（load_gguf）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
 transformer_lab、kvcache_lab；本目录的 outlier_lab（capture、outlier_ratio、top_channels、recurring_channels、
