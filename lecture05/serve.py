@@ -11,7 +11,7 @@ CS349E · 第 5 讲 · serve.py —— 把引擎开成一个服务：OpenAI 兼�
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20}'
 
-【接口】（OpenAI 的格式，CURRICULUM §9）
+【接口】（OpenAI 的格式：platform.openai.com/docs/api-reference 的 chat 和 completions）
 - POST /v1/chat/completions：messages（role 是 system / user / assistant，content 是字符串或 [{"type": "text", ...}]），
   按 ChatML 拼成提示：每条消息 <|im_start|>{role}\\n{content}<|im_end|>\\n，最后 <|im_start|>assistant\\n（只有一条
   user 消息时就是 bpe_lab 的 chat(text)：没有 system 轮，除非消息里带了）。消息的文字按普通文本切词（里面写的

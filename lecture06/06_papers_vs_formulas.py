@@ -15,8 +15,8 @@ CS349E · 第 6 讲 · 06_papers_vs_formulas.py —— 论文里的实测 vs 定
 
 【模型的假设（务必看）】论文的数字是**抄来的**，不是这里算的：Leviathan et al. 2023（arXiv 2211.17192）表 3、表 4，
 Chen et al. 2023（arXiv 2302.01318）表 1 和实验设置（目标 14.1 ms/token、草稿 1.8 ms/token、K = 4）。两篇的摘要核对过
-（Leviathan：T5-XXL 上 2–3 倍；Chen：Chinchilla 70B 上 2–2.5 倍）；逐行数字对照了课程计划（CURRICULUM）里的转录和公开的
-二手转录（Leviathan 表 2、表 3 全部和表 4 的几行；Chen 表 1 和 1.8 / 14.1 ms，其中一份引自论文 PDF），没能打开论文原文——以原文为准。表 4 的 c 是论文从 profiler 的记录里估的；Chen 的 c = 1.8 / 14.1 是用两个模型各自每 token 的时间
+（Leviathan：T5-XXL 上 2–3 倍；Chen：Chinchilla 70B 上 2–2.5 倍）；逐行数字对照了公开的二手转录
+（Leviathan 表 2、表 3 全部和表 4 的几行；Chen 表 1 和 1.8 / 14.1 ms，其中一份引自论文 PDF），没能打开论文原文——以原文为准。表 4 的 c 是论文从 profiler 的记录里估的；Chen 的 c = 1.8 / 14.1 是用两个模型各自每 token 的时间
 算的，**假设**验证 K + 1 个 token 的一次前向和目标普通的一步一样快（定理 3.8 的假设）。
 
 【运行】python3 06_papers_vs_formulas.py （约 0.5 秒）

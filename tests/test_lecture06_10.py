@@ -29,7 +29,7 @@ S = "lecture06/10_real_model_spec_decode.py"
 # Leviathan 表 3（不需要模型）
 # ---------------------------------------------------------------------------
 def test_leviathan_table3_is_one_table_the_papers():
-    """表 3 只存一份（spec_math_lab），06 和 10 用的是它；内容按 CURRICULUM §7 抄的论文表 3 逐格核对。"""
+    """表 3 只存一份（spec_math_lab），06 和 10 用的是它；内容按论文（arXiv 2211.17192）表 3 逐格核对。"""
     s10, s06 = load_script(S), load_script("lecture06/06_papers_vs_formulas.py")
     assert s06.LEVIATHAN_TABLE3 is spec_math_lab.LEVIATHAN_TABLE3
     assert list(s10.LEVIATHAN_T3) == [tuple(r) for r in spec_math_lab.LEVIATHAN_TABLE3]
