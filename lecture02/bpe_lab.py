@@ -36,21 +36,15 @@ encode(text, parse_special=False) 就是这个行为。llama.cpp 解码时 CONTR
 
 【词表缺的字节】SmolLM2 的词表只有 235 个单字节 token，缺 21 个：0x04 0x06 0x13 0x14 0x16 0x1D 六个控制字符，
 UTF-8 里永远不出现的 0xC0 0xC1 0xF5–0xFF，和只出现在 U+40000–U+BFFFF（未分配的第 4–11 平面）里的 0xF1 0xF2
-（属性 missing_bytes 列出它们）。和参考实现一样，这些字节在每一片里**悄悄丢掉**，同一片里剩下的字节照常合并：
-HF tokenizers 的 BPE 在 unk_token 为空时把词表里没有的符号跳过（vLLM 用的就是它），"x\x06y" 编成 "x"、"y" 两个 token，
-"hello\x1dworld" 编成 "hello"、"world"，0xF1 开头的四字节字符只丢首字节、后三个字节照样编码
-（tests/fixtures/smollm2_missing_bytes_ids.json，做法见 make_missing_bytes_fixture.py）。所以含这些字节的文本
-decode(encode(text)) 少了它们；其余文本 decode(encode(text)) == text。
-【孤立代理】Python 的 str 可以含孤立代理（U+D800–DFFF，例如 json.loads('"a\\ud800b"') 的结果），它不是合法的
-Unicode 文本，编不成 UTF-8。参考实现也不收：HF tokenizers 对这样的 str 抛 TypeError（fixture 里记着），pydantic 的
-JSON 解析（vLLM 的服务器用它）在解析请求时就拒绝。encode 默认（errors="strict"）抛 ValueError，说出位置；
-errors="replace" 时每个孤立代理换成 U+FFFD（和 decode 对切坏的字节的做法一样），从不抛错。
-【token 数的上下界】（不分词就知道，服务器用来在分词之前拒绝太长的提示）token 正好把留下的字节（UTF-8 字节去掉
-词表缺的）不重不漏地分完，每个 token 至少 1 个字节，所以 token 数 ≤ 留下的字节数。下界按字节的类算：把字节分成
-几类（ASCII 字母、ASCII 数字、≥ 0x80 的字节、空白、其余），M_c = 词表里一个 token 最多含几个 c 类字节（特殊 token
-也算），文本里有 n_c 个 c 类字节，就至少要 ⌈n_c / M_c⌉ 个 token；取各类里最大的。SmolLM2 上 M = 25（字母）、
-1（数字：数字单切）、24（≥ 0x80）、81（空白：一个换行加 80 个空格的 token）——只用"最长的 token 81 个字节"一个数，
-一段英文的下界要松三倍多。token_bounds(text)、min_tokens(text)：几遍 bytes.translate（C 里的扫描）的代价。
+（属性 missing_bytes）。和参考实现（HF tokenizers 的 BPE，unk_token 为空；vLLM 用它）一样，这些字节在每一片里
+**悄悄丢掉**，同一片里剩下的字节照常合并："x\x06y" 编成 "x"、"y"，0xF1 开头的四字节字符只丢首字节
+（tests/fixtures/smollm2_missing_bytes_ids.json）。含它们的文本解码回来少了它们；其余文本 decode(encode(text)) == text。
+【孤立代理】str 可以含孤立代理（U+D800–DFFF，例如 json.loads('"a\\ud800b"')），编不成 UTF-8。参考实现不收（HF
+tokenizers 抛 TypeError，fixture 里记着）：encode 默认（errors="strict"）抛 ValueError，说出位置；errors="replace"
+时换成 U+FFFD（decode 对切坏的字节也这样），从不抛错。
+【token 数的上下界】token_bounds(text)、min_tokens(text)：不分词（几遍 bytes.translate），服务器用它在分词之前
+拒绝太长的提示。推导见 token_bounds；SmolLM2 上一个 token 最多 25 个 ASCII 字母、1 个数字、24 个 ≥ 0x80 的字节、
+81 个空白——只用"最长的 token 81 个字节"一个数，一段英文的下界要松三倍多。
 
 【和参考实现逐 id 对过】tests/fixtures/smollm2_tokenizer_ids.json：用 tokenizers 包（HF）按 SmolLM2 的 tokenizer.json
 的配置、同一份词表和 merge 表编码的一批难文本（CJK、各类数字、组合附加符、emoji 和 ZWJ 序列、空白串、缩写、
@@ -237,20 +231,15 @@ def _parse_merge(i: int, merge) -> Tuple[str, str]:
 
 
 # token_bounds 的字节类（词表缺的字节不属于任何类：它们不进 token）
-_BYTE_CLASSES = {
-    "letter": bytes(range(ord("A"), ord("Z") + 1)) + bytes(range(ord("a"), ord("z") + 1)),
-    "digit": bytes(range(ord("0"), ord("9") + 1)),
-    "high": bytes(range(0x80, 0x100)),
-    "space": b" \t\n\r\x0b\x0c",
-}
+_BYTE_CLASSES = {"letter": bytes(range(0x41, 0x5B)) + bytes(range(0x61, 0x7B)), "digit": b"0123456789",
+                 "high": bytes(range(0x80, 0x100)), "space": b" \t\n\r\x0b\x0c"}
 _BYTE_CLASSES["other"] = bytes(b for b in range(0x80) if not any(b in v for v in _BYTE_CLASSES.values()))
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 def _replace_surrogates(text: str) -> str:
-    """每个孤立代理（U+D800–DFFF）换成 U+FFFD。（str 里成对的代理也是两个孤立的码位：Python 的 json 已经把 \\ud83d\\ude00
-    合成一个字符，不会留下成对的代理。）"""
+    """每个孤立代理（U+D800–DFFF）换成 U+FFFD（json.loads 已经把成对的 \\ud83d\\ude00 合成一个字符）。"""
     return _SURROGATE_RE.sub("\ufffd", text)
 
 
@@ -414,18 +403,15 @@ class BPETokenizer:
     def token_bounds(self, text: str, errors: str = "strict") -> Tuple[int, int]:
         """返回 encode(text, errors=errors) 的 token 数的 (下界, 上界)，不分词。
 
-        【推导】encode 的 token 正好把留下的字节（text 的 UTF-8 字节去掉 missing_bytes；特殊 token 的字节也在内）
-        不重不漏地分成一段一段，每段至少 1 个字节：上界 = 留下的字节数 n。每个 c 类字节落在某个 token 里，一个
-        token 最多含 M_c 个 c 类字节，所以 token 数 ≥ ⌈n_c / M_c⌉；下界取各类的最大值（也 ≥ ⌈n / max_token_bytes⌉）。
-        代价：一次 UTF-8 编码和每类一次 bytes.translate（C 里的一遍扫描），不跑正则、不跑 BPE。
+        【推导】encode 的 token 正好把留下的字节（UTF-8 字节去掉 missing_bytes；特殊 token 的也在内）不重不漏地分完，
+        每个至少 1 个字节：上界 = 留下的字节数 n。字节分几类（ASCII 字母、数字、≥ 0x80、空白、其余），一个 token
+        最多含 M_c 个 c 类字节（按词表算，特殊 token 也算），文本有 n_c 个，所以 token 数 ≥ ⌈n_c / M_c⌉；下界取各类
+        的最大值和 ⌈n / max_token_bytes⌉ 里大的。不跑正则、不跑 BPE。
         【边界】空串 → (0, 0)；孤立代理同 encode（errors）。
         """
         if not isinstance(text, str):
             raise ValueError(f"text 要一个 str，收到 {type(text).__name__}")
-        data = self._utf8(text, errors)
-        if errors == "replace":
-            data = _replace_surrogates(text).encode("utf-8")
-        data = data.translate(None, self._missing)            # 缺的字节不进任何 token
+        data = self._utf8(text, errors).translate(None, self._missing)      # 缺的字节不进任何 token
         n = len(data)
         lo = -(-n // self.max_token_bytes)
         for others, most in self._byte_classes:
