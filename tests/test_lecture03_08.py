@@ -143,3 +143,20 @@ def test_llm_int8_counts_sum_to_the_observation_and_decomposition_helps(text):
     share = int(m.group(3).replace(",", "")) / int(m.group(2).replace(",", ""))
     assert 0 < share < 0.05 and 0 < float(m.group(1)) < 5
     assert m.group(4) == m.group(3) and m.group(5) == f"{100 * (1 - share):.2f}"
+
+
+def test_quarot_figure_is_the_version_quoted_and_the_weight_sentences_are_scoped(text):
+    """
+    回归（演示 3）：观察 4 引 QuaRot 的"最多差 0.29"是 arXiv v1 的摘要，v2 的摘要是 0.47；观察 3 说"这个模型在就近
+    舍入的 4 位权重下已经坏了"，可文件本身就是 4 位（Q4_1）、答得对，坏的是再做一次对称的 INT4-g32；观察 2 的"旋转反而
+    更差"只量了就近舍入（QuaRot 的 4 位权重用 GPTQ）。
+    """
+    flat = text.replace("\n     ", "").replace("\n", "")
+    obs = flat[flat.index("只量化权重（W4A16"):flat.index("演示 4：LLM.int8()")]
+    assert "arXiv 2404.00456v2 的摘要" in obs and "最多差 0.47" in obs and "最多差 0.29" not in obs
+    assert "已经坏了" not in obs
+    assert "文件本身就是 4 位的（Q4_1）" in obs and "第二次舍入" in obs
+    assert "只量化权重（W4A16，就近舍入）" in obs and "GPTQ" in obs
+    top1 = {(r[0], r[1]): r[3] for r in table_rows(text, "权重 / 激活  旋转")}
+    pct = float(top1[("W4A16", "不旋转")].rstrip("%"))
+    assert f"不旋转的 W4A16 top-1 只有 {pct:.0f}%" in obs
