@@ -77,3 +77,4 @@ def test_02_demo4_nf4_row_beats_int4_g32_and_the_sentence_is_narrowed():
     assert re.search(r"^NF4-g32（FP16 scale）\s+4\.5000\s+0\.0874$", raw, re.M)
     assert "不均匀的网格并不占便宜" not in text
     assert f"误差 0.0874，比 INT4-g32 低 {100 * (1 - nf['rel_err'] / g32):.0f}%" in text
+
