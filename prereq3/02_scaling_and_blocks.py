@@ -357,6 +357,7 @@ def demo6_gguf_blocks():
     print_table(["方案", "每块存什么（32 个数）", "位/数", "RMS 误差\nN(0, 1)", "相对误差\nN(0, 1)",
                  "相对误差\n|N(0, 1)|"], rows2)
 
+    nf4_err = rel_err(quantize_nf4_fp16(w, GROUP)[0], w)                 # 同一个矩阵上演示 4 的 NF4-g32
     # Q4_0 的另一侧只到 +7 个刻度：|x / d| 超过 7.5 个刻度、符号和块的最大值相反的数被截到 +7
     blocks = w.T.reshape(-1, GROUP)
     xmax = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
@@ -373,7 +374,10 @@ def demo6_gguf_blocks():
         f"同样 {q40['bits']:g} 位（FP16 d + 32 × 4 位），Q4_0 比 INT4-g32 准：相对误差 {q40['rel_err']:.4f} 对 "
         f"{g32['rel_err']:.4f}（低 {100 * (1 - q40['rel_err'] / g32['rel_err']):.0f}%）。INT4-g32 对称，只用 15 个刻度 −7…7"
         f"（刻度 = max|w| / 7）；Q4_0 把绝对值最大的数对到 −8（d = x_max / −8，d 的符号跟着这个数），16 个刻度全用上，"
-        f"刻度小到 max|w| / 8。代价是另一侧只到 +7 个刻度，超过 7.5 个刻度的数被截掉：这个矩阵里 {clip_frac:.2%} 的数如此。",
+        f"刻度小到 max|w| / 8。代价是另一侧只到 +7 个刻度，超过 7.5 个刻度的数被截掉：这个矩阵里 {clip_frac:.2%} 的数如此。"
+        f"演示 4 的 NF4 也是 16 个值、同样 {q40['bits']:g} 位，只是照 N(0, 1) 的分位数摆：{nf4_err:.4f}，"
+        + ("比等间距的 Q4_0 还差一点" if nf4_err > q40["rel_err"] else "比等间距的 Q4_0 准")
+        + "；这两种和 INT4-g32 共同的差别是多用了一个刻度。",
         f"Q4_1 每块多存一个 FP16 的最小值 m：16 / 32 = 0.5 位，所以是 {q41['bits']:.1f} 位。它把 16 个刻度摆在块的 "
         f"[最小值, 最大值] 上（刻度 = (max − min) / 15，m 就是一个不对称的零点）。N(0, 1) 的块大致对称，多 0.5 位"
         f"（字节多 {100 * (q41['bits'] / q40['bits'] - 1):.0f}%）只让误差从 {q40['rel_err']:.4f} 降到 "
@@ -390,7 +394,7 @@ def demo6_gguf_blocks():
         "0.1.2 里的 GGUF）就是这样混着存的：词嵌入（它同时当 lm_head）用 Q8_0，其余 210 个矩阵全是 Q4_1，"
         "RMSNorm 的权重是 F32（第 2 讲 gguf_lab 读出的张量目录）。",
     ])
-    return {"block": {"w": block.tolist(), "raw": raw.tolist(), "d": d, "m": m, "q": q, "deq": deq.tolist()},
+    return {"nf4_rel_err": nf4_err, "block": {"w": block.tolist(), "raw": raw.tolist(), "d": d, "m": m, "q": q, "deq": deq.tolist()},
             "schemes": res, "q4_0_clip_frac": clip_frac, "q4_k_bits": q4k_bits, "symmetric_same": same_sym}
 
 
