@@ -5,7 +5,7 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
 
 【这个脚本要回答的问题】
 课程里打印的时间几乎都是 roofline 下界。下界不是答案：这个脚本把公开发表的实测数字放在同一件工作的下界旁边。
-演示 1：计算型内核（大 GEMM、FlashAttention-2/3 的前向）实测能跑到数据手册峰值算力的几成。
+演示 1：计算型内核（大 GEMM、FlashAttention-2/3 的前向，FA-2 的前向 + 反向）实测能跑到数据手册峰值算力的几成。
 演示 2：HBM 带宽和 8 块 H100 上的 all-reduce：实测带宽是手册的几成；hw_specs.ring_allreduce 的环形模型
 （每跳延迟 3 µs 是假设）和实测的总线带宽（bus bandwidth，[A] 强制 NVLS 量的）对不对得上——机制不同，
 数字接近也只是接近。
