@@ -29,7 +29,7 @@ Server 的约束（第 99 百分位）还剩多少。
   causal=False、headdim=128、batch_size=2、seqlen=8192 那一组：FP16、dim 2048 即 16 个头；那个脚本每组给每个方法打印
   一行，行里有前向、反向、前向 + 反向三个数，[A] 的脚本把整行存下，表里只有一个数，没说是哪个。结果表提交的第二天，
   提交 625c7d2（2024-09-25）把 grep 改成只匹配"batch_size=2, seqlen=8192"，取到的第一组就成了 causal=False、
-  headdim=64——结果表是按改之前的脚本、headdim 128 说的）；
+  headdim=64；结果表提交时，仓库里的脚本取的还是 headdim 128 那一组）；
   NCCL AllReduce（NVLS 算法、in-place）的总线带宽，1K 到 8G 字节：1K 0.07、16K 0.95、65K 2.72、1M 43.70、
   16M 234.45、268M 423.38、8G 478.87 GB/s（表里的标签照抄）。同一提交的 Benchmarks/NCCLBandwidth.py 是这样量的：
   NCCL_ALGO=<Tree|Ring|NVLS|NVLSTree> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40，取 in-place 的 busbw——

@@ -60,7 +60,7 @@ from console import fmt_bound, print_header, print_note, print_observations, pri
 from decode_lab import TransformerLM, sample_from_prompts  # noqa: E402
 from hub_lab import gguf_path_or_exit  # noqa: E402
 from outlier_lab import outlier_ratio  # noqa: E402
-from quant_lab import LAYER_MATRICES, log_softmax, quantize_matrix  # noqa: E402
+from quant_lab import LAYER_MATRICES, SCHEMES, log_softmax, quantize_matrix  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from rotation_lab import (fold_norms, hadamard_base, hadamard_kron, random_orthogonal, rotate_down_input,  # noqa: E402
                           rotate_heads, rotate_params)
@@ -343,8 +343,10 @@ def demo3_quality(ctx):
         f"只量化权重（W4A16，就近舍入）时旋转的反而差：{k[('W4A16', 'none')]:.3f} → {k[('W4A16', 'all')]:.3f}"
         f"（{pw[2]:+.1f} 个标准误），只把 g 折进权重、不旋转就已经是 {k[('W4A16', 'fold')]:.3f}。误差的总量差不多"
         f"（INT4-g32 的相对误差：原来的 {100 * err['none']:.2f}%、折叠后 {100 * err['fold']:.2f}%、旋转后 "
-        f"{100 * err['all']:.2f}%），落在哪里不一样。一个没有验证的猜测：原来 g 在量化之外另乘，折叠以后 g 大小不一的行"
-        "挤在同一组里共用一个 scale，旋转再把每个数摊成所有数的组合。这里没有再拆开看是哪一层、哪个矩阵，也没有试 GPTQ："
+        f"{100 * err['all']:.2f}%），落在哪里不一样。折叠为什么有影响是能推出来的：一组 {SCHEMES['int4-g32'][2]} 行整组乘同一个数，"
+        "就近舍入的结果跟着乘（scale 也乘，只差 FP16 的刻度），所以折叠只能通过同一组里 g 的大小不同起作用——g 大的行"
+        "定了 scale，g 小的行相对舍得粗。旋转为什么更差没有验证（一个猜测：它把每个数摊成所有数的组合）。"
+        "这里没有再拆开看是哪一层、哪个矩阵，也没有试 GPTQ："
         "QuaRot 的代码默认用 GPTQ 量化旋转后的权重（spcl/QuaRot 的 fake_quant/utils.py：不加 --w_rtn 就是 GPTQ），"
         "所以这一行只说就近舍入、只说这个文件，不是旋转的一般规律。",
         f"所以 W4A4 里两样混在一起：不旋转 {k[('W4A4', 'none')]:.3f}、旋转 {k[('W4A4', 'all')]:.3f}"

@@ -160,3 +160,22 @@ def test_quarot_figure_is_the_version_quoted_and_the_weight_sentences_are_scoped
     top1 = {(r[0], r[1]): r[3] for r in table_rows(text, "权重 / 激活  旋转")}
     pct = float(top1[("W4A16", "不旋转")].rstrip("%"))
     assert f"不旋转的 W4A16 top-1 只有 {pct:.0f}%" in obs
+
+
+def test_folding_a_per_group_constant_leaves_round_to_nearest_unchanged():
+    """
+    演示 3 观察 2 的推导：INT4-g32 的一组 32 行整组乘同一个数 c，就近舍入的结果也乘 c（c 取 2 的幂时 FP16 的 scale
+    也精确地乘 c，结果逐位相同）；组里的行乘不同的数时就不是了——折叠 RMSNorm 的 g 只能通过组内 g 的差别起作用。
+    """
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((128, 48)) * 0.05
+    c = np.repeat(2.0 ** rng.integers(-3, 4, size=4), 32)          # 每组 32 行一个 2 的幂
+    assert np.array_equal(quantize_matrix(c[:, None] * W, "int4-g32")[0], c[:, None] * quantize_matrix(W, "int4-g32")[0])
+    g = c * rng.uniform(0.5, 2.0, size=128)                          # 组内不同
+    assert not np.allclose(quantize_matrix(g[:, None] * W, "int4-g32")[0], g[:, None] * quantize_matrix(W, "int4-g32")[0])
+
+
+def test_folding_sentence_is_derived_and_the_rotation_one_stays_a_guess(text):
+    flat = text.replace("\n     ", "").replace("\n", "")
+    assert "折叠为什么有影响是能推出来的：一组 32 行整组乘同一个数" in flat
+    assert "旋转为什么更差没有验证" in flat and "一个没有验证的猜测：原来 g" not in flat
