@@ -381,3 +381,30 @@ def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm):
                                        np.random.default_rng(2), stop=[2])
     assert list(spec) == GREEDY
     assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
+
+
+def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, lm):
+    """
+    回归：观察 3 原来说 llama3.np 的错（第一个 decode 步用位置 L + 1，缓存第 L 格空着）"贪心输出在第 5 个 token
+    之后才和正确的模型分开（课程开发时量的，这里不重现）"，学生核对不了。现在脚本重现它：skip = 0 时同一个函数就是
+    正确的 decode（logits 和一次算完只差舍入），skip = 1 时缓存的第 L 格全是 0、第 L + 1 格不是，logits 差 O(1)，
+    可在演示 4 的问题上贪心的 8 个 token 一个不差。
+    """
+    model, tok = lm
+    prompt = tok.chat(mod.QUESTION)
+    L = len(prompt)
+    full = model.forward(np.asarray([prompt + GREEDY[:-1]]))[0, L - 1:]
+    ok_ids, ok_logits, _ = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=0)
+    assert ok_ids == GREEDY
+    assert max(float(np.abs(a - b).max()) for a, b in zip(ok_logits, full)) < d5["bound"]
+    bug_ids, bug_logits, cache = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=1)
+    assert np.all(cache.k[:, :, :, L] == 0) and np.all(cache.v[:, :, :, L] == 0)
+    assert np.any(cache.k[:, :, :, L + 1] != 0) and cache.pos == L + len(bug_ids)
+    diffs = [float(np.abs(a - b).max()) for a, b in zip(bug_logits, full)]
+    assert diffs[0] < d5["bound"] and min(diffs[1:]) > 1.0
+    assert d5["bug_diffs"] == pytest.approx(diffs, abs=1e-9)
+    assert d5["bug_ids"] == bug_ids == GREEDY and d5["bug_same"]
+    text = script_stdout(S6).replace("\n     ", "")
+    assert "课程开发时量的" not in text and "第 5 个 token 之后" not in text
+    assert f"差 {min(diffs[1:]):.2f} 到 {max(diffs[1:]):.2f}" in text
+    assert f"和正确的模型选出的 {len(GREEDY)} 个 token 完全一样" in text
