@@ -302,3 +302,17 @@ def test_demo1_counts_the_draws_each_deployment_wins(s06, d1, capsys):
     # 表里的"第一"列：8B 同机 TTFT 紧 4 组
     row = next(l for l in out.splitlines() if l.strip().startswith("8B  同机 ") and "14.6" in l)
     assert row.split()[-1] == "4"
+
+
+def test_readme_opening_separates_computed_from_quoted_figures(s06, capsys):
+    """issue 35 第 18 条：README 开头说"观察里引用的每个数都是代码算出来的"——不对，观察也引论文的数
+    （05/06 的 DistServe 图 1、06/06 的 Leviathan 表 4）。现在说两种数各怎么来；它举的例子确实带着出处印在观察里。"""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        head = f.read().split("## 安装和测试")[0]
+    assert "观察里引用的每个数都是代码算出来的" not in head
+    assert "代码算出来的，由 `tests/` 里的测试核对" in head and "旁边写着出处" in head
+    s06.demo1_goodput()
+    out = unwrap(capsys.readouterr().out)
+    assert "DistServe 图 1" in head
+    assert "DistServe 图 1（13B 模型、一块 A100、输入 512 / 输出 64）同机的 goodput 约 1.6 req/s，单做 prefill 5.6、单做 decode 10，" \
+           "2 块 prefill + 1 块 decode 合 3.3 req/s/GPU" in out
