@@ -171,3 +171,16 @@ def test_scheduler_doc_and_readme_say_what_recompute_costs_with_caching_on():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     assert "挤出重算：前缀缓存开着时，被挤出的请求回来命中自己留下的满块" in readme
+
+
+def test_block_manager_doc_names_each_hit_check_as_it_is():
+    """issue 35 第 15 条：命中时核对 token 是 nano-vllm 和本 lab 的选择，不是通用做法；vLLM V1 早期把 token 放在键里
+    （BlockHashType），现在的 V1 只用一个强哈希（可选 sha256 / CBOR / xxhash，随机的根），不比较 token。"""
+    import block_manager_lab
+    doc = block_manager_lab.__doc__
+    assert "核对是一种选择，各家不一样" in doc
+    assert "nano-vllm（nanovllm/engine/block_manager.py，commit 2f352ae）" in doc and "不比父块" in doc
+    assert "BlockHashType" in doc and "(哈希值, 本块的 token,\n    额外的键)" in doc
+    assert "commit 001cabc" in doc and "命中时不比较 token" in doc
+    for algo in ("sha256（默认，pickle 序列化）", "sha256_cbor", "xxhash（128 位）", "xxhash_cbor", "NONE_HASH"):
+        assert algo in doc
