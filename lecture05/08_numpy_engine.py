@@ -416,17 +416,21 @@ def demo6_batch_invariance(d1, timed=False):
         f"的位置有 {close} 个——所以这次 {same} / {d1['n']} 个回答和单独跑的相同。",
         f"翻转要等某个位置的 top-2 差距小于偏差。粗估（假设差距在 0 附近的密度是平的：这里 {n_pos} 个位置里差距 < "
         f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}；偏差按上界 {sci(b32)} 算）：至少约每 {flip_round:,.0f} 个贪心 "
-        "token 才有一次——这么短的演示碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines：Qwen3-235B "
-        "同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
+        "token 才有一次——这么短的演示碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines 的文章 "
+        "\"Defeating Nondeterminism in LLM Inference\"：Qwen3-235B 同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
         f"float64 下同样的比较 {below(d64, BOUND64)}（float32 {below(d32, BOUND32)}）：float64 的单位舍入小 "
         f"2^29 ≈ {sci(2.0 ** 29)} 倍，舍入差按比例缩小（{sci(BOUND32)} / {sci(2.0 ** 29)} ≈ "
         f"{sci(BOUND32 / 2.0 ** 29)}），比这里最小的 top-2 差距 {min(gaps):.2f} 小 "
         f"{int(np.log10(min(gaps) / (BOUND32 / 2.0 ** 29)))} 个数量级以上，翻转实际上不会发生——这就是测试在 float64 下断言"
         "\"引擎 = 单独生成\"的原因。",
-        f"一种让引擎批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
+        f"本引擎让自己批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
         f"注意力一次一个 query，一行的舍入只看它自己。代价：权重每个 token 读一遍，{INVARIANT_BATCH} 个序列 decode "
-        f"一步从 {bat * 1e3:,.0f} ms 变成约 {inv * 1e3:,.0f} ms（模型时间）——成批的好处全没了。固定形状的块"
-        "（每次乘同样多行）更省，但一行落在块里的哪个位置也会改变 BLAS 内核的舍入，要靠内核本身保证，numpy 管不了。",
+        f"一步从 {bat * 1e3:,.0f} ms 变成约 {inv * 1e3:,.0f} ms（模型时间）——一行一行地算，成批的好处就没了。"
+        "但这是 numpy 逐行算的代价，不是批不变本身的：根本的办法是让每一行的归约顺序不随批大小变（矩阵乘不按批大小"
+        "换切法、RMSNorm 每行一个归约、注意力按固定的长度切 KV），仍然整批一起算。Thinking Machines 照这个思路写了"
+        "批不变的 RMSNorm、矩阵乘和注意力核，接进 vLLM（文章 \"Defeating Nondeterminism in LLM Inference\"，2025；"
+        "代码 thinking-machines-lab/batch_invariant_ops），报告的代价是比默认慢一些，不是退回一行一行地算。"
+        "numpy 做不到：一行落在 BLAS 的哪个分块里也会改变内核的舍入，要靠内核本身保证。",
     ])
     if timed:
         print(f"  真测：批不变模式 {INVARIANT_BATCH} 个序列 decode 一步 {_measure_invariant(cfg) * 1e3:,.0f} ms")

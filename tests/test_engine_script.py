@@ -184,3 +184,13 @@ def test_block_manager_doc_names_each_hit_check_as_it_is():
     assert "commit 001cabc" in doc and "命中时不比较 token" in doc
     for algo in ("sha256（默认，pickle 序列化）", "sha256_cbor", "xxhash（128 位）", "xxhash_cbor", "NONE_HASH"):
         assert algo in doc
+
+
+def test_demo6_says_row_at_a_time_is_numpys_cost_not_batch_invariance():
+    """issue 35 第 17 条：旧句子说批不变"成批的好处全没了"——那只是 numpy 逐行算的代价；根本的办法是不随批大小变的
+    归约顺序（Thinking Machines 的批不变核接进了 vLLM，仍然整批算）。"""
+    text = script_stdout(S8)
+    assert "——成批的好处全没了" not in text
+    assert "一行一行地算，成批的好处就没了。但这是 numpy 逐行算的代价，不是批不变本身的" in text
+    assert "让每一行的归约顺序不随批大小变" in text and "thinking-machines-lab/batch_invariant_ops" in text
+    assert "Defeating Nondeterminism in LLM Inference\"：Qwen3-235B 同一提示 T = 0 跑 1000 次，得到 80 种回答" in text
