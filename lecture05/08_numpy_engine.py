@@ -9,7 +9,7 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
 演示 2：这种 CPU 上吞吐随批怎么变（模型时间；--time 真测）：B = 1 … 64 个序列一起 decode，每秒几个 token，
 拐点落在哪里——和第 1 讲的 roofline 算术（算力 / 带宽 = 拐点的强度）对照。
 演示 3：同一块 KV 内存，分页 vs 按上下文上限整段预留（整段预留 = 同一个引擎、每个请求一块"上限那么长"的块）：
-同时跑几个请求、挤出几次；旁边是 07 的模拟跑同样的请求。
+同时跑几个请求、挤出几次；旁边是 07 的模拟跑同样的请求。分页再跑一遍前缀缓存开着的（默认）：挤出的请求回来重算多少。
 演示 4：前缀缓存：请求共用一段长文档：命中率、省下的 prefill token、TTFT，开和关。
 演示 5：分块 prefill：一个长提示在 8 个正在 decode 的请求中间到达：每步的 token 预算 vs decode 最长的停顿
 （token 间隔的 p99）和长提示的 TTFT——Sarathi-Serve 的取舍；旁边是 05/06 的模型（H100）上的拐点。
@@ -235,16 +235,40 @@ def demo3_paged_vs_reserved(cfg):
         rows.append([name, s["max_running"], f"{s['mean_running']:.1f}", s["preempted"], "—"])
     print_table(["分配法", "最多同时", "平均同时", "挤出", "跑完 s"], rows)
     pg, rs = res["分页（16 一块）"], res[f"整段预留 {MAX_LEN3}"]
+    # 分页再跑两遍：前缀缓存关 / 开（开是 vLLM 和本引擎的默认）。每个请求的提示用它自己的占位 token（第 i 个全是
+    # i + 1），所以请求之间不会互相命中：开着时的命中只能来自被挤出的请求回来时碰到自己放掉的块
+    cache_rows, cache = [], {}
+    for label, on in (("关", False), ("开（默认）", True)):
+        eng = LLMEngine.replay(streams, c3, POOL_TOKENS3 // BLOCK, block_size=BLOCK, max_num_seqs=64,
+                               enable_prefix_caching=on)
+        for i, (p, o) in enumerate(zip(prompts, outs)):
+            eng.add_request([i + 1] * int(p), int(o))
+        while eng.has_unfinished_requests():
+            eng.step()
+        cache[on] = {"pre": sum(s["preempted"] for s in eng.steps), "hits": sum(s["hits"] for s in eng.steps),
+                     "prefill": sum(s["prefill"] for s in eng.steps), "t": eng.now}
+        c = cache[on]
+        cache_rows.append([f"分页，前缀缓存{label}", c["pre"], c["hits"], c["prefill"], f"{c['t']:.1f}"])
+    prompt_total = int(sum(prompts))
+    print()
+    print(f"同样的请求（各自的提示 token 互不相同），分页，前缀缓存关 vs 开；提示一共 {prompt_total} 个 token")
+    print_table(["", "挤出", "命中的块", "prefill 的 token", "跑完 s"], cache_rows)
+    off, on = cache[False], cache[True]
     print_observations([
         f"整段预留给每个请求 {MAX_LEN3} 个位置：这块内存最多同时放 {POOL_TOKENS3 // MAX_LEN3} 个请求；分页按真用的 token "
         f"一块一块分，最多同时跑了 {pg['max']} 个，全部跑完的模型时间 {pg['t']:.1f} s 对 {rs['t']:.1f} s。",
         f"分页的代价是块不够时要挤人：引擎挤出了 {pg['pre']} 次（被挤的请求带着已生成的 token 回去重算）；"
         "整段预留从不挤出，因为进来时已经把最坏情况的内存占住了。",
+        f"\"重算\"重算多少要看前缀缓存：上面的第一张表关着它。开着时（vLLM 和本引擎的默认），被挤出的请求放掉的块里"
+        "写满的那些仍带着键留在空闲表里，它回来时 match_prefix 命中它们，只重算没写满的那块和后来被别人拿走的块："
+        f"第二张表里挤出 {on['pre']} 次（关着时 {off['pre']} 次），命中 {on['hits']} 块，prefill 一共算了 {on['prefill']} 个 token，"
+        f"关着时 {off['prefill']} 个（提示本身 {prompt_total} 个，多出来的都是重算），跑完 {on['t']:.1f} s 对 {off['t']:.1f} s。"
+        "vLLM V1 也一样：挤出（scheduler.py 的 _preempt_request）放掉的块回到空闲队列、留着哈希，直到被拿去重用。",
         "07 的模拟（同样的请求，只数位置：每次迭代每个请求一个 token，没有 prefill 的预算、没有时间）在并发上给出"
         f"同一个方向：分页平均 {sims['07 的模拟：分页']['mean_running']:.1f} 个 vs 整段预留 "
         f"{sims['07 的模拟：整段预留']['mean_running']:.1f} 个（只统计有人排队的迭代，所以和引擎的平均不完全同口径）。",
     ])
-    return {"engine": res, "sim": sims}
+    return {"engine": res, "sim": sims, "cache": cache, "prompt_total": prompt_total}
 
 
 # ---------------------------------------------------------------------------
@@ -392,17 +416,21 @@ def demo6_batch_invariance(d1, timed=False):
         f"的位置有 {close} 个——所以这次 {same} / {d1['n']} 个回答和单独跑的相同。",
         f"翻转要等某个位置的 top-2 差距小于偏差。粗估（假设差距在 0 附近的密度是平的：这里 {n_pos} 个位置里差距 < "
         f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}；偏差按上界 {sci(b32)} 算）：至少约每 {flip_round:,.0f} 个贪心 "
-        "token 才有一次——这么短的演示碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines：Qwen3-235B "
-        "同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
+        "token 才有一次——这么短的演示碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines 的文章 "
+        "\"Defeating Nondeterminism in LLM Inference\"：Qwen3-235B 同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
         f"float64 下同样的比较 {below(d64, BOUND64)}（float32 {below(d32, BOUND32)}）：float64 的单位舍入小 "
         f"2^29 ≈ {sci(2.0 ** 29)} 倍，舍入差按比例缩小（{sci(BOUND32)} / {sci(2.0 ** 29)} ≈ "
         f"{sci(BOUND32 / 2.0 ** 29)}），比这里最小的 top-2 差距 {min(gaps):.2f} 小 "
         f"{int(np.log10(min(gaps) / (BOUND32 / 2.0 ** 29)))} 个数量级以上，翻转实际上不会发生——这就是测试在 float64 下断言"
         "\"引擎 = 单独生成\"的原因。",
-        f"一种让引擎批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
+        f"本引擎让自己批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
         f"注意力一次一个 query，一行的舍入只看它自己。代价：权重每个 token 读一遍，{INVARIANT_BATCH} 个序列 decode "
-        f"一步从 {bat * 1e3:,.0f} ms 变成约 {inv * 1e3:,.0f} ms（模型时间）——成批的好处全没了。固定形状的块"
-        "（每次乘同样多行）更省，但一行落在块里的哪个位置也会改变 BLAS 内核的舍入，要靠内核本身保证，numpy 管不了。",
+        f"一步从 {bat * 1e3:,.0f} ms 变成约 {inv * 1e3:,.0f} ms（模型时间）——一行一行地算，成批的好处就没了。"
+        "但这是 numpy 逐行算的代价，不是批不变本身的：根本的办法是让每一行的归约顺序不随批大小变（矩阵乘不按批大小"
+        "换切法、RMSNorm 每行一个归约、注意力按固定的长度切 KV），仍然整批一起算。Thinking Machines 照这个思路写了"
+        "批不变的 RMSNorm、矩阵乘和注意力核，接进 vLLM（文章 \"Defeating Nondeterminism in LLM Inference\"，2025；"
+        "代码 thinking-machines-lab/batch_invariant_ops），报告的代价是比默认慢一些，不是退回一行一行地算。"
+        "numpy 做不到：一行落在 BLAS 的哪个分块里也会改变内核的舍入，要靠内核本身保证。",
     ])
     if timed:
         print(f"  真测：批不变模式 {INVARIANT_BATCH} 个序列 decode 一步 {_measure_invariant(cfg) * 1e3:,.0f} ms")

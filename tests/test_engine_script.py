@@ -113,3 +113,84 @@ def test_sci_and_below_format_bounds():
     mod, _, _ = ctx()
     assert [mod.sci(x) for x in (1e-4, 2e-4, 1e-12, 2.0 ** 29)] == ["1e-4", "2e-4", "1e-12", "5e8"]
     assert mod.below(5.5e-5, 1e-4) == "< 1e-4" and mod.below(1.5e-4, 1e-4) == "1.5e-04"
+
+
+def test_demo3_preempted_requests_hit_their_own_blocks_when_caching_is_on():
+    """
+    issue 35 第 14 条：scheduler_lab 和 README 说挤出后"从头 prefill：重算"——前缀缓存开着（默认）时，被挤出的请求
+    放掉的满块带着键留在空闲表里，回来时命中。演示 3 现在也跑开着的。账：每个请求不挤出时要算 p + o − 1 个 token；
+    每次挤出把当时的 n_computed 作废、回来重算，命中的块不用再算：
+        prefill + decode 的 token = Σ (p + o − 1) + Σ 挤出时的 n_computed − 16 × 命中的块
+    这里另起一个引擎（同样的请求、同样的旋钮）数挤出时的 n_computed，和脚本返回的数对账。
+    """
+    from engine_lab import LLMEngine
+    from transformer_lab import config_like
+    from workload_lab import uniform_ints
+    mod, cfg, _ = ctx()
+    r = quiet(mod.demo3_paged_vs_reserved, cfg)
+    prompts = uniform_ints(*mod.PROMPT3, mod.N_REQ3, 1)
+    outs = uniform_ints(*mod.OUT3, mod.N_REQ3, 2)
+    assert r["prompt_total"] == int(sum(prompts))
+    for on in (False, True):
+        eng = LLMEngine.replay({i: [0] * int(o) for i, o in enumerate(outs)}, config_like(cfg, max_seq=mod.MAX_LEN3),
+                               mod.POOL_TOKENS3 // mod.BLOCK, block_size=mod.BLOCK, max_num_seqs=64,
+                               enable_prefix_caching=on)
+        lost = []
+        orig = eng.scheduler._preempt
+
+        def preempt(req, orig=orig, lost=lost):
+            lost.append(req.n_computed)
+            orig(req)
+        eng.scheduler._preempt = preempt
+        for i, (p, o) in enumerate(zip(prompts, outs)):
+            eng.add_request([i + 1] * int(p), int(o))
+        while eng.has_unfinished_requests():
+            eng.step()
+        c = r["cache"][on]
+        computed = sum(s["prefill"] + s["decodes"] for s in eng.steps)
+        assert computed == int(sum(prompts + outs - 1)) + sum(lost) - mod.BLOCK * c["hits"]
+        assert (c["pre"], c["prefill"]) == (len(lost), sum(s["prefill"] for s in eng.steps))
+    off, on = r["cache"][False], r["cache"][True]
+    assert off["hits"] == 0 and on["hits"] > 0 and on["pre"] > 0
+    assert on["prefill"] < off["prefill"] and off["prefill"] > r["prompt_total"]
+    # 第一张表的分页行（提示都是占位的 1）和"关"的那一行是同一次运行的数：只看长度
+    assert off["pre"] == r["engine"]["分页（16 一块）"]["pre"]
+    text = script_stdout(S8)
+    assert (f"第二张表里挤出 {on['pre']} 次（关着时 {off['pre']} 次），命中 {on['hits']} 块，prefill 一共算了 "
+            f"{on['prefill']} 个 token，关着时 {off['prefill']} 个（提示本身 {r['prompt_total']} 个") in text
+
+
+def test_scheduler_doc_and_readme_say_what_recompute_costs_with_caching_on():
+    """issue 35 第 14 条：文档不能说挤出后一律"从头 prefill：重算"。"""
+    import os
+    import scheduler_lab
+    from conftest import ROOT
+    doc = scheduler_lab.__doc__
+    assert "之后从头 prefill：重算" not in doc
+    assert "开着时（默认）它放掉的块里写满的那些仍带着键留在空闲表里" in doc and "_preempt_request" in doc
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    assert "挤出重算：前缀缓存开着时，被挤出的请求回来命中自己留下的满块" in readme
+
+
+def test_block_manager_doc_names_each_hit_check_as_it_is():
+    """issue 35 第 15 条：命中时核对 token 是 nano-vllm 和本 lab 的选择，不是通用做法；vLLM V1 早期把 token 放在键里
+    （BlockHashType），现在的 V1 只用一个强哈希（可选 sha256 / CBOR / xxhash，随机的根），不比较 token。"""
+    import block_manager_lab
+    doc = block_manager_lab.__doc__
+    assert "核对是一种选择，各家不一样" in doc
+    assert "nano-vllm（nanovllm/engine/block_manager.py，commit 2f352ae）" in doc and "不比父块" in doc
+    assert "BlockHashType" in doc and "(哈希值, 本块的 token,\n    额外的键)" in doc
+    assert "commit 001cabc" in doc and "命中时不比较 token" in doc
+    for algo in ("sha256（默认，pickle 序列化）", "sha256_cbor", "xxhash（128 位）", "xxhash_cbor", "NONE_HASH"):
+        assert algo in doc
+
+
+def test_demo6_says_row_at_a_time_is_numpys_cost_not_batch_invariance():
+    """issue 35 第 17 条：旧句子说批不变"成批的好处全没了"——那只是 numpy 逐行算的代价；根本的办法是不随批大小变的
+    归约顺序（Thinking Machines 的批不变核接进了 vLLM，仍然整批算）。"""
+    text = script_stdout(S8)
+    assert "——成批的好处全没了" not in text
+    assert "一行一行地算，成批的好处就没了。但这是 numpy 逐行算的代价，不是批不变本身的" in text
+    assert "让每一行的归约顺序不随批大小变" in text and "thinking-machines-lab/batch_invariant_ops" in text
+    assert "Defeating Nondeterminism in LLM Inference\"：Qwen3-235B 同一提示 T = 0 跑 1000 次，得到 80 种回答" in text

@@ -189,7 +189,8 @@ def test_demo1_states_the_favourable_assumption_where_chunking_wins(s06, capsys)
     """分块 prefill 拿到最高的那句话里，紧跟着说模型对它最有利（混合迭代没有额外开销）。"""
     s06.demo1_goodput()
     out = unwrap(capsys.readouterr().out)
-    assert "同机+分块512（14.4；同机 prefill 优先 5.4），10 组里每一组都高于其他部署（模型对它最有利" in out
+    assert ("TPOT 紧时，同机+分块512 在 10 组里都是第一（中位 14.4；同机 prefill 优先只有 5.4）——不过这是模型对它"
+            "最有利的地方（混合迭代没有额外开销，观察 5）") in out
 
 
 def test_demo1_orders_by_paired_draws_with_a_stated_error_bound(s06, d1, capsys):
@@ -272,3 +273,46 @@ def test_demo1_memory_check_covers_every_simulated_rate(s06, d1, capsys):
     out = unwrap(capsys.readouterr().out)
     assert "二分时模拟过的所有到达率（包括不达标的）上，再加一个最长提示的KV，最多占98%" in out
     assert "所以模拟不限制批大小不影响这张表" not in out
+
+
+def test_demo1_counts_the_draws_each_deployment_wins(s06, d1, capsys):
+    """issue 35 第 21 条：观察 1–2 原来是模板句（"中位数最高的是 同机、解耦 2:1（1.55），但它们不是每一组都高于
+    同机+分块512、分不出先后…"）。现在表里有"第一"列（10 组里几组最高，并列都算），观察说谁赢了几组。"""
+    names = [c[0] for c in s06.CONFIGS]
+    expect = {}
+    for (model, slo, cfg), v in d1["gp"].items():
+        expect.setdefault((model, slo), {n: 0 for n in names})
+    for (model, slo), cnt in expect.items():
+        for d in range(s06.N_DRAWS):
+            g = [d1["gp"][(model, slo, n)]["runs"][d]["goodput"] for n in names]
+            for n, x in zip(names, g):
+                cnt[n] += x == max(g)
+    assert d1["firsts"] == expect
+    m8, m70 = s06.SETUPS[0][0].name, s06.SETUPS[1][0].name
+    assert expect[(m8, "TPOT 紧")]["同机+分块512"] == s06.N_DRAWS
+    assert (expect[(m8, "TTFT 紧")]["解耦 2:1"], expect[(m8, "TTFT 紧")]["同机"]) == (6, 4)
+    assert (expect[(m70, "TPOT 紧")]["解耦 2:1"], expect[(m70, "TPOT 紧")]["解耦 1:1"]) == (9, 2)
+    assert (expect[(m70, "TTFT 紧")]["解耦 2:1"], expect[(m70, "TTFT 紧")]["同机"]) == (6, 5)
+    s06.demo1_goodput()
+    out = unwrap(capsys.readouterr().out)
+    assert "中位数最高的是" not in out and "但它们不是每一组都高于" not in out
+    assert "TTFT 紧时，解耦 2:1 赢了 6 组、同机 赢了 4 组，中位 14.8 对 14.6" in out
+    assert "TPOT 紧时，解耦 2:1 赢了 9 组、解耦 1:1 赢了 2 组（1 组并列），中位 1.6 对 1.45" in out
+    assert "同机+分块512 一组也没赢（中位 1.4），可也不是每一组都比它们低" in out
+    # 表里的"第一"列：8B 同机 TTFT 紧 4 组
+    row = next(l for l in out.splitlines() if l.strip().startswith("8B  同机 ") and "14.6" in l)
+    assert row.split()[-1] == "4"
+
+
+def test_readme_opening_separates_computed_from_quoted_figures(s06, capsys):
+    """issue 35 第 18 条：README 开头说"观察里引用的每个数都是代码算出来的"——不对，观察也引论文的数
+    （05/06 的 DistServe 图 1、06/06 的 Leviathan 表 4）。现在说两种数各怎么来；它举的例子确实带着出处印在观察里。"""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        head = f.read().split("## 安装和测试")[0]
+    assert "观察里引用的每个数都是代码算出来的" not in head
+    assert "代码算出来的，由 `tests/` 里的测试核对" in head and "旁边写着出处" in head
+    s06.demo1_goodput()
+    out = unwrap(capsys.readouterr().out)
+    assert "DistServe 图 1" in head
+    assert "DistServe 图 1（13B 模型、一块 A100、输入 512 / 输出 64）同机的 goodput 约 1.6 req/s，单做 prefill 5.6、单做 decode 10，" \
+           "2 块 prefill + 1 块 decode 合 3.3 req/s/GPU" in out
