@@ -15,6 +15,7 @@ import glob  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
@@ -46,6 +47,26 @@ def pytest_configure(config):
     finally:
         if capman is not None:
             capman.resume_global_capture()
+
+
+_SESSION_START = []
+_PAIR_SECONDS = {}      # 编号脚本 -> 它那一对运行花的秒数（script_run_pair 记的）
+
+
+def pytest_sessionstart(session):
+    _SESSION_START.append(time.perf_counter())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """给了 --durations 时，另外打印编号脚本成对运行一共花了多久、其余的测试花了多久（看测试集慢在哪一边）。"""
+    if config.getoption("durations", None) is None or not _SESSION_START:
+        return
+    total = time.perf_counter() - _SESSION_START[0]
+    pairs = sum(_PAIR_SECONDS.values())
+    terminalreporter.write_line(f"编号脚本成对运行 {len(_PAIR_SECONDS)} 个：{pairs:.1f} 秒；其余：{total - pairs:.1f} 秒；"
+                                f"共 {total:.1f} 秒")
+    for rel, sec in sorted(_PAIR_SECONDS.items(), key=lambda t: -t[1]):
+        terminalreporter.write_line(f"  {sec:7.1f} 秒  {rel}")
 
 
 def pytest_runtest_setup(item):
@@ -176,6 +197,7 @@ def script_run_pair(relpath):
             real_model_path()          # 先把文件准备好（或者跳过 / 失败），再同时启动两个进程
         fd, log = tempfile.mkstemp(suffix=".jsonl")
         os.close(fd)
+        t0 = time.perf_counter()
         try:
             jobs = [(relpath, None, None), (relpath, os.path.join(ROOT, os.path.dirname(relpath)), log)]
             with ThreadPoolExecutor(max_workers=2) as ex:
@@ -184,6 +206,7 @@ def script_run_pair(relpath):
                 _LOGS[relpath] = [json.loads(line) for line in f if line.strip()]
         finally:
             os.remove(log)
+            _PAIR_SECONDS[relpath] = time.perf_counter() - t0
     return _OUTPUTS[relpath]
 
 
