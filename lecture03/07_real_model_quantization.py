@@ -64,7 +64,8 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "lecture06", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_note, print_observations, print_table, save_results  # noqa: E402
+from console import print_header, print_note, print_observations, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from decode_lab import TransformerLM, sample_from_prompts  # noqa: E402
 from gguf_lab import read_gguf  # noqa: E402
 from hub_lab import gguf_path, gguf_path_or_exit  # noqa: E402

@@ -65,7 +65,8 @@ sys.path.insert(0, HERE)
 for sub in ("lecture01", "lecture02", "lecture03", "prereq3"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
-from console import print_header, print_note, print_observations, print_table, save_results  # noqa: E402
+from console import print_header, print_note, print_observations, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from correlated_lab import lag1_correlation  # noqa: E402
 from decode_lab import (TransformerLM, acceptance_beta, adjust, alphas_on_text, autoregressive_generate,  # noqa: E402
                         speculative_generate)
