@@ -243,6 +243,14 @@ def script_results(relpath):
     return _RESULTS[relpath]
 
 
+def script_demo_text(relpath, n):
+    """一个编号脚本（在仓库根目录运行的那次）打印的演示 n 那一段：从它的标题行到下一个演示的标题行（原样，折行没有接回）。"""
+    text = script_raw_stdout(relpath)
+    start = text.index(f"\n演示 {n}：")
+    end = text.find(f"\n演示 {n + 1}：", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
 def script_raw_stdout(relpath):
     """一个编号脚本（在仓库根目录运行时）打印的文字，原样（观察按 100 列折过行）。"""
     code, out, err = script_run_pair(relpath)[0]

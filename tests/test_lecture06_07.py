@@ -15,7 +15,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from conftest import load_script, script_raw_stdout, script_results, unwrap
+from conftest import load_script, script_demo_text, script_raw_stdout, script_results, unwrap
 from decode_lab import autoregressive_generate, speculative_generate
 from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
@@ -225,10 +225,7 @@ S07 = "lecture06/07_draft_cost_and_bias.py"
 
 def _printed_demo(n):
     """07 脚本那次运行打印的演示 n 那一段（从它的标题到下一个演示的标题）。"""
-    text = script_raw_stdout(S07)
-    start = text.index(f"\n演示 {n}：")
-    end = text.find(f"\n演示 {n + 1}：", start)
-    return text[start:] if end < 0 else text[start:end]
+    return script_demo_text(S07, n)
 
 
 @pytest.fixture(scope="module")
