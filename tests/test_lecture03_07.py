@@ -51,10 +51,20 @@ def run():
 
 
 @pytest.fixture(scope="module")
-def ref_logits(run):
-    """原模型在校准 + 评估文本上的 logits，transformer_lab 的前向（和脚本的 capture 不是同一条路）。"""
+def ref_forward(run):
+    """
+    原模型在校准 + 评估文本（2·N_SEQ 条）上一次前向 -> (logits, 写满的 KV 缓存)：transformer_lab 的前向（ctx["model"]，
+    和脚本的 capture 不是同一条路），几个测试共用这一次。
+    """
     _, ctx, *_ = run
-    return NumpyTransformer(ctx["P"], ctx["cfg"]).forward(np.concatenate([ctx["calib_toks"], ctx["eval_toks"]]))
+    toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
+    cache = ctx["model"].new_cache(*toks.shape)
+    return ctx["model"].forward(toks, cache), cache
+
+
+@pytest.fixture(scope="module")
+def ref_logits(ref_forward):
+    return ref_forward[0]
 
 
 @pytest.fixture(scope="module")
@@ -404,17 +414,16 @@ def test_demo4_curve_by_hand_and_toy_curve_is_06s(run):
 # ---------------------------------------------------------------------------
 # 演示 5
 # ---------------------------------------------------------------------------
-def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture_ref):
+def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture_ref, ref_forward):
     """transformer_lab 的缓存里 K 的列是重排过的；每个头的通道统计和列的顺序无关，应当和 capture 的一样。"""
-    _, ctx, _, out, _ = run
-    model, toks = ctx["model"], ctx["eval_toks"]
-    cache = model.new_cache(*toks.shape)
-    logits = model.forward(toks, cache)
+    mod, ctx, _, out, _ = run
+    ev = slice(mod.N_SEQ, 2 * mod.N_SEQ)                 # 共用的那次前向里评估文本的几条
+    logits, cache = ref_forward[0][ev], ref_forward[1]
     d5 = out["d5"]
     for li in (0, 11, 29):
         for h in range(ctx["cfg"].n_kv_heads):
-            assert d5["k_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.k[li, :, h]), rel=1e-9)
-            assert d5["v_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.v[li, :, h]), rel=1e-9)
+            assert d5["k_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.k[li, ev, h]), rel=1e-9)
+            assert d5["v_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.v[li, ev, h]), rel=1e-9)
     assert np.median(d5["k_ratio"]) > 1.5 * np.median(d5["v_ratio"])
     assert d5["k_gt_v"] == int((d5["k_ratio"] > d5["v_ratio"]).sum())
     # 原模型取 capture 的 logits：和 transformer_lab 的前向只差 float64 的舍入（logits 差 < 1e-12，KL 是它的平方量级）
