@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import conftest
+from smollm2_models import smollm2_lm
 from actquant_lab import MatmulInputHook
 from quant_lab import quantize_matrix
 from rotation_lab import fold_norms, hadamard_kron, rotate_down_input, rotate_heads, rotate_params
@@ -50,7 +51,7 @@ def table_rows(text, first_header):
 def test_real_model_fold_rotate_and_online_hadamards_keep_the_logits(real):
     P, cfg, tok = real
     toks = np.array([tok.chat("What is the capital of France?")])
-    ref = NumpyTransformer(P, cfg).forward(toks)
+    ref = smollm2_lm("float64")[0].forward(toks)         # 会话共用的 float64 模型（就是 P 建的 NumpyTransformer）
     Pf, cf = fold_norms(P, cfg)
     assert cfg.tied and not cf.tied
     Hd = hadamard_kron(cfg.d_ff, np.random.default_rng(11))

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout, unwrap
+from conftest import load_script, script_results, script_stdout, unwrap
 
 from spec_math_lab import expected_tokens  # noqa: E402
 from transformer_lab import softmax  # noqa: E402
@@ -30,10 +30,8 @@ def models03(s03):
 
 @pytest.fixture(scope="module")
 def r1(s03, models03):
-    import contextlib
-    import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        return s03.demo1_distribution(*models03)
+    """演示 1 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/03_spec_decode_exact.py")["d1"]
 
 
 def _body_without_docstring(src):
