@@ -2,10 +2,21 @@
 engine_lab —— 第 5 讲的 numpy 推理引擎：连续批处理、分页的 KV 块、自动前缀缓存、分块 prefill、挤出重算。
 
 【外观】（vLLM 的名字）LLMEngine(params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
-enable_prefix_caching=True, speculative_config=None)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None) -> request_id；
+enable_prefix_caching=True, speculative_config=None)；add_request(prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None,
+*, top_p=1.0, top_k=0, min_p=0.0, logprobs=None) -> request_id；
 step() -> [(request_id, 新 token 的 list, finish_reason)]（一次调度、一次前向；finish_reason 运行中是 None，
-之后是 "stop"、"length" 或 "abort"）；has_unfinished_requests()；abort_request(id)；num_free_blocks；
-generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None) -> 每个提示的 token list。
+之后是 "stop"、"length"、"abort" 或 "error"）；has_unfinished_requests()；abort_request(id)；num_free_blocks；
+generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None, *, top_p=1.0, top_k=0, min_p=0.0) -> 每个提示的 token list。
+【采样】top_p、top_k、min_p 是 decode_lab.adjust 的过滤器（vLLM V1 的顺序：温度、min_p、top-k、top-p；并列的规则见 adjust），
+默认全关。过滤器开着时精确也成立：float64 下引擎里的请求 == autoregressive_generate(…, top_p=…, top_k=…, min_p=…)。
+【logprobs】add_request(…, logprobs=k)（k = 0..MAX_LOGPROBS，None = 不要）：requests[id].logprobs 每个生成的 token
+一项 (抽到的 token 的 logprob, [(token_id, logprob)] × k)，k 个按 logprob 从大到小、并列时 id 小的在前。logprob 是
+**原始 logits** 的 log-softmax（温度和过滤器之前，float64），同 vLLM 的默认（logprobs_mode="raw_logprobs"）：T = 0 时
+调整过的分布只有 0 和 1，log 是 −inf，不是合法的 JSON。postprocess 之后只从抽样的那一行算（不留整行，keep_logits 才留）。
+投机解码也能给：一轮留下的每个 token 用目标在那个位置的 logits 行（抽出它的 p 就来自这一行）。
+【出错】一步里模型（runner）抛异常：引擎不死。这一步里的每个请求结束，step() 报告 (request_id, [], "error")，
+requests[id].error 是一句中英文的说明，块放掉（测试：num_free_blocks 回到总数），异常本身留在 last_error（服务器写日志用）；
+之后来的请求照常服务。
 【一步】schedule（scheduler_lab）→ run（runner_lab：一次前向 + 每个请求用自己的种子抽样）→ postprocess（追加 token、
 登记写满的块、结束的放掉块）。三间小屋各做一件事：块（block_manager_lab）、调度（scheduler_lab）、模型（runner_lab）。
 【精确】float64 下，引擎里每个请求的 token 等于它单独用 decode_lab.autoregressive_generate、同一个种子生成的
@@ -34,13 +45,37 @@ if _HERE not in sys.path:
 from block_manager_lab import BlockManager, blocks_for, chain_hash  # noqa: E402
 from scheduler_lab import Request, Scheduler  # noqa: E402
 from runner_lab import ModelRunner, modelled_step_time, step_counts  # noqa: E402
+from decode_lab import adjust  # noqa: E402
 from spec_engine_lab import SpecReplay, SpecRunner, init_request, parse_speculative_config, spec_step_time  # noqa: E402
 
-__all__ = ["LLMEngine", "ReplayRunner", "RequestLog", "run_trace"]
+__all__ = ["LLMEngine", "ReplayRunner", "RequestLog", "run_trace", "MAX_LOGPROBS", "top_logprobs"]
+
+MAX_LOGPROBS = 20        # 每个 token 最多要几个 top logprobs：OpenAI 的 top_logprobs 的上限（0..20）
 
 
 def _is_int(x, lo):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= lo
+
+
+def top_logprobs(logits_row, token, k):  # [V], int, int -> (float, [(int, float)] × k)
+    """
+    一个生成的 token 的 logprobs -> (token 的 logprob, 最大的 k 个 (token_id, logprob))。
+
+    【推导】logprob = log softmax(logits) = logits − max − log Σ exp(logits − max)，在 float64 里算（原始 logits：温度和
+    过滤器之前）。k 个按 logprob 从大到小，并列时 id 小的在前：先用 np.partition 找出第 k 大的值，只把 ≥ 它的候选排序
+    （不排整个词表）。
+    【边界】k = 0：空 list；k 超过词表：整个词表。
+    """
+    z = np.asarray(logits_row, dtype=np.float64)
+    m = z.max()
+    lp = z - m - np.log(np.exp(z - m).sum())
+    k = min(int(k), len(lp))
+    if k == 0:
+        return float(lp[token]), []
+    kth = np.partition(lp, len(lp) - k)[len(lp) - k]
+    cand = np.flatnonzero(lp >= kth)
+    cand = cand[np.lexsort((cand, -lp[cand]))][:k]              # 先按 logprob 降序，再按 id 升序
+    return float(lp[token]), [(int(i), float(lp[i])) for i in cand]
 
 
 class ReplayRunner:
@@ -136,6 +171,7 @@ class LLMEngine:
         self.requests, self.now = RequestLog(), 0.0
         self.steps = [] if max_step_history is None else collections.deque(maxlen=int(max_step_history))
         self._pending = []                                   # 中止了、下一次 step 要报告的
+        self.last_error = None                               # 最近一次出错的一步抛出的异常（step 的【出错】）
 
     @classmethod
     def replay(cls, streams, cfg, num_blocks, agree=None, **kw):
@@ -151,12 +187,17 @@ class LLMEngine:
         return eng
 
     # ---- 请求 ----
-    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None):
+    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, *, top_p=1.0, top_k=0, min_p=0.0,
+                    logprobs=None):
         """
         排进一个请求 -> request_id（0, 1, 2, …）。
 
+        【参数】top_p、top_k、min_p：decode_lab.adjust 的过滤器（默认关；T = 0 时不改变贪心的选择）；logprobs：None（不要）
+        或 0..MAX_LOGPROBS 的整数 k：每个生成的 token 记下它的 logprob 和最大的 k 个（见模块说明的【logprobs】）。
         【边界】（ValueError）空提示、token 越界；max_tokens 不是 ≥ 1 的整数；提示 + max_tokens − 1 超过上下文 max_seq
-        （decode_lab 的规则：最后抽出的 token 不用再喂）或超过整个块池；T < 0；seed 不是 ≥ 0 的整数；停止 token 不是 id。
+        （decode_lab 的规则：最后抽出的 token 不用再喂）或超过整个块池；T < 0；seed 不是 ≥ 0 的整数；停止 token 不是 id；
+        top_p 不在 (0, 1]、top_k 不是 ≥ −1 的整数、min_p 不在 [0, 1]；logprobs 不是 None 或 0..MAX_LOGPROBS 的整数；
+        不跑模型的引擎（replay）要 logprobs。
         """
         cfg = self.cfg
         prompt = [int(t) for t in np.asarray(prompt_ids).ravel()]
@@ -179,6 +220,13 @@ class LLMEngine:
             raise ValueError(f"温度 temperature 必须是 ≥ 0 的有限数（0 = 贪心），收到 {temperature!r}")
         if not _is_int(seed, 0):
             raise ValueError(f"seed 必须是 ≥ 0 的整数（收到 {seed!r}）")
+        adjust(np.zeros(1), 0.0, top_p=top_p, top_k=top_k, min_p=min_p)      # 检查三个过滤器（ValueError）
+        if logprobs is not None:
+            if not (_is_int(logprobs, 0) and logprobs <= MAX_LOGPROBS):
+                raise ValueError(f"logprobs 必须是 None 或 0..{MAX_LOGPROBS} 的整数，收到 {logprobs!r} / "
+                                 f"logprobs must be None or an integer in 0..{MAX_LOGPROBS}")
+            if isinstance(self.runner, (ReplayRunner, SpecReplay)):
+                raise ValueError("不跑模型的引擎（replay）没有 logits，给不了 logprobs / a replay engine has no logits")
         ids = [] if stop is None else ([stop] if isinstance(stop, (int, np.integer)) else list(stop))
         for t in ids:
             if not _is_int(t, 0):
@@ -187,6 +235,9 @@ class LLMEngine:
         req = Request(rid, prompt, int(max_tokens), float(temperature), int(seed), frozenset(int(t) for t in ids),
                       np.random.default_rng(int(seed)), arrival=self.now)
         req.logits = [] if self.keep_logits else None
+        req.filters = {"top_p": float(top_p), "top_k": int(top_k), "min_p": float(min_p)}
+        if logprobs is not None:
+            req.num_logprobs, req.logprobs = int(logprobs), []
         if self.spec is not None:
             init_request(req, self.spec)
         self.requests.add(req)
@@ -239,6 +290,7 @@ class LLMEngine:
         """
         一次调度、一次前向 -> [(request_id, 这一步的新 token, finish_reason)]（只列有新 token 或刚结束的请求）。
         没有可算的（只剩待报告的中止，或什么都没有）：不跑模型、不记一步，只报告中止。
+        【出错】前向（runner.run）抛 Exception：这一步的每个请求以 "error" 结束（_fail），不记一步，引擎接着能用。
         """
         sch, t0 = self.scheduler, time.perf_counter()
         hits0, pre0 = self.bm.hits, sch.n_preemptions
@@ -249,12 +301,16 @@ class LLMEngine:
             out, self._pending = self._pending, []
             return out
         t1 = time.perf_counter()
-        if spec is None:
-            sampled, logits = self.runner.run(chunks)
-            k = np.cumsum([c.sample for c in chunks])          # 第 j 段抽样时用 logits 的第 k[j] − 1 行
-            rows = [logits[k[j] - 1:k[j]] if c.sample and logits is not None else None for j, c in enumerate(chunks)]
-        else:
-            sampled, rows = self.runner.run(chunks, spec_on)
+        try:
+            if spec is None:
+                sampled, logits = self.runner.run(chunks)
+                k = np.cumsum([c.sample for c in chunks])          # 第 j 段抽样时用 logits 的第 k[j] − 1 行
+                rows = [logits[k[j] - 1:k[j]] if c.sample and logits is not None else None
+                        for j, c in enumerate(chunks)]
+            else:
+                sampled, rows = self.runner.run(chunks, spec_on)
+        except Exception as e:                                 # 模型这一步出错：这一步的请求结束，引擎不死
+            return self._fail(chunks, e)
         t2 = time.perf_counter()
         n0 = [len(c.req.tokens) for c in chunks]
         sch.postprocess(chunks, sampled)
@@ -292,21 +348,44 @@ class LLMEngine:
             c.req.token_times.extend([self.now] * len(new))
             if self.keep_logits and lg is not None:
                 c.req.logits.extend(np.array(lg[i]) for i in range(len(new)))
+            if c.req.num_logprobs is not None:                 # 只用抽样的那几行：第 i 个新 token 来自第 i 行
+                c.req.logprobs.extend(top_logprobs(lg[i], t, c.req.num_logprobs) for i, t in enumerate(new))
             out.append((c.req.id, list(new), c.req.finish_reason))
         return out
 
-    def generate(self, prompts, max_tokens, temperature=0.0, seed=0, stop=None):
+    def _fail(self, chunks, exc):
+        """
+        一步的前向抛了异常 -> 这一步要报告的：待报告的中止 + 这一步的每个请求 (id, [], "error")。
+        每个请求：finish_reason = "error"，error = 一句中英文的说明（只有异常的类型名：异常的文字可能带着内部的细节，
+        服务器把它写进日志，不发给客户端），块放掉、离开队列（scheduler.finish）。这一步写进块里的 KV 只在这些请求自己的
+        新块里（命中的前缀块只读不写，没写满的块还没登记进前缀缓存），所以放掉就干净了。
+        """
+        self.last_error = exc
+        out, self._pending = self._pending, []
+        msg = (f"engine error in the model step ({type(exc).__name__}); the request was stopped / "
+               f"引擎在模型这一步出错（{type(exc).__name__}），请求被中止")
+        for c in chunks:
+            req = c.req
+            if req.finish_reason is not None:
+                continue
+            req.finish_reason, req.error = "error", msg
+            self.scheduler.finish(req)
+            out.append((req.id, [], "error"))
+        return out
+
+    def generate(self, prompts, max_tokens, temperature=0.0, seed=0, stop=None, *, top_p=1.0, top_k=0, min_p=0.0):
         """
         所有提示一起跑到完 -> 每个提示的新 token 的 list（按提示的顺序）。第 i 个请求的种子是 seed + i：和
         decode_lab.autoregressive_generate(…, np.random.default_rng(seed + i)) 单独生成的抽到同样的 token；投机解码
         （γ 固定、开关关着）时和 speculative_generate(target, draft, prompt, n, γ, T, default_rng(seed + i)) 的相同。
-        max_tokens：一个整数，或每个提示一个。
+        max_tokens：一个整数，或每个提示一个；top_p、top_k、min_p：每个请求一样的过滤器（add_request）。
         """
         prompts = list(prompts)
         mts = list(max_tokens) if isinstance(max_tokens, (list, tuple, np.ndarray)) else [max_tokens] * len(prompts)
         if len(mts) != len(prompts):
             raise ValueError(f"max_tokens 要么是一个整数，要么每个提示一个（{len(prompts)} 个提示，收到 {len(mts)} 个）")
-        ids = [self.add_request(p, m, temperature, seed + i, stop) for i, (p, m) in enumerate(zip(prompts, mts))]
+        ids = [self.add_request(p, m, temperature, seed + i, stop, top_p=top_p, top_k=top_k, min_p=min_p)
+               for i, (p, m) in enumerate(zip(prompts, mts))]
         while self.has_unfinished_requests():
             self.step()
         return [list(self.requests[i].output) for i in ids]

@@ -10,7 +10,7 @@ attention、o_proj、mlp、lm_head），不抄一层的代码。
 token 在块里的"槽"= 块表[位置 // block_size]·block_size + 位置 % block_size。
 【抽样】每个请求带着自己的种子、自己的 np.random.default_rng(seed)——这是 STYLE"随机数传进来"的一个例外：
 一个请求抽到什么不能取决于同一步里还有谁。规则同 decode_lab.autoregressive_generate：每个新 token 一个 rng.random()，
-adjust(logits, T) 的 CDF 反查（T = 0 是贪心，也照样消耗一个均匀数）。所以引擎里的请求和它单独生成的抽到同样的 token。
+adjust(logits, T, top_p=…, top_k=…, min_p=…)（请求自己的过滤器）的 CDF 反查（T = 0 是贪心，也照样消耗一个均匀数）。所以引擎里的请求和它单独生成的抽到同样的 token。
 【批不变】numpy 的矩阵乘不是批不变的：float32 里一行的结果随这次调用有几行而变（~1e-6 相对）。batch_invariant=True 时
 每次权重矩阵乘一行一次（rowwise_matmul），注意力一次只算一个 query：一行的结果只取决于它自己的数据，和批里还有谁、
 prefill 怎么分块都无关（测试断言 float32 下逐位相同）。代价：每个 token 都把权重读一遍——成批的好处全没了。
@@ -149,7 +149,7 @@ class ModelRunner:
             if not c.sample:
                 out.append(None)
                 continue
-            probs = adjust(logits[k], c.req.temperature)
+            probs = adjust(logits[k], c.req.temperature, **c.req.filters)
             out.append(int(sample_inverse_cdf(probs, c.req.rng.random())))
             k += 1
         return out, logits

@@ -24,7 +24,9 @@ __all__ = ["Request", "Scheduler", "ScheduledChunk"]
 class Request:
     """
     一个请求自己的状态：tokens（提示 + 已生成）、n_prompt、n_computed（KV 已写进块里的 token 数）、block_table、
-    max_tokens、temperature、seed 和它自己的随机数发生器、stop（停止 token 的集合）、时间戳（到达、每个 token 的时间）。
+    max_tokens、temperature、seed 和它自己的随机数发生器、stop（停止 token 的集合）、时间戳（到达、每个 token 的时间）；
+    filters：decode_lab.adjust 的过滤器 {"top_p", "top_k", "min_p"}（默认全关）；num_logprobs：每个生成的 token 要几个
+    top logprobs（None = 不要）、logprobs：记下的 logprobs（engine_lab 填）；error：出错时的一句话（engine_lab 填）。
     """
 
     def __init__(self, rid, prompt, max_tokens, temperature, seed, stop, rng, arrival=0.0):
@@ -36,6 +38,8 @@ class Request:
         self.finish_reason = None
         self.arrival, self.token_times = arrival, []
         self.n_preempted = 0
+        self.filters = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+        self.num_logprobs, self.logprobs, self.error = None, None, None
 
     @property
     def output(self):

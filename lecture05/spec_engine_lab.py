@@ -27,6 +27,8 @@ decode_lab.verify_chain 逐个请求决定接受几个；被拒绝的位置作�
 【统计】每个请求：accepted（每轮接受几个）、drafted（每轮草稿几个）、target_calls（抽过 token 的目标前向次数，
   投机的轮和普通的步都算）；accept_counts 是 gpt-fast 的直方图。每一步：verified（验证的位置 Σ(k + 1)）、
   wasted（被拒绝的草稿位置 Σ(k − n)）、freed（还回去的块）、草稿的几次前向的账（模型时间用）。
+【采样的过滤器】请求的 top_p、top_k、min_p 只作用在 p（目标的分布，decode_lab.adjust）上；q 是草稿真正抽样用的分布
+  （温度 T，不过滤），接受 / 拒绝和残差都用它，所以输出的分布是过滤过的 p，和 decode_lab.speculative_generate 的规则一样。
 p = 目标、q = 草稿（decode_lab 的约定）。
 """
 import os
@@ -244,7 +246,7 @@ class SpecRunner:
                 rows.append(None)
                 continue
             lg, r = logits[r:r + p.n_out], r + p.n_out
-            ps = adjust(lg, c.req.temperature)
+            ps = adjust(lg, c.req.temperature, **c.req.filters)       # 过滤器只作用在 p 上；q 是草稿自己的
             c.req.target_calls += 1
             if k not in act:                           # 普通的一步：同 runner_lab 的抽样（= verify_chain 在 k = 0 时）
                 results.append(int(sample_inverse_cdf(ps[0], c.req.rng.random())))

@@ -135,20 +135,67 @@ class NGramLM:
 # ---------------------------------------------------------------------------
 # 概率与一步接受 / 拒绝
 # ---------------------------------------------------------------------------
-def adjust(logits, T):  # [..., V] -> [..., V]
-    """
-    logits -> 温度 T 下的概率（最后一维）。
+def _check_filters(top_p, top_k, min_p):
+    """检查三个过滤器的参数（adjust 和引擎的 add_request 共用）。【边界】范围外或类型不对：ValueError。"""
+    if not (isinstance(top_p, (int, float, np.integer, np.floating)) and not isinstance(top_p, bool)
+            and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p 必须在 (0, 1] 里（1 = 不过滤），收到 {top_p!r} / top_p must be in (0, 1]")
+    if not (isinstance(top_k, (int, np.integer)) and not isinstance(top_k, bool) and top_k >= -1):
+        raise ValueError(f"top_k 必须是 ≥ −1 的整数（−1 或 0 = 不过滤），收到 {top_k!r} / "
+                         "top_k must be an integer >= -1 (-1 or 0 = off)")
+    if not (isinstance(min_p, (int, float, np.integer, np.floating)) and not isinstance(min_p, bool)
+            and 0.0 <= min_p <= 1.0):
+        raise ValueError(f"min_p 必须在 [0, 1] 里（0 = 不过滤），收到 {min_p!r} / min_p must be in [0, 1]")
 
-    【边界】T = 0 是贪心：argmax 处为 1 的 one-hot（有并列时取下标最小的），不做除以 T 的运算；T < 0 抛 ValueError。
+
+def adjust(logits, T, *, top_p=1.0, top_k=0, min_p=0.0):  # [..., V] -> [..., V]
+    """
+    logits -> 温度 T 下、经过 min_p、top-k、top-p 过滤的概率（最后一维）。引擎（runner_lab、spec_engine_lab）、
+    decode_lab 的生成器和服务器都只用这一个函数抽样。
+
+    【顺序】vLLM V1 的顺序（vllm/v1/sample/sampler.py 的 Sampler.sample：先除温度，再 min_p——
+    logits_processor/builtin.py 的 MinPLogitsProcessor，最后 ops/topk_topp_sampler.py 的 apply_top_k_top_p：先 top-k
+    后 top-p）：
+      1. z = logits / T，p = softmax(z)；
+      2. min_p：留下 p ≥ min_p · max p 的 token（等于阈值的留下，同 vLLM 的 probs < 阈值才去掉）；
+      3. top-k：在留下的里取 z 最大的 k 个；**和第 k 个值并列的全部留下**（vLLM 去掉的是"< 第 k 个值"的，
+         所以留下的可能多于 k 个；这个规则和排序怎么排并列无关，结果是确定的）；
+      4. top-p：把留下的重新归一化，按概率从大到小排（**并列时 id 小的排前面**，和 logprobs 的排序一样），一个 token
+         前面所有 token 的概率和 < top_p 就留下（最大的那个总会留下）。这就是 vLLM 的"从小到大累加、累加和 ≤ 1 − top_p
+         的去掉"换个方向说；vLLM 用 torch.sort，并列的先后没有保证，这里定下来：id 小的先留。
+      最后在留下的 token 上重新 softmax（去掉的概率是 0）。
+    【参数】top_p ∈ (0, 1]（1 = 关）；top_k：≥ −1 的整数（−1 或 0 = 关，vLLM 的约定）；min_p ∈ [0, 1]（0 = 关）。
+    三个都在默认值时走原来的路（softmax(logits / T)），打印的每个字节都不变。
+    【边界】T = 0 是贪心：argmax 处为 1 的 one-hot（有并列时取下标最小的），不做除以 T 的运算；三个过滤器都不改变
+    argmax（最大的那个总会留下），所以 T = 0 时它们不起作用（参数照样检查）。T < 0、过滤器的参数出界：ValueError。
+    投机解码时它们只作用在 p（目标的分布）上，q 是草稿自己抽样用的分布（decode_lab.speculative_generate、spec_engine_lab）。
     """
     if not T >= 0:
         raise ValueError(f"温度 T 必须 ≥ 0（T = 0 表示贪心），收到 {T}")
+    _check_filters(top_p, top_k, min_p)
     logits = np.asarray(logits, dtype=np.float64)
     if T == 0:
         out = np.zeros_like(logits)
         np.put_along_axis(out, logits.argmax(-1)[..., None], 1.0, axis=-1)
         return out
-    return softmax(logits / T)
+    z = logits / T
+    if top_p >= 1.0 and top_k in (0, -1) and min_p <= 0.0:
+        return softmax(z)
+    keep = np.ones(z.shape, dtype=bool)
+    if min_p > 0.0:                                                      # 2. min_p
+        p = softmax(z)
+        keep &= p >= min_p * p.max(-1, keepdims=True)
+    if 0 < top_k < z.shape[-1]:                                          # 3. top-k：和第 k 个值并列的都留下
+        zk = np.where(keep, z, -np.inf)
+        kth = -np.sort(-zk, axis=-1)[..., top_k - 1:top_k]
+        keep &= zk >= kth
+    if top_p < 1.0:                                                      # 4. top-p：前面的概率和 < top_p 的留下
+        p = softmax(np.where(keep, z, -np.inf))
+        order = np.argsort(-p, axis=-1, kind="stable")                   # 从大到小，并列时 id 小的在前
+        ps = np.take_along_axis(p, order, axis=-1)
+        before = np.concatenate([np.zeros_like(ps[..., :1]), np.cumsum(ps, axis=-1)[..., :-1]], axis=-1)
+        np.put_along_axis(keep, order, np.take_along_axis(keep, order, axis=-1) & (before < top_p), axis=-1)
+    return softmax(np.where(keep, z, -np.inf))
 
 
 def residual_distribution(target_probs, draft_probs):  # [V], [V] -> [V]
@@ -277,28 +324,30 @@ def _check_generation(prompt, n_new, models, gamma=0):
 # ---------------------------------------------------------------------------
 # 生成
 # ---------------------------------------------------------------------------
-def autoregressive_generate(model, prompt, n_new, T, rng, counter=None, stop=None):
+def autoregressive_generate(model, prompt, n_new, T, rng, counter=None, stop=None, *, top_p=1.0, top_k=0, min_p=0.0):
     """
     普通的自回归生成 -> int 数组 [n_new]（不含提示）。每个新 token 一次前向；第一次前向覆盖整个提示。
 
     【参数】T：温度（0 = 贪心）；rng：np.random.Generator（每个 token 用一个均匀数）；counter：记目标模型的账；
-    stop：停止 token 的 id（一个或几个；默认 None = 不停，种子的调用不变）。
+    stop：停止 token 的 id（一个或几个；默认 None = 不停，种子的调用不变）；top_p、top_k、min_p：adjust 的过滤器
+    （默认关）。
     【停止】抽到停止 token 就结束：它是返回的最后一个 token（所以输出可能短于 n_new）；之后不再前向。
     """
-    adjust(np.zeros(1), T)  # 尽早检查 T
+    filters = {"top_p": top_p, "top_k": top_k, "min_p": min_p}
+    adjust(np.zeros(1), T, **filters)  # 尽早检查 T 和过滤器
     stop = _stop_set(stop)
     seq = _check_generation(prompt, n_new, [model])
     n0 = len(seq)
     sess = model.session()
     for _ in range(n_new):
-        probs = adjust(sess.logits(seq, counter)[-1], T)
+        probs = adjust(sess.logits(seq, counter)[-1], T, **filters)
         seq.append(int(sample_inverse_cdf(probs, rng.random())))
         if seq[-1] in stop:
             break
     return np.asarray(seq[n0:], dtype=np.int64)
 
 
-def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
+def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None, *, top_p=1.0, top_k=0, min_p=0.0):
     """
     从给定的提示成批地生成（模型自己的"文本"）-> list：每个提示 n_per_prompt 条，每条是新 token 的 int 数组。
 
@@ -308,10 +357,12 @@ def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
     所以一条序列抽到什么只取决于种子和它的位置。第 3、6 讲用它在真实模型上取"模型自己的文本"
     （第 3 讲的 sample_tokens 从一个均匀随机的 token 开始，对真实词表不合适）。
     【参数】model：TransformerLM（或任何 NumpyTransformer）；prompts：token id 的 list 的 list；
-    stop：停止 token（每条序列截到第一个停止 token，含它）；T = 0 是贪心（同一个提示的各条相同）。
+    stop：停止 token（每条序列截到第一个停止 token，含它）；T = 0 是贪心（同一个提示的各条相同）；
+    top_p、top_k、min_p：adjust 的过滤器（默认关）。
     【边界】n_per_prompt、n_new < 1，空提示、越界的 token、提示 + n_new − 1 超过上下文：ValueError。
     """
-    adjust(np.zeros(1), T)
+    filters = {"top_p": top_p, "top_k": top_k, "min_p": min_p}
+    adjust(np.zeros(1), T, **filters)
     stop = _stop_set(stop)
     if not (isinstance(n_per_prompt, (int, np.integer)) and not isinstance(n_per_prompt, bool) and n_per_prompt >= 1):
         raise ValueError(f"n_per_prompt 必须是 ≥ 1 的整数（收到 {n_per_prompt!r}）")
@@ -324,14 +375,15 @@ def sample_from_prompts(model, prompts, n_per_prompt, n_new, T, rng, stop=None):
         logits = np.repeat(first, n_per_prompt, axis=0)                                   # [n, V]
         toks = np.zeros((n_per_prompt, n_new), dtype=np.int64)
         for t in range(n_new):
-            toks[:, t] = sample_inverse_cdf(adjust(logits, T), rng.random(n_per_prompt))
+            toks[:, t] = sample_inverse_cdf(adjust(logits, T, **filters), rng.random(n_per_prompt))
             if t + 1 < n_new:
                 logits = model.forward(toks[:, t:t + 1], cache)[:, -1]
         out += [_finish(list(row), 0, n_new, stop) for row in toks]
     return out
 
 
-def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=None, stop=None):
+def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=None, stop=None, *, top_p=1.0,
+                         top_k=0, min_p=0.0):
     """
     投机解码（Leviathan 算法 1）-> (新 token 的 int 数组 [n_new], stats)。
 
@@ -348,11 +400,14 @@ def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=
     token，就在它之后截断（它是输出的最后一个 token）并结束，不再开新的一轮；stats 记的是实际跑过的轮：
     target_calls 不变，accepted 是验证规则在每轮接受的个数（最后一轮停止 token 之后被接受、又被截掉的草稿也算在内，
     和"截到 n_new"时一样）。T = 0 时输出正好是带同样停止 token 的贪心序列（测试断言）。
+    【过滤器】top_p、top_k、min_p（adjust 的，默认关）只作用在 p 上：输出的分布是用户要的、过滤过的目标分布；
+    q 是草稿真正抽样用的分布（温度 T，不过滤），接受率和残差用的就是它（Leviathan 的证明只要求草稿从 q 抽）。
     【边界】γ < 1 抛 ValueError（γ = 0 就是普通解码，用 autoregressive_generate）；T = 0 时输出正好是目标模型的贪心序列。
     """
     if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
         raise ValueError(f"草稿长度 γ 必须是 ≥ 1 的整数（收到 {gamma!r}）；γ = 0 是普通解码")
-    adjust(np.zeros(1), T)
+    filters = {"top_p": top_p, "top_k": top_k, "min_p": min_p}
+    adjust(np.zeros(1), T, **filters)
     stop = _stop_set(stop)
     seq = _check_generation(prompt, n_new, [target, draft], gamma)
     n0 = len(seq)
@@ -366,7 +421,7 @@ def speculative_generate(target, draft, prompt, n_new, gamma, T, rng, counter_t=
             drafts.append(int(sample_inverse_cdf(q, rng.random())))
             qs.append(q)
         # 2. 目标模型一次前向：最后 γ + 1 行是 p₁..p_{γ+1}
-        ps = adjust(t_sess.logits(seq + drafts, counter_t)[-(gamma + 1):], T)
+        ps = adjust(t_sess.logits(seq + drafts, counter_t)[-(gamma + 1):], T, **filters)
         calls += 1
         # 3–4. 依次接受 / 拒绝，然后修正 token 或额外的 token
         n, tok = verify_chain(ps, qs, drafts, rng)
