@@ -333,12 +333,17 @@ class Handler(BaseHTTPRequestHandler):
     def _events(self, job):
         """按顺序给出引擎送来的 Event，直到结束。客户端断了抛 _ClientGone（每 poll_s 秒看一次，流式和不流式都看）。"""
         poll = self.server.poll_s
+        next_check = time.monotonic() + poll
         while True:
             try:
                 ev = job.events.get(timeout=poll)
             except queue.Empty:
+                ev = None
+            if time.monotonic() >= next_check:           # token 一直来（不流式、或文字留着没发）时也按时看
+                next_check = time.monotonic() + poll
                 if self._client_gone():
-                    raise _ClientGone() from None
+                    raise _ClientGone()
+            if ev is None:
                 continue
             yield ev
             if ev.reason is not None:

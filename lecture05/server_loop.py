@@ -157,7 +157,9 @@ class EngineLoop(threading.Thread):
                     if reason == "error":
                         r = eng.requests.get(rid) if hasattr(eng.requests, "get") else None
                         msg = getattr(r, "error", None) or "the engine failed on this request"
-                        self.log(f"engine reported an error for request {rid}: {msg}")
+                        exc = getattr(eng, "last_error", None)
+                        self.log(f"engine step failed for request {rid}: "
+                                 + (f"{type(exc).__name__}: {exc}" if exc is not None else msg))
                         job.events.put(Event(list(toks), "error", message=f"{msg} / 引擎在这个请求上出错", status=500))
                     else:
                         job.events.put(Event(list(toks), reason, self._new_logprobs(rid, job, len(toks))))
