@@ -1,8 +1,7 @@
 """
-openai_protocol —— serve.py 的 OpenAI 协议：请求体的解析和检查、错误体、回答和流式块的形状、输出文字的增量解码。
+openai_protocol —— serve.py 的 OpenAI 请求：请求体的解析和检查、错误体（回答的形状在 openai_response）。
 
-不碰网络、不碰引擎线程：一个请求体（已解析的 JSON）进来，一个 GenRequest（或一个 ApiError）出去；引擎给的 token 和
-log-probabilities 进来，OpenAI 的 JSON 出去。每样都能单独测（tests/test_serve_protocol.py）。
+不碰网络、不碰引擎线程：一个请求体（已解析的 JSON）进来，一个 GenRequest（或一个 ApiError）出去。
 
 【支持的字段】model、messages（role：system / developer（当 system）/ user / assistant（content 可以是 null））、
 prompt（字符串或 token id 的列表）、max_tokens / max_completion_tokens、temperature、top_p、top_k、min_p（vLLM 的扩展）、
@@ -12,7 +11,6 @@ seed、stop、stop_token_ids、ignore_eos（vLLM 的扩展）、stream、stream_
 400、点名字段——决不假装做了。【不认识的字段】收下、不用，记进 GenRequest.ignored（服务器的日志点名，同 vLLM）。
 【错误】ApiError 的 message 先英文、再中文（OpenAI 的客户端把 message 原样打印给用户）。
 """
-import codecs
 import math
 import secrets
 
@@ -38,66 +36,6 @@ class ApiError(Exception):
 
     def body(self):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-# ---------------------------------------------------------------------------
-# 文字：token 的字节、增量 UTF-8、停止串
-# ---------------------------------------------------------------------------
-def token_bytes_table(tok):
-    """每个 id 进文字的字节 -> list[bytes]：普通 token 按 GPT-2 的字节表换回字节，特殊 token 是 b""（不进文字）。"""
-    out = []
-    for i, t in enumerate(tok.tokens):
-        if tok.token_types[i] in SPECIAL_TOKEN_TYPES:
-            out.append(b"")
-        else:
-            out.append(bytes(tok.char_to_byte[c] for c in t))
-    return out
-
-
-class TextStream:
-    """
-    一个请求的输出文字，一次喂几个 token：feed(ids) -> (现在可以发出去的新文字, 是否碰到了停止串)；finish() -> 最后一段。
-
-    【规则】字节经增量 UTF-8 解码（errors="replace"）：不完整的尾巴留在解码器里。文字里第一次出现任何一个停止串时，
-    文字截在它前面、停。没停时，文字末尾可能是某个停止串开头的那一段先留着，剩下的发出去。finish() 把解码器里剩下的字节
-    按 final=True 解（不完整的变成一个 U+FFFD），再查一次停止串，发出剩下的全部。
-    """
-
-    def __init__(self, tbytes, stops=()):
-        self.tbytes, self.stops = tbytes, [s for s in stops if s]
-        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
-        self.text, self.sent, self.stopped = "", 0, False
-
-    def _emit(self, final):
-        hit = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if hit >= 0:
-            end, self.stopped = hit, True
-            self.text = self.text[:hit]
-        elif final:
-            end = len(self.text)
-        else:
-            hold = 0
-            for s in self.stops:
-                for k in range(min(len(s) - 1, len(self.text)), hold, -1):
-                    if self.text.endswith(s[:k]):
-                        hold = k
-                        break
-            end = len(self.text) - hold
-        end = max(end, self.sent)
-        out, self.sent = self.text[self.sent:end], end
-        return out
-
-    def feed(self, ids):
-        if self.stopped:
-            return "", True
-        self.text += self.dec.decode(b"".join(self.tbytes[i] for i in ids))
-        return self._emit(False), self.stopped
-
-    def finish(self):
-        if self.stopped:
-            return ""
-        self.text += self.dec.decode(b"", final=True)
-        return self._emit(True)
 
 
 # ---------------------------------------------------------------------------
@@ -406,38 +344,3 @@ def parse_request(body, chat, tok, cfg, num_blocks, block_size, model_name, gamm
                       seed=seed, stops=stops, stop_ids=sorted(set(sids) | (set() if ignore_eos else eos)),
                       logprobs=_logprobs(body, chat), stream=stream, include_usage=bool(so and so.get("include_usage")),
                       chat=chat, ignored=ignored)
-
-
-# ---------------------------------------------------------------------------
-# 回答的形状：log-probabilities
-# ---------------------------------------------------------------------------
-class LogprobFormat:
-    """引擎的 (chosen_logprob, [(id, logprob) …前 k 个]) -> OpenAI 的两种形状。token 的字符串：它的字节按 UTF-8 解
-    （不完整的字节是 U+FFFD；确切的字节在 chat 的 bytes 里）；特殊 token 用它的名字（例如 "<|im_end|>"）。"""
-
-    def __init__(self, tok, tbytes):
-        self.tok, self.tbytes = tok, tbytes
-
-    def token_str(self, i):
-        b = self.tbytes[i]
-        return b.decode("utf-8", "replace") if b else self.tok.tokens[i]
-
-    def _one(self, i, lp):
-        return {"token": self.token_str(i), "logprob": float(lp), "bytes": list(self.tbytes[i] or
-                                                                                 self.token_str(i).encode("utf-8"))}
-
-    def chat(self, ids, entries):
-        """-> choices[].logprobs.content 的一段：[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]。"""
-        return [dict(self._one(i, lp), top_logprobs=[self._one(j, v) for j, v in top])
-                for i, (lp, top) in zip(ids, entries)]
-
-    def completion(self, ids, entries, offsets):
-        """-> choices[].logprobs：{tokens, token_logprobs, top_logprobs（每个位置一个 {token: logprob}，前 k 个 + 抽中的）,
-        text_offset（每个 token 在回答文字里从第几个字符开始）}。"""
-        tops = []
-        for i, (lp, top) in zip(ids, entries):
-            d = {self.token_str(j): float(v) for j, v in top}
-            d.setdefault(self.token_str(i), float(lp))
-            tops.append(d)
-        return {"tokens": [self.token_str(i) for i in ids], "token_logprobs": [float(e[0]) for e in entries],
-                "top_logprobs": tops, "text_offset": list(offsets)}

@@ -4,7 +4,8 @@ CS349E · 第 5 讲 · serve.py —— 把引擎开成一个服务：OpenAI 兼�
 =============================================================================
 
 一个能跑的工具（不是实验模块，也不是编号脚本：没有模块 import 它，测试按路径加载）。三块各有一个家：
-HTTP（这个文件：连接、超时、路由、流）、OpenAI 协议（openai_protocol：解析、检查、回答的形状）、引擎线程（server_loop）。
+HTTP（这个文件：连接、超时、路由、流）、OpenAI 协议（openai_protocol：请求的解析和检查；openai_response：回答的
+形状、增量的文字、logprobs）、引擎线程（server_loop）。
 
 【运行】python3 lecture05/serve.py [--port 8000] [--host 127.0.0.1] [--dtype float32|float64]
         [--speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}']
@@ -30,7 +31,7 @@ HTTP（这个文件：连接、超时、路由、流）、OpenAI 协议（openai
   坏文字（孤立代理）、字段不对：400；不支持的字段不是默认值：400；模型名不对：404；方法不对：405；请求体没到齐：408；
   没有 Content-Length：411；请求体太大：413；排队满或连接满：503；引擎的一步出错：500（流：一个错误事件再 [DONE]），
   服务器接着服务。流式请求的检查（含引擎收不收）都在发响应头之前：一个会被拒的请求决不会变成 200 的流。
-【依赖】只用标准库和 numpy；本目录的 openai_protocol、server_loop、engine_lab（LLMEngine）、block_manager_lab；
+【依赖】只用标准库和 numpy；本目录的 openai_protocol、openai_response、server_loop、engine_lab（LLMEngine）、block_manager_lab；
   ../lecture02 的 real_model_lab（load_gguf）、bpe_lab（分词器）。
 """
 import os
@@ -58,8 +59,8 @@ import blas_threads  # noqa: E402  （lecture01：一个 BLAS 线程，除非你
 blas_threads.apply_rule()
 
 from block_manager_lab import blocks_for  # noqa: E402
-from openai_protocol import (ApiError, GenRequest, LogprobFormat, TextStream, TokenBound,  # noqa: E402,F401
-                             chat_prompt_ids, parse_request, token_bytes_table)
+from openai_protocol import ApiError, GenRequest, TokenBound, chat_prompt_ids, parse_request  # noqa: E402,F401
+from openai_response import Completion, LogprobFormat, TextStream, token_bytes_table  # noqa: E402,F401
 from server_loop import MAX_QUEUE, EngineLoop, Event, Job, QueueFull  # noqa: E402,F401
 
 MAX_BODY = 1 << 20          # 请求体的上限（字节）：1 MiB 装得下任何放得进上下文的提示
@@ -288,10 +289,10 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self):
         s, path = self.server, self._route()
         if path not in ("/v1/chat/completions", "/v1/completions"):
-            self._drain_body()
             if path in ROUTES or path.startswith("/v1/models/"):
-                self._wrong_method()
+                self._wrong_method()                         # 它读掉请求体
                 return
+            self._drain_body()
             raise ApiError(404, f"no such route: POST {path}", f"没有这个地址：POST {path}", type_="not_found_error")
         self.connection.settimeout(s.request_timeout)
         chat = path == "/v1/chat/completions"
@@ -367,35 +368,15 @@ class Handler(BaseHTTPRequestHandler):
     def _respond(self, job, req, rid):
         s = self.server
         self._wait_added(job)                                # 引擎收下了：之后才发响应头
-        ts, fmt = TextStream(s.tbytes, req.stops), s.lpfmt
-        created, n_out, reason = int(time.time()), 0, None
-        obj = "chat.completion" if req.chat else "text_completion"
-        stop_ids = set(req.stop_ids)
-        all_ids, all_lps, all_off = [], [], []
+        c = Completion(req, rid, s.model_name, int(time.time()), s.tbytes, s.lpfmt)
 
-        def logprobs_obj(ids, lps, offs):
-            if req.logprobs is None:
-                return None
-            return {"content": fmt.chat(ids, lps)} if req.chat else fmt.completion(ids, lps, offs)
+        def send(obj):
+            self._send_chunk(b"data: " + _dumps(obj) + b"\n\n")
 
-        def chunk(text=None, finish=None, usage=False, role=False, lp=None):
-            if req.chat:
-                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
-            c = {"id": rid, "object": obj + ".chunk" if req.chat else obj, "created": created, "model": s.model_name,
-                 "choices": [] if usage else [choice]}
-            if req.include_usage:
-                c["usage"] = usage_obj() if usage else None
-            return c
-
-        def usage_obj():
-            return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n_out,
-                    "total_tokens": len(req.prompt_ids) + n_out}
-
-        def send(c):
-            self._send_chunk(b"data: " + _dumps(c) + b"\n\n")
+        def done():
+            self._send_chunk(b"data: [DONE]\n\n")
+            if self.chunked:
+                self.wfile.write(b"0\r\n\r\n")
 
         if req.stream:
             self.chunked = self.request_version == "HTTP/1.1" and not s.closing
@@ -408,14 +389,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.send_header("Connection", "close")
             self.end_headers()
-            if req.chat:
-                send(chunk(role=True))
-
-        def done():
-            self._send_chunk(b"data: [DONE]\n\n")
-            if self.chunked:
-                self.wfile.write(b"0\r\n\r\n")
-
+            for obj in c.opening():
+                send(obj)
         for ev in self._events(job):
             if ev.tokens is None or ev.reason == "error":    # 关机，或引擎的这一步出错
                 e = ApiError(ev.status or 500, ev.message or "error", type_="server_error")
@@ -424,49 +399,19 @@ class Handler(BaseHTTPRequestHandler):
                 send(e.body())                               # 头已经发了：流里发一个错误事件，再正常结束
                 done()
                 return
-            toks, r = list(ev.tokens), ev.reason
-            lps = ev.logprobs if ev.logprobs is not None else [None] * len(toks)
-            feed = toks
-            if r in ("stop", "length") and toks and toks[-1] in stop_ids:
-                feed, r = toks[:-1], "stop"                  # 停止 token 不进文字（第 max_tokens 个是它时也一样）
-            text, hit, k_ids, k_lps, k_off = "", False, [], [], []
-            for k, t in enumerate(feed):                     # 一个一个喂：停止串凑齐时知道是第几个 token
-                k_off.append(len(ts.text))
-                piece, hit = ts.feed([t])
-                text += piece
-                k_ids.append(t)
-                k_lps.append(lps[k])
-                if hit:
-                    n_out += k + 1
-                    break
+            piece, hit = c.feed(ev.tokens, ev.reason, ev.logprobs)
             if hit:
-                reason = "stop"
                 s.loop.abort(job)                            # 引擎不知道停止串：叫它停、放掉块
-            else:
-                n_out += len(toks)
-                reason = r
-                if r is not None:
-                    text += ts.finish()
-            if req.stream and (text or (req.logprobs is not None and k_ids)):
-                send(chunk(text, lp=logprobs_obj(k_ids, k_lps, k_off)))
-            all_ids += k_ids
-            all_lps += k_lps
-            all_off += k_off
-            if reason is not None:
+            if piece is not None:
+                send(piece)
+            if c.reason is not None:
                 break
         if req.stream:
-            send(chunk(finish=reason))
-            if req.include_usage:
-                send(chunk(usage=True))
+            for obj in c.closing():
+                send(obj)
             done()
-            return
-        text = ts.text
-        lp = logprobs_obj(all_ids, all_lps, all_off)
-        msg = {"role": "assistant", "content": text} if req.chat else None
-        choice = ({"index": 0, "message": msg, "logprobs": lp, "finish_reason": reason} if req.chat
-                  else {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason})
-        self._json(200, {"id": rid, "object": obj, "created": created, "model": s.model_name, "choices": [choice],
-                         "usage": usage_obj()})
+        else:
+            self._json(200, c.final())
 
 
 class Server(ThreadingHTTPServer):

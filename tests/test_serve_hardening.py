@@ -511,7 +511,7 @@ def test_routes_query_strings_and_wrong_methods_all_answer_json(server):
     for method, path, status in [("GET", "/v1/chat/completions", 405), ("PUT", "/v1/models", 405),
                                  ("DELETE", "/v1/completions", 405), ("POST", "/health", 405),
                                  ("PATCH", "/nowhere", 404), ("BREW", "/v1/models", 405)]:
-        st, b = request(p, method, path)
+        st, b = request(p, method, path, {"prompt": "q"})       # 带一个请求体：读掉它，立刻回答
         assert st == status and is_error_body(b), (method, path)
 
 
