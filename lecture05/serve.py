@@ -94,6 +94,7 @@ def _dumps(obj):
 class Handler(BaseHTTPRequestHandler):
     server_version = "CS349E-serve/2.0"
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"     # 请求行坏了时也回状态行和头（标准库默认 HTTP/0.9：只回一个光秃秃的体）
 
     def log_message(self, fmt, *args):      # 默认每个请求往 stderr 打一行；--log 时才打
         if self.server.log:

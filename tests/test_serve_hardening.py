@@ -515,6 +515,30 @@ def test_routes_query_strings_and_wrong_methods_all_answer_json(server):
         assert st == status and is_error_body(b), (method, path)
 
 
+def test_a_bad_request_line_gets_a_json_body_not_the_stdlib_html_page(server):
+    st, b = raw(server.port, b"GARBAGE\r\n\r\n")
+    assert st == 400 and is_error_body(b)
+    st, b = raw(server.port, b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n")
+    assert st == 414 and is_error_body(b)
+
+
+def test_an_http_1_0_client_gets_its_stream_unchunked_then_the_connection_closes(server):
+    body = json.dumps({"prompt": "q", "max_tokens": 3, "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while True:
+            more = s.recv(65536)
+            if not more:
+                break
+            got += more
+    finally:
+        s.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding" not in head and rest.startswith(b"data: {") and rest.endswith(b"data: [DONE]\n\n")
+
+
 def test_a_client_reuses_one_connection_for_plain_and_streamed_requests(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
