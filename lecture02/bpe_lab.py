@@ -14,7 +14,8 @@ bpe_lab —— SmolLM2 的分词器：GPT-2 式字节级 BPE（byte-level BPE）
    （空格 → "Ġ"，换行 → "Ċ"），于是 BPE 在"字节"上做：词表有全部 256 个单字节 token 时，任何文本都编得出来。
 5. BPE：从单字节符号开始，反复找相邻两个符号里 merge 表中排名最靠前（rank 最小）的一对，把这一对在整片里从左到右
    全部合并；没有可合并的一对时停。rank = merges 列表里的下标（列表顺序就是训练时学到 merge 的顺序）。
-   每片的结果按片缓存（同一片永远得到同样的 id）。
+   每片的结果按片缓存（同一片永远得到同样的 id）；缓存有上限（cache_size 片，默认 CACHE_SIZE），满了丢掉最久没用过的
+   一片（LRU）：一直开着的服务器不会因为见过的片越来越多而越占越多内存。
 解码：id → token 字符串 → 按 bytes_to_unicode 的逆表变回字节，拼起来按 UTF-8 解码（切在半个字符上的字节
 换成 U+FFFD）；特殊 id 解成它自己的字符串（"<|im_end|>"）。
 
@@ -34,9 +35,16 @@ encode(text, parse_special=False) 就是这个行为。llama.cpp 解码时 CONTR
 注意：默认行为下，用户文本里写的 "<|im_end|>" 会真的结束一个对话轮——把不可信文本放进 chat() 前想清楚。
 
 【词表缺的字节】SmolLM2 的词表只有 235 个单字节 token，缺 21 个：0x04 0x06 0x13 0x14 0x16 0x1D 六个控制字符，
-UTF-8 里永远不出现的 0xC0 0xC1 0xF5–0xFF，和只出现在 U+40000–U+BFFFF（未分配的第 4–11 平面）里的 0xF1 0xF2。
-含这些字节的文本编码不出来：HF（unk_token 为空）在每一片里悄悄丢掉这些字节，本模块抛 ValueError（属性
-missing_bytes 列出它们）。其余文本 decode(encode(text)) == text。
+UTF-8 里永远不出现的 0xC0 0xC1 0xF5–0xFF，和只出现在 U+40000–U+BFFFF（未分配的第 4–11 平面）里的 0xF1 0xF2
+（属性 missing_bytes）。和参考实现（HF tokenizers 的 BPE，unk_token 为空；vLLM 用它）一样，这些字节在每一片里
+**悄悄丢掉**，同一片里剩下的字节照常合并："x\x06y" 编成 "x"、"y"，0xF1 开头的四字节字符只丢首字节
+（tests/fixtures/smollm2_missing_bytes_ids.json）。含它们的文本解码回来少了它们；其余文本 decode(encode(text)) == text。
+【孤立代理】str 可以含孤立代理（U+D800–DFFF，例如 json.loads('"a\\ud800b"')），编不成 UTF-8。参考实现不收（HF
+tokenizers 抛 TypeError，fixture 里记着）：encode 默认（errors="strict"）抛 ValueError，说出位置；errors="replace"
+时换成 U+FFFD（decode 对切坏的字节也这样），从不抛错。
+【token 数的上下界】token_bounds(text)、min_tokens(text)：不分词（几遍 bytes.translate），服务器用它在分词之前
+拒绝太长的提示。推导见 token_bounds；SmolLM2 上一个 token 最多 25 个 ASCII 字母、1 个数字、24 个 ≥ 0x80 的字节、
+81 个空白——只用"最长的 token 81 个字节"一个数，一段英文的下界要松三倍多。
 
 【和参考实现逐 id 对过】tests/fixtures/smollm2_tokenizer_ids.json：用 tokenizers 包（HF）按 SmolLM2 的 tokenizer.json
 的配置、同一份词表和 merge 表编码的一批难文本（CJK、各类数字、组合附加符、emoji 和 ZWJ 序列、空白串、缩写、
@@ -55,6 +63,7 @@ missing_bytes 列出它们）。其余文本 decode(encode(text)) == text。
 - GPT-2 的 bytes_to_unicode：openai/gpt-2 src/encoder.py。
 """
 import bisect
+import collections
 import operator
 import re
 import unicodedata
@@ -62,7 +71,9 @@ from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["BPETokenizer", "bytes_to_unicode", "pre_tokenize", "bpe_merge", "char_class",
-           "TOKEN_TYPES", "SPECIAL_TOKEN_TYPES", "GPT2_PATTERN_TEXT"]
+           "TOKEN_TYPES", "SPECIAL_TOKEN_TYPES", "GPT2_PATTERN_TEXT", "CACHE_SIZE"]
+
+CACHE_SIZE = 1 << 16     # 每个分词器最多缓存多少片（LRU）：英文文本的常见片远少于这个数，缓存照样几乎全中
 
 # llama.cpp 的 llama_token_type（gguf-py constants.py 的 TokenType）
 TOKEN_TYPES = {1: "NORMAL", 2: "UNKNOWN", 3: "CONTROL", 4: "USER_DEFINED", 5: "UNUSED", 6: "BYTE"}
@@ -219,6 +230,19 @@ def _parse_merge(i: int, merge) -> Tuple[str, str]:
                      f"非空符号，GGUF 的写法）或 [\"左\", \"右\"]")
 
 
+# token_bounds 的字节类（词表缺的字节不属于任何类：它们不进 token）
+_BYTE_CLASSES = {"letter": bytes(range(0x41, 0x5B)) + bytes(range(0x61, 0x7B)), "digit": b"0123456789",
+                 "high": bytes(range(0x80, 0x100)), "space": b" \t\n\r\x0b\x0c"}
+_BYTE_CLASSES["other"] = bytes(b for b in range(0x80) if not any(b in v for v in _BYTE_CLASSES.values()))
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _replace_surrogates(text: str) -> str:
+    """每个孤立代理（U+D800–DFFF）换成 U+FFFD（json.loads 已经把成对的 \\ud83d\\ude00 合成一个字符）。"""
+    return _SURROGATE_RE.sub("\ufffd", text)
+
+
 class BPETokenizer:
     """SmolLM2 的字节级 BPE 分词器：encode / decode / chat。
 
@@ -229,13 +253,15 @@ class BPETokenizer:
       类型 3（CONTROL）和 4（USER_DEFINED）的 token 是特殊 token。
     - bos_id / eos_id：记下来给调用方用（eos_id 是一轮对话结束的 id）；encode 不自动加 BOS（SmolLM2 的
       add_bos_token 是 false）。
+    - cache_size：按片缓存的上限（≥ 0 的整数，0 = 不缓存），满了丢掉最久没用过的片（LRU）。
     属性：tokens、merges（(左, 右) 的列表）、ranks、token_types、special_ids（{字符串: id}）、vocab（{字符串: id}）、
     bos_id、eos_id、im_start_id / im_end_id（词表里有 "<|im_start|>" / "<|im_end|>" 时的 id，否则 None）、
-    missing_bytes（词表里没有单字节 token 的字节，升序；含它们的文本 encode 抛 ValueError）。
+    missing_bytes（词表里没有单字节 token 的字节，升序；encode 悄悄丢掉它们，同 HF）、max_token_bytes（最长的
+    token 有几个字节，特殊 token 也算）、cache_size。
     """
 
     def __init__(self, tokens: Sequence[str], merges: Sequence, token_types: Optional[Sequence[int]] = None,
-                 bos_id: Optional[int] = None, eos_id: Optional[int] = None):
+                 bos_id: Optional[int] = None, eos_id: Optional[int] = None, cache_size: int = CACHE_SIZE):
         if not isinstance(tokens, (list, tuple)) or not tokens:
             raise ValueError(f"tokens 要一个非空的字符串列表，收到 {type(tokens).__name__}"
                              f"{'（空）' if isinstance(tokens, (list, tuple)) else ''}")
@@ -295,7 +321,20 @@ class BPETokenizer:
         # 特殊 token 的切分正则：按长度从长到短排，re 的"最左、先列出的先赢"就成了最左最长匹配（和 HF 一样）
         specials = sorted(self.special_ids, key=lambda s: (-len(s), s))
         self._special_re = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
-        self._cache: Dict[str, Tuple[int, ...]] = {}
+        if not (isinstance(cache_size, int) and not isinstance(cache_size, bool) and cache_size >= 0):
+            raise ValueError(f"cache_size 要一个 ≥ 0 的整数（0 = 不缓存），收到 {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: "collections.OrderedDict[str, Tuple[int, ...]]" = collections.OrderedDict()
+        self._keep = {b: self.byte_to_char[b] for b in range(256) if b not in self.missing_bytes}   # 留下的字节
+        self._missing = bytes(self.missing_bytes)
+        self.max_token_bytes = max(len(b) for b in self._id_bytes)
+        # token_bounds 的字节类：(要删掉的其余字节, 一个 token 最多含几个这类字节)
+        self._byte_classes = []
+        for members in _BYTE_CLASSES.values():
+            others = bytes(b for b in range(256) if b not in members)
+            most = max(len(b.translate(None, others)) for b in self._id_bytes)
+            if most:
+                self._byte_classes.append((others, most))
 
     # ---------------------------------------------------------------- 构造
     @classmethod
@@ -332,37 +371,71 @@ class BPETokenizer:
 
     # ---------------------------------------------------------------- 编码
     def _encode_piece(self, piece: str) -> Tuple[int, ...]:
-        """返回一片（预分词的结果）的 id；按片缓存。"""
-        ids = self._cache.get(piece)
+        """返回一片（预分词的结果）的 id；词表缺的字节丢掉（HF 的 BPE 在 unk_token 为空时的做法），剩下的照常合并；
+        按片缓存（LRU，最多 cache_size 片）。"""
+        cache = self._cache
+        ids = cache.get(piece)
         if ids is not None:
+            cache.move_to_end(piece)                 # 刚用过：最后才丢
             return ids
-        symbols = [self.byte_to_char[b] for b in piece.encode("utf-8")]
-        for c in symbols:
-            if c not in self.vocab:
-                b = self.char_to_byte[c]
-                listed = " ".join(f"0x{m:02X}" for m in self.missing_bytes)
-                raise ValueError(f"{piece!r} 里的字节 0x{b:02X} 在词表里没有单字节 token，编码不出来（词表缺 "
-                                 f"{len(self.missing_bytes)} 个字节：{listed}）。HF tokenizers（unk_token 为空）"
-                                 f"会悄悄丢掉这个字节，本模块报错")
+        keep = self._keep
+        symbols = [keep[b] for b in piece.encode("utf-8") if b in keep]
         ids = tuple(self.vocab[s] for s in bpe_merge(symbols, self.ranks))
-        self._cache[piece] = ids
+        if self.cache_size:
+            cache[piece] = ids
+            if len(cache) > self.cache_size:
+                cache.popitem(last=False)            # 丢掉最久没用过的一片
         return ids
 
-    def encode(self, text: str, parse_special: bool = True) -> List[int]:
-        """返回 text 的 token id（不加 BOS / EOS）。
+    def _utf8(self, text: str, errors: str) -> bytes:
+        """text 的 UTF-8 字节；孤立代理按 errors 处理（"strict"：ValueError；"replace"：U+FFFD）。"""
+        if errors not in ("strict", "replace"):
+            raise ValueError(f"errors 只能是 'strict'（孤立代理抛 ValueError）或 'replace'（换成 U+FFFD），收到 {errors!r}")
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            if errors == "strict":
+                raise ValueError(f"text 第 {e.start} 个字符是孤立代理 U+{ord(text[e.start]):04X}，不是合法的 Unicode "
+                                 f"文本（编不成 UTF-8） / text has a lone surrogate U+{ord(text[e.start]):04X} at "
+                                 f"index {e.start}: not valid Unicode") from None
+            return _replace_surrogates(text).encode("utf-8")
 
-        【参数】parse_special：True（默认，和 HF 一样）时文本里的特殊 token 字符串变成它的 id；
-        False（llama.cpp 的 common_tokenize 的默认）时它们也当普通文本切。
-        【边界】空串 → []。含孤立代理（U+D800–DFFF，不是合法的 Unicode 标量值）或词表缺的字节（missing_bytes）
-        时抛 ValueError。decode(encode(text)) == text 对其余任何文本成立。
+    def token_bounds(self, text: str, errors: str = "strict") -> Tuple[int, int]:
+        """返回 encode(text, errors=errors) 的 token 数的 (下界, 上界)，不分词。
+
+        【推导】encode 的 token 正好把留下的字节（UTF-8 字节去掉 missing_bytes；特殊 token 的也在内）不重不漏地分完，
+        每个至少 1 个字节：上界 = 留下的字节数 n。字节分几类（ASCII 字母、数字、≥ 0x80、空白、其余），一个 token
+        最多含 M_c 个 c 类字节（按词表算，特殊 token 也算），文本有 n_c 个，所以 token 数 ≥ ⌈n_c / M_c⌉；下界取各类
+        的最大值和 ⌈n / max_token_bytes⌉ 里大的。不跑正则、不跑 BPE。
+        【边界】空串 → (0, 0)；孤立代理同 encode（errors）。
         """
         if not isinstance(text, str):
             raise ValueError(f"text 要一个 str，收到 {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"text 第 {e.start} 个字符是孤立代理 U+{ord(text[e.start]):04X}，不是合法的 Unicode "
-                             f"文本（编不成 UTF-8）") from None
+        data = self._utf8(text, errors).translate(None, self._missing)      # 缺的字节不进任何 token
+        n = len(data)
+        lo = -(-n // self.max_token_bytes)
+        for others, most in self._byte_classes:
+            lo = max(lo, -(-len(data.translate(None, others)) // most))
+        return lo, n
+
+    def min_tokens(self, text: str, errors: str = "strict") -> int:
+        """返回 encode(text) 至少有几个 token（token_bounds 的下界）：服务器在分词之前用它拒绝放不进上下文的提示。"""
+        return self.token_bounds(text, errors)[0]
+
+    def encode(self, text: str, parse_special: bool = True, errors: str = "strict") -> List[int]:
+        """返回 text 的 token id（不加 BOS / EOS）。
+
+        【参数】parse_special：True（默认，和 HF 一样）时文本里的特殊 token 字符串变成它的 id；
+        False（llama.cpp 的 common_tokenize 的默认）时它们也当普通文本切。errors：孤立代理怎么办（模块说明的
+        【孤立代理】）："strict"（默认）抛 ValueError，"replace" 换成 U+FFFD。
+        【边界】空串 → []。词表缺的字节（missing_bytes）悄悄丢掉（同 HF）。decode(encode(text)) == text 对其余任何
+        文本成立。
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"text 要一个 str，收到 {type(text).__name__}")
+        self._utf8(text, errors)
+        if errors == "replace":
+            text = _replace_surrogates(text)
         ids: List[int] = []
         segments = [text]
         if parse_special and self._special_re is not None:

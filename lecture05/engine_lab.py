@@ -12,7 +12,8 @@ generate(prompts, max_tokens, temperature=0.0, seed=0, stop=None, *, top_p=1.0, 
 【logprobs】add_request(…, logprobs=k)（k = 0..MAX_LOGPROBS，None = 不要）：requests[id].logprobs 每个生成的 token
 一项 (抽到的 token 的 logprob, [(token_id, logprob)] × k)，k 个按 logprob 从大到小、并列时 id 小的在前。logprob 是
 **原始 logits** 的 log-softmax（温度和过滤器之前，float64），同 vLLM 的默认（logprobs_mode="raw_logprobs"）：T = 0 时
-调整过的分布只有 0 和 1，log 是 −inf，不是合法的 JSON。postprocess 之后只从抽样的那一行算（不留整行，keep_logits 才留）。
+调整过的分布只有 0 和 1，log 是 −inf，不是合法的 JSON（vllm/v1/sample/sampler.py @3e34265：raw_logprobs 在温度和
+logits processor 之前算）。postprocess 之后只从抽样的那一行算（不留整行，keep_logits 才留）。
 投机解码也能给：一轮留下的每个 token 用目标在那个位置的 logits 行（抽出它的 p 就来自这一行）。
 【出错】一步里模型（runner）抛异常：引擎不死。这一步里的每个请求结束，step() 报告 (request_id, [], "error")，
 requests[id].error 是一句中英文的说明，块放掉（测试：num_free_blocks 回到总数），异常本身留在 last_error（服务器写日志用）；

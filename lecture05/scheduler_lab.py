@@ -154,7 +154,7 @@ class Scheduler:
             req.n_computed += c.n + max(0, len(toks) - 1)
             for tok in toks:
                 req.tokens.append(int(tok))
-                if tok in req.stop:
+                if tok in req.stop:                    # 先查停止 token：它正好是第 max_tokens 个时也是 "stop"
                     req.finish_reason = "stop"
                 elif len(req.tokens) - req.n_prompt >= req.max_tokens:
                     req.finish_reason = "length"

@@ -153,9 +153,9 @@ def adjust(logits, T, *, top_p=1.0, top_k=0, min_p=0.0):  # [..., V] -> [..., V]
     logits -> 温度 T 下、经过 min_p、top-k、top-p 过滤的概率（最后一维）。引擎（runner_lab、spec_engine_lab）、
     decode_lab 的生成器和服务器都只用这一个函数抽样。
 
-    【顺序】vLLM V1 的顺序（vllm/v1/sample/sampler.py 的 Sampler.sample：先除温度，再 min_p——
-    logits_processor/builtin.py 的 MinPLogitsProcessor，最后 ops/topk_topp_sampler.py 的 apply_top_k_top_p：先 top-k
-    后 top-p）：
+    【顺序】vLLM V1 的顺序（vllm-project/vllm 的 vllm/v1/sample/sampler.py @3e34265 的 Sampler.sample：先除温度，
+    再"不改变 argmax 的 logits processor"——默认就是 min_p，logits_processor/builtin.py @bf17660 的 MinPLogitsProcessor，
+    最后 ops/topk_topp_sampler.py @01fa3fe 的 apply_top_k_top_p：先 top-k 后 top-p）：
       1. z = logits / T，p = softmax(z)；
       2. min_p：留下 p ≥ min_p · max p 的 token（等于阈值的留下，同 vLLM 的 probs < 阈值才去掉）；
       3. top-k：在留下的里取 z 最大的 k 个；**和第 k 个值并列的全部留下**（vLLM 去掉的是"< 第 k 个值"的，

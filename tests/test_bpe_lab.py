@@ -14,6 +14,7 @@ import bpe_lab
 from bpe_lab import BPETokenizer, bpe_merge, bytes_to_unicode, char_class, pre_tokenize
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "smollm2_tokenizer_ids.json")
+MISSING_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "smollm2_missing_bytes_ids.json")
 
 # ---------------------------------------------------------------- 一个手算用的小词表
 # id 0..255 是单字节 token，id = 字节值（"h" 是 104，空格 "Ġ" 是 32）；后面是合并出来的 token 和两个特殊 token。
@@ -304,13 +305,32 @@ def test_merges_as_pairs_are_accepted():
     assert tok.encode("hello world abc") == [259, 264, 32, 267]
 
 
-def test_encode_errors():
+def test_missing_bytes_are_dropped_and_their_neighbours_in_the_piece_merge():
+    """
+    词表缺的字节在每一片里丢掉，同一片里剩下的字节照常合并（HF 的 BPE 在 unk_token 为空时的做法）：
+    小词表拿掉 0x04 的单字节 token：0x04 是"其他"类，自成一片，丢掉后什么都不剩，两边的片各编各的。
+    拿掉 "x"（0x78，字母，没有 merge 用到它）：它在字母片里，丢掉后同一片里两边的字节相邻、照常合并——
+    "hxe" 剩 h e -> he = [257]；"hexllo" 剩 h e l l o -> hello = [259]。
+    """
     tok = tiny(drop_bytes=(0x04,))
     assert tok.missing_bytes == [0x04] and tiny().missing_bytes == []
-    with pytest.raises(ValueError, match="字节 0x04 在词表里没有单字节 token.*词表缺 1 个字节：0x04"):
-        tok.encode("a\x04b")
-    with pytest.raises(ValueError, match="孤立代理 U\\+D800"):
+    assert tok.encode("a\x04b") == [97, 98]
+    assert tok.encode("hello\x04 world") == [259, 264]
+    assert tok.encode("\x04\x04") == []
+    assert tok.encode("ab\x04c") == [266, 99]             # "ab"、"\x04"、"c" 三片：ab 合，c 不和 ab 连
+    no_x = tiny(drop_bytes=(0x78,))
+    assert no_x.encode("hxe") == [257] and no_x.encode("hexllo") == [259]
+    assert no_x.encode("xxx") == [] and no_x.decode(no_x.encode("hexllo")) == "hello"
+
+
+def test_encode_errors():
+    tok = tiny(drop_bytes=(0x04,))
+    with pytest.raises(ValueError, match="孤立代理 U\\+D800.*lone surrogate"):
         tok.encode("ok\ud800")
+    with pytest.raises(ValueError, match="errors 只能是"):
+        tok.encode("ok", errors="ignore")
+    with pytest.raises(ValueError, match="cache_size"):
+        BPETokenizer(tiny_tokens(), TINY_MERGES, TINY_TYPES, cache_size=-1)
     with pytest.raises(ValueError, match="要一个 str"):
         tok.encode(b"bytes")
     with pytest.raises(ValueError, match="id 271 不在 0..270 里"):
@@ -378,26 +398,48 @@ def test_smollm2_matches_hf_ids(smollm2, fixture_cases):
         assert smollm2.decode(case["ids"]) == case["hf_text"]
 
 
-def test_smollm2_missing_bytes_raise_where_hf_drops(smollm2, fixture_cases):
+def test_smollm2_missing_bytes_are_dropped_like_hf(smollm2, fixture_cases):
     """
-    SmolLM2 的词表缺 21 个字节的单字节 token（例如 0x04、0x1D、0xF1）。HF（unk_token 为空）在预分词之后、
-    每一片里把这些字节悄悄丢掉，解码回来就少了字符；本模块改为报 ValueError。对只含缺字节的控制字符的那条
-    文本，逐片去掉这些字符再编码，就得到 HF 的 id（0xF1/0xF2 开头的四字节字符不这样：HF 只丢首字节）。
+    SmolLM2 的词表缺 21 个字节的单字节 token（例如 0x04、0x1D、0xF1）。HF（unk_token 为空，vLLM 用它）在每一片里
+    把这些字节悄悄丢掉；本模块一样：tests/fixtures/smollm2_missing_bytes_ids.json（make_missing_bytes_fixture.py
+    生成）的每条文本逐 id 相等，解码出来也和 HF 的一样（少了那些字节）。旧的参考文件里三条 hf_drops_bytes 的文本
+    同样逐 id 相等。回归：旧版本在这里抛 ValueError，serve.py 收到 "x\u0006y" 就断开连接。
     """
-    cases = [c for c in fixture_cases["cases"] if c["hf_drops_bytes"]]
-    assert len(cases) == 3
-    for case in cases:
-        with pytest.raises(ValueError, match="在词表里没有单字节 token"):
-            smollm2.encode(case["text"])
+    with open(MISSING_FIXTURE, encoding="utf-8") as f:
+        ref = json.load(f)
+    assert len(ref["cases"]) == 13
+    for case in ref["cases"]:
+        assert smollm2.encode(case["text"]) == case["ids"], repr(case["text"])
+        assert smollm2.decode(case["ids"]) == case["hf_decoded"]
+    assert ref["cases"][0] == {"text": "x\x06y", "ids": [104, 105], "hf_decoded": "xy"}
+    old = [c for c in fixture_cases["cases"] if c["hf_drops_bytes"]]
+    assert len(old) == 3
+    for case in old:
+        assert smollm2.encode(case["text"]) == case["ids"]
         assert case["hf_decoded"] != case["text"]
-    control = [c for c in cases if c["text"].startswith("a\x1d")][0]
-    missing = "\x04\x06\x13\x14\x16\x1d"
-    hf_like = []
-    for piece in pre_tokenize(control["text"]):
-        kept = "".join(ch for ch in piece if ch not in missing)
-        if kept:
-            hf_like += smollm2.encode(kept)
-    assert hf_like == control["ids"] == [81, 82, 216, 216]     # a b Ġ Ġ
+
+
+def test_smollm2_lone_surrogates_are_refused_like_hf_or_replaced(smollm2):
+    """
+    参考实现不收孤立代理：HF tokenizers 对这样的 str 抛 TypeError（fixture 的 surrogates 记着）。encode 默认抛
+    ValueError（说出位置，不是 UnicodeEncodeError 之类的意外）；errors="replace" 时换成 U+FFFD，和直接编码 U+FFFD 的
+    文本逐 id 相同。token_bounds 用同样的规则。
+    """
+    with open(MISSING_FIXTURE, encoding="utf-8") as f:
+        ref = json.load(f)
+    assert len(ref["surrogates"]) == 4
+    for case in ref["surrogates"]:
+        assert case["ids"] is None and case["raises"].startswith("TypeError")
+        text = case["text"]
+        with pytest.raises(ValueError, match="孤立代理"):
+            smollm2.encode(text)
+        with pytest.raises(ValueError, match="孤立代理"):
+            smollm2.token_bounds(text)
+        fixed = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        ids = smollm2.encode(text, errors="replace")
+        assert ids == smollm2.encode(fixed) and smollm2.decode(ids) == fixed
+        lo, hi = smollm2.token_bounds(text, errors="replace")
+        assert lo <= len(ids) <= hi
 
 
 def test_smollm2_chat_ids_by_hand(smollm2):
@@ -451,3 +493,66 @@ def test_smollm2_round_trip_random_text(smollm2):
                 cps.append(cp)
         text = "".join(map(chr, cps))
         assert smollm2.decode(smollm2.encode(text)) == text
+
+
+# ---------------------------------------------------------------- 缓存有界、token 数的上下界
+def test_piece_cache_is_a_bounded_lru():
+    """
+    缓存最多 cache_size 片，满了丢最久没用过的：回归——旧版本的 dict 留着见过的每一片（issue 37：7 个各 ~960 KB 的
+    提示让进程涨了 170 MB）。用过的片移到最后；cache_size = 0 不缓存；结果和不缓存时一样。
+    """
+    tok = BPETokenizer(tiny_tokens(), TINY_MERGES, TINY_TYPES, cache_size=3)
+    words = ["hello", " world", " abc", " cab", " lll"]
+    for w in words[:3]:
+        tok.encode(w)
+    assert list(tok._cache) == ["hello", " world", " abc"]
+    tok.encode("hello")                                   # 用过：移到最后
+    tok.encode(" cab")                                    # 满了：丢掉最久没用过的 " world"
+    assert list(tok._cache) == [" abc", "hello", " cab"]
+    for i in range(50):
+        tok.encode(f" w{'a' * i}")
+    assert len(tok._cache) == 3
+    none = BPETokenizer(tiny_tokens(), TINY_MERGES, TINY_TYPES, cache_size=0)
+    text = " ".join(words) * 3
+    assert none.encode(text) == tok.encode(text) == tiny().encode(text)
+    assert len(none._cache) == 0
+    assert bpe_lab.CACHE_SIZE >= 1024 and tiny().cache_size == bpe_lab.CACHE_SIZE
+
+
+def test_token_bounds_hold_and_are_tight_on_the_tiny_vocab():
+    """
+    小词表（去掉两个特殊 token 和 "20"：特殊 token 也算，<|im_start|> 有 7 个字母）：一个 token 最多 5 个字母
+    （hello、Ġworld 的 world）、1 个数字。"hello" × 6 = 6 个 token，下界 ⌈30 / 5⌉ = 6 正好相等；"2026" 4 个数字
+    4 个 token；上界 = 字节数。带特殊 token 的小词表上字母的 M 是 7，下界松一些，但照样成立（随机文本）。
+    """
+    plain = BPETokenizer(tiny_tokens()[:268], TINY_MERGES[:12])
+    assert plain.token_bounds("hello" * 6) == (6, 30) and len(plain.encode("hello" * 6)) == 6
+    assert plain.token_bounds("2026") == (4, 4) and len(plain.encode("2026")) == 4
+    tok = tiny(drop_bytes=(0x04,))
+    assert tok.token_bounds("hello" * 6) == (5, 30)
+    assert tok.token_bounds("") == (0, 0)
+    assert tok.token_bounds("a\x04\x04b") == (1, 2)         # 缺的字节不进 token：不算
+    assert tok.token_bounds("\x04\x04") == (0, 0) and tok.encode("\x04\x04") == []
+    assert tok.min_tokens("hello world " * 10) == tok.token_bounds("hello world " * 10)[0]
+    rng = np.random.default_rng(37)
+    alphabet = list("helowrdabc 2016\n\t<|>_") + ["<|im_end|>", "\x04", "é", "中"]
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 40))))
+        lo, hi = tok.token_bounds(text)
+        assert lo <= len(tok.encode(text)) <= hi, repr(text)
+
+
+def test_smollm2_token_bounds_hold_on_the_reference_texts(smollm2, fixture_cases):
+    """
+    真词表：下界 ≤ token 数 ≤ 上界，在每条参考文本（含仓库自己的文件）上。一个 token 最多 25 个 ASCII 字母、1 个
+    数字、24 个 ≥ 0x80 的字节、81 个空白（"\n" + 80 个空格）：一段纯字母的文本下界是字母数 / 25，
+    比只用"最长 81 字节"紧三倍多——服务器靠它在分词之前拒绝太长的提示。
+    """
+    assert smollm2.max_token_bytes == 81
+    assert sorted(m for _, m in smollm2._byte_classes) == [1, 24, 25, 80, 81]
+    for case in fixture_cases["cases"]:
+        lo, hi = smollm2.token_bounds(case["text"])
+        assert lo <= len(case["ids"]) <= hi, case["group"]
+    words = " ".join(["abcdefghijklmnopqrstuvwxy"] * 400)        # 10,000 个字母
+    assert smollm2.min_tokens(words) == 400
+    assert smollm2.min_tokens(words) <= len(smollm2.encode(words))
