@@ -62,18 +62,23 @@ def check_text(s, where, param):
 
 class TokenBound:
     """
-    一段文字至少切成几个 token 的便宜下界（不切词，O(字节数)）。
+    一段文字至少切成几个 token 的便宜下界（不切词，O(字节数)）：分词器有 min_tokens（bpe_lab：按字节的类别算，更紧）
+    就用它，否则用下面这个。
     【推导】每个 token 最多 max_len 个字节（特殊 token 按它的字符串算）；词表里没有单字节 token 的字节切词时被丢掉
     （HF tokenizers 没有 unk_token 时的做法），不算。所以 token 数 ≥ ⌈(字节数 − 丢掉的字节数) / max_len⌉。
+    chat 的消息按普通文本切（特殊 token 的字符串不变成一个 id），切出来只会更多：下界照样成立。
     """
 
     def __init__(self, tok, tbytes):
+        self.min_tokens = getattr(tok, "min_tokens", None)
         self.max_len = max(max(len(b) for b in tbytes),
                            max((len(t.encode("utf-8")) for i, t in enumerate(tok.tokens)
                                 if tok.token_types[i] in SPECIAL_TOKEN_TYPES), default=1))
         self.dropped = bytes(getattr(tok, "missing_bytes", ()) or ())
 
     def __call__(self, text):
+        if self.min_tokens is not None:
+            return self.min_tokens(text)
         b = text.encode("utf-8", "replace")
         n = len(b) - (len(b) - len(b.translate(None, self.dropped)) if self.dropped else 0)
         return -(-n // self.max_len)
