@@ -357,6 +357,31 @@ def test_an_exception_in_step_fails_that_request_and_the_server_keeps_serving(ca
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_an_engine_whose_step_raises_is_survived_by_the_loop(capsys):
+    """引擎自己没接住的异常（step() 直接抛）：EngineLoop 中止那一步的请求、回 500，接着服务。"""
+    eng = scripted([byte_ids("abcdefgh"), byte_ids("fine")])
+    step, calls = eng.step, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("raised out of step")
+        return step()
+    eng.step = flaky
+    logged = []
+    h = serve.make_server(eng, TOK, "tiny", warn=logged.append, **FAST)
+    try:
+        st, b = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 8})
+        assert st == 500 and "RuntimeError" in b["error"]["message"]
+        assert wait_until(lambda: eng.num_free_blocks == NB and h.loop.n_live == 0)
+        st, b = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 4, "top_k": -1})
+        assert st == 200 and b["choices"][0]["text"] == "fine"
+    finally:
+        h.close()
+    assert any("raised out of step" in line for line in logged)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------
 # 10：top_p / top_k / min_p / logprobs 不再被忽略；不支持的字段只收默认值
 # ---------------------------------------------------------------------------
