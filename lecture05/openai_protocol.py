@@ -182,7 +182,7 @@ class GenRequest:
         """add_request 的关键字参数：只给和默认值不同的（top_p 1、top_k 0、min_p 0、logprobs None 都是"关"）。"""
         kw = {"top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "logprobs": self.logprobs}
         off = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "logprobs": None}
-        return {k: v for k, v in kw.items() if v != off[k] or (k == "logprobs" and v is not None)}
+        return {k: v for k, v in kw.items() if v != off[k]}          # logprobs 0 != None：给
 
 
 def _prompt(body, chat, tok, cfg, bound):

@@ -120,6 +120,29 @@ def test_bytes_missing_from_the_vocabulary_never_drop_the_connection(capsys, ch)
     assert "Traceback" not in capsys.readouterr().err
 
 
+class PickyTok(BPETokenizer):
+    """一个拒收 BEL（0x07）的分词器（旧的 bpe_lab 对词表缺的字节就这样抛 ValueError）。"""
+
+    def encode(self, text, parse_special=True):
+        if "\x07" in text:
+            raise ValueError("0x07 不在词表里")
+        return super().encode(text, parse_special)
+
+
+def test_a_tokenizer_that_refuses_the_text_gives_a_400_naming_the_field(capsys):
+    tok = PickyTok(TOK.tokens, [], TOK.token_types, eos_id=2)
+    h = serve.make_server(LLMEngine(PARAMS, CFG, NB, BS), tok, "tiny", **FAST)
+    try:
+        for path, body, param in [("/v1/completions", {"prompt": "x\x07y"}, "prompt"),
+                                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\x07"}]},
+                                   "messages")]:
+            st, b = request(h.port, "POST", path, body)
+            assert st == 400 and b["error"]["param"] == param and "tokenized" in b["error"]["message"]
+    finally:
+        h.close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_deeply_nested_json_is_a_400_not_a_recursion_error(server):
     """回归：100,000 层 [（200 KB 的请求体）让 json.loads 抛 RecursionError、连接断掉。"""
     st, b = request(server.port, "POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000)
