@@ -17,7 +17,9 @@ prefill 怎么分块都无关（测试断言 float32 下逐位相同）。代价
 更省的做法是固定形状的块（每次都乘同样的 M 行）：但这台机器上（OpenBLAS）同一行放在块里的第 0–5 行和第 6–15 行
 结果就不同，一行在块里的位置也得固定，这依赖 BLAS 的内核，换一台机器就不成立，所以这里不用。
 """
+import copy
 import functools
+import json
 import os
 import sys
 import time
@@ -33,15 +35,34 @@ for _sub in ("lecture01", "lecture02", "lecture06"):
 from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sample_inverse_cdf  # noqa: E402
 from decode_lab import adjust  # noqa: E402
 
-__all__ = ["ModelRunner", "rowwise_matmul", "chunk_counts", "step_counts", "CPU_COST",
-           "modelled_step_time"]
+__all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS", "chunk_counts", "step_counts",
+           "CPU_COST", "CALIBRATION_PATH", "load_calibration", "modelled_step_time"]
 
+# 几行以内的权重矩阵乘一行一次地乘（dispatch_matmul）。tests/bench_engine.py --profile 打印"一次 GEMM"和"一行一次"
+# 在 SmolLM2 每个形状上的时间（权重从内存流过来，一个 BLAS 线程）：这台机器（AMD EPYC、OpenBLAS）上 M = 2、3 的
+# GEMM 比 M = 4 的还慢，一行一次快约 1.4 倍；M ≥ 4 时一次 GEMM 快。换一台机器要重量。
+ROWWISE_MAX_ROWS = 3
 
 
 def rowwise_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
     """一行一次的矩阵乘（[1, k] @ [k, m]）：一行的结果只取决于它自己，和这次有几行、别的行是什么都无关。"""
     x = a.reshape(-1, a.shape[-1])
     out = np.concatenate([x[i:i + 1] @ w for i in range(len(x))])
+    return out.reshape(a.shape[:-1] + (w.shape[1],))
+
+
+def dispatch_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
+    """
+    引擎的权重矩阵乘：行数 M ≤ ROWWISE_MAX_ROWS 时一行一次（[1, k] @ [k, m]），否则一次 GEMM。
+
+    【推导】一行一次时每行各读一遍权重，但 M = 2、3 的 GEMM 在这个 BLAS 上走了慢的内核（量法见 ROWWISE_MAX_ROWS）。
+    结果和一次 GEMM 只差浮点舍入的顺序（float64 下引擎 == 单独生成的测试照样成立）；M = 1 时两者是同一次调用。
+    """
+    x = a.reshape(-1, a.shape[-1])
+    if 1 < len(x) <= ROWWISE_MAX_ROWS:
+        out = np.concatenate([x[i:i + 1] @ w for i in range(len(x))])
+    else:
+        out = x @ w
     return out.reshape(a.shape[:-1] + (w.shape[1],))
 
 
@@ -66,7 +87,11 @@ class ModelRunner:
             if self.model.matmul is not rowwise_matmul and isinstance(params, NumpyTransformer):
                 self.model = NumpyTransformer(params.params, cfg)   # 不改调用者的模型
             self.model.matmul = rowwise_matmul
+        elif self.model.matmul is not dispatch_matmul:
+            self.model = copy.copy(self.model)           # 浅拷贝：共用权重数组，只换自己的矩阵乘（不改调用者的模型）
+            self.model.matmul = dispatch_matmul
         self.invariant = batch_invariant
+        self.timer = None                                # 一个 dict 时，forward 把每类算子的秒数累加进去（bench 的 --profile）
         dt = np.dtype(cfg.dtype)
         shape = (cfg.n_layers, num_blocks * block_size, cfg.n_kv_heads, cfg.head_dim)   # 块 × 块内位置摊平成"槽"
         self.k, self.v = np.zeros(shape, dtype=dt), np.zeros(shape, dtype=dt)
@@ -87,33 +112,96 @@ class ModelRunner:
         """
         一步的下标数组：token、位置、写入的槽、每段的上下文槽和遮罩、要抽样的行（nano-vllm 的 prepare_prefill / decode）。
         一段可以自带 toks（这一段的 token）和 n_out（要最后几行的 logits：验证 γ 个草稿要 γ + 1 行）。
+        -> (toks, pos, slots, seqs, rows, dec)。seqs 是要各算各的注意力的段 (首行, n, start, 上下文的槽)；
+        dec 是 decode 的段（n = 1，批不变模式之外）合起来的 (行号 [Bd], 槽矩阵 [Bd, S_max], 遮罩 [Bd, 1, 1, 1, S_max])
+        或 None：注意力一层只取一次 K/V、算一次（paged attention 的补齐 + 遮罩的形式）。
         """
         bs = self.block_size
-        toks, pos, slots, seqs, rows = [], [], [], [], []
+        toks, pos, slots, seqs, rows, dec = [], [], [], [], [], []
         r = 0
         for c in chunks:
             tbl = np.asarray(c.req.block_table, dtype=np.int64)
             p = np.arange(c.start, c.start + c.n)
             S = c.start + c.n
-            ctx = np.arange(S)
             own = getattr(c, "toks", None)                # 投机解码的一段自带 token（草稿不在 req.tokens 里）
             toks.append(c.req.tokens[c.start:S] if own is None else own)
             pos.append(p)
             slots.append(tbl[p // bs] * bs + p % bs)
-            seqs.append((r, c.n, c.start, tbl[ctx // bs] * bs + ctx % bs))
+            if c.n == 1 and not self.invariant:
+                dec.append((r, S, tbl))
+            else:
+                ctx = np.arange(S)
+                seqs.append((r, c.n, c.start, tbl[ctx // bs] * bs + ctx % bs))
             r += c.n
             rows.extend(range(r - getattr(c, "n_out", 1 if c.sample else 0), r))   # 要 logits 的行：通常只有最后一行
         toks = np.asarray([t for ts in toks for t in ts], dtype=np.int64)
-        return toks, np.concatenate(pos), np.concatenate(slots), seqs, np.asarray(rows, dtype=np.int64)
+        dmat = None
+        if dec:
+            Smax = max(S for _, S, _ in dec)
+            nblk = -(-Smax // bs)
+            tm = np.zeros((len(dec), nblk), dtype=np.int64)
+            for i, (_, S, tbl) in enumerate(dec):
+                k = min(len(tbl), nblk)
+                tm[i, :k] = tbl[:k]
+                tm[i, k:] = tbl[0]                        # 补齐的块：随便一个有效的块（遮罩让它不起作用）
+            j = np.arange(Smax)
+            lens = np.array([S for _, S, _ in dec])
+            mask = np.where(j[None, :] < lens[:, None], 0.0, -np.inf).astype(self.cfg.dtype)
+            dmat = (np.array([r0 for r0, _, _ in dec], dtype=np.int64), tm[:, j // bs] * bs + j % bs,
+                    mask[:, None, None, None, :])
+        return toks, np.concatenate(pos), np.concatenate(slots), seqs, np.asarray(rows, dtype=np.int64), dmat
+
+    def _tick(self, name, t0):
+        """计时（只在 self.timer 是 dict 时）：把 t0 到现在的秒数加到 timer[name] -> 现在。"""
+        t = time.perf_counter()
+        self.timer[name] = self.timer.get(name, 0.0) + t - t0
+        return t
 
     def forward(self, chunks):
-        """一步的前向 -> 要抽样的那几行的 logits [k, V]（k = 各段 n_out 之和，通常是抽样的段数；按 chunks 的顺序）。"""
+        """
+        一步的前向 -> 要抽样的那几行的 logits [k, V]（k = 各段 n_out 之和，通常是抽样的段数；按 chunks 的顺序）。
+
+        注意力：prefill 的段（和批不变模式下的每一段）各取各的 K/V、各算各的；decode 的段一层只取一次 K/V（槽矩阵，
+        短的序列补齐到最长的、补的位置遮罩成 −inf：exp(−inf) = 0，softmax 和加权和里只多出精确的 0），一次算完。
+        """
         m, cfg = self.model, self.cfg
         H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         nq, nkv = H * hd, Hkv * hd
         t0 = time.perf_counter()
-        toks, pos, slots, seqs, rows = self.prepare(chunks)
+        toks, pos, slots, seqs, rows, dec = self.prepare(chunks)
         self.prepare_s = time.perf_counter() - t0                        # 建下标数组的时间（引擎自己的开销）
+        tm = self.timer is not None
+        if tm:
+            self.timer["prepare"] = self.timer.get("prepare", 0.0) + self.prepare_s
+            hook0, mm0 = m.matmul_hook, m.matmul
+            m.matmul_hook, m.matmul = self._timed(hook0, mm0)
+        try:
+            return self._forward(m, toks, pos, slots, seqs, rows, dec, H, Hkv, hd, nq, nkv, tm)
+        finally:
+            if tm:
+                m.matmul_hook, m.matmul = hook0, mm0
+
+    def _timed(self, hook0, mm0):
+        """
+        --profile 用的 (matmul_hook, matmul)：钩子在一次权重矩阵乘之前把到此为止的时间记到 "other"（范数、残差、
+        激活……）、记下算子名；矩阵乘之后把它的时间记到这个算子名下。原来的钩子和矩阵乘照常调用。
+        """
+        def hook(op, li, x):
+            if hook0 is not None:
+                x = hook0(op, li, x)
+            self._t = self._tick("other", self._t)
+            self._op = op
+            return x
+
+        def mm(a, w):
+            out = mm0(a, w)
+            self._t = self._tick(self._op, self._t)
+            return out
+        return hook, mm
+
+    def _forward(self, m, toks, pos, slots, seqs, rows, dec, H, Hkv, hd, nq, nkv, tm):
+        cfg = self.cfg
+        self._t = time.perf_counter()
         N = len(toks)
         rot = m.rope_table(pos)                                          # [N, 1, hd/2]：每个 token 自己的位置
         x = m.embed(toks)                                                # [N, d]
@@ -121,25 +209,49 @@ class ModelRunner:
         masks = [None if (n == 1 or self.invariant) else self._mask(start, n) for _, n, start, _ in seqs]
         for li in range(cfg.n_layers):
             qkv = m.qkv_proj(li, m.rms_scale(x))                         # [N, nq + 2·nkv]：一次读这一层的权重
+            if tm:
+                self._t = self._tick("other", self._t)
             qk = m.rope(qkv, rot)                                        # [N, H + Hkv, hd]
             kl, vl = self.k[li], self.v[li]
             kl[slots] = qk[:, H:]
             vl[slots] = qkv[:, nq + nkv:].reshape(N, Hkv, hd)
             q = qk[:, :H]
+            if tm:
+                self._t = self._tick("other", self._t)
             for (r0, n, start, ctx), mask in zip(seqs, masks):          # 注意力：按序列，只看它自己的块
                 K = kl[ctx].transpose(1, 0, 2)[None]                     # [1, Hkv, S, hd]
                 V = vl[ctx].transpose(1, 0, 2)[None]
+                if tm:
+                    self._t = self._tick("gather", self._t)
                 if self.invariant:                                       # 一次一个 query：形状和批无关
                     for j in range(n):
                         S = start + j + 1
                         A[r0 + j] = m.attention(q[None, r0 + j:r0 + j + 1], K[:, :, :S], V[:, :, :S], None)[0, 0]
                 else:
                     A[r0:r0 + n] = m.attention(q[None, r0:r0 + n], K, V, mask)[0]
+                if tm:
+                    self._t = self._tick("attention", self._t)
+            if dec is not None:                                          # decode 的段：一层一次
+                drows, smat, dmask = dec
+                K = kl[smat].transpose(0, 2, 1, 3)                       # [Bd, Hkv, S_max, hd]
+                V = vl[smat].transpose(0, 2, 1, 3)
+                if tm:
+                    self._t = self._tick("gather", self._t)
+                A[drows] = m.attention(q[drows][:, None], K, V, dmask)[:, 0]
+                if tm:
+                    self._t = self._tick("attention", self._t)
             x = x + m.o_proj(li, A)
+            if tm:
+                self._t = self._tick("other", self._t)
             x = x + m.mlp(li, m.rms_scale(x))
+            if tm:
+                self._t = self._tick("other", self._t)
         if not len(rows):
             return np.zeros((0, cfg.vocab), dtype=x.dtype)
-        return m.lm_head(m.rms_scale(x[rows]))                           # [k, V]
+        out = m.lm_head(m.rms_scale(x[rows]))                            # [k, V]
+        if tm:
+            self._t = self._tick("other", self._t)
+        return out
 
     def run(self, chunks):
         """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。"""
