@@ -256,6 +256,7 @@ class ModelRunner:
     def run(self, chunks):
         """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。"""
         logits = self.forward(chunks)
+        t0 = time.perf_counter()
         out, k = [], 0
         for c in chunks:
             if not c.sample:
@@ -264,6 +265,8 @@ class ModelRunner:
             probs = adjust(logits[k], c.req.temperature, **c.req.filters)
             out.append(int(sample_inverse_cdf(probs, c.req.rng.random())))
             k += 1
+        if self.timer is not None:
+            self._tick("sample", t0)
         return out, logits
 
 
@@ -319,21 +322,46 @@ def step_counts(cfg, chunks):
     return {"flops": flops, "bytes": w + kv + emb, "seqs": len(chunks), "tokens": sum(c[0] for c in chunks)}
 
 
-# CPU 的代价模型（假设）。算力和带宽是 tests/bench_decode.py 在一台 AMD EPYC（2 核、一个 BLAS 线程、空闲）上量的
-# （CURRICULUM §9）；两个固定开销是估计（每步几百次 numpy 调用、每个序列每层约十次，每次几微秒），
-# tests/bench_engine.py 会按"实测 − roofline"拟合出本机的值，空闲时待核对：
-CPU_COST = {
-    "flops_per_s": 53e9,     # 矩阵乘能达到的算力（SmolLM2 float32 prefill 195 token/s ≈ 53 GFLOP/s）
-    "bytes_per_s": 10.4e9,   # 读权重的带宽（batch-1 decode 51.8 ms/token）
-    "step_s": 2.0e-3,        # 每步固定的开销（估计）：几百次 numpy 调用、调度、建下标数组
-    "seq_s": 0.5e-3,         # 每个序列每步的开销（估计）：每层一次按块表取 K/V 和一次小的注意力
-}
+# CPU 的代价模型：常数是量出来、拟合出来的，不是假设——lecture05/cpu_calibration.json 的 "engine_step" 一节，由
+# python3 tests/bench_engine.py --calibrate --write 在一台机器上（一个 BLAS 线程）量一串真实的引擎步、拟合、写下
+# （同一个文件里也记着那台机器的 CPU、numpy 和 BLAS 的版本、日期、拟合的残差）。学生的运行从不改它：
+# 默认运行的页面读这份存下来的常数，所以打印的字节每次相同；--time 时页面把量到的时间打印在模型时间旁边。
+CALIBRATION_PATH = os.path.join(_HERE, "cpu_calibration.json")
+COST_KEYS = ("flops_per_s", "bytes_per_s", "overlap", "step_s", "seq_s")
+
+
+def load_calibration(section="engine_step", path=None):
+    """
+    标定文件里的一节 -> dict（constants、command、machine、date……）。
+
+    【格式】{"schema": 1, "sections": {节名: {"constants": {...}, "command": ..., "machine": {...}, "date": ..., …}}}：
+    每个要量的东西一节，各自带着量它的命令和机器；别的讲（拆分 prefill / decode、异构的草稿）往同一个文件里加自己的节。
+    【边界】文件不在、不是这个格式、没有这一节：ValueError，说该跑哪条命令。
+    """
+    path = CALIBRATION_PATH if path is None else path
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        return doc["sections"][section]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"读不到标定文件 {path} 的 {section!r} 一节（{type(e).__name__}）：跑一遍 "
+                         f"python3 tests/bench_engine.py --calibrate --write") from None
+
+
+CPU_COST = dict(load_calibration()["constants"])
 
 
 def modelled_step_time(counts, cost=None):
     """
-    一步的模型时间（秒）= max(FLOPs / 算力, 字节 / 带宽) + 每步开销 + 序列数 × 每序列开销（roofline + 固定开销）。
+    一步的模型时间（秒）= max(t_算, t_读) + (1 − overlap)·min(t_算, t_读) + 每步开销 + 序列数 × 每序列开销，
+    t_算 = FLOPs / 算力，t_读 = 字节 / 带宽（step_counts 的账：权重一步读一遍 + 每个序列的 KV）。
+
+    【推导】overlap = 1 是 roofline（算和读完全重叠，只剩慢的那个）；overlap = 0 是两者相加（一点不重叠）。CPU 上
+    numpy 的一次矩阵乘在读权重的同时算，但批不大时两样都不饱和（tests/bench_engine.py --profile 的账：M = 2…16 的
+    GEMM 既不到算力也不到带宽），所以介于两者之间；五个常数一起按量到的步拟合（CPU_COST，见 cpu_calibration.json）。
+    【参数】cost：一个有 COST_KEYS 的 dict（默认 CPU_COST）；没有 overlap 的 dict 按 1（roofline）算。
     """
     c = CPU_COST if cost is None else cost
-    return (max(counts["flops"] / c["flops_per_s"], counts["bytes"] / c["bytes_per_s"]) + c["step_s"]
+    tf, tb = counts["flops"] / c["flops_per_s"], counts["bytes"] / c["bytes_per_s"]
+    return (max(tf, tb) + (1.0 - c.get("overlap", 1.0)) * min(tf, tb) + c["step_s"]
             + counts["seqs"] * c["seq_s"])
