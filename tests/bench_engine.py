@@ -49,7 +49,7 @@ GOAL_FIT = 0.15
 
 
 class TimingRunner:
-    """包着真的 ModelRunner：real 为 False 时不跑模型（抽样的段给 token 100），True 时照常跑。"""
+    """包着真的 ModelRunner：real 为 False 时不跑模型（抽样的段给 token 1），True 时照常跑。"""
 
     def __init__(self, runner):
         self.inner, self.real = runner, False
@@ -61,12 +61,13 @@ class TimingRunner:
     def run(self, chunks):
         if self.real:
             return self.inner.run(chunks)
-        return [100 if c.sample else None for c in chunks], None
+        return [1 if c.sample else None for c in chunks], None
 
 
-def make_engine(model, cfg, n_seqs, ctx, budget=4096):
+def make_engine(model, cfg, n_seqs, ctx):
     nb = max(-(-cfg.max_seq // BLOCK), (n_seqs + 1) * -(-(ctx + 260 + REPEAT + 2) // BLOCK))
     runner = TimingRunner(ModelRunner(model, cfg, nb, BLOCK))
+    budget = (n_seqs + 1) * (ctx + 1) + 512          # 占位的 prefill 一步做完（不跑模型，预算大也不花时间）
     eng = LLMEngine(None, cfg, nb, block_size=BLOCK, max_num_batched_tokens=budget, max_num_seqs=n_seqs + 1,
                     enable_prefix_caching=False, runner=runner, clock="wall")
     return eng, runner
@@ -101,6 +102,8 @@ def measure_decode(model, cfg, B, ctx, timer=None):
         if s["decodes"] == B and (best is None or dt < best[0]):
             best = (dt, s["overhead"])
     runner.inner.timer = None
+    if best is None:
+        raise RuntimeError(f"批 {B}、上下文 {ctx}：没有一步是纯 decode（last_error = {eng.last_error!r}）")
     return best[0], best[1], [(1, ctx + 1, True)] * B
 
 
