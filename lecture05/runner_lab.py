@@ -75,6 +75,8 @@ class ModelRunner:
     chunks：scheduler_lab.ScheduledChunk 的列表（req、start、n、sample），块表已经够放这一步要写的 token。
     """
 
+    batch_decode_attention = True   # decode 的段一层一次取 K/V、算注意力（False：各算各的；bench 量这一项的效果用）
+
     def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False):
         self.cfg, self.block_size = cfg, block_size
         if isinstance(params, NumpyTransformer):        # 一个现成的模型（省得再融合一遍权重）
@@ -127,7 +129,7 @@ class ModelRunner:
             toks.append(c.req.tokens[c.start:S] if own is None else own)
             pos.append(p)
             slots.append(tbl[p // bs] * bs + p % bs)
-            if c.n == 1 and not self.invariant:
+            if c.n == 1 and not self.invariant and self.batch_decode_attention:
                 dec.append((r, S, tbl))
             else:
                 ctx = np.arange(S)
@@ -312,14 +314,16 @@ def chunk_counts(cfg, n, start, sample):
 
 def step_counts(cfg, chunks):
     """
-    一步（几段，每段 (n, start, sample)；sample 可以是要 logits 的行数）的账 -> dict flops、bytes（权重**只读一遍** + 每段的 KV + 嵌入行）、seqs、tokens。
+    一步（几段，每段 (n, start, sample)；sample 可以是要 logits 的行数）的账 -> dict flops、bytes（权重**只读一遍** + 每段的 KV + 嵌入行）、
+    kv_bytes（其中 KV 的字节）、seqs、tokens。
     """
     flops = kv = emb = 0
     w = 0
     for n, start, sample in chunks:
         f, wc, k, e = chunk_counts(cfg, n, start, sample)
         flops, kv, emb, w = flops + f, kv + k, emb + e, max(w, wc)
-    return {"flops": flops, "bytes": w + kv + emb, "seqs": len(chunks), "tokens": sum(c[0] for c in chunks)}
+    return {"flops": flops, "bytes": w + kv + emb, "kv_bytes": kv, "seqs": len(chunks),
+            "tokens": sum(c[0] for c in chunks)}
 
 
 # CPU 的代价模型：常数是量出来、拟合出来的，不是假设——lecture05/cpu_calibration.json 的 "engine_step" 一节，由
@@ -327,7 +331,7 @@ def step_counts(cfg, chunks):
 # （同一个文件里也记着那台机器的 CPU、numpy 和 BLAS 的版本、日期、拟合的残差）。学生的运行从不改它：
 # 默认运行的页面读这份存下来的常数，所以打印的字节每次相同；--time 时页面把量到的时间打印在模型时间旁边。
 CALIBRATION_PATH = os.path.join(_HERE, "cpu_calibration.json")
-COST_KEYS = ("flops_per_s", "bytes_per_s", "overlap", "step_s", "seq_s")
+COST_KEYS = ("flops_per_s", "bytes_per_s", "overlap", "kv_bytes_per_s", "step_s", "seq_s")
 
 
 def load_calibration(section="engine_step", path=None):
@@ -353,15 +357,19 @@ CPU_COST = dict(load_calibration()["constants"])
 
 def modelled_step_time(counts, cost=None):
     """
-    一步的模型时间（秒）= max(t_算, t_读) + (1 − overlap)·min(t_算, t_读) + 每步开销 + 序列数 × 每序列开销，
-    t_算 = FLOPs / 算力，t_读 = 字节 / 带宽（step_counts 的账：权重一步读一遍 + 每个序列的 KV）。
+    一步的模型时间（秒）= max(t_算, t_权重) + (1 − overlap)·min(t_算, t_权重) + t_KV + 每步开销 + 序列数 × 每序列开销：
+    t_算 = FLOPs / 算力，t_权重 = (字节 − KV 字节) / 带宽，t_KV = KV 字节 / KV 的速率（step_counts 的账）。
 
-    【推导】overlap = 1 是 roofline（算和读完全重叠，只剩慢的那个）；overlap = 0 是两者相加（一点不重叠）。CPU 上
-    numpy 的一次矩阵乘在读权重的同时算，但批不大时两样都不饱和（tests/bench_engine.py --profile 的账：M = 2…16 的
-    GEMM 既不到算力也不到带宽），所以介于两者之间；五个常数一起按量到的步拟合（CPU_COST，见 cpu_calibration.json）。
-    【参数】cost：一个有 COST_KEYS 的 dict（默认 CPU_COST）；没有 overlap 的 dict 按 1（roofline）算。
+    【推导】overlap = 1 是 roofline（算和读权重完全重叠，只剩慢的那个）；overlap = 0 是两者相加。CPU 上批不大时
+    一次矩阵乘既不到算力也不到带宽（tests/bench_engine.py --profile 的账），所以介于两者之间。KV 单算一项：引擎按槽矩阵
+    把每个序列的 K、V 拷出来（读一遍、写一遍）再做很多个小矩阵乘，它的"速率"远低于流权重的带宽。
+    六个常数一起按量到的步拟合（CPU_COST，见 cpu_calibration.json）。
+    【参数】cost：有 COST_KEYS 的 dict（默认 CPU_COST）；没有 overlap 的按 1，没有 kv_bytes_per_s 的 KV 字节按带宽读
+    （旧的 roofline + 固定开销）；counts 没有 kv_bytes 时按 0。
     """
     c = CPU_COST if cost is None else cost
-    tf, tb = counts["flops"] / c["flops_per_s"], counts["bytes"] / c["bytes_per_s"]
-    return (max(tf, tb) + (1.0 - c.get("overlap", 1.0)) * min(tf, tb) + c["step_s"]
+    kv = counts.get("kv_bytes", 0.0) if "kv_bytes_per_s" in c else 0.0
+    tf, tb = counts["flops"] / c["flops_per_s"], (counts["bytes"] - kv) / c["bytes_per_s"]
+    t_kv = kv / c["kv_bytes_per_s"] if kv else 0.0
+    return (max(tf, tb) + (1.0 - c.get("overlap", 1.0)) * min(tf, tb) + t_kv + c["step_s"]
             + counts["seqs"] * c["seq_s"])

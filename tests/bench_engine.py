@@ -20,6 +20,7 @@
 这台机器的速度一小时里能差两倍：目标都是同一次运行里的比值；量之前看 uptime 的负载。
 """
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -141,51 +142,53 @@ def measure_mixed(model, cfg, B, n, ctx=64):
 # ---------------------------------------------------------------------------
 def fit_cost(points):
     """
-    points：[(账 dict, 实测秒)] -> 五个常数的 dict（COST_KEYS），使相对残差的平方和最小。
+    points：[(账 dict, 实测秒)] -> 六个常数的 dict（COST_KEYS），使相对残差的平方和最小。
 
-    【推导】给定算力 F、带宽 BW、overlap ω，模型时间 = r(F, BW, ω) + a + b·序列数 对 a、b 是线性的：加权（1/实测）
-    最小二乘解 a、b（负的取 0 再解另一个）。F、BW 在对数网格上搜，ω 在 0…1 上搜，最好的一格附近再细搜两轮。
+    【推导】给定算力 F、带宽 BW、overlap ω，模型时间 = r(F, BW, ω) + KV 字节 / KV 速率 + a + b·序列数 对
+    (1 / KV 速率, a, b) 是线性的：加权（1/实测）非负最小二乘（有负的就去掉那一项再解）。F、BW 在对数网格上搜，
+    ω 在 0…1 上搜，最好的一格附近再细搜两轮。
     """
     t = np.array([m for _, m in points])
     fl = np.array([c["flops"] for c, _ in points])
-    by = np.array([c["bytes"] for c, _ in points])
+    kv = np.array([c["kv_bytes"] for c, _ in points])
+    by = np.array([c["bytes"] for c, _ in points]) - kv
     sq = np.array([c["seqs"] for c, _ in points], dtype=float)
     w = 1.0 / t
+    X = np.stack([kv * w, w, sq * w], axis=1)
+    subsets = [cols for k in (3, 2, 1) for cols in itertools.combinations(range(3), k)]
 
     def solve(F, BW, om):
         tf, tb = fl / F, by / BW
-        r = np.maximum(tf, tb) + (1 - om) * np.minimum(tf, tb)
-        y = (t - r) * w
-        X = np.stack([w, sq * w], axis=1)
-        best = None
-        for cols in ((0, 1), (0,), (1,), ()):
-            ab = np.zeros(2)
-            if cols:
-                sol = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
-                if np.any(sol < 0):
-                    continue
-                ab[list(cols)] = sol
-            err = float(np.sum((X @ ab - y) ** 2))
-            if best is None or err < best[0]:
-                best = (err, ab)
+        y = (t - np.maximum(tf, tb) - (1 - om) * np.minimum(tf, tb)) * w
+        best = (float(y @ y), np.zeros(3))
+        for cols in subsets:
+            sol = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
+            if np.any(sol < 0):
+                continue
+            p = np.zeros(3)
+            p[list(cols)] = sol
+            r = X @ p - y
+            if float(r @ r) < best[0]:
+                best = (float(r @ r), p)
         return best
 
-    grid_f, grid_b, grid_o = np.geomspace(5e9, 400e9, 41), np.geomspace(2e9, 100e9, 41), np.linspace(0, 1, 11)
+    grid_f, grid_b, grid_o = np.geomspace(5e9, 400e9, 31), np.geomspace(2e9, 100e9, 31), np.linspace(0, 1, 11)
     best = None
     for _ in range(3):
         for F in grid_f:
             for BW in grid_b:
                 for om in grid_o:
-                    err, ab = solve(F, BW, om)
+                    err, p = solve(F, BW, om)
                     if best is None or err < best[0]:
-                        best = (err, F, BW, om, ab)
+                        best = (err, F, BW, om, p)
         _, F, BW, om, _ = best
-        grid_f = np.geomspace(F / 1.25, F * 1.25, 21)
-        grid_b = np.geomspace(BW / 1.25, BW * 1.25, 21)
+        grid_f = np.geomspace(F / 1.25, F * 1.25, 15)
+        grid_b = np.geomspace(BW / 1.25, BW * 1.25, 15)
         grid_o = np.clip(np.linspace(om - 0.1, om + 0.1, 11), 0, 1)
-    _, F, BW, om, ab = best
-    return {"flops_per_s": float(F), "bytes_per_s": float(BW), "overlap": float(om), "step_s": float(ab[0]),
-            "seq_s": float(ab[1])}
+    _, F, BW, om, p = best
+    return {"flops_per_s": float(F), "bytes_per_s": float(BW), "overlap": float(om),
+            "kv_bytes_per_s": float(1 / p[0]) if p[0] > 0 else 1e30, "step_s": float(p[1]),
+            "seq_s": float(p[2])}
 
 
 def machine_info():
@@ -249,8 +252,9 @@ def calibrate(model, cfg, write):
     info["loaded"] = bool(max(info["load_avg_1min_at_start"], load_end) > 1.5)
     section = {"command": COMMAND, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": info, "model": f"SmolLM2-135M {cfg.dtype}",
-               "form": "max(t_f, t_b) + (1 - overlap) * min(t_f, t_b) + step_s + seqs * seq_s; "
-                       "t_f = flops / flops_per_s, t_b = bytes / bytes_per_s (runner_lab.step_counts)",
+               "form": "max(t_f, t_w) + (1 - overlap) * min(t_f, t_w) + kv_bytes / kv_bytes_per_s + step_s "
+                       "+ seqs * seq_s; t_f = flops / flops_per_s, t_w = (bytes - kv_bytes) / bytes_per_s "
+                       "(runner_lab.step_counts, runner_lab.modelled_step_time)",
                "constants": cost, "fit": {"max_abs_residual": round(worst, 4), "goal": GOAL_FIT, "points": rows}}
     if write:
         try:
