@@ -36,6 +36,7 @@ from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sample
 from decode_lab import adjust  # noqa: E402
 
 __all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS", "chunk_counts", "step_counts",
+           "decode_op_ledger",
            "CPU_COST", "CALIBRATION_PATH", "load_calibration", "modelled_step_time"]
 
 # 几行以内的权重矩阵乘一行一次地乘（dispatch_matmul）。tests/bench_engine.py --profile 打印"一次 GEMM"和"一行一次"
@@ -324,6 +325,26 @@ def step_counts(cfg, chunks):
         flops, kv, emb, w = flops + f, kv + k, emb + e, max(w, wc)
     return {"flops": flops, "bytes": w + kv + emb, "kv_bytes": kv, "seqs": len(chunks),
             "tokens": sum(c[0] for c in chunks)}
+
+
+def decode_op_ledger(cfg, B, ctx):
+    """
+    一步 decode（B 个序列、每个已缓存 ctx 个 token、各喂 1 个）按算子的账 -> {算子: (FLOPs, 字节)}（字节按模型的 dtype）。
+
+    【推导】权重矩阵乘（融合的 qkv、o_proj、gate_up、down 每层一次，lm_head 一次）：FLOPs = 2·B·k·m，字节 = 权重 k·m 个数；
+    注意力：每层每个 query 头打分和乘 V 各 2·S·hd（S = ctx + 1），读 K、V 各 Hkv·S·hd 个数；gather（按槽矩阵把 K、V
+    拷出来）：同样多的数读一遍、写一遍。--profile 把量到的每类时间放在这些账旁边。
+    """
+    it = np.dtype(cfg.dtype).itemsize
+    L, d, H, Hkv, hd, ff = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    shapes = {"qkv": (d, (H + 2 * Hkv) * hd, L), "o_proj": (H * hd, d, L), "gate_up": (d, 2 * ff, L),
+              "down": (ff, d, L), "lm_head": (d, cfg.vocab, 1)}
+    out = {op: (2 * B * k * m * n, k * m * n * it) for op, (k, m, n) in shapes.items()}
+    S = ctx + 1
+    kv = L * B * S * 2 * Hkv * hd * it
+    out["attention"] = (4 * L * B * H * S * hd, kv)
+    out["gather"] = (0, 2 * kv)
+    return out
 
 
 # CPU 的代价模型：常数是量出来、拟合出来的，不是假设——lecture05/cpu_calibration.json 的 "engine_step" 一节，由

@@ -14,7 +14,7 @@ T = 1 时等于 decode_lab.speculative_generate 单独跑（同一个种子）�
 演示 3：分页的回滚：被拒绝的草稿用过的整块还给块池；投机的请求在峰值时占多少块，和普通的比。
 
 【怎么读输出】
-- 演示 2、3 的时间是**模型时间**（runner_lab.modelled_step_time：一步的账在假设的 CPU 上的 roofline + 固定开销；
+- 演示 2、3 的时间是**模型时间**（runner_lab.modelled_step_time：一步的账按标定的 CPU 代价模型算；
   投机的一步 = 目标一次前向，γ + 1 行 logits；prompt lookup 的草稿不计时间）。和 06/05 一样是代价模型；新的是两样：
   每轮接受几个是这些请求**量出来的**（不是假设的 α），请求是排队到达的（批的大小由到达率和各自跑多久定下，
   不是给定的）。`--time` 用真的时钟在这台 CPU 上跑两种到达率（随机器和负载变）。
@@ -30,7 +30,8 @@ T = 1 时等于 decode_lab.speculative_generate 单独跑（同一个种子）�
   一次；T = 0 下一轮接受几个只取决于请求自己的 token（prompt lookup 在请求的上下文里找匹配、和贪心的下文比），
   不取决于和谁一批、什么时候到——所以扫到达率时不再跑模型，只跑调度、块和模型时间（测试断言重放和真的投机引擎
   一步一步相同）。请求轮流用这 8 个提示，前缀缓存关着（只看投机）。
-- CPU 的代价（runner_lab.CPU_COST，假设）：53 GFLOP/s、10.4 GB/s、每步 2 ms、每序列每步 0.5 ms。
+- CPU 的代价（runner_lab.CPU_COST）：tests/bench_engine.py --calibrate --write 在一台 2 核 AMD EPYC 上（一个 BLAS 线程）
+  量真实的引擎步拟合的常数，存在 ../lecture05/cpu_calibration.json（机器、日期、残差都在那里；演示 2 的观察印出它们）。
 - SLO、到达率、γ、请求数都是随意选的例子，不是基准。
 
 【运行】python3 11_spec_decode_in_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：约 14 秒，和种子 04 背靠背三对，
@@ -266,8 +267,11 @@ def demo2_load():
         f"06/05 的算法放到这个模型和这台 CPU 上（每轮 {tpc:.2f} 个 token、验证平均 {kbar + 1:.2f} 个位置、上下文 "
         f"{ctx}、草稿不要钱）：批 B 时加速比 = {tpc:.2f} × 普通一步 ÷ 验证一步，B = 1 时 {sp[1]:.2f}，"
         + (f"B = {b_star} 时第一次 < 1。" if b_star else "到 256 都 ≥ 1。")
-        + f"这台 CPU 的算力 / 带宽只有 {ridge:.1f} FLOP/字节（float32 的 decode 强度约 B / 2，B ≈ {2 * ridge:.0f} "
-        "就越过拐点）：之后验证多出来的位置按 FLOPs 付钱，不再是顺带的。",
+        + f"这台 CPU 的算力 / 带宽只有 {ridge:.1f} FLOP/字节（标定的 {CPU_COST['flops_per_s'] / 1e9:.0f} GFLOP/s ÷ "
+        f"{CPU_COST['bytes_per_s'] / 1e9:.1f} GB/s；float32 的 decode 强度约 B / 2，B ≈ {2 * ridge:.0f} 就越过拐点）："
+        "之后验证多出来的位置按 FLOPs 付钱，不再是顺带的"
+        + (f"；算和读只重叠 {CPU_COST['overlap']:.0%}，拐点以下它们也要付 {1 - CPU_COST['overlap']:.0%}。"
+           if CPU_COST["overlap"] < 1 else "。"),
     ]
     if be_rate is not None:
         obs.append(f"量出来的：到达率 {be_rate:g}/s 起投机的吞吐比普通的低（{res[be_rate, spec]['tput']:.1f} 对 "

@@ -140,7 +140,7 @@ def measure_mixed(model, cfg, B, n, ctx=64):
 # ---------------------------------------------------------------------------
 # 拟合
 # ---------------------------------------------------------------------------
-def fit_cost(points):
+def fit_cost(points, n_grid=31, rounds=3):
     """
     points：[(账 dict, 实测秒)] -> 六个常数的 dict（COST_KEYS），使相对残差的平方和最小。
 
@@ -172,9 +172,10 @@ def fit_cost(points):
                 best = (float(r @ r), p)
         return best
 
-    grid_f, grid_b, grid_o = np.geomspace(5e9, 400e9, 31), np.geomspace(2e9, 100e9, 31), np.linspace(0, 1, 11)
+    grid_f, grid_b = np.geomspace(5e9, 400e9, n_grid), np.geomspace(2e9, 100e9, n_grid)
+    grid_o = np.linspace(0, 1, 11)
     best = None
-    for _ in range(3):
+    for _ in range(rounds):
         for F in grid_f:
             for BW in grid_b:
                 for om in grid_o:
@@ -182,8 +183,8 @@ def fit_cost(points):
                     if best is None or err < best[0]:
                         best = (err, F, BW, om, p)
         _, F, BW, om, _ = best
-        grid_f = np.geomspace(F / 1.25, F * 1.25, 15)
-        grid_b = np.geomspace(BW / 1.25, BW * 1.25, 15)
+        grid_f = np.geomspace(F / 1.25, F * 1.25, n_grid // 2)
+        grid_b = np.geomspace(BW / 1.25, BW * 1.25, n_grid // 2)
         grid_o = np.clip(np.linspace(om - 0.1, om + 0.1, 11), 0, 1)
     _, F, BW, om, p = best
     return {"flops_per_s": float(F), "bytes_per_s": float(BW), "overlap": float(om),
@@ -304,8 +305,6 @@ def gemm(x, w):
 
 
 def profile(model, cfg, batches, contexts):
-    L, it = cfg.n_layers, np.dtype(cfg.dtype).itemsize
-    H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     print("一次 GEMM vs 一行一次（每个形状 30 层的权重依次乘一遍，ms；lm_head 一次）：")
     print(f"{'M':>3}" + "".join(f"{op:>18}" for op in WEIGHT_OPS))
     for M in range(1, 9):
@@ -324,12 +323,7 @@ def profile(model, cfg, batches, contexts):
             print(f"\n批 {B}、每个序列缓存 {ctx} 个 token：一步 {dt * 1e3:.1f} ms（最快的一步）；"
                   f"下面每一项是 {REPEAT} 步里最少的")
             print(f"{'算子':<10}{'ms':>8}{'GFLOP':>8}{'MB':>8}{'GFLOP/s':>9}{'GB/s':>7}{'单独 ms':>9}{'× 单独':>8}")
-            S = ctx + 1
-            kv = L * B * S * 2 * Hkv * hd * it
-            ledger = {op: (2 * B * weight_of(model, op, 0).size * (1 if op == "lm_head" else L),
-                           weight_of(model, op, 0).nbytes * (1 if op == "lm_head" else L)) for op in WEIGHT_OPS}
-            ledger["attention"] = (4 * L * B * H * S * hd, kv)
-            ledger["gather"] = (0, 2 * kv)
+            ledger = runner_lab.decode_op_ledger(cfg, B, ctx)
             for op in WEIGHT_OPS + ("attention", "gather", "other", "sample", "prepare", "engine"):
                 t = timer.get(op, 0.0) / steps
                 f, b = ledger.get(op, (0, 0))

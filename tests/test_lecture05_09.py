@@ -112,7 +112,7 @@ def test_steady_state_is_a_fixed_point_of_the_step_time(d2):
     cap = d2["cap"]
     assert S.steady_state(cap)["ok"] and not S.steady_state(cap * 1.001)["ok"]
     assert cap <= d2["lam_work"] and d2["lam_work"] == pytest.approx(
-        1 / (d2["work"]["compute"] + d2["work"]["seq"]), rel=1e-12)
+        1 / (d2["work"]["compute"] + d2["work"]["bytes"] + d2["work"]["seq"]), rel=1e-12)
     # 1/(活) 正是"斜率 = 1"的率：略低有不动点的斜率 < 1，略高没有
     assert S.steady_state(d2["lam_work"] * 1.0001)["why"] == "活干不完"
     assert d2["first_unstable"] == min(r for r in S.RATES if r > cap)
