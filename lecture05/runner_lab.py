@@ -6,6 +6,12 @@ K、V），RoPE 按每个 token 自己的位置转；然后给要抽下一个 to
 
 【模型的数学只在一处】这里只调用 transformer_lab.NumpyTransformer 的零件（embed、rms_scale、qkv_proj、rope、
 attention、o_proj、mlp、lm_head），不抄一层的代码。
+【快在哪里（tests/bench_engine.py --profile 量的账）】一步的时间几乎全在权重矩阵乘里，其余的是注意力和取 K/V。
+两处改动，各自保持 float64 下引擎 == 单独生成（tests/test_engine*.py），批不变模式不动：
+(1) dispatch_matmul：M = 2、3 行时一行一次（这个 BLAS 的小 M GEMM 比 M = 4 还慢）；
+(2) decode 的段一层只取一次 K/V、算一次注意力（槽矩阵 + 遮罩，paged attention 的形式），不再每个序列一次
+    Python 循环：补齐的位置 exp(−inf) = 0，只多出精确的 0，舍入只随 BLAS 的求和顺序变（float64 下 < 1e-12）。
+主机的活（调度、建下标、postprocess、抽样）占一步不到 5%（bench 打印），所以没有做 vLLM V1 那样的异步调度。
 【KV 块池】每层一个 K 和一个 V 数组 [n_blocks, block_size, n_kv_heads, head_dim]（模型的 dtype）；
 token 在块里的"槽"= 块表[位置 // block_size]·block_size + 位置 % block_size。
 【抽样】每个请求带着自己的种子、自己的 np.random.default_rng(seed)——这是 STYLE"随机数传进来"的一个例外：
