@@ -358,7 +358,8 @@ def decode_op_ledger(cfg, B, ctx):
 # （同一个文件里也记着那台机器的 CPU、numpy 和 BLAS 的版本、日期、拟合的残差）。学生的运行从不改它：
 # 默认运行的页面读这份存下来的常数，所以打印的字节每次相同；--time 时页面把量到的时间打印在模型时间旁边。
 CALIBRATION_PATH = os.path.join(_HERE, "cpu_calibration.json")
-COST_KEYS = ("flops_per_s", "bytes_per_s", "overlap", "kv_bytes_per_s", "step_s", "seq_s")
+COST_KEYS = ("flops_per_s", "bytes_per_s", "overlap", "kv_bytes_per_s", "gemv_bytes_per_s", "reread", "rowwise_rows",
+             "step_s", "seq_s")
 
 
 def load_calibration(section="engine_step", path=None):
@@ -384,19 +385,26 @@ CPU_COST = dict(load_calibration()["constants"])
 
 def modelled_step_time(counts, cost=None):
     """
-    一步的模型时间（秒）= max(t_算, t_权重) + (1 − overlap)·min(t_算, t_权重) + t_KV + 每步开销 + 序列数 × 每序列开销：
-    t_算 = FLOPs / 算力，t_权重 = (字节 − KV 字节) / 带宽，t_KV = KV 字节 / KV 的速率（step_counts 的账）。
+    一步的模型时间（秒）= 矩阵乘 + t_KV + 每步开销 + 序列数 × 每序列开销，t_KV = KV 字节 / KV 的速率。矩阵乘按行数 M
+    （counts["tokens"]）分两条路，和 dispatch_matmul 一样：
+    M > rowwise_rows（一次 GEMM）：max(t_算, t_权重) + (1 − overlap)·min(t_算, t_权重)，t_算 = FLOPs / 算力，
+    t_权重 = (字节 − KV 字节) / 带宽；M ≤ rowwise_rows（一行一次，GEMV）：t_权重 = (字节 − KV 字节) / gemv 带宽 ×
+    (1 + (M − 1)·reread)（第一行从内存流权重，后面几行从缓存里再读一遍；GEMV 的 FLOPs 藏在读里）。
 
-    【推导】overlap = 1 是 roofline（算和读权重完全重叠，只剩慢的那个）；overlap = 0 是两者相加。CPU 上批不大时
-    一次矩阵乘既不到算力也不到带宽（tests/bench_engine.py --profile 的账），所以介于两者之间。KV 单算一项：引擎按槽矩阵
-    把每个序列的 K、V 拷出来（读一遍、写一遍）再做很多个小矩阵乘，它的"速率"远低于流权重的带宽。
-    六个常数一起按量到的步拟合（CPU_COST，见 cpu_calibration.json）。
-    【参数】cost：有 COST_KEYS 的 dict（默认 CPU_COST）；没有 overlap 的按 1，没有 kv_bytes_per_s 的 KV 字节按带宽读
-    （旧的 roofline + 固定开销）；counts 没有 kv_bytes 时按 0。
+    【推导】overlap = 1 是 roofline（只剩慢的那个），0 是两者相加。CPU 上小批的 GEMM 既不到算力也不到带宽
+    （tests/bench_engine.py --profile 的账），GEMM 打包权重，流得比 GEMV 慢——所以两条路各有各的带宽。KV 单算一项：
+    引擎按槽矩阵把每个序列的 K、V 拷出来再做很多个小矩阵乘。常数一起按量到的步拟合（CPU_COST，cpu_calibration.json）。
+    【参数】cost：有 COST_KEYS 的 dict（默认 CPU_COST）；没有 overlap 的按 1，没有 kv_bytes_per_s 的 KV 字节按带宽读，
+    没有 gemv_bytes_per_s 的不分两条路（旧的 roofline + 固定开销）；counts 没有 kv_bytes 时按 0，没有 tokens 时走 GEMM
+    （05/09 的稳态：平均意义上的一步，批是小数）。
     """
     c = CPU_COST if cost is None else cost
     kv = counts.get("kv_bytes", 0.0) if "kv_bytes_per_s" in c else 0.0
-    tf, tb = counts["flops"] / c["flops_per_s"], (counts["bytes"] - kv) / c["bytes_per_s"]
     t_kv = kv / c["kv_bytes_per_s"] if kv else 0.0
-    return (max(tf, tb) + (1.0 - c.get("overlap", 1.0)) * min(tf, tb) + t_kv + c["step_s"]
-            + counts["seqs"] * c["seq_s"])
+    M = counts.get("tokens")
+    if M is not None and "gemv_bytes_per_s" in c and M <= c.get("rowwise_rows", 0):
+        core = (counts["bytes"] - kv) / c["gemv_bytes_per_s"] * (1.0 + (M - 1) * c["reread"])
+    else:
+        tf, tb = counts["flops"] / c["flops_per_s"], (counts["bytes"] - kv) / c["bytes_per_s"]
+        core = max(tf, tb) + (1.0 - c.get("overlap", 1.0)) * min(tf, tb)
+    return core + t_kv + c["step_s"] + counts["seqs"] * c["seq_s"]

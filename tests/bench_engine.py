@@ -141,37 +141,43 @@ def measure_mixed(model, cfg, B, n, ctx=64):
 # ---------------------------------------------------------------------------
 # 拟合
 # ---------------------------------------------------------------------------
+def _nnls(X, y):
+    """非负最小二乘（贪心：解一次，有负的就把最负的那一项固定成 0 再解）-> (p, 残差平方和)。"""
+    active = list(range(X.shape[1]))
+    while True:
+        p = np.zeros(X.shape[1])
+        if active:
+            p[active] = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
+        if not active or p[active].min() >= 0:
+            r = X @ p - y
+            return p, float(r @ r)
+        active.remove(active[int(np.argmin(p[active]))])
+
+
 def fit_cost(points, n_grid=31, rounds=3):
     """
-    points：[(账 dict, 实测秒)] -> 六个常数的 dict（COST_KEYS），使相对残差的平方和最小。
+    points：[(账 dict, 实测秒)] -> 常数的 dict（COST_KEYS），使相对残差的平方和最小。
 
-    【推导】给定算力 F、带宽 BW、overlap ω，模型时间 = r(F, BW, ω) + KV 字节 / KV 速率 + a + b·序列数 对
-    (1 / KV 速率, a, b) 是线性的：加权（1/实测）非负最小二乘（有负的就去掉那一项再解）。F、BW 在对数网格上搜，
-    ω 在 0…1 上搜，最好的一格附近再细搜两轮。
+    【推导】给定算力 F、带宽 BW、overlap ω，模型时间对其余五个量是线性的：1 / KV 速率、每步 a、每序列 b，和一行一次的
+    两个系数 u = 1 / gemv 带宽、v = reread / gemv 带宽（只在行数 ≤ ROWWISE_MAX_ROWS 的步上不为 0）：加权（1/实测）
+    非负最小二乘。F、BW 在对数网格上搜，ω 在 0…1 上搜，最好的一格附近再细搜。
     """
+    R = runner_lab.ROWWISE_MAX_ROWS
     t = np.array([m for _, m in points])
     fl = np.array([c["flops"] for c, _ in points])
     kv = np.array([c["kv_bytes"] for c, _ in points])
     by = np.array([c["bytes"] for c, _ in points]) - kv
     sq = np.array([c["seqs"] for c, _ in points], dtype=float)
+    M = np.array([c["tokens"] for c, _ in points], dtype=float)
+    row = M <= R
     w = 1.0 / t
-    X = np.stack([kv * w, w, sq * w], axis=1)
-    subsets = [cols for k in (3, 2, 1) for cols in itertools.combinations(range(3), k)]
+    X = np.stack([kv * w, w, sq * w, by * row * w, by * (M - 1) * row * w], axis=1)
 
     def solve(F, BW, om):
         tf, tb = fl / F, by / BW
-        y = (t - np.maximum(tf, tb) - (1 - om) * np.minimum(tf, tb)) * w
-        best = (float(y @ y), np.zeros(3))
-        for cols in subsets:
-            sol = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
-            if np.any(sol < 0):
-                continue
-            p = np.zeros(3)
-            p[list(cols)] = sol
-            r = X @ p - y
-            if float(r @ r) < best[0]:
-                best = (float(r @ r), p)
-        return best
+        g = np.where(row, 0.0, np.maximum(tf, tb) + (1 - om) * np.minimum(tf, tb))
+        p, err = _nnls(X, (t - g) * w)
+        return err, p
 
     grid_f, grid_b = np.geomspace(5e9, 400e9, n_grid), np.geomspace(2e9, 100e9, n_grid)
     grid_o = np.linspace(0, 1, 11)
@@ -188,9 +194,10 @@ def fit_cost(points, n_grid=31, rounds=3):
         grid_b = np.geomspace(BW / 1.25, BW * 1.25, n_grid // 2)
         grid_o = np.clip(np.linspace(om - 0.1, om + 0.1, 11), 0, 1)
     _, F, BW, om, p = best
+    u = p[3] if p[3] > 0 else 1e-30
     return {"flops_per_s": float(F), "bytes_per_s": float(BW), "overlap": float(om),
-            "kv_bytes_per_s": float(1 / p[0]) if p[0] > 0 else 1e30, "step_s": float(p[1]),
-            "seq_s": float(p[2])}
+            "kv_bytes_per_s": float(1 / p[0]) if p[0] > 0 else 1e30, "gemv_bytes_per_s": float(1 / u),
+            "reread": float(p[4] / u), "rowwise_rows": R, "step_s": float(p[1]), "seq_s": float(p[2])}
 
 
 def machine_info():
@@ -254,9 +261,10 @@ def calibrate(model, cfg, write):
     info["loaded"] = bool(max(info["load_avg_1min_at_start"], load_end) > 1.5)
     section = {"command": COMMAND, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": info, "model": f"SmolLM2-135M {cfg.dtype}",
-               "form": "max(t_f, t_w) + (1 - overlap) * min(t_f, t_w) + kv_bytes / kv_bytes_per_s + step_s "
-                       "+ seqs * seq_s; t_f = flops / flops_per_s, t_w = (bytes - kv_bytes) / bytes_per_s "
-                       "(runner_lab.step_counts, runner_lab.modelled_step_time)",
+               "form": "tokens > rowwise_rows: max(t_f, t_w) + (1 - overlap) * min(t_f, t_w); tokens <= rowwise_rows: "
+                       "(bytes - kv_bytes) / gemv_bytes_per_s * (1 + (tokens - 1) * reread); plus kv_bytes / "
+                       "kv_bytes_per_s + step_s + seqs * seq_s; t_f = flops / flops_per_s, t_w = (bytes - kv_bytes) "
+                       "/ bytes_per_s (runner_lab.step_counts, runner_lab.modelled_step_time)",
                "constants": cost, "fit": {"max_abs_residual": round(worst, 4), "goal": GOAL_FIT, "points": rows}}
     if write:
         try:
