@@ -251,7 +251,7 @@ def demo1_attainment():
     low = RATES[0]
     e_low, a_low = engine_metrics(low), analytic_metrics(low)
     r["tpot_low"], r["tpot_low_06"] = pct(e_low["tpot"], 50), pct(a_low["tpot"], 50)
-    single = modelled_step_time({"flops": 0.0, "bytes": chunk_counts(CFG, 1, 128, True)[1], "seqs": 1})
+    single = modelled_step_time({"flops": 0.0, "bytes": chunk_counts(CFG, 1, 128, True)[1], "seqs": 1, "tokens": 1})
     r["single"] = single
     print_observations([
         f"引擎的 goodput 约 {r['goodput']:.3g} req/s（达标率 ≥ {GOAL:.0%} 的最高率；真值在 [{r['goodput']:.3g}, "

@@ -52,6 +52,11 @@ def test_modelled_step_time_closed_form():
     # t_f = 3，t_w = (10 − 2) / 2 = 4，t_kv = 0.5：4 + 0.75·3 + 0.5 + 1 + 1
     assert modelled_step_time(k, c) == pytest.approx(8.75)
     assert modelled_step_time(k, OLD) == pytest.approx(max(30 / 53e9, 10 / 10.4e9) + 2e-3 + 1e-3)
+    # 行数 ≤ rowwise_rows：GEMV 那条路 (10 − 2) / 4 × (1 + (3 − 1)·0.5) = 4，FLOPs 不计
+    g = dict(c, gemv_bytes_per_s=4.0, reread=0.5, rowwise_rows=3)
+    assert modelled_step_time(dict(k, tokens=3), g) == pytest.approx(4 + 0.5 + 1 + 1)
+    assert modelled_step_time(dict(k, tokens=4), g) == pytest.approx(8.75)          # 4 行：一次 GEMM
+    assert modelled_step_time(k, g) == pytest.approx(8.75)                           # 没有 tokens：GEMM
 
 
 def test_step_counts_split_out_the_kv_bytes():
@@ -65,11 +70,11 @@ def test_step_counts_split_out_the_kv_bytes():
 def test_fit_recovers_the_times_of_known_constants():
     """拟合：用已知常数算出一串步的时间，拟合回来的常数给的时间和它们差 < 3%（网格只搜到几个百分点）。"""
     true = {"flops_per_s": 60e9, "bytes_per_s": 12e9, "overlap": 0.4, "kv_bytes_per_s": 3e9, "step_s": 3e-3,
-            "seq_s": 0.3e-3}
-    steps = ([[(1, c + 1, True)] * B for c in (64, 256) for B in (1, 2, 8, 64)] + [[(64, 0, True)], [(256, 0, True)]]
+            "seq_s": 0.3e-3, "gemv_bytes_per_s": 25e9, "reread": 0.6, "rowwise_rows": runner_lab.ROWWISE_MAX_ROWS}
+    steps = ([[(1, c + 1, True)] * B for c in (64, 256) for B in (1, 2, 3, 4, 8, 64)] + [[(64, 0, True)], [(256, 0, True)]]
              + [[(1, 65, True)] * 8 + [(128, 0, True)]])
     pts = [(step_counts(CFG, ch), modelled_step_time(step_counts(CFG, ch), true)) for ch in steps]
-    fit = be.fit_cost(pts, n_grid=9, rounds=4)
+    fit = be.fit_cost(pts, n_grid=13, rounds=4)
     worst = max(abs(modelled_step_time(k, fit) / t - 1) for k, t in pts)
     assert worst < 0.03
     assert abs(fit["overlap"] - true["overlap"]) <= 0.2

@@ -70,8 +70,10 @@ def test_analytic_break_even_uses_the_ledger_with_every_verified_row(mod):
         kv = B * sum(r["kv"] for r in rows) * 2
         emb = B * sum(r["w"] for r in rows if r["op"] == "embed") * 2
         tf, tw = flops / c["flops_per_s"], (w + emb) / c["bytes_per_s"]      # 标定的时钟：KV 单算一项
-        return (max(tf, tw) + (1 - c["overlap"]) * min(tf, tw) + kv / c["kv_bytes_per_s"] + c["step_s"]
-                + B * c["seq_s"])
+        core = max(tf, tw) + (1 - c["overlap"]) * min(tf, tw)
+        if B * n <= c["rowwise_rows"]:                 # 行数 ≤ 3：一行一次的 GEMV 路
+            core = (w + emb) / c["gemv_bytes_per_s"] * (1 + (B * n - 1) * c["reread"])
+        return core + kv / c["kv_bytes_per_s"] + c["step_s"] + B * c["seq_s"]
 
     b_star, sp = mod.analytic_break_even(cfg, 2.5, 3.0, 50)
     for B in (1, 4, b_star):
