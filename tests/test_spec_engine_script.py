@@ -106,7 +106,10 @@ def test_demo2_break_even_rate_and_goodput_are_the_tables(mod):
     want = [max([r for r in rates if att[r][j] >= 90], default=0.0) for j in range(3)]
     assert [float(x) for x in m.groups()] == want
     top = rates[-1]
-    assert tput[top][2] > tput[top][1], "开关在最高的到达率下找回吞吐"
+    if "开关一次也没关掉投机" in text:                # 标定的时钟下不划算的批（b*）比排出来的批大：开关不动手
+        assert all(tput[r][2] == tput[r][1] for r in rates)
+    else:
+        assert tput[top][2] > tput[top][1], "开关在最高的到达率下找回吞吐"
 
 
 def test_demo3_blocks_given_back_are_at_most_the_wasted_positions():
