@@ -20,7 +20,8 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
 - 时间默认是**模型时间**（runner_lab.modelled_step_time）：一步的 FLOPs 和字节（权重一步只读一遍 + 每个序列的 KV）
   从账本（ledger_lab.analytic_ops）来，按下面标定的 CPU 代价模型算（算和读权重部分重叠的 roofline + 读 KV + 固定开销）。
   所以每次运行打印的字节相同。
-  `--time` 另外用真实的时钟跑演示 2 和演示 6 的批不变模式，打印在模型时间旁边（随机器和负载变）。
+  `--time` 另外用真实的时钟跑演示 2 和演示 6 的批不变模式，打印在模型时间旁边（随机器和负载变），并把 B = 16 的一步
+  按算子拆开（时间、账上的 FLOPs 和字节、达到的 GFLOP/s 和 GB/s）。
 - 演示 1 的步表：每一格 "r2:17" = 请求 2 这一步算 17 个 token（prefill 或它的一段）；"decode" 列 = 这一步 decode 一个
   token 的请求数；"块" = 用着的 KV 块（16 个 token 一块）。
 - TTFT = 第一个 token − 到达；ITL = 相邻两个 token 的间隔；p99 是所有间隔的第 99 百分位。
