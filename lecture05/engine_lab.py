@@ -25,8 +25,8 @@ requests[id].error 是一句中英文的说明，块放掉（测试：num_free_b
 float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有谁而差 ~1e-5：见 batch_invariant。
 【投机解码】speculative_config（vLLM 的名字，spec_engine_lab）：每一步一轮——草稿、一次前向验证、verify_chain、还块；
 γ 固定、开关关着时第 i 个请求 == decode_lab.speculative_generate(…, default_rng(seed + i))（tests/test_spec_engine.py）。
-【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账在一台 CPU 上的 roofline + 固定开销），所以打印
-的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
+【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账按 lecture05/cpu_calibration.json 里标定的 CPU
+代价模型算），所以打印的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
 用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
 【记录有界】默认 requests 留着每个请求、steps 留着每一步（脚本和测试要看）。一直开着的服务器两样都不能无限长：
 release(id) 忘掉一个已经结束、结束也已经由 step() 报告过的请求（它的 token、时间、logits 一起放掉）；

@@ -2,12 +2,14 @@
 第 5 讲 08_numpy_engine.py：演示 2–5（模型时间、重放）直接调用、断言它们返回的数；演示 1、6 从脚本的输出
 （test_scripts 已经跑过一次，这里共用）里读。只读 GGUF 的元数据和分词器（不装权重），所以很快。
 """
+import os
 import re
 
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout, smollm2_path
+from conftest import ROOT, load_script, script_stdout, smollm2_path
+from runner_lab import step_counts
 from gguf_lab import read_gguf
 from real_model_lab import gguf_config
 from bpe_lab import BPETokenizer
@@ -33,13 +35,36 @@ def quiet(f, *a):
         return f(*a)
 
 
-def test_demo2_throughput_at_16_is_at_least_4x_and_knee_at_twice_the_ridge():
+def _calibrated():
+    """lecture05/cpu_calibration.json 的常数（直接读文件：不经 runner_lab）。"""
+    import json
+    with open(os.path.join(ROOT, "lecture05", "cpu_calibration.json"), encoding="utf-8") as f:
+        return json.load(f)["sections"]["engine_step"]["constants"]
+
+
+def test_demo2_throughput_and_knee_follow_the_calibrated_constants():
+    """
+    演示 2 用标定的常数（回归：它曾用猜的 53 GFLOP/s、10.4 GB/s，拐点 5.1、B = 16 时吞吐 9.3 倍）。
+    吞吐比按式子手算：一步 = max(t_f, t_w) + (1 − ω)·min（B ≤ 3：GEMV 那条路）+ KV / 速率 + a + b·B。
+    """
     mod, cfg, _ = ctx()
     r = quiet(mod.demo2_batch, cfg)
-    assert r["tps"][16] / r["tps"][1] >= 4
-    assert r["ridge"] == pytest.approx(53e9 / 10.4e9)
-    # float32 decode 的强度 ≈ B/2（KV 的字节让它略小）：第一个越过拐点的批是 16（8 的强度 ≈ 4 < 5.1）
-    assert r["knee"] == 16
+    c = _calibrated()
+    assert r["ridge"] == pytest.approx(c["flops_per_s"] / c["bytes_per_s"])
+    assert r["ridge"] != pytest.approx(53e9 / 10.4e9, rel=0.02)
+
+    def step(B):
+        k = step_counts(cfg, [(1, mod.CTX_DECODE, True)] * B)
+        tf, tw = k["flops"] / c["flops_per_s"], (k["bytes"] - k["kv_bytes"]) / c["bytes_per_s"]
+        core = max(tf, tw) + (1 - c["overlap"]) * min(tf, tw)
+        if B <= c["rowwise_rows"]:                     # 一行一次：GEMV 的带宽，后面的行从缓存再读
+            core = (k["bytes"] - k["kv_bytes"]) / c["gemv_bytes_per_s"] * (1 + (B - 1) * c["reread"])
+        return core + k["kv_bytes"] / c["kv_bytes_per_s"] + c["step_s"] + B * c["seq_s"]
+    for B in (16, 64):
+        assert r["tps"][B] / r["tps"][1] == pytest.approx(B * step(1) / step(B), rel=1e-9)
+    # float32 decode 的强度 ≈ B/2（KV 的字节让它略小）：第一个强度 ≥ 拐点的批
+    inten = {B: step_counts(cfg, [(1, mod.CTX_DECODE, True)] * B) for B in mod.BATCHES}
+    assert r["knee"] == next(B for B in mod.BATCHES if inten[B]["flops"] / inten[B]["bytes"] >= r["ridge"])
     tps = [r["tps"][b] for b in mod.BATCHES]
     assert all(b >= a for a, b in zip(tps, tps[1:]))
 
@@ -81,9 +106,10 @@ def test_demo5_small_budget_bounds_the_stall():
     # 长提示的段数：预算减去 8 个 decode 的 token 才是它每步能拿的（64 → 56 一段，1024 个 token → 19 段）
     assert r[lo]["pieces"] == -(-mod.LONG_PROMPT // (lo - mod.N_DECODERS))
     # CPU 的拐点：float32 decode 读 4 字节权重做 2 次 FLOP，(8 + c) 行仍受带宽限制要 2·(8 + c)/算力 ≤ 4/带宽，
-    # c ≤ 2·53/10.4 − 8 ≈ 2.2（注意力的 FLOPs 和 KV 的字节略有出入）
-    assert r["knee_cpu"] == int(2 * 53e9 / 10.4e9 - mod.N_DECODERS)
-    assert r["knee_gpu"] > 100 * max(r["knee_cpu"], 1)
+    # c ≤ 2·算力/带宽 − 8（标定的常数；注意力的 FLOPs 和嵌入行的字节略有出入，所以差 1 以内）
+    c = _calibrated()
+    assert abs(r["knee_cpu"] - max(0, int(2 * c["flops_per_s"] / c["bytes_per_s"] - mod.N_DECODERS))) <= 1
+    assert r["knee_gpu"] > 30 * max(r["knee_cpu"], 1)
 
 
 def test_demo1_every_answer_equals_its_solo_run_and_demo6_prints_bounds_not_blas_digits():
