@@ -67,6 +67,7 @@ class ModelRunner:
                 self.model = NumpyTransformer(params.params, cfg)   # 不改调用者的模型
             self.model.matmul = rowwise_matmul
         self.invariant = batch_invariant
+        self.keep_hidden, self.hidden = False, None      # 引擎的 keep_hidden=True 打开：见 forward 的最后一行
         dt = np.dtype(cfg.dtype)
         shape = (cfg.n_layers, num_blocks * block_size, cfg.n_kv_heads, cfg.head_dim)   # 块 × 块内位置摊平成"槽"
         self.k, self.v = np.zeros(shape, dtype=dt), np.zeros(shape, dtype=dt)
@@ -138,8 +139,12 @@ class ModelRunner:
             x = x + m.o_proj(li, A)
             x = x + m.mlp(li, m.rms_scale(x))
         if not len(rows):
+            self.hidden = np.zeros((0, cfg.d_model), dtype=x.dtype) if self.keep_hidden else None
             return np.zeros((0, cfg.vocab), dtype=x.dtype)
-        return m.lm_head(m.rms_scale(x[rows]))                           # [k, V]
+        h = m.rms_scale(x[rows])                                         # [k, d]：最后的 RMSNorm（权重已并进 lm_head）
+        if self.keep_hidden:                                             # 训练草稿用的隐状态：lm_head(h) 就是这几行的 logits
+            self.hidden = h
+        return m.lm_head(h)                                              # [k, V]
 
     def run(self, chunks):
         """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。"""
