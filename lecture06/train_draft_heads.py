@@ -1,5 +1,7 @@
 """
+=============================================================================
 CS349E · 第 6 讲 · train_draft_heads.py —— 训练 SmolLM2 的两个草稿：Medusa 头和 EAGLE 式的特征草稿（numpy）
+=============================================================================
 
 不是编号脚本（它生成数据、训练，要几分钟）：它产出的权重和 token id 在 lecture06/trained_drafts/ 里，
 13_trained_drafts.py 和测试读它们。再跑一遍得到同样的字节（同一台机器、同样的 BLAS 线程数）。
@@ -43,7 +45,7 @@ from engine_lab import LLMEngine  # noqa: E402
 from hub_lab import gguf_path_or_exit, sha256_file  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from trained_draft_lab import (eagle_inputs, eagle_loss, init_eagle, init_medusa, medusa_loss,  # noqa: E402
-                               train_epochs)
+                               train_epochs, train_scale)
 
 # ---- 设置（都是选出来的）----
 TOPICS = ("the ocean", "volcanoes", "bicycles", "the moon", "coffee", "honey bees", "rainforests", "chess",
@@ -71,6 +73,7 @@ SEED = 0                   # T = 1 的第 i 个请求用种子 SEED + i；训练
 K_HEADS = 3                # Medusa 头的个数（头 i 预测 i + 1 个位置之后的 token）
 VOCAB_N = 4096             # 草稿词表的大小
 EPOCHS, BATCH, LR = 3, 256, 1e-3
+FEAT_WEIGHT = 1.0 / 576    # EAGLE 式的特征回归：√d·f 的尺度上每个分量的均方误差（Σ / d）
 BATCH_SEQS = 32            # 引擎一步最多几个序列
 OUT_DIR = os.path.join(HERE, "trained_drafts")
 OUT_NPZ, OUT_JSON = "smollm2_drafts.npz", "smollm2_drafts.json"
@@ -159,8 +162,9 @@ def train(data, lm, progress=True):
     cfg = lm.cfg
     d, V = cfg.d_model, cfg.vocab
     vocab_ids = draft_vocab(data["train_tokens"], VOCAB_N)
-    head = np.ascontiguousarray(lm._head[:, vocab_ids].astype(np.float32))
-    F = data["train_feats"].astype(np.float32)
+    sc = train_scale(lm)                                                   # 草稿在 √d·f 的尺度上算
+    head = np.ascontiguousarray(lm._head[:, vocab_ids].astype(np.float32) / np.float32(sc))
+    F = data["train_feats"].astype(np.float32) * np.float32(sc)
     Y, ahead, seq_end = training_rows(data, vocab_ids, V)
     N = F.shape[0]
     med_labels = np.stack([ahead(i + 1) for i in range(K_HEADS)])          # [k, N]
@@ -176,11 +180,11 @@ def train(data, lm, progress=True):
     for ep, l in enumerate(loss_m):
         print(f"Medusa epoch {ep + 1}: 平均损失（{K_HEADS} 个头的交叉熵之和）{l:.4f}", flush=True)
     nxt = np.flatnonzero(np.arange(N) + 1 < seq_end)                        # 有下一个位置的
-    X = eagle_inputs(lm, F[nxt], Y[nxt]).astype(np.float32)
+    X = (eagle_inputs(lm, F[nxt] / np.float32(sc), Y[nxt]) * np.float32(sc)).astype(np.float32)
     Fn = F[nxt + 1]
     lab = ahead(1)[nxt]
     pe = init_eagle(d, np.float32)
-    loss_e = train_epochs(pe, lambda p, idx: eagle_loss(p, head, X[idx], Fn[idx], lab[idx]),
+    loss_e = train_epochs(pe, lambda p, idx: eagle_loss(p, head, X[idx], Fn[idx], lab[idx], FEAT_WEIGHT),
                           nxt.size, BATCH, EPOCHS, LR, np.random.default_rng(SEED + 1), bar("EAGLE"))
     for ep, l in enumerate(loss_e):
         print(f"EAGLE  epoch {ep + 1}: 平均损失（交叉熵 + 特征回归）{l:.4f}", flush=True)

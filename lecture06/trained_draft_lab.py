@@ -1,6 +1,6 @@
 """
-trained_draft_lab —— 训练出来的草稿：Medusa 头、EAGLE 式的特征草稿（numpy，前向和反向都手写），和用它们的精确生成器
-medusa_generate / eagle_generate。
+trained_draft_lab —— 训练出来的草稿：Medusa 头、EAGLE 式的特征草稿（numpy，前向和反向都手写）、Adam 训练、每个草稿 token
+的账。用它们的精确生成器 medusa_generate / eagle_generate 和 T = 0 的精确轮次在 feature_decode_lab。
 
 p = 目标、q = 草稿，同 decode_lab 的约定。
 
@@ -19,7 +19,10 @@ req.hidden 就是它；生成时 forward_with_features 在同一次前向里取�
   （开始时 u = f），W_1 为 0。损失 = 交叉熵 + FEAT_WEIGHT × ‖u − f_{t+1}‖²（EAGLE 用 smooth L1 的回归加 0.1 倍的分类）。
 - 草稿词表（FR-Spec，Zhao et al. 2025，arXiv 2502.14856）：vocab_ids 给了时草稿的 lm_head 只取这几列（同一份冻结的
   权重），q 在词表之外是 0；目标照样在整个词表上验证，所以仍然精确（拒绝采样允许 q(x) = 0）。
-【验证】medusa_generate：Medusa 的固定树（每层 top-w 个候选的笛卡儿积：头不看路径，同一层的候选对每个父节点都一样），
+【尺度】特征 f 的 L2 范数约为 1（rms_scale 除的是 √(Σx²)，不是均方根），每个分量约 1/√d：草稿在 x = √d·f 上算
+（每个分量的均方根约 1，和一般的 RMSNorm 之后的隐状态一样，Adam 的学习率才有意义），输出除回 √d 再乘 lm_head。
+训练时把 √d·f 和 head/√d 交给 medusa_loss / eagle_loss（train_scale），和 DraftHead 的前向是同一个函数。
+【验证】（feature_decode_lab）medusa_generate：Medusa 的固定树（每层 top-w 个候选的笛卡儿积：头不看路径，同一层的候选对每个父节点都一样），
 一次目标前向（树形注意力）给整棵树打分，从根往下按点质量规则（distinct_lab.topk_draft_verify）验证。
 eagle_generate：草稿在特征空间里自回归地抽 γ 个（每个从它自己的 q 抽），verify_chain 验证（Leviathan 的规则）。
 两者输出的分布都正好是 p（测试按随机数的每种结局精确枚举），T = 0 时就是贪心。
@@ -38,14 +41,10 @@ for _sub in ("lecture01", "lecture02"):
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from decode_lab import _check_generation, _finish, _stop_set, _stopped, adjust, verify_chain  # noqa: E402
-from distinct_lab import topk_candidates, topk_draft_verify  # noqa: E402
-from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # noqa: E402
-from tree_lab import tree_parents  # noqa: E402
 
 __all__ = ["FEAT_WEIGHT", "ADAM", "forward_with_features", "target_features", "DraftHead", "init_medusa",
            "init_eagle", "medusa_loss", "eagle_loss", "eagle_inputs", "adam_step", "train_epochs",
-           "medusa_generate", "eagle_generate", "draft_params", "draft_cost"]
+           "draft_params", "draft_cost", "train_scale"]
 
 FEAT_WEIGHT = 1.0          # EAGLE 式损失里特征回归的权重（选的，不是论文的数）
 ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}     # Adam 的常数（Kingma & Ba 2015 的默认值）
@@ -170,6 +169,11 @@ def eagle_loss(params, head, x, feats_next, labels, feat_weight=FEAT_WEIGHT):  #
     return loss, {"w_in": x.T @ da, "b_in": da.sum(0), "w1": a.T @ dc, "b1": dc.sum(0)}
 
 
+def train_scale(model):
+    """草稿的尺度 s = √d（见模块说明的【尺度】）：训练时输入乘 s、lm_head 除以 s -> float。"""
+    return float(np.sqrt(model.cfg.d_model))
+
+
 # ---------------------------------------------------------------------------
 # 训练：Adam
 # ---------------------------------------------------------------------------
@@ -237,6 +241,7 @@ class DraftHead:
                                      or np.any(np.diff(self.ids) <= 0)):
             raise ValueError(f"vocab_ids 必须是 0..{V - 1} 里严格递增的 token id，至少一个")
         self.head = model._head if self.ids is None else np.ascontiguousarray(model._head[:, self.ids])
+        self.s = train_scale(model)
         self.k = self.params["w"].shape[0] if kind == "medusa" else None
 
     def _full(self, z):  # [..., Vs] -> [..., V]
@@ -248,14 +253,14 @@ class DraftHead:
 
     def medusa_logits(self, f):  # [d] -> [k, V]
         """k 个头在特征 f 上的 logits（第 i 行预测 f 的位置之后第 i + 2 个 token，即已抽出的那个之后第 i + 1 个）。"""
-        p = self.params
-        a = np.einsum("d,kde->ke", f, p["w"]) + p["b"]
-        return self._full((f[None, :] + _silu(a)[0]) @ self.head)
+        p, x = self.params, self.s * f
+        a = np.einsum("d,kde->ke", x, p["w"]) + p["b"]
+        return self._full((x[None, :] + _silu(a)[0]) @ self.head / self.s)
 
     def eagle_step(self, f, tok):  # [d], int -> (u [d], logits [V])
         """EAGLE 式的一步：(f_t, x_{t+1}) -> (预测的 f_{t+1}, 它的 logits)。"""
-        u = _eagle_forward(self.params, eagle_inputs(self.model, f[None, :], [tok]))[0][0]
-        return u, self._full(u @ self.head)
+        u = _eagle_forward(self.params, self.s * eagle_inputs(self.model, f[None, :], [tok]))[0][0]
+        return u / self.s, self._full(u @ self.head / self.s)
 
     def n_params(self):
         """可训练的参数个数（不含共用的 lm_head）。"""
@@ -282,137 +287,3 @@ def draft_cost(kind, d, n_head_cols, k=1, bytes_per_param=2):
     own = draft_params("medusa", d, 1) if kind == "medusa" else draft_params(kind, d)
     p = own + d * n_head_cols
     return {"params": p, "flops": 2 * p, "bytes": p * bytes_per_param}
-
-
-# ---------------------------------------------------------------------------
-# 生成
-# ---------------------------------------------------------------------------
-def _prefill(target, seq, T, rng):
-    """提示一次前向 -> (cache, 第一个新 token, 抽它的那一行的特征)。"""
-    cache = target.new_cache(1)
-    logits, feats = forward_with_features(target, seq, cache)
-    tok = int(sample_inverse_cdf(adjust(logits[-1], T), rng.random()))
-    return cache, tok, feats[-1]
-
-
-def _check_target(target, head):
-    if not isinstance(target, NumpyTransformer):
-        raise ValueError("目标模型必须是 NumpyTransformer / TransformerLM（要它的特征和树形注意力）")
-    if head.model is not target:
-        raise ValueError("草稿必须接在同一个目标模型上（DraftHead(kind, target, …)：共用它的 lm_head）")
-
-
-def medusa_generate(target, heads, prompt, n_new, T, rng, widths=None, stop=None):
-    """
-    Medusa 头 + 固定树的投机解码 -> (新 token 的 int 数组 [n_new], stats)。stats["target_calls"] = 目标的前向次数
-    （含提示的那一次）；stats["accepted"] = 每轮被接受的深度。
-
-    【每一轮】已确定的序列最后一个 token x 刚从 f 的 p 抽出、还没喂给目标：
-      1. 头 i 在 f 上给第 i 层的 top-w_i 个候选（按草稿的 logits 排；温度不改变次序）；树 = 各层候选的笛卡儿积
-         （tree_lab.tree_parents(widths)）；
-      2. 目标一次前向：x + 整棵树（树形注意力），得到 x 和每个节点的 p 和特征；
-      3. 从 x 往下：一个节点的孩子们按点质量规则验证（distinct_lab.topk_draft_verify）；接受就走下去，全部拒绝时那个规则
-         已经从剩下的 p 抽了一个 token；走到叶子就从叶子的 p 抽额外的 token；
-      4. 缓存只留 x 和被接受的路径（KVCache.keep）；新抽的 token 成为下一轮的 x，走到的最后一个节点的特征是下一轮的 f。
-    【参数】heads：DraftHead("medusa", target, …)；widths：每层几个候选，默认 (1,) × k（一条链）；长度 ≤ k。
-    【随机数】提示之后的第一个 token 一个；每轮验证时每检查一个候选一个，最后一个抽修正 / 额外的 token。
-    【边界】widths 长度超过头数、不是正整数（见 tree_parents）、上下文不够：ValueError。
-    """
-    _check_target(target, heads)
-    if heads.kind != "medusa":
-        raise ValueError("medusa_generate 要 Medusa 头（DraftHead('medusa', …)）")
-    widths = tuple([1] * heads.k if widths is None else widths)
-    parents = tree_parents(widths)
-    if len(widths) > heads.k:
-        raise ValueError(f"树有 {len(widths)} 层，只有 {heads.k} 个头")
-    adjust(np.zeros(1), T)
-    stop = _stop_set(stop)
-    N = len(parents)
-    seq = _check_generation(prompt, n_new, [target], N + 1)
-    n0 = len(seq)
-    level = np.zeros(N, dtype=np.int64)              # 每个节点在第几层、是父节点的第几个孩子
-    sib = np.zeros(N, dtype=np.int64)
-    children = [[] for _ in range(N + 1)]            # children[a + 1] = 节点 a 的孩子（a = -1 是 x）
-    for i, a in enumerate(parents):
-        level[i] = 0 if a < 0 else level[a] + 1
-        sib[i] = len(children[a + 1])
-        children[a + 1].append(i)
-    cache, tok, f = _prefill(target, seq, T, rng)
-    seq.append(tok)
-    calls, accepted = 1, []
-    while len(seq) - n0 < n_new and not _stopped(seq, n0, stop):
-        # 1. 候选：头 i 的 top-w_i
-        cand = [topk_candidates(row, w) for row, w in zip(heads.medusa_logits(f), widths)]
-        toks = [int(cand[level[i]][sib[i]]) for i in range(N)]
-        # 2. 目标一次前向：x + 树
-        L = cache.pos
-        par = [-1] + [0 if a < 0 else a + 1 for a in parents]
-        mask, pos = tree_mask(par, L)
-        logits, feats = forward_with_features(target, [seq[-1]] + toks, cache, mask, pos)
-        ps = adjust(logits, T)
-        calls += 1
-        # 3. 从 x 往下验证
-        a, path = -1, []
-        while True:
-            kids = children[a + 1]
-            if not kids:
-                tok = int(sample_inverse_cdf(ps[a + 1], rng.random()))
-                break
-            i, tok = topk_draft_verify(ps[a + 1], [toks[c] for c in kids], rng)
-            if i < 0:
-                break
-            a = kids[i]
-            path.append(a)
-        f = feats[a + 1]
-        # 4. 缓存只留 x 和路径
-        cache.keep(L, [0] + [c + 1 for c in path])
-        seq += [toks[c] for c in path] + [tok]
-        accepted.append(len(path))
-    return _finish(seq, n0, n_new, stop), {"target_calls": calls, "accepted": accepted}
-
-
-def eagle_generate(target, draft, prompt, n_new, gamma, T, rng, stop=None):
-    """
-    EAGLE 式特征草稿的投机解码（一条链）-> (新 token 的 int 数组 [n_new], stats)，stats 同 medusa_generate。
-
-    【每一轮】x 刚从特征 f 的 p 抽出、还没喂给目标：
-      1. 草稿在特征空间里自回归 γ 步：(u, q_j) = 草稿(u_{j−1}, 上一个 token)，u_0 = f，上一个 token 先是 x、之后是
-         草稿自己抽的 d_j；d_j 从 q_j 抽（温度 T）；
-      2. 目标一次前向：x, d_1..d_γ，得到 p_1..p_{γ+1} 和特征；
-      3. verify_chain（Leviathan 的规则：接受 n 个，再抽修正 / 额外的 token）；
-      4. 缓存回滚到 x, d_1..d_n；第 n 行（d_n 的位置，n = 0 时是 x 的）的特征是下一轮的 f。
-    【随机数】提示之后的第一个 token 一个；每轮 γ 个草稿各一个，verify_chain 的（每检查一个一个，最后一个抽 token）。
-    【边界】γ < 1、上下文不够：ValueError。
-    """
-    _check_target(target, draft)
-    if draft.kind != "eagle":
-        raise ValueError("eagle_generate 要 EAGLE 式草稿（DraftHead('eagle', …)）")
-    if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
-        raise ValueError(f"草稿长度 γ 必须是 ≥ 1 的整数（收到 {gamma!r}）")
-    adjust(np.zeros(1), T)
-    stop = _stop_set(stop)
-    seq = _check_generation(prompt, n_new, [target], gamma + 1)
-    n0 = len(seq)
-    cache, tok, f = _prefill(target, seq, T, rng)
-    seq.append(tok)
-    calls, accepted = 1, []
-    while len(seq) - n0 < n_new and not _stopped(seq, n0, stop):
-        # 1. 草稿 γ 个
-        u, prev, drafts, qs = f, seq[-1], [], []
-        for _ in range(gamma):
-            u, z = draft.eagle_step(u, prev)
-            q = adjust(z, T)
-            prev = int(sample_inverse_cdf(q, rng.random()))
-            drafts.append(prev)
-            qs.append(q)
-        # 2. 目标一次前向
-        logits, feats = forward_with_features(target, [seq[-1]] + drafts, cache)
-        calls += 1
-        # 3. 验证
-        n, tok = verify_chain(adjust(logits, T), qs, drafts, rng)
-        # 4. 回滚
-        cache.rollback(gamma - n)
-        f = feats[n]
-        seq += drafts[:n] + [tok]
-        accepted.append(n)
-    return _finish(seq, n0, n_new, stop), {"target_calls": calls, "accepted": accepted}

@@ -1,5 +1,5 @@
 """
-trained_draft_lab（Medusa 头、EAGLE 式特征草稿、medusa_generate / eagle_generate）、引擎的 keep_hidden、
+trained_draft_lab（Medusa 头、EAGLE 式特征草稿）、feature_decode_lab（medusa_generate / eagle_generate）、引擎的 keep_hidden、
 train_draft_heads.py 产出的权重。
 
 - 反向：每个参数的每个元素对照中心差分（float64），去掉反向里的任何一项都会变红；
@@ -17,6 +17,7 @@ import pytest
 
 import decode_lab
 import distinct_lab
+import feature_decode_lab as fd
 import trained_draft_lab as tl
 from conftest import ROOT, smollm2_path
 from decode_lab import TransformerLM, autoregressive_generate, sample_from_prompts
@@ -51,7 +52,9 @@ def _train_toy(model, k=2, steps=4, vocab_ids=None):
     ids = np.arange(model.cfg.vocab) if vocab_ids is None else np.asarray(vocab_ids)
     col = np.full(model.cfg.vocab, -1)
     col[ids] = np.arange(ids.size)
-    head = model._head[:, ids]
+    sc = tl.train_scale(model)
+    head = model._head[:, ids] / sc
+    F = F * sc
     N = len(Y)
     j = np.arange(N)
     lab = np.stack([np.where(j + i < ends, col[Y[np.minimum(j + i, N - 1)]], -1) for i in range(1, k + 1)])
@@ -59,7 +62,7 @@ def _train_toy(model, k=2, steps=4, vocab_ids=None):
     lm = tl.train_epochs(pm, lambda p, idx: tl.medusa_loss(p, head, F[idx], lab[:, idx]), N, 16, steps, 0.02,
                          np.random.default_rng(0))
     nxt = np.flatnonzero(j + 1 < ends)
-    X = tl.eagle_inputs(model, F[nxt], Y[nxt])
+    X = tl.eagle_inputs(model, F[nxt] / sc, Y[nxt]) * sc
     pe = tl.init_eagle(model.cfg.d_model)
     le = tl.train_epochs(pe, lambda p, idx: tl.eagle_loss(p, head, X[idx], F[nxt + 1][idx], lab[0, nxt][idx]),
                          nxt.size, 16, steps, 0.02, np.random.default_rng(1))
@@ -176,20 +179,20 @@ def test_greedy_medusa_and_eagle_equal_greedy_decoding(toy, prompt):
     m = toy["model"]
     want = autoregressive_generate(m, prompt, 30, 0.0, np.random.default_rng(0))
     for widths in [(1,), (1, 1), (2, 1), (2, 2)]:
-        got, st = tl.medusa_generate(m, toy["medusa"], prompt, 30, 0.0, np.random.default_rng(0), widths=widths)
+        got, st = fd.medusa_generate(m, toy["medusa"], prompt, 30, 0.0, np.random.default_rng(0), widths=widths)
         assert list(got) == list(want), widths
         assert sum(a + 1 for a in st["accepted"]) + 1 >= 30
     for name in ("eagle", "eagle_trim"):
         for g in (1, 3):
-            got, _ = tl.eagle_generate(m, toy[name], prompt, 30, g, 0.0, np.random.default_rng(0))
+            got, _ = fd.eagle_generate(m, toy[name], prompt, 30, g, 0.0, np.random.default_rng(0))
             assert list(got) == list(want), (name, g)
 
 
 def test_trained_toy_heads_accept_something_at_T0(toy):
     """训练过的玩具草稿至少接受了一些 token（否则上面的相等什么也没测到）。"""
     m = toy["model"]
-    _, st = tl.medusa_generate(m, toy["medusa"], [1], 40, 0.0, np.random.default_rng(0), widths=(2, 2))
-    _, se = tl.eagle_generate(m, toy["eagle"], [1], 40, 3, 0.0, np.random.default_rng(0))
+    _, st = fd.medusa_generate(m, toy["medusa"], [1], 40, 0.0, np.random.default_rng(0), widths=(2, 2))
+    _, se = fd.eagle_generate(m, toy["eagle"], [1], 40, 3, 0.0, np.random.default_rng(0))
     assert sum(st["accepted"]) > 0 and sum(se["accepted"]) > 0
 
 
@@ -239,7 +242,7 @@ def _enum_sample(orig):
 
 def _enumerate(run, monkeypatch):
     """run(rng) -> 输出；对随机数的每种结局跑一遍 -> {输出元组: 概率}。"""
-    for mod in (tl, decode_lab, distinct_lab):
+    for mod in (fd, decode_lab, distinct_lab):
         monkeypatch.setattr(mod, "sample_inverse_cdf", _enum_sample(mod.sample_inverse_cdf))
     dist, stack = collections.defaultdict(float), [[]]
     while stack:
@@ -275,7 +278,7 @@ def _assert_same(got, want):
 @pytest.mark.parametrize("widths", [(1, 1), (2, 1)])
 def test_medusa_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy, widths, monkeypatch):
     m, prompt = toy["model"], [1, 2]
-    got = _enumerate(lambda rng: tl.medusa_generate(m, toy["medusa"], prompt, 3, 1.0, rng, widths=widths)[0],
+    got = _enumerate(lambda rng: fd.medusa_generate(m, toy["medusa"], prompt, 3, 1.0, rng, widths=widths)[0],
                      monkeypatch)
     _assert_same(got, _target_joint(m, prompt, 3))
 
@@ -284,7 +287,7 @@ def test_medusa_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy
 def test_eagle_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy, name, gamma, monkeypatch):
     """eagle_trim 的草稿词表没有 token 1（q = 0）：目标照样能输出 1，分布不变。γ = 2 时第二个草稿用草稿自己预测的特征。"""
     m, prompt = toy["model"], [3]
-    got = _enumerate(lambda rng: tl.eagle_generate(m, toy[name], prompt, 3, gamma, 1.0, rng)[0], monkeypatch)
+    got = _enumerate(lambda rng: fd.eagle_generate(m, toy[name], prompt, 3, gamma, 1.0, rng)[0], monkeypatch)
     _assert_same(got, _target_joint(m, prompt, 3))
 
 
@@ -294,10 +297,10 @@ def test_enumeration_catches_a_generator_that_skips_the_residual(toy, monkeypatc
         n = 0
         while n < len(drafts) and rng.random() * qs[n][drafts[n]] < ps[n][drafts[n]]:
             n += 1
-        return n, int(tl.sample_inverse_cdf(ps[n], rng.random()))
-    monkeypatch.setattr(tl, "verify_chain", bad_verify)
+        return n, int(fd.sample_inverse_cdf(ps[n], rng.random()))
+    monkeypatch.setattr(fd, "verify_chain", bad_verify)
     m, prompt = toy["model"], [3]
-    got = _enumerate(lambda rng: tl.eagle_generate(m, toy["eagle"], prompt, 2, 2, 1.0, rng)[0], monkeypatch)
+    got = _enumerate(lambda rng: fd.eagle_generate(m, toy["eagle"], prompt, 2, 2, 1.0, rng)[0], monkeypatch)
     want = _target_joint(m, prompt, 2)
     assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
 
@@ -316,11 +319,11 @@ def test_draft_cost_counts_the_head_columns():
 def test_generators_bad_arguments(toy):
     m = toy["model"]
     with pytest.raises(ValueError, match="头"):
-        tl.medusa_generate(m, toy["medusa"], [1], 5, 0.0, np.random.default_rng(0), widths=(1, 1, 1))
+        fd.medusa_generate(m, toy["medusa"], [1], 5, 0.0, np.random.default_rng(0), widths=(1, 1, 1))
     with pytest.raises(ValueError, match="γ"):
-        tl.eagle_generate(m, toy["eagle"], [1], 5, 0, 0.0, np.random.default_rng(0))
+        fd.eagle_generate(m, toy["eagle"], [1], 5, 0, 0.0, np.random.default_rng(0))
     with pytest.raises(ValueError, match="Medusa"):
-        tl.medusa_generate(m, toy["eagle"], [1], 5, 0.0, np.random.default_rng(0))
+        fd.medusa_generate(m, toy["eagle"], [1], 5, 0.0, np.random.default_rng(0))
     with pytest.raises(ValueError, match="vocab_ids"):
         tl.DraftHead("eagle", m, toy["eagle"].params, vocab_ids=[2, 1])
 
@@ -377,3 +380,62 @@ def test_shipped_heldout_ids_are_the_chat_prompts_and_the_greedy_text():
         assert list(p) == tok.chat(text)
         lg = model.full_logits([list(p) + list(t)])[0, len(p) - 1:len(p) - 1 + len(t)]
         assert list(lg.argmax(-1)) == list(t)
+
+
+# ---------------------------------------------------------------------------
+# 13_trained_drafts.py：打印的数对照独立的重算（脚本的输出在这次会话里只跑一次，见 conftest.script_run_pair）
+# ---------------------------------------------------------------------------
+SCRIPT13 = "lecture06/13_trained_drafts.py"
+
+
+def _row(out, label):
+    line = next(l for l in out.splitlines() if l.startswith(label))
+    return line[len(label):].split()
+
+
+def _heldout():
+    with np.load(os.path.join(WEIGHTS, "smollm2_drafts.npz")) as z:
+        prompts = np.split(z["heldout_prompts"], np.cumsum(z["heldout_prompt_lengths"])[:-1])
+        texts = np.split(z["heldout_tokens"], np.cumsum(z["heldout_lengths"])[:-1])
+        train = np.split(z["train_tokens"], np.cumsum(z["train_lengths"])[:-1])
+    return [list(map(int, p)) for p in prompts], [list(map(int, t)) for t in texts], [list(t) for t in train]
+
+
+def test_script13_cost_table_is_the_arithmetic_of_the_shapes():
+    """演示 2：参数按 d = 576、V = 49152、草稿词表 4096 手算（不经 draft_cost）；7B 的"一层"按 Llama-2-7B 的形状手算。"""
+    from conftest import script_stdout
+    smollm2_path()
+    out = script_stdout(SCRIPT13)
+    d, V, Vs = 576, 49152, 4096
+    assert _row(out, "EAGLE 式，整个词表")[0] == f"{(3 * d * d + 2 * d + d * V) / 1e6:.2f}"
+    assert _row(out, f"EAGLE 式，草稿词表 {Vs}")[0] == f"{(3 * d * d + 2 * d + d * Vs) / 1e6:.2f}"
+    assert _row(out, f"Medusa 一个头，草稿词表 {Vs}")[0] == f"{(d * d + d + d * Vs) / 1e6:.2f}"
+    # SmolLM2 的一层：注意力 576·(576 + 2·192) + 576² 和 FFN 3·576·1536，加两个 RMSNorm 的 576
+    layer = d * (d + 2 * 192) + d * d + 3 * d * 1536 + 2 * d
+    tgt = 30 * (d * (d + 2 * 192) + d * d + 3 * d * 1536) + d * V
+    assert _row(out, "EAGLE 原样：FC + 一个解码层 + lm_head")[-2] == f"{(2 * d * d + layer + d * V) / tgt:.3f}"
+    l7 = 4096 * 4096 * 4 + 3 * 4096 * 11008 + 2 * 4096
+    t7 = 32 * (4096 * 4096 * 4 + 3 * 4096 * 11008) + 4096 * 32000
+    assert f"c = {(2 * 4096 ** 2 + l7 + 4096 * 32000) / t7:.3f}" in out
+    assert "像 EAGLE 那样只有一层" in out
+
+
+def test_script13_lookup_and_ngram_rows_recomputed_without_the_target():
+    """演示 1：prompt lookup 的每次调用 token 和 3 元语法的 α（T = 0）、每次调用 token 只用发布的 token id 重算
+    （文本是目标的贪心续写，所以 T = 0 的接受只看草稿的 argmax 是否等于文本）；目标 argmax 不同的位置是 0。"""
+    from conftest import script_stdout
+    from greedy_lab import greedy_rounds, lookup_rounds, round_summary
+    from lookup_lab import PromptLookup
+    from ngram_lab import SparseNGramLM
+    smollm2_path()
+    out = script_stdout(SCRIPT13)
+    prompts, texts, train = _heldout()
+    lk = round_summary([lookup_rounds(p, t, PromptLookup(2), 3) for p, t in zip(prompts, texts)])
+    assert _row(out, "prompt lookup（n = 2）")[-2] == f"{lk['per_call']:.2f}"
+    ng = SparseNGramLM.fit(train, 49152, order=3)
+    agree = [ng.full_logits([p + t])[0, len(p) - 1:len(p) - 1 + len(t)].argmax(-1) == np.asarray(t)
+             for p, t in zip(prompts, texts)]
+    r = _row(out, "3 元语法（同一份训练文本）")
+    assert r[0] == f"{np.concatenate(agree).mean():.3f}"
+    assert r[2] == f"{round_summary([greedy_rounds(a, 3) for a in agree])['per_call']:.2f}"
+    assert f"不同的有 0 个" in out
