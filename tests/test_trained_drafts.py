@@ -439,3 +439,24 @@ def test_script13_lookup_and_ngram_rows_recomputed_without_the_target():
     assert r[0] == f"{np.concatenate(agree).mean():.3f}"
     assert r[2] == f"{round_summary([greedy_rounds(a, 3) for a in agree])['per_call']:.2f}"
     assert f"不同的有 0 个" in out
+
+
+def test_script13_lookup_clock_is_the_runner_model_time_of_its_rounds():
+    """演示 3 的 prompt lookup 行：每轮一次 γ + 1 个位置的验证 vs 每个 token 一次 decode，都用 runner_lab 的模型时钟；
+    草稿不计时（查表）。按 lookup_rounds 的轮重算。"""
+    from conftest import real_model, script_stdout
+    from greedy_lab import lookup_rounds
+    from lookup_lab import PromptLookup
+    from runner_lab import modelled_step_time, step_counts
+    smollm2_path()
+    out = script_stdout(SCRIPT13)
+    _, cfg, _ = real_model("float32")
+    prompts, texts, _ = _heldout()
+    spec = plain = 0.0
+    for p, t in zip(prompts, texts):
+        for s in lookup_rounds(p, t, PromptLookup(2), 3)["starts"]:
+            spec += modelled_step_time(step_counts(cfg, [(4, len(p) + int(s), 4)]))
+        plain += sum(modelled_step_time(step_counts(cfg, [(1, len(p) + j, 1)])) for j in range(len(t)))
+    lines = out[out.index("演示 3"):].splitlines()
+    row = next(l for l in lines if l.startswith("prompt lookup（n = 2）"))
+    assert row.split()[-2] == f"{plain / spec:.2f}"
