@@ -32,7 +32,8 @@ EAGLE 式草稿、prompt lookup、n 元语法、跳层草稿放在一起。
   固定开销，CPU_COST 是假设）；训练出来的草稿只算 roofline、不加固定开销（它一步只有十几次 numpy 调用：这是下界）；
   跳层草稿一步 = 26 层的模型走同一个模型时钟；n 元语法、prompt lookup 不计时（查表）。
 
-【运行】python3 13_trained_drafts.py （RUNTIME）
+【运行】python3 13_trained_drafts.py （2 核机器、一个 BLAS 线程，别的进程也在跑（uptime 的负载 2.6–3.3）：9.5 和 9.7 秒，
+和种子 04 背靠背交替跑两次，种子 04 是 4.07 和 3.98 秒：约 2.4 倍；内存约 1 GB；第一次运行先下载模型）
 【依赖】numpy；本目录的 trained_draft_lab（草稿、每个 token 的账）、feature_decode_lab（T = 0 的精确轮次）、greedy_lab、ngram_lab、lookup_lab、drafts_lab、distinct_lab、
 decode_lab、spec_math_lab；../lecture05 的 runner_lab（一步的账、CPU 的模型时钟）；../lecture02 的 real_model_lab、hub_lab；
 ../lecture01 的 console、llm_math。训练：python3 lecture06/train_draft_heads.py。
@@ -165,7 +166,7 @@ def demo1_alpha_table():
             u, _ = ctx["eagle"].eagle_step(f[j], t[j])
             a2.append(int(np.argmax(ctx["eagle"].eagle_step(u, t[j + 1])[1])) == t[j + 2])
     out["eagle2"] = float(np.mean(a2))
-    rows.append(("  第 2 步（用自己预测的特征）", out["eagle2"], "", "", ""))
+    rows.append(("EAGLE 式第 2 步（自己的特征）", out["eagle2"], "", "", ""))
     # 不用训练的
     skip = layer_skip_draft(target, *SKIP)
     lq = [skip.full_logits([p + t])[0, len(p) - 1:len(p) - 1 + len(t)] for p, t in zip(ctx["prompts"], texts)]
