@@ -114,7 +114,7 @@ def context():
     return _CTX
 
 
-def _chain_stats(name, lq_list, ctx):
+def _chain_stats(lq_list, ctx):
     """一个 token 级的链草稿（每个位置一行 logits）-> (α T = 0, α T = 1, 每段的 agree)。"""
     b0, b1, agree = [], [], []
     for lq, lp, t in zip(lq_list, ctx["target_logits"], ctx["texts"]):
@@ -170,11 +170,11 @@ def demo1_alpha_table():
     # 不用训练的
     skip = layer_skip_draft(target, *SKIP)
     lq = [skip.full_logits([p + t])[0, len(p) - 1:len(p) - 1 + len(t)] for p, t in zip(ctx["prompts"], texts)]
-    s0, s1, agree = _chain_stats("skip", lq, ctx)
+    s0, s1, agree = _chain_stats(lq, ctx)
     out["skip"] = (s0, s1, round_summary([greedy_rounds(a, GAMMA) for a in agree])["per_call"])
     ng = SparseNGramLM.fit(ctx["train"], ctx["cfg"].vocab, order=NGRAM_ORDER)
     lq = [ng.full_logits([p + t])[0, len(p) - 1:len(p) - 1 + len(t)] for p, t in zip(ctx["prompts"], texts)]
-    n0, n1, agree = _chain_stats("ngram", lq, ctx)
+    n0, n1, agree = _chain_stats(lq, ctx)
     out["ngram"] = (n0, n1, round_summary([greedy_rounds(a, GAMMA) for a in agree])["per_call"])
     lk = round_summary([lookup_rounds(p, t, PromptLookup(LOOKUP_N), GAMMA)
                         for p, t in zip(ctx["prompts"], texts)])
