@@ -7,7 +7,7 @@ CS349E · 第 6 讲 · train_draft_heads.py —— 训练 SmolLM2 的两个草�
 13_trained_drafts.py 和测试读它们。再跑一遍得到同样的字节（同一台机器、同样的 BLAS 线程数）。
 
 【做什么】
-1. 数据（自蒸馏，Medusa-2 的建议；Cai et al. 2024，arXiv 2401.10774，§2.3.2）：SmolLM2 自己回答一组固定的聊天提示
+1. 数据（自蒸馏，Medusa 论文给 Medusa-2 的做法；Cai et al. 2024，arXiv 2401.10774）：SmolLM2 自己回答一组固定的聊天提示
    （TOPICS × TEMPLATES，每个提示 T = 0 一次、T = 1 一次），用第 5 讲的引擎成批地生成
    （LLMEngine(…, keep_hidden=True)：同一次前向记下每个位置的特征，见 engine_lab）。每个位置留下特征 f 和抽出的 token。
    留出的提示（HELDOUT，题目和句式都不在训练的里面）只做贪心续写，从不训练：它们的 token id 存进文件，

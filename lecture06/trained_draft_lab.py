@@ -8,11 +8,12 @@ p = 目标、q = 草稿，同 decode_lab 的约定。
 权重 g 和 √d 已并进 lm_head，所以 lm_head(f) 就是这个位置的 logits）。引擎的 LLMEngine(…, keep_hidden=True) 记下的
 req.hidden 就是它；生成时 forward_with_features 在同一次前向里取（matmul_hook 截下 lm_head 的输入）。
 【两个草稿】（都只用目标自己的 lm_head 和 rms_scale / embed，数学不抄一份；lm_head 冻结、不训练）
-- Medusa（Cai et al. 2024，arXiv 2401.10774，§2.1.1）：k 个头，第 i 个头从 f_t 预测 t 之后第 i + 1 个 token：
+- Medusa（Cai et al. 2024，arXiv 2401.10774）：k 个头，第 i 个头从 f_t 预测 t 之后第 i + 1 个 token：
   u_i = f + SiLU(f·W_i + b_i)（一个残差块），logits_i = lm_head(u_i)。偏离论文：论文每个头有自己的 d × V 输出层
   （从 lm_head 初始化、再训练）；这里所有头共用冻结的 lm_head（一个 576 × 49152 的层 float16 就是 56.6 MB）。
-  W_i 初始化为 0（论文的做法：开始时每个头就是 lm_head 本身）。
-- EAGLE 式（Li et al. 2024，arXiv 2401.15077，§4）：输入 (f_t, 位置 t 抽出的 token x_{t+1} 的嵌入 e)，预测 f_{t+1}：
+  W_i、b_i 初始化为 0（Medusa 代码 medusa/model/medusa_model.py 的 ResBlock 把权重初始化为 0、"identity mapping"：
+  开始时每个头就是 lm_head 本身）。
+- EAGLE 式（Li et al. 2024，arXiv 2401.15077）：输入 (f_t, 位置 t 抽出的 token x_{t+1} 的嵌入 e)，预测 f_{t+1}：
   a = [f, rms_scale(e)]·W_in + b_in（2d → d），u = a + SiLU(a·W_1 + b_1)；lm_head(u) 给下一个 token 的 q；自回归时把 u
   当成下一步的 f。和 EAGLE 的差别：EAGLE 在 FC 之后是一整个解码层（带自己的 KV cache 的自注意力 + SwiGLU MLP），
   每一步看得到之前所有位置的特征；这里没有注意力，只看 (f_t, x_{t+1}) 这一对（一阶马尔可夫）。W_in 初始化为 [I; 0]
