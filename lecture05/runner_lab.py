@@ -101,6 +101,7 @@ class ModelRunner:
             self.model.matmul = dispatch_matmul
         self.invariant = batch_invariant
         self.timer = None                                # 一个 dict 时，forward 把每类算子的秒数累加进去（bench 的 --profile）
+        self.keep_hidden, self.hidden = False, None      # 引擎的 keep_hidden=True 打开：见 forward 的最后一行
         dt = np.dtype(cfg.dtype)
         shape = (cfg.n_layers, num_blocks * block_size, cfg.n_kv_heads, cfg.head_dim)   # 块 × 块内位置摊平成"槽"
         self.k, self.v = np.zeros(shape, dtype=dt), np.zeros(shape, dtype=dt)
@@ -256,8 +257,12 @@ class ModelRunner:
             if tm:
                 self._t = self._tick("other", self._t)
         if not len(rows):
+            self.hidden = np.zeros((0, cfg.d_model), dtype=x.dtype) if self.keep_hidden else None
             return np.zeros((0, cfg.vocab), dtype=x.dtype)
-        out = m.lm_head(m.rms_scale(x[rows]))                            # [k, V]
+        h = m.rms_scale(x[rows])                                         # [k, d]：最后的 RMSNorm（权重已并进 lm_head）
+        if self.keep_hidden:                                             # 训练草稿用的隐状态：lm_head(h) 就是这几行的 logits
+            self.hidden = h
+        out = m.lm_head(h)                                               # [k, V]
         if tm:
             self._t = self._tick("other", self._t)
         return out
