@@ -341,27 +341,33 @@ def load_tool(name):
 
 def demo3_live(start_server=None, n=LIVE_N, rates=LIVE_RATES):
     """
-    开服务器（默认：serve.load_server，真模型 float32，空闲端口）、用 bench_serving 按几个率压它 -> 量到的和模型时间。
-    start_server：() -> serve.ServerHandle（测试给一个小模型的服务器）。提示是 token id 的列表（/v1/completions 收 id），
-    和演示 1 的前 n 个请求一样。
+    每个到达率开一个新的服务器（默认：真模型 float32，模型只装一次、每个率一个新引擎，空闲端口）、用 bench_serving 压它
+    -> 量到的和模型时间。每个率一个新引擎，和旁边的模型时间（run_engine 每个率也是一个新引擎）一样：前一个率留下的
+    前缀缓存不会让后一个率的 TTFT 变短。start_server：() -> serve.ServerHandle（测试给一个小模型的服务器），每个率调一次。
+    提示是 token id 的列表（/v1/completions 收 id），和演示 1 的前 n 个请求一样。
     """
     bench = load_tool("bench_serving")
     if start_server is None:
         serve = load_tool("serve")
-        print("装模型、开服务器……", file=sys.stderr, flush=True)
-        h = serve.load_server(port=0, dtype="float32", num_blocks=N_BLOCKS, max_num_seqs=MAX_SEQS,
-                              max_num_batched_tokens=BUDGET)
-    else:
-        h = start_server()
+        from engine_lab import LLMEngine
+        from real_model_lab import load_gguf
+        print("装模型……", file=sys.stderr, flush=True)
+        params, cfg, tok = load_gguf(dtype=np.float32)
+
+        def start_server():
+            eng = LLMEngine(params, cfg, N_BLOCKS, BLOCK, BUDGET, MAX_SEQS, clock="wall",
+                            max_step_history=serve.STEP_HISTORY)
+            return serve.make_server(eng, tok, cfg.name)
     reqs = [{"prompt": PROMPTS[i], "max_tokens": int(OUT_LENS[i])} for i in range(n)]
-    try:
-        sums = []
-        for r in rates:
+    sums = []
+    for r in rates:
+        h = start_server()
+        try:
             res = bench.run_benchmark(h.url, reqs, r, seed=SEED_ARRIVAL, timeout=600.0, progress=True)
             sums.append(bench.summarize(res, TTFT_SLO, TPOT_SLO))
-    finally:
-        h.close()
-    print_header(f"演示 3：真的服务器（{h.url}），bench_serving 经 HTTP 压；旁边是同样 {n} 个请求的模型时间")
+        finally:
+            h.close()
+    print_header(f"演示 3：真的服务器（每个到达率一个新的），bench_serving 经 HTTP 压；旁边是同样 {n} 个请求的模型时间")
     rows = []
     for r, s in zip(rates, sums):
         eng, ids = run_engine(r, n)

@@ -152,10 +152,15 @@ def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
     params = init_params(cfg, 0)
     tok = big_tokenizer(cfg.vocab)
 
+    engines = []
+
     def start():
         eng = LLMEngine(params, cfg, S.N_BLOCKS, S.BLOCK, S.BUDGET, S.MAX_SEQS, clock="wall")
+        engines.append(eng)
         return serve.make_server(eng, tok, "tiny")
     sums = S.demo3_live(start, n=4, rates=(20.0, math.inf))
+    # 每个率一个新服务器（新引擎）：第二个率不会命中第一个率留下的前缀缓存（同样的提示重发过去会全部命中）
+    assert len(engines) == 2 and all(e.bm.hits == 0 for e in engines)
     out = capsys.readouterr().out
     assert "演示 3" in out and "实测" in out
     assert [s["completed"] for s in sums] == [4, 4]
