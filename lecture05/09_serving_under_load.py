@@ -350,7 +350,9 @@ def demo3_live(start_server=None, n=LIVE_N, rates=LIVE_RATES):
     if start_server is None:
         serve = load_tool("serve")
         from engine_lab import LLMEngine
+        from hub_lab import gguf_path_or_exit
         from real_model_lab import load_gguf
+        gguf_path_or_exit()                       # 拿不到模型文件：只打印两条出路、退出码 1
         print("装模型……", file=sys.stderr, flush=True)
         params, cfg, tok = load_gguf(dtype=np.float32)
 

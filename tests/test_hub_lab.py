@@ -290,13 +290,28 @@ def test_gguf_path_or_exit_returns_the_path_when_there_is_one(fake):
 # 用真实模型的编号脚本：按源码认（conftest.is_real_model_script），新脚本自动加进来；
 # 01/06 例外：模型文件在本机才用它（gguf_path(fetch=False)），不在就用 QCFG，不退出
 OPTIONAL_MODEL = {"lecture01/06_roofline_vs_measured.py"}
-REAL_SCRIPTS = [r for r in numbered_scripts() if is_real_model_script(r) and r not in OPTIONAL_MODEL]
+# 03/03、05/09 例外：默认运行不用模型；只有 --time（03/03 演示 4）/ --live（05/09 演示 3）才装 SmolLM2，
+# 那时拿不到文件照样只打印出路、退出码 1
+TIME_ONLY_MODEL = {"lecture03/03_quantized_decode_speed.py": "--time", "lecture05/09_serving_under_load.py": "--live"}
+REAL_SCRIPTS = [r for r in numbered_scripts() if is_real_model_script(r)
+                and r not in OPTIONAL_MODEL and r not in TIME_ONLY_MODEL]
 
 
-def run_without_model(rel, tmp_path, **env_extra):
+def run_without_model(rel, tmp_path, *args, **env_extra):
     env = {k: v for k, v in os.environ.items() if k != "CS349E_GGUF"}
     env.update(XDG_CACHE_HOME=str(tmp_path / "empty-cache"), PYTHONIOENCODING="utf-8", **env_extra)
-    return subprocess.run([sys.executable, os.path.join(ROOT, rel)], env=env, capture_output=True, timeout=300)
+    return subprocess.run([sys.executable, os.path.join(ROOT, rel), *args], env=env, capture_output=True, timeout=300)
+
+
+@pytest.mark.parametrize("rel", sorted(TIME_ONLY_MODEL))
+def test_a_script_that_needs_the_model_only_behind_a_flag_runs_without_it_and_the_flag_prints_the_ways_out(rel, tmp_path):
+    """默认运行不碰模型文件（没有文件也照常打印）；--time / --live 要模型：拿不到文件时只打印出路、退出码 1、没有调用栈。"""
+    missing = str(tmp_path / "no-such.gguf")
+    r = run_without_model(rel, tmp_path, CS349E_GGUF=missing)
+    assert r.returncode == 0 and r.stdout and not r.stderr, r.stderr.decode("utf-8")
+    r = run_without_model(rel, tmp_path, TIME_ONLY_MODEL[rel], CS349E_GGUF=missing)
+    err = r.stderr.decode("utf-8")
+    assert r.returncode == 1 and "Traceback" not in err and "环境变量 CS349E_GGUF=" in err, err
 
 
 @pytest.mark.parametrize("rel", REAL_SCRIPTS)
