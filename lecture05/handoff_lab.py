@@ -127,8 +127,8 @@ def send_handoff(conn, h, via="pipe"):
     if via == "pipe":
         blob = pickle.dumps(head, protocol=pickle.HIGHEST_PROTOCOL)
         conn.send_bytes(blob)
-        conn.send_bytes(k)
-        conn.send_bytes(v)
+        conn.send_bytes(k.reshape(-1).view(np.uint8))
+        conn.send_bytes(v.reshape(-1).view(np.uint8))
         return len(blob) + k.nbytes + v.nbytes
     from multiprocessing import shared_memory
     shm = shared_memory.SharedMemory(create=True, size=max(1, k.nbytes + v.nbytes))
@@ -161,7 +161,7 @@ def recv_handoff(conn, copy=True):
         k, v = np.empty(shape, dtype=dt), np.empty(shape, dtype=dt)
         for a in (k, v):
             if n:
-                conn.recv_bytes_into(a)
+                conn.recv_bytes_into(a.reshape(-1).view(np.uint8))
             else:
                 conn.recv_bytes()
         h = KVHandoff(k=k, v=v, **head["meta"])

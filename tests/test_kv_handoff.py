@@ -221,7 +221,7 @@ def test_reservation_is_used_never_preempted_and_cancel_returns_blocks():
     with pytest.raises(ValueError):
         dec.bm.reserve(0)
     # 别的请求挤来挤去，预留的块不动
-    for i in (0, 1, 5):
+    for i in (0, 2):
         dec.add_request(PROMPTS[i], N_NEW, 0.0, i)
     while dec.has_unfinished_requests():
         dec.step()
