@@ -299,3 +299,17 @@ def test_wire_roundtrip_is_bit_exact_and_leaves_no_segment(via):
     assert len(dec.requests[rid].logprobs) == N_NEW
     with pytest.raises(ValueError):
         send_handoff(None, h, via="tcp")
+
+
+def test_a_reservation_larger_than_the_request_returns_its_surplus():
+    """预留比请求最多要的块还多：多出来的导入时就还回去（种下的错：不还，结束后块漏掉）。"""
+    pre = LLMEngine(PARAMS, CFG, 32, block_size=4)
+    h = pre.export_request(prefilled(pre, PROMPTS[2], n_new=3))
+    dec = LLMEngine(PARAMS, CFG, 16, block_size=4)
+    r = dec.bm.reserve(64)
+    rid = dec.import_request(h, r)
+    assert len(dec.requests[rid].block_table) == 3 and dec.num_free_blocks == 13     # 10 + 3 − 1 = 12 个位置 = 3 块
+    while dec.has_unfinished_requests():
+        dec.step()
+    assert dec.requests[rid].output == solo(PROMPTS[2], 3, 1.0, 3)
+    assert_no_leak(dec)
