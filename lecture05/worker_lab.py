@@ -1,0 +1,207 @@
+"""
+worker_lab —— 引擎进程：一个 worker 是一个操作系统进程（multiprocessing，spawn），里面一个 LLMEngine，由"配方"建起来
+（不是一个 pickle 过去的对象）：("toy", 配置名, 种子) 或 ("gguf", 路径, dtype)，加上引擎的关键字参数。
+
+【一个循环】收一条消息、做、回答；管道一关（父进程 close() 了，或者死了）就退出，所以父进程被杀也不会留下孩子。
+Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负责结束它们）。
+【一个 BLAS 线程】spawn 之前，OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS 没设的设成 1（两个进程在两个核上
+各算各的；学生自己设了的不动）。
+【消息】(op, args)：add、step、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve、cancel、abort、
+match（前缀缓存能命中几个 token：只读，不改缓存）、info。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
+"""
+import os
+import signal
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import multiprocessing as mp  # noqa: E402
+from multiprocessing.connection import wait  # noqa: E402
+
+__all__ = ["TOY_CONFIGS", "build_engine", "start_worker", "Worker", "WorkerDied", "BLAS_VARS"]
+
+BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+TOY_CONFIGS = {"tiny": dict(max_seq=64)}          # 配置名 -> transformer_lab.LMConfig 的关键字（测试和脚本的玩具）
+
+
+class WorkerDied(RuntimeError):
+    """worker 进程不在了（被杀、崩溃）或在限定的时间里没回答。"""
+
+
+def build_engine(recipe, **engine_kw):
+    """
+    按配方建一个引擎 -> LLMEngine。("toy", 配置名, 种子)：TOY_CONFIGS 里的配置、init_params(cfg, 种子)；
+    ("gguf", 路径, dtype)：real_model_lab.load_gguf。引擎的块数 num_blocks 在 engine_kw 里（默认够放一个用满上下文的请求）。
+    【边界】配方不认识：ValueError。
+    """
+    for sub in ("lecture01", "lecture02", "lecture06"):
+        p = os.path.join(_HERE, "..", sub)
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from engine_lab import LLMEngine
+    kind = recipe[0] if isinstance(recipe, (tuple, list)) and recipe else None
+    if kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS:
+        from transformer_lab import LMConfig, init_params
+        cfg = LMConfig(**TOY_CONFIGS[recipe[1]])
+        params = init_params(cfg, int(recipe[2]))
+    elif kind == "gguf" and len(recipe) == 3:
+        import numpy as np
+        from real_model_lab import load_gguf
+        params, cfg, _ = load_gguf(recipe[1], np.dtype(recipe[2]).type)
+    else:
+        raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
+    kw = dict(engine_kw)
+    nb = kw.pop("num_blocks", None)
+    bs = kw.get("block_size", 16)
+    if nb is None:
+        nb = -(-cfg.max_seq // bs)
+    return LLMEngine(params, cfg, nb, **kw)
+
+
+def _load(eng):
+    """还要算的 token：没算的提示 + (max_tokens − 已生成)（least_loaded 的负载）。"""
+    sch = eng.scheduler
+    return sum(max(0, r.n_prompt - r.n_computed) + r.max_tokens - len(r.output)
+               for r in list(sch.running) + list(sch.waiting))
+
+
+def worker_main(conn, recipe, engine_kw):
+    """worker 进程的身体：建引擎，然后收一条、做、回答；管道关了（EOFError）就退出。"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from handoff_lab import recv_handoff, send_handoff
+    eng = build_engine(recipe, **engine_kw)
+    reservations, nid = {}, 0
+    while True:
+        try:
+            op, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if op == "add":
+                prompt, mt, kw = args
+                res = eng.add_request(prompt, mt, **kw)
+            elif op == "step":
+                out = eng.step()
+                res = ([(rid, new, fin, eng.requests[rid].token_times[-len(new):] if new else [],
+                         eng.requests[rid].error) for rid, new, fin in out], eng.now, _load(eng))
+            elif op == "export":
+                rid, via = args
+                h = eng.export_request(rid)
+                eng.release(rid)
+                conn.send(("ok", h.nbytes))
+                send_handoff(conn, h, via)
+                continue
+            elif op == "import":
+                rkey = args
+                h = recv_handoff(conn, copy=False)
+                try:
+                    res = eng.import_request(h, reservations.pop(rkey, None) if rkey is not None else None)
+                finally:
+                    h.release()
+            elif op == "reserve":
+                r = eng.bm.reserve(args)
+                if r is None:
+                    res = None
+                else:
+                    nid += 1
+                    reservations[nid] = r
+                    res = nid
+            elif op == "cancel":
+                r = reservations.pop(args, None)
+                if r is not None:
+                    eng.bm.cancel(r)
+                res = None
+            elif op == "abort":
+                eng.abort_request(args)
+                res = None
+            elif op == "match":
+                res = len(eng.bm.match_prefix(args)) * eng.block_size
+            elif op == "info":
+                res = {"num_free_blocks": eng.num_free_blocks, "num_blocks": eng.num_blocks, "now": eng.now,
+                       "load": _load(eng), "unfinished": eng.has_unfinished_requests(), "pid": os.getpid()}
+            elif op == "set_now":
+                eng.now = max(eng.now, float(args))
+                res = eng.now
+            else:
+                raise ValueError(f"不认识的消息 {op!r}")
+            conn.send(("ok", res))
+        except Exception as e:                                    # 一条消息出错：告诉父进程，worker 不死
+            conn.send(("err", type(e).__name__, str(e)))
+
+
+class Worker:
+    """
+    父进程手里的一个 worker：proc（进程）、conn（管道的这一头）、recipe。call(op, args) 发一条、等回答；
+    worker 不在了或 timeout 秒没回答：WorkerDied（进程被杀时立刻知道：等的是管道和进程的 sentinel）。
+    """
+
+    def __init__(self, proc, conn, recipe, timeout):
+        self.proc, self.conn, self.recipe, self.timeout, self.alive = proc, conn, recipe, timeout, True
+
+    def send(self, op, args=None):
+        try:
+            self.conn.send((op, args))
+        except (OSError, EOFError, BrokenPipeError) as e:
+            self.alive = False
+            raise WorkerDied(f"worker {self.proc.pid} 不在了：{e}") from None
+
+    def recv(self, timeout=None):
+        t = self.timeout if timeout is None else timeout
+        ready = wait([self.conn, self.proc.sentinel], t)
+        if self.conn in ready:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                msg = None
+            if msg is not None:
+                if msg[0] == "err":
+                    raise ValueError(f"{msg[1]}: {msg[2]}")
+                return msg[1]
+        self.alive = False
+        raise WorkerDied(f"worker {self.proc.pid} 不在了（退出码 {self.proc.exitcode}）或 {t} 秒没回答")
+
+    def call(self, op, args=None, timeout=None):
+        self.send(op, args)
+        return self.recv(timeout)
+
+    def close(self, grace=5.0):
+        """关管道（worker 收到 EOF 就退出）、等它；grace 秒还不走就 terminate，再不走就 kill。"""
+        self.alive = False
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        self.proc.join(grace)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(2.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(2.0)
+
+
+def start_worker(recipe, timeout=120.0, **engine_kw):
+    """
+    起一个 worker 进程 -> Worker（等它建好引擎才返回：第一条 info 的回答）。timeout：每次等回答最多几秒。
+    【边界】配方不认识：ValueError（在父进程里就查，不起进程）。
+    """
+    kind = recipe[0] if isinstance(recipe, (tuple, list)) and recipe else None
+    if not ((kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS) or (kind == "gguf" and len(recipe) == 3)):
+        raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    set_here = [v for v in BLAS_VARS if v not in os.environ]
+    for v in set_here:
+        os.environ[v] = "1"
+    try:
+        proc = ctx.Process(target=worker_main, args=(child, tuple(recipe), dict(engine_kw)), daemon=True)
+        proc.start()
+    finally:
+        for v in set_here:
+            os.environ.pop(v, None)
+    child.close()
+    w = Worker(proc, parent, tuple(recipe), timeout)
+    w.info = w.call("info")
+    return w

@@ -1,0 +1,105 @@
+"""
+worker 进程和路由器（worker_lab、router_lab）：玩具模型（float64，离线、快），worker 按模块共用（一个模块起一次）。
+
+- 神谕：Router 每种策略下、PDRouter（管道和共享内存）下，每个请求 == decode_lab.autoregressive_generate(…,
+  default_rng(seed))，T = 0 和 T = 1；
+- 故障：被杀的 worker 手上的请求在限定时间内以 "error" 结束；close() 之后没有子进程、没有共享内存段。
+"""
+import os
+import signal
+import time
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from decode_lab import TransformerLM, autoregressive_generate
+from router_lab import PDRouter, Router
+from transformer_lab import LMConfig, init_params
+from worker_lab import start_worker
+
+CFG = LMConfig(max_seq=64)
+MODEL = TransformerLM(init_params(CFG, 1), CFG)
+RECIPE = ("toy", "tiny", 1)
+_R = np.random.default_rng(21)
+SYSTEM = [int(t) for t in _R.integers(0, CFG.vocab, size=12)]
+PROMPTS = [SYSTEM + [int(t) for t in _R.integers(0, CFG.vocab, size=k)] for k in (3, 9, 1)] + \
+          [[int(t) for t in _R.integers(0, CFG.vocab, size=k)] for k in (5, 17)]
+N_NEW = 8
+
+
+def solo(prompt, n, T, seed):
+    return [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
+
+
+def shm_names():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(scope="module")
+def workers():
+    ws = [start_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=8) for _ in range(3)]
+    yield ws
+    for w in ws:
+        w.close()
+    assert not mp.active_children()
+
+
+def drive(router, prompts, T, seed, mts=None):
+    ids = [router.add_request(p, (mts or {}).get(i, N_NEW), temperature=T, seed=seed + i) for i, p in enumerate(prompts)]
+    t0 = time.monotonic()
+    while router.has_unfinished_requests():
+        router.step()
+        assert time.monotonic() - t0 < 60
+    return ids
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "prefix"])
+def test_router_each_policy_equals_each_request_alone(workers, policy, T):
+    r = Router(workers[:2], policy)
+    ids = drive(r, PROMPTS + PROMPTS[:2], T, 3)
+    for i, gid in enumerate(ids):
+        assert r.outputs[gid] == solo((PROMPTS + PROMPTS[:2])[i], N_NEW, T, 3 + i), f"{policy} 请求 {i}"
+        assert r.finished[gid] == "length" and len(r.token_times[gid]) == N_NEW
+    if policy == "prefix":
+        assert r.prefix_hits > 0
+    for w in workers[:2]:
+        info = w.call("info")
+        assert info["num_free_blocks"] == info["num_blocks"]
+
+
+@pytest.mark.parametrize("via", ["pipe", "shm"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_pd_router_equals_each_request_alone(workers, via, T):
+    before = shm_names()
+    r = PDRouter(workers[:1], workers[1:], via=via)
+    ids = drive(r, PROMPTS, T, 7, mts={2: 1})                    # 请求 2：max_tokens 1，在 prefill 那边就结束
+    for i, gid in enumerate(ids):
+        assert r.outputs[gid] == solo(PROMPTS[i], 1 if i == 2 else N_NEW, T, 7 + i), f"{via} 请求 {i}"
+    assert r.n_handoffs == len(PROMPTS) - 1
+    assert r.bytes_moved == sum(2 * 2 * 2 * 8 * 8 * len(p) for i, p in enumerate(PROMPTS) if i != 2)
+    for w in workers:
+        info = w.call("info")
+        assert info["num_free_blocks"] == info["num_blocks"], "不漏块（两边）"
+    assert shm_names() == before
+
+
+def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
+    ws = [start_worker(RECIPE, num_blocks=32, block_size=4) for _ in range(2)]
+    with Router(ws, "round_robin") as r:
+        ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
+        r.step()
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
+        assert "died" in r.error_message[ids[0]]
+        gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务
+        while r.has_unfinished_requests():
+            r.step()
+        assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
+    assert not any(w.proc.is_alive() for w in ws)
+    assert all(p not in mp.active_children() for p in (w.proc for w in ws))
