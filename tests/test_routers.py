@@ -103,3 +103,23 @@ def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
         assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
     assert not any(w.proc.is_alive() for w in ws)
     assert all(p not in mp.active_children() for p in (w.proc for w in ws))
+
+
+def test_smollm2_float64_pd_router_equals_each_request_alone():
+    """真实模型一次：SmolLM2 float64，1 个 prefill + 1 个 decode 的 worker（约 6 GB：两个 worker 各一份权重，
+    测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。"""
+    from conftest import real_model_path
+    from smollm2_models import smollm2_lm
+    path = real_model_path()
+    model, cfg, tok = smollm2_lm("float64")
+    prompts = [tok.encode(s) for s in ("The capital of France is", "Once upon a time")]
+    ws = [start_worker(("gguf", path, "float64"), block_size=16) for _ in range(2)]
+    with PDRouter(ws[:1], ws[1:], via="shm") as r:
+        ids = [r.add_request(p, 3, temperature=1.0, seed=5 + i) for i, p in enumerate(prompts)]
+        while r.has_unfinished_requests():
+            r.step()
+        for i, p in enumerate(prompts):
+            assert r.outputs[ids[i]] == [int(t) for t in autoregressive_generate(model, p, 3, 1.0,
+                                                                                np.random.default_rng(5 + i))]
+        assert r.n_handoffs == 2
+    assert not any(w.proc.is_alive() for w in ws)
