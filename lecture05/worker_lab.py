@@ -7,7 +7,7 @@ Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负�
 【一个 BLAS 线程】spawn 之前，OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS 没设的设成 1（两个进程在两个核上
 各算各的；学生自己设了的不动）。
 【消息】(op, args)：add、step、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve、cancel、abort、
-match（前缀缓存能命中几个 token：只读，不改缓存）、info。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
+match（前缀缓存能命中几个 token：只读，不改缓存）、info、reset（按配方重建引擎）。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
 """
 import os
 import signal
@@ -72,7 +72,7 @@ def worker_main(conn, recipe, engine_kw):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from handoff_lab import recv_handoff, send_handoff
     eng = build_engine(recipe, **engine_kw)
-    reservations, nid = {}, 0
+    reservations, nid, wire = {}, 0, 0
     while True:
         try:
             op, args = conn.recv()
@@ -96,6 +96,7 @@ def worker_main(conn, recipe, engine_kw):
             elif op == "import":
                 rkey = args
                 h = recv_handoff(conn, copy=False)
+                wire += h.wire_bytes
                 try:
                     res = eng.import_request(h, reservations.pop(rkey, None) if rkey is not None else None)
                 finally:
@@ -120,7 +121,12 @@ def worker_main(conn, recipe, engine_kw):
                 res = len(eng.bm.match_prefix(args)) * eng.block_size
             elif op == "info":
                 res = {"num_free_blocks": eng.num_free_blocks, "num_blocks": eng.num_blocks, "now": eng.now,
-                       "load": _load(eng), "unfinished": eng.has_unfinished_requests(), "pid": os.getpid()}
+                       "load": _load(eng), "unfinished": eng.has_unfinished_requests(), "pid": os.getpid(),
+                       "hit_tokens": eng.bm.hits * eng.block_size,
+                       "prefill_tokens": sum(s["prefill"] for s in eng.steps), "wire_bytes": wire}
+            elif op == "reset":
+                eng, reservations, wire = build_engine(recipe, **engine_kw), {}, 0
+                res = None
             elif op == "set_now":
                 eng.now = max(eng.now, float(args))
                 res = eng.now
