@@ -123,3 +123,36 @@ def test_smollm2_float64_pd_router_equals_each_request_alone():
                                                                                 np.random.default_rng(5 + i))]
         assert r.n_handoffs == 2
     assert not any(w.proc.is_alive() for w in ws)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_a_killed_parent_leaves_no_worker_behind(sig):
+    """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。"""
+    import subprocess
+    import sys
+    code = ("import sys, time; sys.path[:0] = sys.argv[1:]\n"
+            "from worker_lab import start_worker\n"
+            "w = start_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
+            "print(w.proc.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = [os.path.join(here, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+    p = subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    pid = int(p.stdout.readline())
+    p.send_signal(sig)
+    p.wait(10)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"父进程被 {sig!r} 结束之后 worker {pid} 还在")
+    err = p.stderr.read()
+    p.stdout.close()
+    p.stderr.close()
+    assert "resource_tracker" not in err
