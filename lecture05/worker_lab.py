@@ -211,3 +211,50 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
     w = Worker(proc, parent, tuple(recipe), timeout)
     w.info = w.call("info")
     return w
+
+
+# ---------------------------------------------------------------------------
+# 量链路：管道和共享内存每秒搬多少字节（模型时钟里交接的时间用它）
+# ---------------------------------------------------------------------------
+def _sink(conn):
+    """量链路的孩子：收一个交接（recv_handoff 拷进自己的数组，和 import 写进块池一样多一次拷贝），回答 1；管道关了退出。"""
+    from handoff_lab import recv_handoff
+    while True:
+        try:
+            h = recv_handoff(conn)
+        except (EOFError, OSError):
+            return
+        conn.send(int(h.nbytes))
+
+
+def measure_link(via="pipe", nbytes=64_000_000, repeats=5):
+    """
+    一个 nbytes 字节的交接从父进程送到一个 spawn 的孩子、孩子收进自己的数组、回答 -> 字节/秒（repeats 次里最快的）。
+    【命令】python3 -c "import sys; sys.path.insert(0, 'lecture05'); import worker_lab as w; print(w.measure_link('pipe'),
+    w.measure_link('shm'))"
+    """
+    import time
+    import numpy as np
+    from handoff_lab import KVHandoff, send_handoff
+    n = max(1, int(nbytes) // 16)
+    z = np.zeros((1, n, 1, 1), dtype=np.float64)
+    h = KVHandoff(tokens=[0, 0], n_prompt=1, max_tokens=2, temperature=0.0,   # 头很小：只量 K、V 的字节
+                  seed=0, stop=(), top_p=1.0,
+                  top_k=0, min_p=0.0, logprobs=None, logprob_records=None, rng_state={}, arrival=0.0, token_times=[],
+                  fingerprint="", dtype="float64", k=z, v=z.copy())
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=_sink, args=(b,), daemon=True)
+    p.start()
+    b.close()
+    best = float("inf")
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            send_handoff(a, h, via)
+            a.recv()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        a.close()
+        p.join(5)
+    return h.nbytes / best
