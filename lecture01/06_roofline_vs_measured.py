@@ -5,7 +5,7 @@ CS349E · 第 1 讲 · 06_roofline_vs_measured.py —— 下界和实测之间�
 
 【这个脚本要回答的问题】
 课程里打印的时间几乎都是 roofline 下界。下界不是答案：这个脚本把公开发表的实测数字放在同一件工作的下界旁边。
-演示 1：计算型内核（大 GEMM、FlashAttention-2/3 的前向）实测能跑到数据手册峰值算力的几成。
+演示 1：计算型内核（大 GEMM、FlashAttention-2/3 的前向，FA-2 的前向 + 反向）实测能跑到数据手册峰值算力的几成。
 演示 2：HBM 带宽和 8 块 H100 上的 all-reduce：实测带宽是手册的几成；hw_specs.ring_allreduce 的环形模型
 （每跳延迟 3 µs 是假设）和实测的总线带宽（bus bandwidth，[A] 强制 NVLS 量的）对不对得上——机制不同，
 数字接近也只是接近。
@@ -26,8 +26,10 @@ Server 的约束（第 99 百分位）还剩多少。
   cuBLASLt FP8 GEMM（随机初始化、预热 10,000 次）：1024³ 274.1、8192³ 1290.1、32768³ 1382.2 TFLOP/s；
   HBM 带宽 Copy 2.90、Triad 2.97、Dot 3.18 TB/s；FlashAttention 2.0（head_dim 128、批 2、序列 8192）327.9 TFLOP/s（同一提交的
   Benchmarks/FlashAttention.py 跑 flash-attention 仓库的 benchmarks/benchmark_flash_attention.py，取
-  causal=False、headdim=128、batch_size=2、seqlen=8192 那一组：FP16、dim 2048 即 16 个头；那个脚本每组打印前向、
-  反向、前向 + 反向三个数，[A] 的表只有一个，没说是哪个）；
+  causal=False、headdim=128、batch_size=2、seqlen=8192 那一组：FP16、dim 2048 即 16 个头；那个脚本每组给每个方法打印
+  一行，行里有前向、反向、前向 + 反向三个数，[A] 的脚本把整行存下，表里只有一个数，没说是哪个。结果表提交的第二天，
+  提交 625c7d2（2024-09-25）把 grep 改成只匹配"batch_size=2, seqlen=8192"，取到的第一组就成了 causal=False、
+  headdim=64；结果表提交时，仓库里的脚本取的还是 headdim 128 那一组）；
   NCCL AllReduce（NVLS 算法、in-place）的总线带宽，1K 到 8G 字节：1K 0.07、16K 0.95、65K 2.72、1M 43.70、
   16M 234.45、268M 423.38、8G 478.87 GB/s（表里的标签照抄）。同一提交的 Benchmarks/NCCLBandwidth.py 是这样量的：
   NCCL_ALGO=<Tree|Ring|NVLS|NVLSTree> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40，取 in-place 的 busbw——
@@ -37,6 +39,9 @@ Server 的约束（第 99 百分位）还剩多少。
   批 × 序列 = 16k 个 token、隐藏维 2048，FLOPs 按 4·序列²·head_dim·头数 算。图 5(c)（head_dim 128）：序列 8k 时
   FlashAttention-2 370、16k 时 FlashAttention-3 648 TFLOP/s；图 5(e)（head_dim 256）：16k 时 FlashAttention-3 756 TFLOP/s。
   摘要的说法是"最高约 740 TFLOP/s（75% 利用率）"。
+- [J] Dao-AILab/flash-attention 仓库的 assets/flash2_h100_fwd_bwd_benchmark.png（提交 4f285b3，2023-07-17）：
+  H100 80GB SXM5 上 benchmark_flash_attention.py 的**前向 + 反向**；(b) 不带因果遮罩、head_dim 128：序列 8k 时
+  FlashAttention-2 335 TFLOP/s；(a) head_dim 64：8k 时 294。
 - [C] Dao，FlashAttention-2，arXiv 2307.08691（2023-07）：A100 80GB SXM4 上"最高 230 TFLOP/s，理论峰值的 73%"，
   前向（各种 head_dim、有无因果遮罩里最好的一种）。
 - [D] NVIDIA/nccl-tests 的 issue #212，NCCL 维护者（NVIDIA）2024-05-06 的回答：8 块 H100 的 NVLink 线速 450 GB/s，
@@ -138,6 +143,7 @@ SOURCES = {
     "F": "NVIDIA TensorRT-LLM 文档 perf-overview.md（v1.0 的版本，提交 00f3768，2025）",
     "G": "pytorch-labs/gpt-fast README（2023-11-30，提交 d2c5d82；说明补于 2023-12-16，提交 c5d3454）",
     "H": "NVIDIA/nccl-tests issue #309，一位用户贴的 NCCL 日志（2025-05-23）",
+    "J": "Dao-AILab/flash-attention 的 assets/flash2_h100_fwd_bwd_benchmark.png（提交 4f285b3，2023-07，前向 + 反向）",
     "I": "mlcommons/inference v4.1：language/llama2-70b/README.md、processorca.py、mlperf.conf、loadgen",
 }
 
@@ -150,7 +156,8 @@ KERNELS = [
     ("GEMM cuBLASLt", H100, "fp8", "FP8", "8192³", 1290.1 * T, ("gemm", 8192), "A"),
     ("GEMM cuBLASLt", H100, "fp8", "FP8", "32768³", 1382.2 * T, ("gemm", 32768), "A"),
     ("FA2 前向", H100, "fp16", "FP16", "d128 8k", 370 * T, ("attn", 8192), "B"),
-    ("FA2（*）", H100, "fp16", "FP16", "d128 8k 批2", 327.9 * T, ("attn", 8192), "A"),
+    ("FA2（*）", H100, "fp16", "FP16", "d128 8k 批2", 327.9 * T, None, "A"),
+    ("FA2 前向+反向", H100, "fp16", "FP16", "d128 8k 批2", 335 * T, None, "J"),
     ("FA3 前向", H100, "fp16", "FP16", "d128 16k", 648 * T, ("attn", 16384), "B"),
     ("FA3 前向", H100, "fp16", "FP16", "d256 16k", 756 * T, ("attn", 16384), "B"),
     ("FA2 前向", A100, "fp16", "FP16", "最好的一种", 230 * T, None, "C"),
@@ -254,13 +261,15 @@ def demo1_compute_kernels():
     print_table(["内核", "芯片", "精度", "条件", "强度\nFLOP/B", "受限于", "实测\nTFLOP/s", "峰值\nTFLOP/s",
                  "实测÷峰值", "出处"], rows)
     print_note("（*）[A] 跑的是 flash-attention 仓库的 benchmark_flash_attention.py，它每组配置打印前向、反向、"
-               "前向 + 反向三个 TFLOP/s；[A] 的表只有一个数，没说是哪一个。")
-    _src("ABC")
+               "前向 + 反向三个 TFLOP/s；[A] 的表只有一个数，没说是哪一个。这一行和前向 + 反向的一行没有算强度"
+               "（前向的算法对反向不成立）。")
+    _src("ABJC")
     g1 = share[("GEMM cuBLASLt", H100.name, "1024³")]
     g8 = share[("GEMM cuBLASLt", H100.name, "8192³")]
     g32 = share[("GEMM cuBLASLt", H100.name, "32768³")]
     fa2_b = share[("FA2 前向", H100.name, "d128 8k")]
     fa2_a = share[("FA2（*）", H100.name, "d128 8k 批2")]
+    fa2_fb = share[("FA2 前向+反向", H100.name, "d128 8k 批2")]
     fa3 = share[("FA3 前向", H100.name, "d256 16k")]
     fa3_128 = share[("FA3 前向", H100.name, "d128 16k")]
     fa2_a100 = share[("FA2 前向", A100.name, "最好的一种")]
@@ -276,8 +285,11 @@ def demo1_compute_kernels():
         f"{fmt_time(t1_meas)}：这么小的矩阵乘，kernel 启动、收尾的固定开销和填不满 {H100_SMS} 个 SM（比如输出按 128×128 的块"
         f"切，只有 {(1024 // 128) ** 2} 块）都有份，表里分不开。",
         f"同一个 FlashAttention-2、同一组配置（head_dim 128、16 个头、FP16、批 2 × 序列 8192、不带遮罩：[A] 跑的 flash-attention"
-        f" 基准脚本和 [B] 图 5 都是这组），两个出处差一截：[B] 的前向 {_pct(fa2_b)}，[A] {_pct(fa2_a)}——可 [A] 没说它是"
-        f"前向、反向还是两者合计（见表下的注）。两个都印出来：不知道测的是哪一项，就不能说谁测得准。",
+        f" 基准脚本、[B] 图 5 和 [J] 的图都是这组）：[B] 的前向 {_pct(fa2_b)}，[A] {_pct(fa2_a)}，[J] 的前向 + 反向"
+        f" {_pct(fa2_fb)}。[A] 离 [J] 只差 {_pct(abs(fa2_a / fa2_fb - 1))}、离 [B] 的前向差 {_pct(1 - fa2_a / fa2_b)}，"
+        "所以 [A] 很可能是前向 + 反向——但这是推断：[A] 的表没写是哪一项（见表下的注），它的脚本第二天还改了取哪一组"
+        "（出处表的 [A]）。前向 + 反向每秒的 FLOPs 本来就比前向低（[J] 对 [B]），所以这不说明 [A] 测得不准，"
+        "只说明它和 [B] 量的多半不是同一件事。",
         f"FlashAttention-3 用上 Hopper 的异步（TMA、warp 专门化）后，head_dim 256 到 {_pct(fa3)}，head_dim 128 到 "
         f"{_pct(fa3_128)}；[B] 的摘要说'最高约 {FA3_ABSTRACT / T:.0f} TFLOP/s'= {_pct(abstract)}，"
         f"图里最高的一格是 {fa3 * H100.peak_flops('fp16') / T:.0f}。"
@@ -297,12 +309,16 @@ def busbw_to_time(n_bytes, n, busbw):
 def demo2_memory_and_allreduce():
     print_header("演示 2：HBM 带宽与 8 块 H100 的 all-reduce——实测 vs 数据手册、vs 环形模型")
     rows, share = [], {}
+    print("HBM 带宽（顺序读写一大块显存）：")
     for chip, how, meas, src in HBM:
         share[(chip.name, how)] = meas / chip.mem_bw
         rows.append([chip.name, how, f"{meas / T:.2f}", f"{chip.mem_bw / T:.3g}", _pct(meas / chip.mem_bw), src])
     print_table(["芯片", "测法", "实测 TB/s", "手册 TB/s", "实测÷手册", "出处"], rows)
     n = ALLREDUCE_N
     rows, ar = [], {}
+    print()
+    print_note(f"{n} 块 H100 的 all-reduce（[A]：NCCL 强制 NVLS、in-place）：实测的总线带宽，和环形模型"
+               f"（NVLink 4 单向 {fmt_bytes(NVLINK4.bw)}/s、每跳 {fmt_time(NVLINK4.hop_latency)}）：")
     for label, size, busbw in ALLREDUCE:
         t_meas = busbw_to_time(size, n, busbw)
         model = ring_allreduce(size, n, NVLINK4)
@@ -412,7 +428,7 @@ def demo3_mlperf_llama2_70b():
     _src("AEI")
     mid = res[512]["bound"]
     gemm_rate = 1290.1 * T / H100.peak_flops("fp8")      # [A] 8192³ FP8 GEMM 的实测效率
-    attn = [k[5] / H100.peak_flops(k[2]) for k in KERNELS if k[1] is H100 and k[0].startswith("FA")]
+    attn = [k[5] / H100.peak_flops(k[2]) for k in KERNELS if k[1] is H100 and k[0].endswith("前向")]   # 推理只跑前向
     lo, mid_r, hi = (MLPERF_OFFLINE_TOK / res[n]["bound"]["tok_s"] for n in MLPERF_INPUTS)
     cap_same = all(abs(v["capped"]["tok_s"] / v["bound"]["tok_s"] - 1) < 1e-9 for v in res.values())
     per_replica = MLPERF_SERVER_TOK / MLPERF_REPLICAS

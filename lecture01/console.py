@@ -29,10 +29,13 @@ console —— 所有脚本共用的终端输出：标题、对齐的表格、"�
 
 【给测试的记录】环境变量 CS349E_CONSOLE_LOG 指向一个文件时，console 把它打印的每个块（表格的格子和排好的行、
 观察、图）以 JSON 行追加到那个文件——打印的内容不变。tests/test_page.py 用它检查每个脚本的页面。
+环境变量 CS349E_RESULTS 指向一个文件时，save_results 把脚本交给它的数（演示返回的 dict）用 pickle 存进去：测试
+核对的就是这次运行打印的数，不必在测试进程里把演示再跑一遍。没设时两者都什么也不做。
 """
 import json
 import math
 import os
+import pickle
 import re
 import unicodedata
 
@@ -44,7 +47,7 @@ blas_threads.apply_rule()     # 每个编号脚本都 import console：BLAS 一�
 
 __all__ = ["display_width", "print_header", "print_table", "print_observations", "format_table",
            "wrap_text", "print_note", "print_bars", "print_plot", "format_bars", "format_plot", "is_numeric_cell",
-           "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound", "fmt_p", "RULE_WIDTH"]
+           "fmt_time", "fmt_bytes", "fmt_num", "fmt_sig", "fmt_bound", "fmt_p", "RULE_WIDTH", "save_results"]
 
 RULE_WIDTH = 100
 
@@ -70,6 +73,14 @@ def _log(kind, lines, **extra):
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(dict(kind=kind, lines=lines, **extra), ensure_ascii=False) + "\n")
+
+
+def save_results(obj):
+    """CS349E_RESULTS 设了时，把 obj（脚本演示返回的数）用 pickle 写进那个文件（给测试读）；否则什么也不做。"""
+    path = os.environ.get("CS349E_RESULTS")
+    if path:
+        with open(path, "wb") as f:
+            pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _emit(kind, lines, **extra):

@@ -9,7 +9,8 @@ CS349E · 第 2 讲 · 06_real_model.py —— 一个真的模型：SmolLM2-135M
 演示 2：分词：一句话切成哪些片、哪些 id（字节级 BPE：数字一个一个切，"Ġ" 是空格，一个汉字可能切成两个 token）。
 演示 3：下一个 token：一段英文之后，模型给出的前 5 个候选和它们的概率。
 演示 4：对话：一个问题按 chat 格式喂进去，贪心地生成回答，生成到 <|im_end|>（id 2，一轮的结束）停。
-演示 5：带 KV cache 一步一步 decode 和一次算完整个序列，在真模型上 logits 只差浮点舍入，选出的 token 一样。
+演示 5：带 KV cache 一步一步 decode 和一次算完整个序列，在真模型上 logits 只差浮点舍入，选出的 token 一样；
+        重现 llama3.np 的位置差一：logits 差得很远，在演示 4 的问题上贪心的回答却一字不差。
 演示 6：decode 一步的账本（批 1，缓存里是演示 4 的提示）：读的字节里 lm_head 占多少。
 
 【怎么读输出】
@@ -293,6 +294,29 @@ def demo4_chat(loaded=None):
 # ---------------------------------------------------------------------------
 # 演示 5：KV cache 一步一步 decode == 一次算完
 # ---------------------------------------------------------------------------
+def greedy_with_skipped_slot(model, prompt, n_new, stop, skip=1):
+    """
+    贪心 decode，但第一个 decode 的 token 写在位置 L + skip（L = 提示长度）-> (选出的 id, 每步的 logits, 缓存)。
+
+    这是 likejazz/llama3.np 的 llama3.py（commit 7dae0e1）generate 里的错：prefill 之后第一个 decode 步用的位置是
+    range(L, …) 的第二个值 L + 1，于是它的 RoPE 位置是 L + 1、K/V 写进缓存的第 L + 1 格，第 L 格一直是 0，注意力
+    却读它（0 向量的 K 给出分数 0，照样分走一份 softmax 的权重）。这里用"提示之后把缓存的位置多挪 skip 格"重现；
+    skip = 0 就是正确的 decode（测试核对）。stop 里的 token 选出来就停。
+    """
+    cache = model.new_cache(1, len(prompt) + n_new + skip)
+    feed, out, logits = list(prompt), [], []
+    while len(out) < n_new:
+        lg = model.forward(np.asarray([feed]), cache)[0, -1]
+        logits.append(lg)
+        out.append(int(np.argmax(lg)))
+        if out[-1] in stop:
+            break
+        if len(out) == 1:
+            cache.pos += skip          # 错在这里：第 L 格空着（全 0），下一个 token 写进第 L + skip 格
+        feed = [out[-1]]
+    return out, logits, cache
+
+
 def demo5_cache_equals_full(loaded=None):
     model, tok = loaded or load_model()
     prompt = tok.chat(QUESTION)
@@ -319,19 +343,31 @@ def demo5_cache_equals_full(loaded=None):
                  "max |Δlogit|", "第一名领先\n第二名"], table)
     same = [int(np.argmax(r)) for r in full] == out
     worst = max(diffs)
+    bug_ids, bug_logits, _ = greedy_with_skipped_slot(model, prompt, N_NEW, [tok.im_end_id])
+    bug_diffs = [float(np.max(np.abs(b - f))) for b, f in zip(bug_logits, full)]      # 和一次算完的比
+    n_common = next((i for i, (a, b) in enumerate(zip(bug_ids, out)) if a != b), min(len(bug_ids), len(out)))
+    bug_same = bug_ids == out
+    if bug_same:
+        bug_words = f"和正确的模型选出的 {len(out)} 个 token 完全一样（同一句回答，同一处停下）"
+    else:
+        bug_words = f"前 {n_common} 个 token 和正确的模型一样，第 {n_common + 1} 个起不同"
+    later = bug_diffs[1:]
     print_observations([
         f"{len(rows)} 步、每步 {model.cfg.vocab:,} 个 logit：带缓存的和一次算完的最多差 {fmt_bound(worst, EXACT_BOUND)}"
         f"（float64 的舍入：矩阵乘的加法顺序不同），选出的 {len(out)} 个 token "
         f"{'完全一样' if same else '不一样'}，就是演示 4 的回答。",
         f"每步第一名比第二名的 logit 至少高 {min(gaps):.2f}，比上界 {EXACT_BOUND:.0e} 大 "
         f"{int(np.floor(np.log10(min(gaps) / EXACT_BOUND)))} 个数量级以上：贪心的选择不会被舍入翻转。",
-        "这个对照抓得住位置差一的错误（RoPE 的位置、写缓存的槽）：一个公开的 numpy Llama（likejazz/llama3.np 的 "
-        "llama3.py，commit 7dae0e1）在 generate 里把第一个 decode 的 token 放在位置 L + 1（缓存的第 L 格一直是 0，"
-        "注意力却读它）；在这个模型的权重上它照样生成通顺的英文，贪心输出在第 5 个 token 之后才和正确的模型分开"
-        "（课程开发时量的，这里不重现）。",
+        "这个对照抓得住位置差一的错误（RoPE 的位置、写缓存的槽），只比选出的 token 却未必：一个公开的 numpy Llama"
+        "（likejazz/llama3.np 的 llama3.py，commit 7dae0e1）在 generate 里把第一个 decode 的 token 放在位置 L + 1"
+        f"（缓存的第 L 格一直是 0，注意力却读它）。在这里重现（greedy_with_skipped_slot）：第 1 步（prefill）还没碰到错，"
+        f"logits 差 {fmt_bound(bug_diffs[0], EXACT_BOUND)}；之后每步和一次算完的差 {min(later):.2f} 到 "
+        f"{max(later):.2f}，比上界大 {int(np.floor(np.log10(min(later) / EXACT_BOUND)))} 个数量级以上；贪心选出的却"
+        f"{bug_words}。只比较生成的文字，这个错就漏过去了。",
     ])
     return {"steps": len(rows), "ids": out, "max_diff": worst, "bound": EXACT_BOUND, "same_tokens": same,
-            "min_gap": min(gaps)}
+            "min_gap": min(gaps), "bug_ids": bug_ids, "bug_diffs": bug_diffs, "bug_same": bug_same,
+            "bug_common": n_common}
 
 
 # ---------------------------------------------------------------------------

@@ -30,10 +30,13 @@ decode 受带宽限制时，一步的时间 ≈ 读的字节 / 带宽；把权�
   理想情况下时间除以 N，加速比不变。
 - 演示 1、2 的上下文（512）和演示 3 的批大小（16）是选的，不是事实。
 
-【运行】python3 03_quantized_decode_speed.py （约 0.1 秒）
+【运行】python3 03_quantized_decode_speed.py （约 0.1 秒）；加 --time 再跑演示 4：在这台 CPU 上装 SmolLM2-135M，量
+float32 / INT8 / INT4-g32 权重（lecture03/tiled_quant_lab）decode 一步的时间（约一分钟，打印的时间随机器和负载变）
 
 【依赖】../lecture01 的 console、hw_specs（H100 的带宽和各数据类型的峰值）、llm_math（LLAMA31_8B / 70B、WEIGHT_FORMATS、
 bits_per_param、decode_step（w_fmt 按格式读字节）、weight_bytes、active_weight_bytes、max_batch、compute_bound_batch）。
+--time 时还有本目录的 tiled_quant_lab（TiledQuantWeight、quantize_model、decode_step_seconds）、../lecture02 的
+hub_lab（gguf_path_or_exit）、real_model_lab（load_gguf）、transformer_lab（NumpyTransformer）。
 """
 import math
 import os
@@ -271,7 +274,72 @@ def demo3_context():
     return res
 
 
+# ---------------------------------------------------------------------------
+# 演示 4（只在 --time 时）：这台 CPU 上量：SmolLM2-135M 的 INT8 / INT4-g32 权重，一块一块地反量化
+# ---------------------------------------------------------------------------
+TIME_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+TIME_CTX = 64            # 每个序列已缓存的 token 数（选的）
+W8 = "W8A16 INT8 仅权重"
+
+
+def demo4_measured(model=None, batches=TIME_BATCHES, ctx=TIME_CTX, steps=3):
+    """
+    --time：同一个模型的 float32、INT8、INT4-g32（tiled_quant_lab：内存里只有整数码和 scale，乘的时候一块一块地反量化
+    进一个放得进缓存的 float32 缓冲区）decode 一步的实测时间（一个 BLAS 线程，steps 步取最快），旁边是演示 1、2 的
+    H100 模型（Llama-3.1-8B，相对 BF16）。model=None：装 SmolLM2-135M（hub_lab.gguf_path_or_exit，float32）。
+    -> dict：每个批的 f32 / int8 / int4 秒数、加速比、交叉的批（INT8 不再比 float32 快的第一个批，没有时 None）。
+    """
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    import numpy as np
+    for sub in ("lecture02", "prereq3"):
+        sys.path.insert(0, os.path.join(HERE, "..", sub))
+    from tiled_quant_lab import decode_step_seconds, model_weight_bytes, quantize_model
+    if model is None:
+        from hub_lab import gguf_path_or_exit
+        from real_model_lab import load_gguf
+        from transformer_lab import NumpyTransformer
+        P, cfg, _ = load_gguf(gguf_path_or_exit(), dtype=np.float32)
+        model = NumpyTransformer(P, cfg)
+    models = {"float32": model, "int8": quantize_model(model, "int8"), "int4-g32": quantize_model(model, "int4-g32")}
+    wb = {k: model_weight_bytes(m) for k, m in models.items()}
+    print_header(f"演示 4（--time，这台 CPU 上量的）：{model.cfg.name} 的 decode 一步，权重 float32 / INT8 / INT4-g32"
+                 f"（上下文 {ctx}，一个 BLAS 线程）")
+    res = {"t": {}, "x8": {}, "x4": {}, "h100_w8": {}, "h100_w4": {}, "bytes": wb}
+    rows = []
+    for b in batches:
+        t = {k: decode_step_seconds(m, b, ctx, steps) for k, m in models.items()}
+        res["t"][b] = t
+        res["x8"][b], res["x4"][b] = t["float32"] / t["int8"], t["float32"] / t["int4-g32"]
+        h16 = step(LLAMA31_8B, "BF16", b, CONTEXT)["time"]
+        res["h100_w8"][b] = h16 / step(LLAMA31_8B, W8, b, CONTEXT)["time"]
+        res["h100_w4"][b] = h16 / step(LLAMA31_8B, W4, b, CONTEXT)["time"]
+        rows.append([b, f"{t['float32'] * 1e3:.1f}", f"{t['int8'] * 1e3:.1f}", f"{t['int4-g32'] * 1e3:.1f}",
+                     f"{res['x8'][b]:.2f}×", f"{res['x4'][b]:.2f}×", f"{res['h100_w8'][b]:.2f}×",
+                     f"{res['h100_w4'][b]:.2f}×"])
+    print_table(["批", "float32\nms/步", "INT8\nms/步", "INT4-g32\nms/步", "INT8\n相对 f32", "INT4\n相对 f32",
+                 "H100 8B\nW8A16", "H100 8B\nW4A16"], rows)
+    res["cross8"] = next((b for b in batches if res["x8"][b] < 1.0), None)
+    res["cross4"] = next((b for b in batches if res["x4"][b] < 1.0), None)
+    b0 = batches[0]
+    cross = lambda c: "表里的批都还快" if c is None else f"批 {c} 起不再比 float32 快"  # noqa: E731
+    print_observations([
+        f"每步读的权重：float32 {fmt_bytes(wb['float32'])}、INT8 {fmt_bytes(wb['int8'])}、INT4-g32 "
+        f"{fmt_bytes(wb['int4-g32'])}（含 FP16 scale）。批 {b0}：INT8 一步 {res['x8'][b0]:.2f}× float32 的速度、"
+        f"INT4-g32 {res['x4'][b0]:.2f}×；字节之比是 {wb['float32'] / wb['int8']:.1f}× 和 "
+        f"{wb['float32'] / wb['int4-g32']:.1f}×——差的那部分是反量化：每个权重每步转一次类型（INT4 还要解半字节、乘 scale），"
+        "这份活随权重的个数走，不随批变小。",
+        f"INT8：{cross(res['cross8'])}；INT4-g32：{cross(res['cross4'])}。批大了以后矩阵乘本身的时间（随批长）盖过读权重，"
+        "反量化省下的字节不再要紧，而反量化的计算还在；H100 的模型（右两列）假设反量化完全藏在访存里，所以它的好处"
+        "只在受算力限制以后才消失。",
+        "这些数随机器、随钟点变（同一台机器一小时里能差两倍）：比值比绝对值可信，重跑一遍看看。",
+    ])
+    return res
+
+
 if __name__ == "__main__":
     demo1_bytes_per_step()
     demo2_batch()
     demo3_context()
+    if "--time" in sys.argv[1:]:
+        demo4_measured()

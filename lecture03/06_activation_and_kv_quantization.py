@@ -31,7 +31,7 @@ CS349E · 第 3 讲 · 06_activation_and_kv_quantization.py —— 权重之后�
 【运行】python3 06_activation_and_kv_quantization.py （约 1 秒，种子 04 的约 0.16 倍）
 
 【依赖】numpy；本目录的 quant_lab（layer_inputs、with_salient_channels、quantize_activations、w8a8_error、
-kv_quantizer、kv_bits、compare_logits；需要 ../prereq3 的 numfmt）；../lecture02 的 transformer_lab、kvcache_lab（KVCache 的 quant 选项）；
+kv_quantizer、kv_bits、compare_logits；需要 ../prereq3 的 numfmt）、kvquant_lab（KIVI_CODE、kivi_code_bits、kv_layout_bits）；../lecture02 的 transformer_lab、kvcache_lab（KVCache 的 quant 选项）；
 ../lecture01 的 console、hw_specs（H100）、llm_math（LLAMA31_8B、max_batch、weight_bytes）。
 """
 import os
@@ -52,6 +52,7 @@ from quant_lab import (INPUT_OF, KV_FORMATS, LAYER_MATRICES, QCFG, compare_logit
                        with_salient_channels)
 from transformer_lab import NumpyTransformer, init_params  # noqa: E402
 from kvcache_lab import KVCache  # noqa: E402
+from kvquant_lab import KIVI_CODE, kivi_code_bits, kv_layout_bits  # noqa: E402
 
 # ---- 实验的设定（样本的多少、种子、注入的离群通道都是选的，不是事实）----
 ACT_TEXT = (8, 64, 1)                 # 取激活的文本：条数、长度、种子
@@ -209,21 +210,33 @@ def demo4_h100(ctx):
     print_header(f"演示 4：{m.name}（权重 BF16）在一块 H100（{fmt_bytes(H100.mem_bytes)}）上：KV cache 的格式换来多少 token")
     room = H100.mem_bytes - weight_bytes(m, "bf16")
     rows, res = [], {"room": room}
-    for name, bits in [("BF16", 16.0)] + [(KV_ZH[f], kv_bits(f, m.head_dim)) for f in KV_FORMATS]:
+    kivi_zh = f"INT4 KIVI（每 {KIVI_CODE['group']} 个）"
+    for name, bits in ([("BF16", 16.0)] + [(KV_ZH[f], kv_bits(f, m.head_dim)) for f in KV_FORMATS]
+                       + [(kivi_zh, kivi_code_bits(4))]):
         per_tok = m.kv_bytes_per_token(bits / 8)
         n_tok = room / per_tok
         b = max_batch(m, H100, CONTEXT, "bf16", kv_bits=bits)
         res[name] = {"bits": bits, "per_token": per_tok, "tokens": n_tok, "batch": b}
         rows.append([name, f"{bits:g}", fmt_bytes(per_tok), fmt_num(n_tok), str(b)])
     print_table(["KV 格式", "位/数", "每 token 的 KV", "放得下的 token", f"上下文 {CONTEXT}\n的最大批"], rows)
-    bf, f8, i4 = res["BF16"], res[KV_ZH["fp8-e4m3"]], res[KV_ZH["int4-g8"]]
+    bf, f8, i4, kv = res["BF16"], res[KV_ZH["fp8-e4m3"]], res[KV_ZH["int4-g8"]], res[kivi_zh]
+    res["kivi_name"] = kivi_zh
+    resid = KIVI_CODE["residual_tokens"]
+    res["kivi_residual_bits"] = resid * (16 - kv["bits"]) / CONTEXT     # 最近 resid 个 token 留 FP16，摊到上下文上
     print_observations([
         f"权重占 {fmt_bytes(weight_bytes(m, 'bf16'))}，剩下 {fmt_bytes(room)} 给 KV cache。BF16 的 KV 每个 token "
         f"{fmt_bytes(bf['per_token'])}（2 × {m.n_layers} 层 × {m.n_kv_heads} 个 KV 头 × {m.head_dim} × 2 字节，第 1 讲）。",
         f"FP8 放得下的 token 是 BF16 的 {f8['tokens'] / bf['tokens']:.0f} 倍（{fmt_num(bf['tokens'])} → "
-        f"{fmt_num(f8['tokens'])}），上下文 {CONTEXT} 的最大批 {bf['batch']} → {f8['batch']}；INT4 每 8 个一组"
-        f"（{i4['bits']:g} 位）再到 {i4['batch']}。同样的批和上下文，decode 每步读的 KV 字节也按位数的比例少。",
-        "代价看演示 3 的 KL（那是在 QCFG 上量的，不是 Llama-3.1-8B）：INT8 / FP8 的 KV 几乎不改变输出，4 位的开始看得出来。",
+        f"{fmt_num(f8['tokens'])}），上下文 {CONTEXT} 的最大批 {bf['batch']} → {f8['batch']}。INT4 的账要把 scale 算进去："
+        f"演示 3 的每 8 个一组一个 FP16 scale 是 {i4['bits']:g} 位（scale 每个数摊 {i4['bits'] - 4:g} 位），只比 FP8 多放 "
+        f"{i4['tokens'] / f8['tokens']:.2f} 倍（最大批 {i4['batch']}）；KIVI 的代码每 {KIVI_CODE['group']} 个一组、"
+        f"存 FP16 的 scale 和 FP16 的最小值（jy-yuan/KIVI 的 quant/new_pack.py、docs/long_bench.md），是 {kv['bits']:g} 位，"
+        f"{fmt_num(kv['tokens'])} 个 token、最大批 {kv['batch']}。KIVI 还把每条序列最近的 {resid} 个 token 留在 FP16："
+        f"上下文 {CONTEXT} 时平均每个数多 {res['kivi_residual_bits']:.2f} 位，表里没算。"
+        "同样的批和上下文，decode 每步读的 KV 字节也按位数的比例少。",
+        "代价看演示 3 的 KL（那是在 QCFG 上量的，不是 Llama-3.1-8B）：INT8 / FP8 的 KV 几乎不改变输出，4 位的开始看得出来。"
+        f"演示 3 量的是每 8 个一组的 INT4；KIVI 的布局（每 {KIVI_CODE['group']} 个一组）在真模型上的 KL 见 07 演示 5"
+        f"（那里零点存成 4 位整数：{kv_layout_bits(4, KIVI_CODE['group']):g} 位）。",
     ])
     return res
 

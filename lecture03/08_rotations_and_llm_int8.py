@@ -60,7 +60,7 @@ from console import fmt_bound, print_header, print_note, print_observations, pri
 from decode_lab import TransformerLM, sample_from_prompts  # noqa: E402
 from hub_lab import gguf_path_or_exit  # noqa: E402
 from outlier_lab import outlier_ratio  # noqa: E402
-from quant_lab import LAYER_MATRICES, log_softmax, quantize_matrix  # noqa: E402
+from quant_lab import LAYER_MATRICES, SCHEMES, log_softmax, quantize_matrix  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
 from rotation_lab import (fold_norms, hadamard_base, hadamard_kron, random_orthogonal, rotate_down_input,  # noqa: E402
                           rotate_heads, rotate_params)
@@ -340,18 +340,24 @@ def demo3_quality(ctx):
         f"只量化激活（W16A4）：不旋转 KL {k[('W16A4', 'none')]:.3f}；旋转残差流 {k[('W16A4', 'rot')]:.3f}，"
         f"再加 w_down 前的在线 H1536 {k[('W16A4', 'down')]:.3f}，再加 V/O 的 H64 {k[('W16A4', 'all')]:.3f}"
         f"（全部旋转 − 不旋转：{pa[0]:+.3f} ± {pa[1]:.3f}，{pa[2]:+.1f} 个标准误，n = {N_SEQ} 条）。",
-        f"只量化权重（W4A16）反而是旋转的差：{k[('W4A16', 'none')]:.3f} → {k[('W4A16', 'all')]:.3f}"
+        f"只量化权重（W4A16，就近舍入）时旋转的反而差：{k[('W4A16', 'none')]:.3f} → {k[('W4A16', 'all')]:.3f}"
         f"（{pw[2]:+.1f} 个标准误），只把 g 折进权重、不旋转就已经是 {k[('W4A16', 'fold')]:.3f}。误差的总量差不多"
         f"（INT4-g32 的相对误差：原来的 {100 * err['none']:.2f}%、折叠后 {100 * err['fold']:.2f}%、旋转后 "
-        f"{100 * err['all']:.2f}%），落在哪里不一样。一个没有验证的猜测：原来 g 在量化之外另乘，折叠以后 g 大小不一的行"
-        "挤在同一组里共用一个 scale，旋转再把每个数摊成所有数的组合。这里没有再拆开看是哪一层、哪个矩阵。",
+        f"{100 * err['all']:.2f}%），落在哪里不一样。折叠为什么有影响是能推出来的：一组 {SCHEMES['int4-g32'][2]} 行整组乘同一个数，"
+        "就近舍入的结果跟着乘（scale 也乘，只差 FP16 的刻度），所以折叠只能通过同一组里 g 的大小不同起作用——g 大的行"
+        "定了 scale，g 小的行相对舍得粗。旋转为什么更差没有验证（一个猜测：它把每个数摊成所有数的组合）。"
+        "这里没有再拆开看是哪一层、哪个矩阵，也没有试 GPTQ："
+        "QuaRot 的代码默认用 GPTQ 量化旋转后的权重（spcl/QuaRot 的 fake_quant/utils.py：不加 --w_rtn 就是 GPTQ），"
+        "所以这一行只说就近舍入、只说这个文件，不是旋转的一般规律。",
         f"所以 W4A4 里两样混在一起：不旋转 {k[('W4A4', 'none')]:.3f}、旋转 {k[('W4A4', 'all')]:.3f}"
         f"（{res[(('W4A4', 'none'), ('W4A4', 'all'))][2]:+.1f} 个标准误）；W4A8 {k[('W4A8', 'none')]:.3f} → "
-        f"{k[('W4A8', 'all')]:.3f}；W8A8（不旋转）{k[('W8A8', 'none')]:.4f}。这个 1.35 亿参数的模型在就近舍入的"
-        f" 4 位权重下已经坏了（W4A16 的 top-1 只有 {100 * res[('W4A16', 'none')][1]:.0f}%），旋转救的是激活那一半。",
-        "QuaRot（arXiv 2404.00456，摘要）：权重、激活、KV cache 全部 4 位，LLaMA2-70B 的 WikiText-2 困惑度最多差 0.29、"
-        "零样本任务保留 99%——那是 700 亿参数的 BF16 模型、量的是困惑度；这里是一个已经 4 位的"
-        f" 1.35 亿参数模型、就近舍入、{N_SEQ} 条 × {N_NEW} 个位置的 KL，不拿来比大小。",
+        f"{k[('W4A8', 'all')]:.3f}；W8A8（不旋转）{k[('W8A8', 'none')]:.4f}。文件本身就是 4 位的（Q4_1），"
+        "第 2 讲 06 演示 4 里它答得对；坏的是在它上面再做一次对称的 INT4-g32 就近舍入（07 演示 1 的\"第二次舍入\"）："
+        f"不旋转的 W4A16 top-1 只有 {100 * res[('W4A16', 'none')][1]:.0f}%。旋转救的是激活那一半。",
+        "QuaRot（arXiv 2404.00456v2 的摘要；v1 的摘要写的是 0.29）：权重、激活、KV cache 全部 4 位，LLaMA2-70B 的 "
+        "WikiText-2 困惑度最多差 0.47、零样本任务保留 99%；就近舍入、不要校准数据的是 6 位和 8 位（无损）。那是 700 亿"
+        f"参数的 BF16 模型、量的是困惑度；这里是一个已经 4 位的 1.35 亿参数模型、就近舍入、{N_SEQ} 条 × {N_NEW} 个位置"
+        "的 KL，不拿来比大小。",
     ])
     return res
 

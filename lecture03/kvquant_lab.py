@@ -5,8 +5,11 @@ kvquant_lab —— KV cache 按"沿哪个方向分组"量化：每 token（K、V
 V cache 没有；所以 K 按通道量化（一个通道里沿 token 每 G 个一组，一组一个 scale 和零点，离群通道自己一组，不拖累别的通道），
 V 按 token 量化（一个 token 里沿通道每 G 个一组）。这里实现的是它的量化布局；论文还把最近的 R 个 token 留在全精度
 （流式解码时凑不满一组的那些），这里不留：所有 token 都量化，序列末尾不满 G 个的那一组就小一点。
-【整数格式】非对称（每组一个 FP16 scale 和一个 bits 位的零点，KIVI 的做法；numfmt.quantize_int_asym）。每个数的位数
-bits + (16 + bits) / G（scale 16 位 + 零点 bits 位，摊到一组的 G 个数上）。
+【整数格式】非对称（每组一个 FP16 scale 和一个 bits 位的整数零点；numfmt.quantize_int_asym）。每个数的位数
+bits + (16 + bits) / G（scale 16 位 + 零点 bits 位，摊到一组的 G 个数上）。KIVI 自己的代码存得多一些：每组一个 scale
+和一个最小值 mn，都用模型的 dtype（FP16），反量化是 q·scale + mn（jy-yuan/KIVI 的 quant/new_pack.py，
+triton_quantize_and_pack_along_last_dim，提交 876b4d2）；它的 docs/long_bench.md 用每 32 个一组、最近 128 个 token
+留在 FP16。按它的存法每个数 bits + 32 / G 位（kivi_code_bits、KIVI_CODE）。
 【怎么用】kv_quantizer_layout(layout, bits, group) 返回一对函数 (K 的, V 的)：kvcache_lab.KVCache 只接受一个 quant
 函数、K 和 V 都用它，所以用 kv_cache(cfg, batch, max_len, fk, fv) 造缓存（K、V 各用各的）。量化函数收到的块是
 [..., token, head_dim]（KVCache 写入的 [批, KV 头, 新 token, head_dim]）：每 token 的布局只看最后一维；KIVI 的 K 沿
@@ -27,9 +30,23 @@ for _sub in ("prereq3", "lecture02"):
 from numfmt import quantize_int_asym  # noqa: E402
 from kvcache_lab import KVCache, quantizing_store  # noqa: E402
 
-__all__ = ["LAYOUTS", "kv_layout_bits", "quantize_along", "kv_quantizer_layout", "kv_cache"]
+__all__ = ["LAYOUTS", "kv_layout_bits", "quantize_along", "kv_quantizer_layout", "kv_cache", "KIVI_CODE",
+           "kivi_code_bits"]
 
 LAYOUTS = ("token", "kivi")
+
+# KIVI 的代码（jy-yuan/KIVI，提交 876b4d2）怎么存：quant/new_pack.py 的 scale、mn 和输入同一个 dtype（模型按
+# torch.float16 装，example.py）；docs/long_bench.md："32 group size and 128 residual length"（KIVI-2 和 KIVI-4）。
+KIVI_CODE = {"group": 32, "scale_bits": 16, "min_bits": 16, "residual_tokens": 128}
+
+
+def kivi_code_bits(bits, group=KIVI_CODE["group"]):
+    """按 KIVI 的代码的存法，量化了的 KV 每个数平均几位 -> bits + (16 + 16) / group（FP16 scale + FP16 最小值）。
+
+    【边界】最近的 residual_tokens 个 token 留在 FP16，不在这个数里（它摊到每个数上多少取决于上下文长度）。
+    """
+    _check(bits, group)
+    return bits + (KIVI_CODE["scale_bits"] + KIVI_CODE["min_bits"]) / group
 
 
 def kv_layout_bits(bits, group):

@@ -213,8 +213,9 @@ def demo3_continuous_batching():
         f"另一条假设——prefill 不占时间（完成时间里也没有它）——反而让吞吐的差距显得更大：两种做法要 prefill 的提示一样多（{N_REQ} 个 × "
         f"{PROMPT} 个 token，一次一个提示共 {fmt_time(t_pre)}），把它加到两边的总时间上，128 个位置时的倍数从 "
         f"{gain[128]:.2f} 降到 {gain_pre[128]:.2f}（32 个位置：{gain[32]:.2f} → {gain_pre[32]:.2f}）。"
-        "连续批的代价是每步都要调度、KV cache 要按页管理（vLLM 的 PagedAttention），以及新请求的 prefill 会插进 decode 里"
-        "（02 脚本）。",
+        "连续批的代价是每步都要调度，以及新请求的 prefill 会插进 decode 里（02 脚本）。KV cache 按页管理不是连续批"
+        "的代价：Orca 做连续批时给每个请求预留一段连续的 KV 空间；分页是 vLLM 为这种预留造成的碎片想的办法"
+        "（PagedAttention，Kwon et al., SOSP 2023，拿 Orca 作按请求预留的基线），07 脚本量了这些碎片。",
     ])
     return r
 

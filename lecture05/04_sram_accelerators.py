@@ -11,7 +11,8 @@ Corsair 的 LPDDR5X 上各要多久。
 演示 3：同一个 1.6B 草稿模型，代价系数 c = 草稿一步 / 目标一步，在 GPU 上和在 SRAM 芯片上差多少倍（种子
 第 6 讲 04 的演示 2 引用讲义说的那件事），以及这让最优草稿长度 γ* 和加速比怎样变：目标按种子 05 的"全部 4.25 位"假设和按发布格式各算一遍；
 再和种子 05 演示 2 印的最优 γ 一条一条对账；草稿按种子的两张卡（带宽相加 = 理想张量并行）和只用一张卡各算一遍。
-演示 4：Gimlet 博客自己的倍数比的是什么（Corsair 草稿 vs 同一个草稿在 GPU 上、能耗相当），对照种子 05 演示 2 观察 4 的读法。
+演示 4：Gimlet 博客自己的倍数比的是什么（Corsair 草稿 vs 同一个草稿在 GPU 上、能耗相当），对照种子 05 演示 2 观察 4 的读法
+和种子 05 开头说的实验条件。
 演示 5：种子 05 的接受率表（γ = 5/10/20/40 → 4/7/12/20）能不能用一个 α 拟合：按式 (1) 每行反解 α；种子和演示 3 的
 长草稿（γ* ≥ 20）和大加速比靠的是"各位置独立、α = 0.93"，这张表和它矛盾；最后列出种子 05 的每句错话在本脚本哪里改正。
 
@@ -81,6 +82,9 @@ SEED_DENSE, SEED_EXPERT = 1.5e9, 24.9e6
 # Gimlet 博客自己报的倍数（tl;dr 和引言，演示 4）：Corsair 上的草稿 vs 同一个草稿在 GPU 上、能耗相当，
 # 面向交互的配置端到端请求快 2–5 倍，面向能耗的配置最多 10 倍；引言合起来说 2–10 倍
 BLOG_INTERACTIVE, BLOG_ENERGY_MAX, BLOG_OVERALL = (2, 5), 10, (2, 10)
+# 演示 3 的 MoE 验证：种子 05 按均匀、独立的路由算碰到的专家；偏斜路由的例子（假设）：一半专家每个 token 选中它的
+# 机会是另一半的 SKEW 倍（每个 token 仍选 top_k 个，所以两半的机会按 Σ = top_k 配平）
+MOE_VERIFY_TOKENS, SKEW = 21, 3
 # 种子 05 演示 1 的"博客的接受率表"：(草稿长度 γ, 被接受的 token 数)。它在博客里的出处我们没找到（演示 5）
 SEED_TABLE = ((5, 4), (10, 7), (20, 12), (40, 20))
 SEED_TABLE_ALPHAS = (0.926, 0.934, 0.948, 0.962)   # 种子 05 演示 1 给这四行各配的 α（它印的"接受率 α（博客）"那一列）
@@ -200,6 +204,17 @@ def demo2_per_token_time():
 
 # ---------------------------------------------------------------------------
 # 演示 3：同一个草稿的代价系数 c
+def touched_experts_routed(incl, n_tokens):
+    """
+    每个 token 选中专家 e 的概率是 incl[e]（Σ incl = top_k）、各 token 独立时，一层里被 n 个 token 碰到的不同专家数的期望。
+
+    【推导】专家 e 一个都没被选中的概率 (1 − incl[e])^n，对 e 求和（期望的线性性）：Σ_e (1 − (1 − incl[e])^n)。
+    每一项对 incl[e] 是凹的，Σ incl 固定时在 incl 全相等（均匀路由，= llm_math.expected_touched_experts）时最大，
+    所以均匀、独立的路由给的是上限；路由越偏，碰到的越少。
+    """
+    return sum(1.0 - (1.0 - p) ** n_tokens for p in incl)
+
+
 # ---------------------------------------------------------------------------
 def spec_speedup(gamma, t_draft, t_plain, t_verify=None, net=0.0):
     """
@@ -316,6 +331,11 @@ def demo3_cost_coefficient():
     r["recon_row4_is_table"] = (rc[3]["g_gpu"], rc[3]["g_sram"]) == (b["g_gpu"], b["g_sram"]) and \
         abs(rc[3]["s_sram"] / b["s_sram"] - 1) < 1e-12 and abs(rc[3]["s_gpu"] / b["s_gpu"] - 1) < 1e-12
     same = "，正是上表\"4.25 位，有开销\"那一列" if r["recon_row4_is_table"] else "，和上表对不上"
+    E, k = GPT_OSS_120B.n_experts, GPT_OSS_120B.top_k
+    lo_p = k / (E / 2 * (SKEW + 1))                                     # 两半：E/2 个 SKEW·p、E/2 个 p，Σ = k
+    moe = {"uniform": expected_touched_experts(E, k, MOE_VERIFY_TOKENS),
+           "skewed": touched_experts_routed([SKEW * lo_p] * (E // 2) + [lo_p] * (E // 2), MOE_VERIFY_TOKENS)}
+    r["moe_touched"] = moe
     print_observations([
         f"按种子 05 的假设：草稿在 GPU 上一步 {fmt_time(b['t_gpu'])}、在两张 Corsair 上 {fmt_time(b['t_sram'])}，目标一步 "
         f"{fmt_time(b['t_tgt'])}（种子 05 印 {fmt_time(t0)}：它按近似的 {seed_active / 1e9:.2f}B 激活参数算，见观察 5 ③）；c 从 {b['c_gpu']:.3f} 降到 {b['c_sram']:.4f}，差 {b['ratio']:.1f} 倍——同一个草稿模型，"
@@ -332,7 +352,11 @@ def demo3_cost_coefficient():
         f"MoE 目标验证 γ + 1 个 token 时要读更多专家，把两者都拉低：按种子 05 的 MoE 验证（对账表最后一行）GPU 草稿 "
         f"γ* = {rc[5]['g_gpu']}、{rc[5]['s_gpu']:.2f} 倍，SRAM 草稿 γ* = {rc[5]['g_sram']}、{rc[5]['s_sram']:.2f} 倍。"
         f"这些 γ* 和加速比都按各位置独立、接受率都是 α = {ALPHA} 算；SRAM 草稿的长 γ* 那一段，"
-        "种子 05 自己的接受率表和这个假设对不上（演示 5）。",
+        "种子 05 自己的接受率表和这个假设对不上（演示 5）。"
+        f"MoE 验证的\"碰到的专家\"是按每个 token 独立、均匀地选专家算的（种子 05 演示 1 印的：验证 {MOE_VERIFY_TOKENS} "
+        f"个 token 每层碰到 {moe['uniform']:.0f} 个）。这是上限：路由偏斜时碰到的更少。假设一半专家被选中的机会是另一半的 "
+        f"{SKEW} 倍，{MOE_VERIFY_TOKENS} 个 token 只碰到 {moe['skewed']:.1f} 个（均匀时 {moe['uniform']:.1f}）；"
+        "相邻 token 爱选同样的专家时还会更少。所以 MoE 验证把加速比拉得多低，要用真实的路由统计量。",
         f"真实的 checkpoint（发布格式）每个 token 要读 {fmt_bytes(t_bytes['native'])}，比种子的 4.25 位假设多 "
         f"{r['native_extra'] * 100:.0f}%（演示 2）：有开销时目标一步从 {fmt_time(b['t_tgt'])} 变成 {fmt_time(n['t_tgt'])}，"
         f"c 变成 {n['c_gpu']:.3f}（GPU）和 {n['c_sram']:.4f}（SRAM），最优 γ* = {n['g_gpu']} 和 {n['g_sram']}，"
@@ -385,6 +409,9 @@ def demo4_blog_claims(recon=None):
         f"1/{toy_flat:.2f}（验证代价不变）到 1/{toy_moe:.2f}（MoE 验证，对账表第 2、6 行的加速比之比；"
         f"各位置独立、α = {ALPHA}，见演示 5）。"
         "这个玩具模型不算能耗、GPU 是一块 H100、只有一个用户，所以和博客的数不可比：能对上的只有方向。",
+        "种子 05 开头说这些数不对应 Gimlet 的实验条件，\"他们按每千瓦吞吐归一化、有批处理\"：博客能读到的开头里，"
+        "比较的条件只写了\"能耗相当\"（equivalent energy consumption），没有\"每千瓦吞吐\"，也没说有没有批处理——"
+        "这半句在能读到的部分里核对不了；\"不对应 Gimlet 的实验条件\"本身没错。",
     ])
     return r
 
@@ -460,6 +487,8 @@ def demo5_acceptance_table(r3=None):
         (f"种子 05 演示 2（所有 γ 都用 α = {ALPHA}，SRAM 草稿验证代价不变时最优 γ = {seed_g}、{seed_s:.2f} 倍）", "演示 5 观察 2"),
         ("种子 05 演示 2 观察 4（把博客的 2–5 倍读成对解耦的加速）", "演示 4 观察 1"),
         ("种子 05 的 SRAM_BW 注释\"两张 Corsair 卡\"（草稿用几张卡）", "演示 1 观察 1"),
+        ("种子 05 开头的\"他们按每千瓦吞吐归一化、有批处理\"", "演示 4 观察 3"),
+        ("种子 05 演示 1、2 的 MoE 验证（验证 21 个 token 每层碰到 62 个专家）", "演示 3 观察 3"),
     ]
     r["corrections"] = corrections
     print_observations([

@@ -48,6 +48,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from hw_specs import H100, IB_NDR, gang  # noqa: E402
 from llm_math import LLAMA31_70B, LLAMA31_8B, max_batch  # noqa: E402
 from disagg_lab import fast_colocated, fast_disaggregated  # noqa: E402
@@ -129,18 +130,34 @@ def demo1_goodput():
                 vals = [x["goodput"] for x in res]
                 med = float(np.median(vals))                  # 偶数组时取中间两个的平均
                 gp[(model.name, slo, config[0])] = {"median": med, "min": min(vals), "max": max(vals), "runs": res}
-                cells += [f"{med:.3g}", f"{min(vals):.3g}–{max(vals):.3g}"]
+                cells += [f"{med:.3g}", f"{min(vals):.3g}–{max(vals):.3g}", None]
             rows.append(cells)
+    firsts, ties = {}, {}
+    for model, g, grid, slos in SETUPS:          # 每一组随机数里谁的 goodput 最高（并列的都算）
+        for slo, _, _ in slos:
+            key = (model.name, slo)
+            firsts[key], ties[key] = {n: 0 for n in names}, 0
+            for d in range(N_DRAWS):
+                vals = {n: gp[(model.name, slo, n)]["runs"][d]["goodput"] for n in names}
+                top = [n for n in names if vals[n] == max(vals.values())]
+                ties[key] += len(top) > 1
+                for n in top:
+                    firsts[key][n] += 1
+    for i, row in enumerate(rows):
+        model = SETUPS[i // len(CONFIGS)][0]
+        for j, (slo, _, _) in enumerate(SETUPS[i // len(CONFIGS)][3]):
+            row[5 + 3 * j] = firsts[(model.name, slo)][row[1]] or "—"
     s = SETUPS[0][3]
-    print_table(["模型", "部署", "GPU", f"{s[0][0]} 中位", f"{N_DRAWS} 组范围", f"{s[1][0]} 中位", f"{N_DRAWS} 组范围"],
-                rows)
+    print_table(["模型", "部署", "GPU", f"{s[0][0]}\n中位", f"\n{N_DRAWS} 组范围", "\n第一", f"{s[1][0]}\n中位",
+                 f"\n{N_DRAWS} 组范围", "\n第一"], rows)
+    print(f"\"第一\"：{N_DRAWS} 组随机数里，这种部署的 goodput 在几组里最高（并列最高的都算；\"—\"：一组也没有）")
     for m, _, _, slos in SETUPS:
         for n, a, b in slos:
             print(f"SLO（假设）{m.name} {n}：TTFT ≤ {fmt_time(a)}、TPOT ≤ {fmt_time(b)}")
     print(f"工作负载（假设）：每组 {N_REQ} 个请求，泊松到达，提示长度在 [{PROMPT_RANGE[0]}, {PROMPT_RANGE[1]})、"
           f"输出长度在 [{OUT_RANGE[0]}, {OUT_RANGE[1]}) 均匀")
     print(f"解耦时搬 KV 的链路（假设）：{LINK.name}，单向 {LINK.bw / 1e9:g} GB/s，每块 GPU 一个")
-    r = {"gp": gp, "win": {}}
+    r = {"gp": gp, "win": {}, "firsts": firsts, "ties": ties}
     lines, capped = [], []
 
     def above(cell, a, b):
@@ -159,20 +176,31 @@ def demo1_goodput():
             dis_rivals = [n for n in names if n.startswith("解耦") and n != dis[1] and not above(cell, dis[1], n)]
             r["win"][(model.name, slo)] = {"win": win, "best": best, "rivals": rivals, "disagg": dis[1],
                                            "disagg_rivals": dis_rivals, "colo": cell["同机"]["median"]}
-            colo = "" if "同机" in win else f"；同机 prefill 优先 {cell['同机']['median']:.3g}"
-            it = "它" if len(win) == 1 else "它们"
-            parts.append(f"{slo}时中位数最高的是 {'、'.join(win)}（{best:.3g}{colo}）"
-                         + (f"，但{it}不是每一组都高于 {'、'.join(rivals)}、分不出先后" if rivals
-                            else f"，{N_DRAWS} 组里每一组都高于其他部署")
-                         + ("（模型对它最有利：混合迭代没有额外开销，见观察 5）" if chunk_name in win else "")
-                         + f"，解耦里中位数最高的是 {dis[1]}"
-                         + (f"（不是每一组都高于 {'、'.join(dis_rivals)}）" if dis_rivals else "（每一组都高于其他比例）"))
+            fk, tk = firsts[(model.name, slo)], ties[(model.name, slo)]
+            lead = sorted((n for n in names if fk[n]), key=lambda n: (-fk[n], -cell[n]["median"]))
+            med = lambda n: f"{cell[n]['median']:.3g}"  # noqa: E731
+            if len(lead) == 1 and fk[lead[0]] == N_DRAWS:
+                text = (f"{slo}时，{lead[0]} 在 {N_DRAWS} 组里都是第一（中位 {med(lead[0])}"
+                        + ("" if lead[0] == "同机" else f"；同机 prefill 优先只有 {med('同机')}") + "）"
+                        + ("——不过这是模型对它最有利的地方（混合迭代没有额外开销，观察 5）" if lead[0] == chunk_name else ""))
+            else:
+                zero = [n for n in win + rivals if not fk[n]]
+                text = (f"{slo}时，" + "、".join(f"{n} 赢了 {fk[n]} 组" for n in lead)
+                        + (f"（{tk} 组并列）" if tk else "") + "，中位 " + " 对 ".join(med(n) for n in lead)
+                        + "；按\"每一组都高\"的标准，它们分不出高下"
+                        + (f"；{'、'.join(zero)} 一组也没赢（中位 {'、'.join(med(n) for n in zero)}），"
+                           "可也不是每一组都比它们低" if zero else ""))
+            n_dis = sum(n.startswith("解耦") for n in names)
+            if not (len(lead) > 1 and all(n.startswith("解耦") for n in lead)):
+                text += (f"；{n_dis} 种解耦比例里 {dis[1]} " + ("组组最好" if not dis_rivals
+                         else f"中位最高，但不是每组都好过 {'、'.join(dis_rivals)}"))
+            parts.append(text)
             for c in CONFIGS:
                 runs = cell[c[0]]["runs"]
                 k = sum(runs[d]["upper"] >= max_rate_per_gpu(model, g, c, d) for d in range(N_DRAWS))
                 if k:
                     capped.append(f"{model.name.replace('Llama-3.1-', '')} {c[0]}（{slo}，{k} 组）")
-        lines.append(f"{model.name}：" + "；".join(parts) + "。")
+        lines.append(f"{model.name}，" + "。".join(parts) + "。")
     r["capped"] = capped
     widths = [x["upper"] - x["goodput"] for v in gp.values() for x in v["runs"]]
     r["width_max"] = max(widths)
@@ -318,6 +346,5 @@ def demo3_chunk_sweep():
 
 
 if __name__ == "__main__":
-    demo1_goodput()
-    demo2_attainment_curve()
-    demo3_chunk_sweep()
+    RESULTS = {"d1": demo1_goodput(), "d2": demo2_attainment_curve(), "d3": demo3_chunk_sweep()}
+    save_results(RESULTS)        # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数

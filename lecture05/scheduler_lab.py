@@ -1,18 +1,23 @@
 """
 scheduler_lab —— 引擎的调度：等待队列和运行队列（先来先服务）、每步的 token 预算和并发上限、分块 prefill 和 decode
-混在同一步（Sarathi-Serve）、块不够时挤出最后进来的请求重算（vLLM 的默认做法）、停止 token、max_tokens、中止。
+混在同一步（Sarathi-Serve）、块不够时挤出最后进来的请求、回来再算（vLLM 的默认做法）、停止 token、max_tokens、中止。
 
 【一步的规则】（schedule）预算 = max_num_batched_tokens 个 token：
   1. 先给运行中的请求，按进来的先后：每个要算 len(tokens) − n_computed 个（decode 是 1 个；prefill 没算完的是剩下的
      提示，截到剩下的预算——分块 prefill）。块不够时挤出运行队列里最后进来的请求（放掉它的块，它带着已经生成的
-     token 回到等待队列的最前面，之后从头 prefill：重算）；挤到的是自己就停。
+     token 回到等待队列的最前面，n_computed 归 0，之后再 prefill 一遍）；挤到的是自己就停。再 prefill 要算多少看前缀
+     缓存：关着时全部重算；开着时（默认）它放掉的块里写满的那些仍带着键留在空闲表里（block_manager_lab），
+     没被别人拿走的在它回来时照样命中，只重算其余的——08 演示 3 量了开和关。vLLM V1 也这样：挤出
+     （vllm/v1/core/sched/scheduler.py 的 _preempt_request）调 kv_cache_manager.free，块回到空闲队列、哈希留着，
+     直到被拿去重用。
   2. 这一步没有挤出过请求、运行的请求数 < max_num_seqs 时，再从等待队列头按先后放人：前缀缓存命中的满块不用算；
      剩下的截到预算；块不够就停（不插队）。
   postprocess 收下这一步抽出的 token：追加、登记写满的块、按停止 token / max_tokens 结束并放掉块。
 【投机解码】（spec_engine_lab）schedule(gamma_of) 时，要抽样的段（decode，或 prefill 的最后一段）多算 γ 个草稿位置：
   块表补到 n_computed + n + γ，预算扣 n + γ；一整轮放不进预算时，先算 prefill 的一段（不含最后一个 token），
   连最后一个也放不下就停（不插队）。postprocess 收下一轮的几个 token（被接受的草稿 + 修正 / 额外的 token）。
-【出处】Sarathi-Serve（Agrawal et al., OSDI 2024, arXiv 2403.02310）；vLLM 的 recompute 挤出；nano-vllm scheduler.py。
+【出处】Sarathi-Serve（Agrawal et al., OSDI 2024, arXiv 2403.02310）；vLLM 的 recompute 挤出（V1 的 _preempt_request）；
+nano-vllm scheduler.py。
 """
 from collections import deque
 

@@ -3,52 +3,51 @@
 CS349E · 第 5 讲 · serve.py —— 把引擎开成一个服务：OpenAI 兼容的 HTTP 接口（只用标准库）
 =============================================================================
 
-一个能跑的工具（不是实验模块，也不是编号脚本：没有模块 import 它，测试按路径加载）。
+一个能跑的工具（不是实验模块，也不是编号脚本：没有模块 import 它，测试按路径加载）。三块各有一个家：
+HTTP（这个文件：连接、超时、路由、流）、OpenAI 协议（openai_protocol：请求的解析和检查；openai_response：回答的
+形状、增量的文字、logprobs）、引擎线程（server_loop）。
 
 【运行】python3 lecture05/serve.py [--port 8000] [--host 127.0.0.1] [--dtype float32|float64]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}']
   默认服务 SmolLM2-135M-Instruct（或环境变量 CS349E_GGUF 指的 GGUF），float32，只听本机 127.0.0.1。
-  模型只装一次（约几秒）；Ctrl-C 干净地停下（中止所有请求、等所有线程结束）。然后在另一个终端：
+  模型只装一次（约几秒）；Ctrl-C 或 SIGTERM 干净地停下（流式的请求收到一个错误事件和 [DONE]、连接关掉、线程结束）。
+  然后在另一个终端：
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20}'
 
-【接口】（OpenAI 的格式：platform.openai.com/docs/api-reference 的 chat 和 completions）
-- POST /v1/chat/completions：messages（role 是 system / user / assistant，content 是字符串或 [{"type": "text", ...}]），
-  按 ChatML 拼成提示：每条消息 <|im_start|>{role}\\n{content}<|im_end|>\\n，最后 <|im_start|>assistant\\n（只有一条
-  user 消息时就是 bpe_lab 的 chat(text)：没有 system 轮，除非消息里带了）。消息的文字按普通文本切词（里面写的
-  "<|im_end|>" 不会变成特殊 token）。
+【接口】（OpenAI 的格式：platform.openai.com/docs/api-reference 的 chat 和 completions；字段见 openai_protocol 的说明）
+- POST /v1/chat/completions：messages 按 ChatML 拼成提示（只有一条 user 消息时就是 bpe_lab 的 chat(text)）。
 - POST /v1/completions：prompt（字符串，其中的特殊 token 字符串照样切成特殊 id；或 token id 的列表）。
-- 两者都有 stream（false：一个 JSON；true：server-sent events，每块一行 "data: {json}" 加一个空行，最后 "data: [DONE]"）、
-  max_tokens（默认：上下文剩下的全部）、temperature（默认 1，OpenAI 的默认；0 = 贪心）、seed（不给时随机抽一个）、
-  stop（字符串或最多 4 个字符串；文字里不含它）、stop_token_ids（vLLM 的扩展：token id）、ignore_eos（vLLM 的扩展：
-  不在 <|im_end|> 停，压测要固定的输出长度时用）、stream_options.include_usage（流的最后一块带 usage）、n（只能是 1）。
-  默认在 <|im_end|>（和文件的 eos）停，它不放进文字里；finish_reason 是 "stop" 或 "length"。
-- GET /v1/models、GET /health。
-【文字】每个 token 是一串字节（特殊 token 不进文字，同 vLLM 的 skip_special_tokens）。一个汉字是 3 个字节、可能被切在
-  两个 token 里：流式输出时，不完整的字节先留着，凑齐了再发（增量 UTF-8 解码），不会在中途冒出替换字符 U+FFFD；
-  可能是停止串开头的文字也先留着。生成结束时还不完整的字节按 UTF-8 的规则换成一个 U+FFFD（和不流式时整段解码一样）。
-  所以流式的各块拼起来 == 不流式的文字（测试核对）。usage：prompt_tokens = 提示的 token 数，completion_tokens = 生成
-  的 token 数（含停下来的那个停止 token；停止串时数到凑齐它的那个 token）。
-【出错】OpenAI 的错误体 {"error": {"message", "type", "param", "code"}}：JSON 坏了、字段缺了或类型不对、max_tokens < 1
-  或超过上下文、T 不在 [0, 2]、提示超过模型的上下文或整个 KV 块池：400，param 说是哪个字段；模型名不对：404；
-  请求体超过上限：413；排着的请求到了上限：503（而不是无限地占内存）。客户端中途断开：请求中止、块放回块池。
-【结构】http.server 的多线程服务器（一个连接一个线程）；引擎只在一个线程里跑（EngineLoop），别的线程经一个线程安全的
-  队列把请求和中止交给它，它把每步的新 token 放进每个请求自己的队列。切词、解码、停止串在连接的线程里做。
-【依赖】只用标准库和 numpy；本目录的 engine_lab（LLMEngine）、block_manager_lab（blocks_for）；../lecture02 的
-  real_model_lab（load_gguf）、bpe_lab（分词器）。
+- GET /v1/models、GET /v1/models/{id}、GET /health。查询串（?…）不看；路由对、方法不对：405；每个错误都是 JSON。
+【连接】HTTP/1.1，连接可以重用（keep-alive）：不流式的回答带 Content-Length，流（server-sent events）用分块传输
+  （HTTP/1.0 的客户端：流完关连接）。超时都是构造参数：空闲的连接 idle_timeout 后关掉；请求头和请求体要在
+  request_timeout 内到齐（否则 408、关连接）；写不出去超过 write_timeout 当客户端走了。同时最多 max_connections 个
+  连接（一个连接一个线程），再来的立刻收到 503。等 token 时每 poll_s 秒看一眼客户端还在不在（流式和不流式都看）：
+  走了就中止请求、块放回块池。
+【文字】每个 token 是一串字节（特殊 token 不进文字）。流式输出时不完整的 UTF-8 字节先留着，凑齐了再发；可能是停止串开头的
+  文字也先留着；所以流式的各块拼起来 == 不流式的文字（测试核对）。停止 token（含第 max_tokens 个正好是停止 token 时）
+  不进文字，finish_reason 是 "stop"。usage 的 completion_tokens 含停下来的那个停止 token。
+【出错】OpenAI 的错误体 {"error": {"message", "type", "param", "code"}}，message 先英文后中文。坏 JSON（含嵌套太深）、
+  坏文字（孤立代理）、字段不对：400；不支持的字段不是默认值：400；模型名不对：404；方法不对：405；请求体没到齐：408；
+  没有 Content-Length：411；请求体太大：413；排队满或连接满：503；引擎的一步出错：500（流：一个错误事件再 [DONE]），
+  服务器接着服务。流式请求的检查（含引擎收不收）都在发响应头之前：一个会被拒的请求决不会变成 200 的流。
+【依赖】只用标准库和 numpy；本目录的 openai_protocol、openai_response、server_loop、engine_lab（LLMEngine）、block_manager_lab；
+  ../lecture02 的 real_model_lab（load_gguf）、bpe_lab（分词器）。
 """
 import os
 import sys
 
 import argparse  # noqa: E402
-import codecs  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
-import secrets  # noqa: E402
+import re  # noqa: E402
 import select  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+from urllib.parse import unquote, urlsplit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for _p in (HERE, os.path.join(HERE, "..", "lecture02"), os.path.join(HERE, "..", "lecture01")):
@@ -60,398 +59,273 @@ import blas_threads  # noqa: E402  （lecture01：一个 BLAS 线程，除非你
 blas_threads.apply_rule()
 
 from block_manager_lab import blocks_for  # noqa: E402
-from bpe_lab import SPECIAL_TOKEN_TYPES  # noqa: E402
+from openai_protocol import ApiError, GenRequest, TokenBound, chat_prompt_ids, parse_request  # noqa: E402,F401
+from openai_response import Completion, LogprobFormat, TextStream, token_bytes_table  # noqa: E402,F401
+from server_loop import MAX_QUEUE, EngineLoop, Event, Job, QueueFull  # noqa: E402,F401
 
 MAX_BODY = 1 << 20          # 请求体的上限（字节）：1 MiB 装得下任何放得进上下文的提示
-MAX_QUEUE = 64              # 同时在服务器里（排着或在跑）的请求数上限，再多就 503
-MAX_STOP = 4                # stop 最多几个字符串（OpenAI 的上限）
 STEP_HISTORY = 1000         # load_server 的引擎只留最近这么多步的记录（engine_lab 的 max_step_history）
-POLL_S = 0.5               # 连接线程等新 token 时每隔多久看一眼客户端断了没有（醒得太勤会和引擎线程抢 GIL）
+POLL_S = 0.1                # 等新 token 时每隔多久看一眼客户端断了没有（醒得太勤会和引擎线程抢 GIL）
+IDLE_TIMEOUT = 5.0          # 一个连接空闲（等下一个请求）最多多久
+REQUEST_TIMEOUT = 10.0      # 请求头和请求体要在多久内到齐
+WRITE_TIMEOUT = 30.0        # 一次写最多等客户端多久
+MAX_CONNECTIONS = 128       # 同时开着的连接（= 连接线程）的上限
+ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET", "/health": "GET"}
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")      # 只认 ASCII 数字（str.isdigit 还认 "²"）
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+          408: "invalid_request_error", 411: "invalid_request_error", 413: "request_too_large", 500: "server_error",
+          503: "server_error"}
 
 
-# ---------------------------------------------------------------------------
-# 错误
-# ---------------------------------------------------------------------------
-class ApiError(Exception):
-    """一个要回给客户端的错误：HTTP 状态码 + OpenAI 的错误体。"""
-
-    def __init__(self, status, message, param=None, type_="invalid_request_error", code=None):
-        if param is not None and param not in message:
-            message = f"{param}：{message}"               # 消息里点名是哪个字段
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
-
-    def body(self):
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-# ---------------------------------------------------------------------------
-# 文字：token 的字节、增量 UTF-8、停止串
-# ---------------------------------------------------------------------------
-def token_bytes_table(tok):
-    """每个 id 进文字的字节 -> list[bytes]：普通 token 按 GPT-2 的字节表换回字节，特殊 token 是 b""（不进文字）。"""
-    out = []
-    for i, t in enumerate(tok.tokens):
-        if tok.token_types[i] in SPECIAL_TOKEN_TYPES:
-            out.append(b"")
-        else:
-            out.append(bytes(tok.char_to_byte[c] for c in t))
-    return out
-
-
-class TextStream:
-    """
-    一个请求的输出文字，一次喂几个 token：feed(ids) -> (现在可以发出去的新文字, 是否碰到了停止串)；finish() -> 最后一段。
-
-    【规则】字节经增量 UTF-8 解码（errors="replace"）：不完整的尾巴留在解码器里。文字里第一次出现任何一个停止串时，
-    文字截在它前面、停。没停时，文字末尾可能是某个停止串开头的那一段先留着，剩下的发出去。finish() 把解码器里剩下的字节
-    按 final=True 解（不完整的变成一个 U+FFFD），再查一次停止串，发出剩下的全部。
-    """
-
-    def __init__(self, tbytes, stops=()):
-        self.tbytes, self.stops = tbytes, [s for s in stops if s]
-        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
-        self.text, self.sent, self.stopped = "", 0, False
-
-    def _emit(self, final):
-        hit = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if hit >= 0:
-            end, self.stopped = hit, True
-            self.text = self.text[:hit]
-        elif final:
-            end = len(self.text)
-        else:
-            hold = 0
-            for s in self.stops:
-                for k in range(min(len(s) - 1, len(self.text)), hold, -1):
-                    if self.text.endswith(s[:k]):
-                        hold = k
-                        break
-            end = len(self.text) - hold
-        end = max(end, self.sent)
-        out, self.sent = self.text[self.sent:end], end
-        return out
-
-    def feed(self, ids):
-        if self.stopped:
-            return "", True
-        self.text += self.dec.decode(b"".join(self.tbytes[i] for i in ids))
-        return self._emit(False), self.stopped
-
-    def finish(self):
-        if self.stopped:
-            return ""
-        self.text += self.dec.decode(b"", final=True)
-        return self._emit(True)
-
-
-# ---------------------------------------------------------------------------
-# 请求体 -> 一个生成请求
-# ---------------------------------------------------------------------------
-def _is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def chat_prompt_ids(tok, messages):
-    """messages -> 提示的 id（ChatML，见模块说明）。格式不对抛 ApiError（param = "messages"）。"""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages 必须是一个不空的列表（每项 {\"role\": ..., \"content\": ...}）", "messages")
-    ids = []
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise ApiError(400, f"messages[{k}] 必须是一个对象，role 是 \"system\"、\"user\" 或 \"assistant\"", "messages")
-        c = m.get("content")
-        if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in c):
-            c = "".join(p["text"] for p in c)
-        if not isinstance(c, str):
-            raise ApiError(400, f"messages[{k}].content 必须是字符串（或 type 为 \"text\" 的片段列表）", "messages")
-        ids += [tok.im_start_id] + tok.encode(f"{m['role']}\n{c}", parse_special=False) + [tok.im_end_id]
-        ids += tok.encode("\n")
-    return ids + [tok.im_start_id] + tok.encode("assistant\n")
-
-
-class GenRequest:
-    """解析好的一个请求：prompt_ids、max_tokens、temperature、seed、stops（字符串）、stop_ids、stream、include_usage、chat。"""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def parse_request(body, chat, tok, cfg, num_blocks, block_size, model_name):
-    """
-    请求体（已解析的 JSON）-> GenRequest。哪里不对就抛 ApiError（400，模型名不对 404），param 是那个字段。
-    """
-    if not isinstance(body, dict):
-        raise ApiError(400, "请求体必须是一个 JSON 对象")
-    model = body.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise ApiError(400, "model 必须是字符串", "model")
-        if model != model_name:
-            raise ApiError(404, f"没有模型 {model!r}：这个服务器只有 {model_name!r}", "model", code="model_not_found")
-    if chat:
-        if "messages" not in body:
-            raise ApiError(400, "缺少字段 messages", "messages")
-        prompt, pname = chat_prompt_ids(tok, body["messages"]), "messages"
-    else:
-        if "prompt" not in body:
-            raise ApiError(400, "缺少字段 prompt", "prompt")
-        p, pname = body["prompt"], "prompt"
-        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-            p = p[0]
-        if isinstance(p, str):
-            prompt = tok.encode(p)
-        elif isinstance(p, list) and p and all(_is_int(t) for t in p):
-            if min(p) < 0 or max(p) >= cfg.vocab:
-                raise ApiError(400, f"prompt 里的 token id 必须在 0..{cfg.vocab - 1} 之间", "prompt")
-            prompt = list(p)
-        else:
-            raise ApiError(400, "prompt 必须是字符串、只有一个字符串的列表，或 token id 的列表", "prompt")
-    if not prompt:
-        raise ApiError(400, f"{pname}：提示是空的，至少要 1 个 token", pname)
-    n_prompt = len(prompt)
-    if n_prompt > cfg.max_seq:
-        raise ApiError(400, f"{pname}：提示有 {n_prompt} 个 token，超过模型的上下文 {cfg.max_seq}", pname)
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    mt = body.get(name)
-    room = cfg.max_seq - n_prompt + 1                  # 引擎的规则：提示 + max_tokens − 1 ≤ 上下文
-    if mt is None:
-        mt = room
-    elif not _is_int(mt) or mt < 1:
-        raise ApiError(400, f"{name} 必须是 ≥ 1 的整数（收到 {mt!r}）", name)
-    elif mt > room:
-        raise ApiError(400, f"{name} = {mt} 太大：提示 {n_prompt} 个 token，上下文 {cfg.max_seq}，最多还能生成 {room} 个",
-                       name)
-    if blocks_for(n_prompt + mt - 1, block_size) > num_blocks:
-        p = pname if n_prompt > num_blocks * block_size else name
-        raise ApiError(400, f"{p}：提示 {n_prompt} + {name} {mt} − 1 个位置要 {blocks_for(n_prompt + mt - 1, block_size)} "
-                            f"个 KV 块，整个块池只有 {num_blocks} 块", p)
-    temp = body.get("temperature")
-    temp = 1.0 if temp is None else temp
-    if not _is_num(temp) or not 0 <= temp <= 2:
-        raise ApiError(400, f"temperature 必须是 0 到 2 之间的数（收到 {temp!r}）", "temperature")
-    seed = body.get("seed")
-    if seed is None:
-        seed = secrets.randbelow(2 ** 63)
-    elif not _is_int(seed) or not 0 <= seed < 2 ** 63:
-        raise ApiError(400, f"seed 必须是 0 到 2^63 − 1 之间的整数（收到 {seed!r}）", "seed")
-    stop = body.get("stop")
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not (isinstance(stops, list) and len(stops) <= MAX_STOP and all(isinstance(s, str) and s for s in stops)):
-        raise ApiError(400, f"stop 必须是一个不空的字符串或最多 {MAX_STOP} 个不空字符串的列表", "stop")
-    sids = body.get("stop_token_ids")
-    sids = [] if sids is None else sids
-    if not (isinstance(sids, list) and all(_is_int(t) and 0 <= t < cfg.vocab for t in sids)):
-        raise ApiError(400, f"stop_token_ids 必须是 0..{cfg.vocab - 1} 之间的整数的列表", "stop_token_ids")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise ApiError(400, "ignore_eos 必须是 true 或 false", "ignore_eos")
-    eos = {t for t in (tok.im_end_id, tok.eos_id) if t is not None}
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream 必须是 true 或 false", "stream")
-    so = body.get("stream_options")
-    if so is not None and not stream:
-        raise ApiError(400, "stream_options 只能和 stream: true 一起用", "stream_options")
-    if so is not None and not (isinstance(so, dict) and isinstance(so.get("include_usage", False), bool)):
-        raise ApiError(400, "stream_options 必须是 {\"include_usage\": true/false}", "stream_options")
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise ApiError(400, "n 只能是 1（一个请求一个回答）", "n")
-    return GenRequest(prompt_ids=prompt, max_tokens=mt, temperature=float(temp), seed=seed, stops=stops,
-                      stop_ids=sorted(set(sids) | (set() if ignore_eos else eos)), stream=stream,
-                      include_usage=bool(so and so.get("include_usage")), chat=chat)
-
-
-# ---------------------------------------------------------------------------
-# 引擎线程
-# ---------------------------------------------------------------------------
-class QueueFull(Exception):
+class _ClientGone(Exception):
     pass
 
 
-class Job:
-    """一个在服务器里的请求：引擎线程往 events 里放 (新 token 的 list, finish_reason)；关机时放 (None, "shutdown")。"""
-
-    def __init__(self, req):
-        self.req, self.events, self.rid = req, queue.Queue(), None
-
-
-class EngineLoop(threading.Thread):
-    """
-    引擎只在这一个线程里跑。submit(job) 和 abort(job) 可以从任何线程调：它们只往收件箱（线程安全的队列）里放东西。
-    循环：收件箱里的都处理掉（加请求 / 中止）；引擎有活就 step() 一次，把新 token 分给各个请求；没活就在收件箱上等。
-    同时在服务器里的请求数（排着的 + 在跑的）到了 max_queue 时 submit 抛 QueueFull。
-    一个请求的结束（"stop" / "length" / "abort"）交给它的连接之后，engine.release(id) 忘掉它；引擎的步记录有多长由建
-    引擎时的 max_step_history 定（load_server 用 STEP_HISTORY）。
-    """
-
-    def __init__(self, engine, max_queue=MAX_QUEUE):
-        super().__init__(name="engine-loop", daemon=True)
-        self.engine, self.max_queue = engine, max_queue
-        self.inbox, self.jobs = queue.Queue(), {}
-        self.lock, self.n_live = threading.Lock(), 0
-        self._halt = threading.Event()
-        self.error = None
-
-    def submit(self, job):
-        with self.lock:
-            if self._halt.is_set() or self.n_live >= self.max_queue:
-                raise QueueFull()
-            self.n_live += 1
-        self.inbox.put(("add", job))
-
-    def abort(self, job):
-        self.inbox.put(("abort", job))
-
-    def _done(self, job):
-        with self.lock:
-            self.n_live -= 1
-
-    def _handle(self, kind, job):
-        eng = self.engine
-        if kind == "add":
-            r = job.req
-            try:
-                job.rid = eng.add_request(r.prompt_ids, r.max_tokens, r.temperature, r.seed, r.stop_ids)
-            except ValueError as e:                          # parse_request 已经查过；这里是最后一道
-                job.events.put((None, "error:" + str(e)))
-                self._done(job)
-                return
-            self.jobs[job.rid] = job
-        elif kind == "abort" and job.rid in self.jobs:
-            eng.abort_request(job.rid)                       # 块马上放回块池；下一次 step() 报告 (id, [], "abort")
-
-    def run(self):
-        eng = self.engine
-        try:
-            while not self._halt.is_set():
-                try:
-                    item = self.inbox.get_nowait() if eng.has_unfinished_requests() else self.inbox.get(timeout=0.1)
-                    while item is not None:
-                        self._handle(*item)
-                        item = self.inbox.get_nowait()
-                except queue.Empty:
-                    pass
-                if self._halt.is_set() or not eng.has_unfinished_requests():
-                    continue
-                for rid, toks, reason in eng.step():
-                    job = self.jobs.get(rid)
-                    if job is None:
-                        continue
-                    job.events.put((toks, reason))
-                    if reason is not None:                   # 结束（含中止）已经报告：引擎忘掉它，requests 不会无限长
-                        del self.jobs[rid]
-                        eng.release(rid)
-                        self._done(job)
-        except Exception as e:                               # 引擎坏了：让每个请求都知道，不挂住
-            self.error = e
-            raise
-        finally:
-            self._halt.set()
-            while True:                                      # 收件箱里还没处理的加请求
-                try:
-                    kind, job = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if kind == "add":
-                    job.events.put((None, "shutdown"))
-            for rid, job in list(self.jobs.items()):
-                eng.abort_request(rid)                       # 已经结束的：引擎什么都不做
-                job.events.put((None, "shutdown"))
-            self.jobs.clear()
-
-    def stop(self, timeout=10.0):
-        self._halt.set()
-        self.inbox.put(("noop", None))
-        self.join(timeout)
+def _dumps(obj):
+    try:
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:                          # 里面有孤立代理（例如回显的坏模型名）：全用 \\u 转义
+        return json.dumps(obj).encode("ascii")
 
 
 # ---------------------------------------------------------------------------
 # HTTP
 # ---------------------------------------------------------------------------
 class Handler(BaseHTTPRequestHandler):
-    server_version = "CS349E-serve/1.0"
-    protocol_version = "HTTP/1.0"           # 一个连接一个请求；流式响应的结尾就是连接关闭
+    server_version = "CS349E-serve/2.0"
+    protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"     # 请求行坏了时也回状态行和头（标准库默认 HTTP/0.9：只回一个光秃秃的体）
 
     def log_message(self, fmt, *args):      # 默认每个请求往 stderr 打一行；--log 时才打
         if self.server.log:
             super().log_message(fmt, *args)
 
+    def setup(self):
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout)
+        self.busy, self.chunked = False, False
+        self.server.track(self, True)
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            self.server.track(self, False)
+
+    def handle_one_request(self):
+        self.connection.settimeout(self.server.idle_timeout)    # 等下一个请求：空闲的超时
+        if self.server.closing:
+            self.close_connection = True
+            return
+        super().handle_one_request()
+
     # ---- 回应 ----
-    def _json(self, status, obj):
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    def _json(self, status, obj, headers=()):
+        data = _dumps(obj)
+        if self.server.closing:
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
+        for k, v in headers:
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
-    def _error(self, e):
-        self._json(e.status, e.body())
+    def _error(self, e, headers=()):
+        self._json(e.status, e.body(), headers)
+
+    def send_error(self, code, message=None, explain=None):
+        """标准库在请求行 / 头坏了、方法不认识时调它：换成 JSON 的错误体（不是 HTML）；不认识的方法是 405 或 404。"""
+        if code == 501:
+            self._wrong_method()
+            return
+        self.close_connection = True
+        en = message or self.responses.get(code, ("error",))[0]
+        try:
+            self._error(ApiError(code, en, type_=_TYPES.get(code, "invalid_request_error")))
+        except OSError:
+            pass
+
+    def _route(self):
+        return urlsplit(self.path).path.rstrip("/") or "/"
+
+    def _wrong_method(self):
+        path = self._route()
+        allowed = ROUTES.get(path) or ("GET" if path.startswith("/v1/models/") else None)
+        if allowed is None:
+            e = ApiError(404, f"no such route: {self.command} {path}", f"没有这个地址：{self.command} {path}",
+                         type_="not_found_error")
+            self._drain_body()
+            self._error(e)
+            return
+        self._drain_body()
+        self._error(ApiError(405, f"method {self.command} is not allowed on {path}; use {allowed}",
+                             f"{path} 只收 {allowed}", type_="invalid_request_error"), [("Allow", allowed)])
+
+    def _drain_body(self):
+        """不看的请求体也要读掉（连接要接着用）；读不了就关连接。"""
+        n = self.headers.get("Content-Length") if self.headers else None
+        if n and _CONTENT_LENGTH.fullmatch(n.strip()) and int(n) <= self.server.max_body:
+            try:
+                self._read_exact(int(n))
+                return
+            except (ApiError, OSError):
+                pass
+        if n or (self.headers and self.headers.get("Transfer-Encoding")):
+            self.close_connection = True
+
+    def do_PUT(self):
+        self._wrong_method()
+
+    do_DELETE = do_PATCH = do_PUT
+
+    def do_HEAD(self):
+        self._wrong_method()
 
     def do_GET(self):
-        s = self.server
-        if self.path == "/health":
+        self.busy = True
+        try:
+            self._get()
+        except (OSError, _ClientGone):
+            self.close_connection = True
+        finally:
+            self.busy = False
+
+    def _get(self):
+        s, path = self.server, self._route()
+        model = {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "cs349e",
+                 "max_model_len": s.cfg.max_seq}
+        if path == "/health":
             self._json(200, {"status": "ok" if s.loop.is_alive() else "engine stopped"})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created,
-                                                         "owned_by": "cs349e", "max_model_len": s.cfg.max_seq}]})
+        elif path == "/v1/models":
+            self._json(200, {"object": "list", "data": [model]})
+        elif path.startswith("/v1/models/"):
+            mid = unquote(path[len("/v1/models/"):])
+            if mid == s.model_name:
+                self._json(200, model)
+            else:
+                self._error(ApiError(404, f"the model {mid!r} does not exist: this server has {s.model_name!r}",
+                                     "没有这个模型", "model", type_="not_found_error", code="model_not_found"))
+        elif path in ROUTES:
+            self._wrong_method()
         else:
-            self._error(ApiError(404, f"没有这个地址：GET {self.path}", type_="not_found_error"))
+            self._error(ApiError(404, f"no such route: GET {path}", f"没有这个地址：GET {path}",
+                                 type_="not_found_error"))
 
     def do_POST(self):
+        self.busy = True
         try:
             self._post()
         except ApiError as e:
-            self._error(e)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+            try:
+                self._error(e)
+            except OSError:
+                self.close_connection = True
+        except (OSError, _ClientGone):
+            self.close_connection = True
+        except Exception as e:                               # noqa: BLE001  决不让一个请求弄掉连接、打出 traceback
+            self.server.warn(f"internal error on {self.command} {self.path}: {type(e).__name__}: {e}")
+            self.close_connection = True
+            try:
+                self._error(ApiError(500, f"internal server error ({type(e).__name__})", "服务器内部错误",
+                                     type_="server_error"))
+            except OSError:
+                pass
+        finally:
+            self.busy = False
+
+    def _read_exact(self, n):
+        """读 n 个字节的请求体，整个要在 request_timeout 内到齐；没到齐 408（关连接）；客户端先关了：_ClientGone。"""
+        deadline = time.monotonic() + self.server.request_timeout
+        parts, got = [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise socket.timeout()
+                self.connection.settimeout(left)
+                b = self.rfile.read1(n - got)
+            except socket.timeout:
+                self.close_connection = True
+                raise ApiError(408, f"the request body did not arrive in time: got {got} of {n} bytes in "
+                                    f"{self.server.request_timeout:g} s", f"请求体没在时限内到齐（{got} / {n} 字节）",
+                               type_="invalid_request_error") from None
+            if not b:
+                self.close_connection = True
+                raise _ClientGone()
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
 
     def _read_body(self):
-        n = self.headers.get("Content-Length")
-        if n is None or not n.isdigit():
-            raise ApiError(400, "要有 Content-Length 头（不支持分块传输的请求体）")
-        if int(n) > self.server.max_body:
+        if self.headers.get("Transfer-Encoding"):
             self.close_connection = True
-            raise ApiError(413, f"请求体 {int(n)} 字节，超过上限 {self.server.max_body} 字节", type_="request_too_large")
-        raw = self.rfile.read(int(n))
+            raise ApiError(411, "chunked request bodies are not supported: send Content-Length",
+                           "不支持分块传输的请求体，要有 Content-Length")
+        n = self.headers.get("Content-Length")
+        if n is None or not _CONTENT_LENGTH.fullmatch(n.strip()):
+            self.close_connection = True
+            raise ApiError(411 if n is None else 400, "a Content-Length header with a decimal byte count is required"
+                           + ("" if n is None else f" (got {n!r})"), "要有 Content-Length 头（十进制的字节数）")
+        n = int(n)
+        if n > self.server.max_body:
+            self.close_connection = True
+            raise ApiError(413, f"the request body has {n} bytes, more than the limit {self.server.max_body}",
+                           f"请求体 {n} 字节，超过上限 {self.server.max_body} 字节", type_="request_too_large")
+        raw = self._read_exact(n)
         try:
             return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(400, f"请求体不是合法的 JSON：{e}") from None
+        except UnicodeDecodeError as e:
+            raise ApiError(400, f"the request body is not UTF-8: {e}", "请求体不是 UTF-8") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is not usable JSON: nested too deeply",
+                           "请求体的 JSON 嵌套太深") from None
+        except ValueError as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}", "请求体不是合法的 JSON") from None
 
     def _post(self):
-        s = self.server
-        if self.path not in ("/v1/chat/completions", "/v1/completions"):
-            raise ApiError(404, f"没有这个地址：POST {self.path}", type_="not_found_error")
-        chat = self.path == "/v1/chat/completions"
+        s, path = self.server, self._route()
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            if path in ROUTES or path.startswith("/v1/models/"):
+                self._wrong_method()                         # 它读掉请求体
+                return
+            self._drain_body()
+            raise ApiError(404, f"no such route: POST {path}", f"没有这个地址：POST {path}", type_="not_found_error")
+        self.connection.settimeout(s.request_timeout)
+        chat = path == "/v1/chat/completions"
         body = self._read_body()
-        req = parse_request(body, chat, s.tok, s.cfg, s.loop.engine.num_blocks, s.loop.engine.block_size,
-                            s.model_name)
+        eng = s.loop.engine
+        try:
+            req = parse_request(body, chat, s.tok, s.cfg, eng.num_blocks, eng.block_size, s.model_name, s.gamma,
+                                s.bound)
+        except ValueError as e:                              # 分词器不收的文字（例如词表缺的字节）
+            raise ApiError(400, f"the text could not be tokenized: {e}", "这段文字切不了词",
+                           "messages" if chat else "prompt") from None
+        if req.ignored:
+            s.warn(f"ignored fields (not used by this server): {', '.join(req.ignored)}")
         job = Job(req)
         try:
             s.loop.submit(job)
         except QueueFull:
-            raise ApiError(503, f"服务器忙：已经有 {s.loop.max_queue} 个请求在排队或在跑，请稍后再试",
-                           type_="server_error", code="overloaded") from None
+            raise ApiError(503, f"the server is busy: {s.loop.max_queue} requests are already queued or running; "
+                                "retry later", f"服务器忙：已经有 {s.loop.max_queue} 个请求", type_="server_error",
+                           code="overloaded") from None
         with s.counter_lock:
             s.counter += 1
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{s.counter}"
         try:
+            self.connection.settimeout(s.write_timeout)
             self._respond(job, req, rid)
-        except (BrokenPipeError, ConnectionResetError, _ClientGone):
-            s.loop.abort(job)                                # 客户端走了：中止，块放回块池
+        except BaseException:
+            s.loop.abort(job)                                # 客户端走了或者出错：中止，块放回块池
+            raise
 
     def _client_gone(self):
-        """客户端关了连接吗（发完请求后，连接上再有可读的东西只能是关闭：读到 0 字节）。"""
+        """客户端关了连接吗（发完请求后，连接上再有可读的东西要么是下一个请求，要么是关闭：读到 0 字节）。"""
         try:
             r, _, _ = select.select([self.connection], [], [], 0)
             return bool(r) and self.connection.recv(1, socket.MSG_PEEK) == b""
@@ -459,112 +333,136 @@ class Handler(BaseHTTPRequestHandler):
             return True
 
     def _events(self, job):
-        """按顺序给出引擎送来的 (token 的 list, finish_reason)，直到 finish_reason 不是 None。客户端断了抛 _ClientGone。"""
+        """按顺序给出引擎送来的 Event，直到结束。客户端断了抛 _ClientGone（每 poll_s 秒看一次，流式和不流式都看）。"""
+        poll = self.server.poll_s
+        next_check = time.monotonic() + poll
         while True:
             try:
-                toks, reason = job.events.get(timeout=POLL_S)
+                ev = job.events.get(timeout=poll)
             except queue.Empty:
+                ev = None
+            if time.monotonic() >= next_check:           # token 一直来（不流式、或文字留着没发）时也按时看
+                next_check = time.monotonic() + poll
                 if self._client_gone():
-                    raise _ClientGone() from None
+                    raise _ClientGone()
+            if ev is None:
                 continue
-            yield toks, reason
-            if reason is not None:
+            yield ev
+            if ev.reason is not None:
                 return
+
+    def _wait_added(self, job):
+        while not job.added.wait(self.server.poll_s):
+            if self._client_gone():
+                raise _ClientGone()
+        if job.refused is not None:
+            status, msg = job.refused
+            raise ApiError(status, ("the engine refused the request: " if status == 400 else "") + msg,
+                           type_=_TYPES[status])
+
+    def _send_chunk(self, data):
+        if self.chunked:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            self.wfile.write(data)
 
     def _respond(self, job, req, rid):
         s = self.server
-        ts = TextStream(s.tbytes, req.stops)
-        created, n_out, reason = int(time.time()), 0, None
-        obj = "chat.completion" if req.chat else "text_completion"
-        stop_ids = set(req.stop_ids)
+        self._wait_added(job)                                # 引擎收下了：之后才发响应头
+        c = Completion(req, rid, s.model_name, int(time.time()), s.tbytes, s.lpfmt)
 
-        def chunk(text=None, finish=None, usage=False, role=False):
-            if req.chat:
-                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            c = {"id": rid, "object": obj + ".chunk" if req.chat else obj, "created": created, "model": s.model_name,
-                 "choices": [] if usage else [choice]}
-            if req.include_usage:
-                c["usage"] = usage_obj() if usage else None
-            return c
+        def send(obj):
+            self._send_chunk(b"data: " + _dumps(obj) + b"\n\n")
 
-        def usage_obj():
-            return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n_out,
-                    "total_tokens": len(req.prompt_ids) + n_out}
-
-        def send(c):
-            self.wfile.write(b"data: " + json.dumps(c, ensure_ascii=False).encode("utf-8") + b"\n\n")
+        def done():
+            self._send_chunk(b"data: [DONE]\n\n")
+            if self.chunked:
+                self.wfile.write(b"0\r\n\r\n")
 
         if req.stream:
+            self.chunked = self.request_version == "HTTP/1.1" and not s.closing
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")
+            if self.chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.close_connection = True
+                self.send_header("Connection", "close")
             self.end_headers()
-            self.close_connection = True
-            if req.chat:
-                send(chunk(role=True))
-        parts = []
-        for toks, r in self._events(job):
-            if toks is None:                                 # 关机或引擎拒收
-                e = (ApiError(400, r[6:]) if r.startswith("error:") else
-                     ApiError(503, "服务器正在关机，这个请求被中止了", type_="server_error"))
+            for obj in c.opening():
+                send(obj)
+        for ev in self._events(job):
+            if ev.tokens is None or ev.reason == "error":    # 关机，或引擎的这一步出错
+                e = ApiError(ev.status or 500, ev.message or "error", type_="server_error")
                 if not req.stream:
                     raise e
                 send(e.body())                               # 头已经发了：流里发一个错误事件，再正常结束
-                self.wfile.write(b"data: [DONE]\n\n")
+                done()
                 return
-            if r == "stop" and toks and toks[-1] in stop_ids:
-                feed = toks[:-1]
-            else:
-                feed = toks
-            text, hit = "", False
-            for k, t in enumerate(feed):                     # 一个一个喂：停止串凑齐时知道是第几个 token
-                piece, hit = ts.feed([t])
-                text += piece
-                if hit:
-                    n_out += k + 1
-                    break
+            piece, hit = c.feed(ev.tokens, ev.reason, ev.logprobs)
             if hit:
-                reason = "stop"
                 s.loop.abort(job)                            # 引擎不知道停止串：叫它停、放掉块
-            else:
-                n_out += len(toks)
-                reason = r
-                if r is not None:
-                    text += ts.finish()
-            if text and req.stream:
-                send(chunk(text))
-            parts.append(text)
-            if reason is not None:
+            if piece is not None:
+                send(piece)
+            if c.reason is not None:
                 break
         if req.stream:
-            send(chunk(finish=reason))
-            if req.include_usage:
-                send(chunk(usage=True))
-            self.wfile.write(b"data: [DONE]\n\n")
-            return
-        text = "".join(parts)
-        msg = {"role": "assistant", "content": text} if req.chat else None
-        choice = ({"index": 0, "message": msg, "logprobs": None, "finish_reason": reason} if req.chat
-                  else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-        self._json(200, {"id": rid, "object": obj, "created": created, "model": s.model_name, "choices": [choice],
-                         "usage": usage_obj()})
-
-
-class _ClientGone(Exception):
-    pass
+            for obj in c.closing():
+                send(obj)
+            done()
+        else:
+            self._json(200, c.final())
 
 
 class Server(ThreadingHTTPServer):
+    """多线程的 HTTP 服务器：连接数有上限（再来的立刻 503）、记着每个开着的连接（关机时把空闲的关掉）。"""
     daemon_threads = False          # 关机时等每个连接的线程结束（server_close 里 join）
     block_on_close = True
     allow_reuse_address = True
 
+    def __init__(self, addr, handler, max_connections):
+        super().__init__(addr, handler)
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections, self.closing = max_connections, False
+        self.conns, self.conns_lock = set(), threading.Lock()
+
+    def track(self, handler, on):
+        with self.conns_lock:
+            (self.conns.add if on else self.conns.discard)(handler)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            data = _dumps(ApiError(503, f"too many connections (limit {self.max_connections}); retry later",
+                                   "连接太多", type_="server_error", code="overloaded").body())
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address):
+        """连接上出了没接住的异常：一行日志，不打 traceback（每个请求的异常在 Handler 里已经变成了 JSON 错误）。"""
+        e = sys.exc_info()[1]
+        self.warn(f"connection {client_address}: {type(e).__name__}: {e}")
+
 
 class ServerHandle:
-    """一个在后台线程里跑着的服务器：url、port、loop（EngineLoop）、close()（停服务、停引擎、等所有线程）。"""
+    """一个在后台线程里跑着的服务器：url、port、loop（EngineLoop）、httpd、close()（停服务、停引擎、等所有线程）。"""
 
     def __init__(self, httpd, loop):
         self.httpd, self.loop = httpd, loop
@@ -573,27 +471,58 @@ class ServerHandle:
         self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        name="http-server", daemon=True)
 
-    def close(self):
-        self.httpd.shutdown()
+    def close(self, grace=2.0):
+        """不再收连接；引擎停下（在跑的请求：流式收到错误事件和 [DONE]，不流式 503）；正在回答的连接最多等 grace 秒
+        写完，然后关掉所有连接（空闲的 keep-alive 连接不会拖住关机）；等每个线程结束。"""
+        h = self.httpd
+        h.closing = True
+        h.shutdown()
         self.loop.stop()
-        self.httpd.server_close()
+        t = time.monotonic() + grace
+        while time.monotonic() < t:
+            with h.conns_lock:
+                if not any(c.busy for c in h.conns):
+                    break
+            time.sleep(0.01)
+        with h.conns_lock:
+            for c in list(h.conns):
+                try:
+                    c.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        h.server_close()
         self.thread.join(10)
 
 
+def _stderr(line):
+    print(line, file=sys.stderr, flush=True)
+
+
 def make_server(engine, tok, model_name, host="127.0.0.1", port=0, max_queue=MAX_QUEUE, max_body=MAX_BODY,
-                log=False, start=True):
+                log=False, start=True, *, idle_timeout=IDLE_TIMEOUT, request_timeout=REQUEST_TIMEOUT,
+                write_timeout=WRITE_TIMEOUT, poll_s=POLL_S, max_connections=MAX_CONNECTIONS, warn=_stderr):
     """
     建一个服务器 -> ServerHandle（start=True 时服务器和引擎线程都已经在跑）。port=0：系统给一个空闲的端口。
-    engine：engine_lab.LLMEngine（之后只有引擎线程碰它；结束了的请求由引擎线程 release；一直开着的服务器建引擎时
-    给 max_step_history，步的记录才有界）；tok：bpe_lab.BPETokenizer（要有 <|im_start|>、<|im_end|>）。
+    engine：engine_lab.LLMEngine（之后只有引擎线程碰它；一直开着的服务器建引擎时给 max_step_history）；
+    tok：bpe_lab.BPETokenizer（要有 <|im_start|>、<|im_end|>）。超时（秒）和连接上限见模块说明的【连接】；
+    warn：一行字的日志（默认 stderr）：没用的字段、引擎出错、连接上的异常。
     """
     if tok.im_start_id is None or tok.im_end_id is None:
         raise ValueError("分词器没有 <|im_start|> / <|im_end|>：不是 ChatML 格式的模型，chat 接口用不了")
+    for name, v in (("idle_timeout", idle_timeout), ("request_timeout", request_timeout),
+                    ("write_timeout", write_timeout), ("poll_s", poll_s)):
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise ValueError(f"{name} 必须是 > 0 的秒数（收到 {v!r}）")
     tok.encode("warm up")                 # 第一次切词要先建预分词的正则（扫一遍 Unicode，约几秒）：别让第一个请求等
-    httpd = Server((host, port), Handler)
-    loop = EngineLoop(engine, max_queue)
+    httpd = Server((host, port), Handler, max_connections)
+    loop = EngineLoop(engine, max_queue, log=warn)
+    spec = getattr(engine, "spec", None)
     httpd.loop, httpd.tok, httpd.cfg, httpd.model_name = loop, tok, engine.cfg, model_name
-    httpd.tbytes, httpd.max_body, httpd.log = token_bytes_table(tok), max_body, log
+    httpd.gamma = 0 if spec is None else int(spec.gamma_top)          # 投机：每个请求留 γ 个草稿位置
+    httpd.tbytes, httpd.max_body, httpd.log, httpd.warn = token_bytes_table(tok), max_body, log, warn
+    httpd.bound, httpd.lpfmt = TokenBound(tok, httpd.tbytes), LogprobFormat(tok, httpd.tbytes)
+    httpd.idle_timeout, httpd.request_timeout, httpd.write_timeout = idle_timeout, request_timeout, write_timeout
+    httpd.poll_s = poll_s
     httpd.created, httpd.counter, httpd.counter_lock = int(time.time()), 0, threading.Lock()
     h = ServerHandle(httpd, loop)
     if start:
@@ -602,8 +531,35 @@ def make_server(engine, tok, model_name, host="127.0.0.1", port=0, max_queue=MAX
     return h
 
 
+def speculative_config_from_cli(text):
+    """
+    --speculative-config 的 JSON（vLLM 的写法）-> engine_lab 的 speculative_config dict，和一行说明（或 None）。
+    只收 method "ngram"（prompt lookup：不要草稿模型）。vLLM 的 prompt_lookup_min：vLLM 从 prompt_lookup_max 往下
+    试到 prompt_lookup_min 个 token 的匹配；这里的 prompt lookup（lookup_lab.PromptLookup）只试 n = prompt_lookup_max
+    一种长度，所以 prompt_lookup_min 被收下、不用（它 ≤ prompt_lookup_max 才收），说明里说出来。
+    【边界】不是 JSON 对象、method 不是 "ngram"、prompt_lookup_min 不是 ≤ prompt_lookup_max 的正整数：ValueError。
+    """
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--speculative-config 不是合法的 JSON：{e}") from None
+    if not isinstance(d, dict):
+        raise ValueError("--speculative-config 要一个 JSON 对象，例如 "
+                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 2}'")
+    if d.get("method") != "ngram":
+        raise ValueError(f"命令行只支持 method \"ngram\"（prompt lookup，不要草稿模型），收到 {d.get('method')!r}")
+    note = None
+    if "prompt_lookup_min" in d:
+        lo, hi = d.pop("prompt_lookup_min"), d.get("prompt_lookup_max", 2)
+        if not (isinstance(lo, int) and not isinstance(lo, bool) and 1 <= lo <= (hi if isinstance(hi, int) else lo)):
+            raise ValueError(f"prompt_lookup_min 必须是 1..prompt_lookup_max 的整数（收到 {lo!r}）")
+        note = (f"prompt_lookup_min = {lo} 收下、不用：这里的 prompt lookup 只找 n = prompt_lookup_max = {hi} 个 token "
+                f"的匹配（vLLM 从 {hi} 往下试到 {lo}），找不到就这一轮不草稿")
+    return d, note
+
+
 def load_server(host="127.0.0.1", port=0, dtype="float32", num_blocks=None, max_num_seqs=16,
-                max_num_batched_tokens=256, max_queue=MAX_QUEUE, log=False):
+                max_num_batched_tokens=256, max_queue=MAX_QUEUE, log=False, speculative_config=None):
     """装真实模型（real_model_lab.load_gguf：CS349E_GGUF 或缓存的 SmolLM2）、建引擎、开服务器 -> ServerHandle。"""
     import numpy as np
     from engine_lab import LLMEngine
@@ -611,8 +567,9 @@ def load_server(host="127.0.0.1", port=0, dtype="float32", num_blocks=None, max_
     params, cfg, tok = load_gguf(dtype=np.dtype(dtype))
     block_size = 16
     nb = 2 * blocks_for(cfg.max_seq, block_size) if num_blocks is None else num_blocks
+    kw = {} if speculative_config is None else {"speculative_config": speculative_config}
     engine = LLMEngine(params, cfg, nb, block_size, max_num_batched_tokens, max_num_seqs, clock="wall",
-                       max_step_history=STEP_HISTORY)
+                       max_step_history=STEP_HISTORY, **kw)
     return make_server(engine, tok, cfg.name, host, port, max_queue, log=log)
 
 
@@ -624,18 +581,39 @@ def main(argv=None):
     ap.add_argument("--num-blocks", type=int, default=None, help="KV 块池的块数（每块 16 个 token；默认两个满上下文）")
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--max-queue", type=int, default=MAX_QUEUE)
+    ap.add_argument("--speculative-config", default=None,
+                    help="vLLM 的写法，只支持 prompt lookup："
+                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 2}'")
     ap.add_argument("--log", action="store_true", help="每个 HTTP 请求往 stderr 打一行")
     a = ap.parse_args(argv)
-    print(f"装模型（{a.dtype}）……", file=sys.stderr, flush=True)
-    h = load_server(a.host, a.port, a.dtype, a.num_blocks, a.max_num_seqs, max_queue=a.max_queue, log=a.log)
-    print(f"模型 {h.httpd.model_name} 在 {h.url}/v1 上服务（Ctrl-C 停）", file=sys.stderr, flush=True)
+    spec = None
+    if a.speculative_config is not None:
+        try:
+            spec, note = speculative_config_from_cli(a.speculative_config)
+        except ValueError as e:
+            ap.error(str(e))
+        if note:
+            print(note, file=sys.stderr, flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while h.thread.is_alive() and h.loop.is_alive():
-            h.thread.join(0.5)
-    except KeyboardInterrupt:
-        print("\n停下：中止还在跑的请求……", file=sys.stderr, flush=True)
+        print(f"装模型（{a.dtype}）……", file=sys.stderr, flush=True)
+        kw = {} if spec is None else {"speculative_config": spec}
+        h = load_server(a.host, a.port, a.dtype, a.num_blocks, a.max_num_seqs, max_queue=a.max_queue, log=a.log, **kw)
+        print(f"模型 {h.httpd.model_name} 在 {h.url}/v1 上服务（Ctrl-C 停）", file=sys.stderr, flush=True)
+        try:
+            while not stop.wait(0.2) and h.thread.is_alive() and h.loop.is_alive():
+                pass
+            if stop.is_set():
+                print("\n停下：中止还在跑的请求……", file=sys.stderr, flush=True)
+        finally:
+            h.close()
     finally:
-        h.close()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     return 0
 
 

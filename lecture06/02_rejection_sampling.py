@@ -5,7 +5,8 @@ CS349E · 第 6 讲 · 02_rejection_sampling.py —— 接受 / 拒绝规则：�
 
 【这个脚本要回答的问题】
 演示 1：在手工构造的小分布上精确枚举一步"草稿抽 x → 以 min(1, p(x)/q(x)) 接受 → 拒绝就从残差重抽"：不管草稿 q 是什么，
-输出都正好是 p（p == q、支撑不相交、q 在 p 不为 0 的地方是 0、p 是 one-hot（T = 0）都算）；接受率 α = Σ min(p, q) = 1 − TV(p, q)。
+输出都正好是 p（p == q、支撑不相交、q 在 p 不为 0 的地方是 0、p 是 one-hot（T = 0）都算）；接受率 α = Σ min(p, q) = 1 − TV(p, q)；
+草稿改取 argmax（q 变成点质量）时接受率变成 p(argmax q)，不一定更低。
 演示 2：拆开看一个例子：每个 token 的输出概率 = "接受并输出它" min(p, q) + "拒绝后从残差抽到它" max(0, p − q) = p。
 演示 3：别的规则会怎样：朴素规则"草稿 token 等于目标新抽的 token 就接受"分布也对，但接受率只有 Σ p·q；
 "拒绝后从 p 重抽"或"草稿一律接受"分布就错了。
@@ -25,7 +26,7 @@ stats["accepted"] 告诉我们每轮接受了没有、每轮产出几个 token�
 【模型的假设（务必看）】这里的分布都是手工写的（4 个 token 的词表），不是模型的输出；T = 0 的情形用 decode_lab.adjust
 从手写的 logits 得到 one-hot 的 p。一步规则来自 Leviathan 等 2023（arXiv 2211.17192）：输出分布 = p 的证明在它的附录 A.1（Chen 等 2023 的定理 1 是同一件事），
 一个 token 被接受的概率 β = Σ min(p, q) 是它的定理 3.5；α = E[β]（论文的定义），推论 3.6：α = E[Σ min(p, q)]。
-服务引擎的"接受率"（演示 1 观察 6）：vLLM 的 /metrics 计数 spec_decode_num_accepted_tokens 和 spec_decode_num_draft_tokens，
+服务引擎的"接受率"（演示 1 观察 7）：vLLM 的 /metrics 计数 spec_decode_num_accepted_tokens 和 spec_decode_num_draft_tokens，
 acceptance rate = 两者之比（NVIDIA NeMo AutoModel 的 bench_vllm 文档、AIPerf 文档按这个定义读它）。
 Chen 等 2023（arXiv 2302.01318）的"修正拒绝采样"是同一个规则。
 
@@ -67,7 +68,12 @@ ENUM_BOUND = 1e-15        # 精确枚举只差浮点舍入：打印成这个上�
 N_SAMPLES = 10000         # 演示 4 每个情形抽几次
 SEED = 0
 CHUNK = 200               # 演示 4：decode_lab 的生成器每次生成多少个 token（分段调用，序列不会太长）
-GAMMA = 4                 # 演示 3 用来换算"每轮产出几个 token"的草稿长度（演示 1 观察 6 也用它）
+GAMMA = 4                 # 演示 3 用来换算"每轮产出几个 token"的草稿长度（演示 1 观察 7 也用它）
+# 演示 1 第三张表多加的一个情形（手写的例子）：草稿取 argmax 反而接受得更多
+GREEDY_EXTRA = ("p = (1, 0)、q = (0.6, 0.4)", [1.0, 0.0], [0.6, 0.4])
+# 引用的数（不在本脚本里算）：06/12_production_trees.py 演示 2 的表，SmolLM2 的 k = 1 行，"独立"列（从 q 抽，
+# = Σ min(p, q)）和"前 k 名"列（草稿取 argmax，= p(argmax q)）；tests/test_lecture06_01_02.py 核对它们和 06/12 打印的一致
+SMOLLM2_K1 = (0.723, 0.498)
 
 
 def fmt_dist(x):
@@ -77,6 +83,21 @@ def fmt_dist(x):
 
 def case_arrays():
     return [(name, np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)) for name, p, q in CASES]
+
+
+def greedy_draft_rows(cases):
+    """
+    草稿取 argmax（q 变成 argmax q 上的点质量）时一个草稿被接受的概率 -> [(情形, p, q, Σ min(p, q), p(argmax q))]。
+
+    【推导】点质量 q' = onehot(argmax q)：α' = Σ min(p, q') = min(p(x*), 1) = p(x*)，x* = argmax q。
+    【边界】q 的最大值并列时 argmax 不唯一（草稿取哪个由实现定），这样的情形不列。
+    """
+    rows = []
+    for name, p, q in cases:
+        if int((q == q.max()).sum()) != 1:
+            continue
+        rows.append((name, p, q, acceptance_rate(p, q), float(p[int(np.argmax(q))])))
+    return rows
 
 
 def engine_rate_example(alpha, gamma):
@@ -107,6 +128,16 @@ def demo1_enumeration():
     print()
     print("同样的情形：拒绝后用的残差分布，和精确枚举出来的一步输出分布")
     print_table(["情形", "残差 norm(max(0, p − q))", "输出（枚举）", "max |输出 − p|"], rows2)
+    extra = (GREEDY_EXTRA[0], np.asarray(GREEDY_EXTRA[1]), np.asarray(GREEDY_EXTRA[2]))
+    greedy = greedy_draft_rows(case_arrays() + [extra])
+    print()
+    print("草稿取 argmax（q 变成 argmax q 上的点质量）时一个草稿被接受的概率（q 的最大值并列的情形不列）")
+    print_table(["情形", "p（目标）", "q（草稿）", "从 q 抽\nΣ min(p, q)", "取 argmax\np(argmax q)"],
+                [[n, fmt_dist(p), fmt_dist(q), f"{a:.3f}", f"{g:.3f}"] for n, p, q, a, g in greedy])
+    by_name = {n: {"alpha": a, "greedy": g} for n, p, q, a, g in greedy}
+    n_lower = sum(g < a for n, p, q, a, g in greedy)
+    drop_name = "草稿过于自信"
+    drop, extra = by_name[drop_name], by_name[GREEDY_EXTRA[0]]
     worst = max(r["err"] for r in res.values())
     max_gap = max(abs(r["alpha"] - (1 - r["tv"])) for r in res.values())
     n_guard = sum(r["guarded"] for r in res.values())
@@ -124,9 +155,16 @@ def demo1_enumeration():
         "但不能真的去算 0/0（那会得到非数）。",
         f"q 在 p > 0 的地方是 0 也没关系：草稿抽不到的 token 由残差补上。p 是 one-hot（T = 0）时 α = q(argmax p) = "
         f"{oh['alpha']:.3f}，残差也是同一个 one-hot：输出必定是 argmax p，和贪心解码一样。",
-        "这里的 p、q 是采样时真正用的分布：温度、top-k、top-p、重复惩罚这些采样设置，要在接受测试之前原样作用到 p 和 q "
-        "两边。输出等于测试里的那个 p，所以用户要的是截过的分布，测试里就得是截过的 p；测试里的 q 也必须是草稿 token "
-        "真正从中抽出来的那个分布（草稿按 top-p 抽，q 就是截过的 q）。哪一边用错，上面的\"输出 = p\"就不再是用户要的分布。",
+        "这里的 p、q 是采样时真正用的分布，两边的要求不一样。输出等于测试里的那个 p，所以用户的采样设置（温度、top-k、"
+        "top-p、重复惩罚）必须原样作用在 p 上；q 不必经过同样的设置，它必须是草稿 token 真正从中抽出来的那个分布"
+        "（草稿按 top-p 抽，q 就是截过的 q；草稿取 argmax，q 就是那个 token 上的点质量）。q 用错了，输出就不再是 p。"
+        "vLLM V1 的 EAGLE / MTP 草稿就取 argmax（vllm/v1/spec_decode/eagle.py），没有草稿概率时拒绝采样把 q(x) 记作 1、"
+        "残差取 p 去掉 x（vllm/v1/sample/rejection_sampler.py 的 NO_DRAFT_PROBS）：正是 06/12 的点质量规则。",
+        f"草稿改取 argmax，一个草稿被接受的概率就从 Σ min(p, q) 变成 p(argmax q)（上面第三张表）。表里 {len(greedy)} 个情形"
+        f"有 {n_lower} 个变低（{drop_name}：{drop['alpha']:.3f} → {drop['greedy']:.3f}），但不是一定变低："
+        f"{GREEDY_EXTRA[0]} 时 {extra['alpha']:.3f} → {extra['greedy']:.3f}（p 全压在 q 的第一名上）。"
+        f"06/12 演示 2 在 SmolLM2 的文本上算了同一对数（表里 k = 1 行的\"独立\"和\"前 k 名\"两列）：从 q 抽 "
+        f"{SMOLLM2_K1[0]:.3f}，取 argmax {SMOLLM2_K1[1]:.3f}，那段文本上是变低了。",
         f"α 在这里是一个草稿 token 被接受的概率 Σ min(p, q)。服务引擎报的\"接受率\"（例如 vLLM 的 /metrics："
         "被接受的草稿 token ÷ 草稿的 token）是另一个数：第一次拒绝之后的草稿都算没被接受，所以期望上它等于 (E − 1) / γ，"
         f"随 γ 变大而变小。一般情形 α = {gen_a:.3f}、γ = {GAMMA} 时每轮 E = {gen_e:.2f} 个 token，引擎会报 "

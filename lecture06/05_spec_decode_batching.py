@@ -53,6 +53,7 @@ CONTEXT = 512                            # 演示 1–3：批里每个序列的�
 ALPHAS = (0.8, 0.6)                      # 接受率（假设）
 GAMMAS = (1, 2, 4, 8)
 CHART_GAMMAS = (1, 2, 8)                 # 演示 2 的图画哪几条：γ = 4 在小批时和 γ = 8 重合（见图上的注）
+CHART_MARKS = ("x", "y", "z")            # 三条曲线的记号：用字母，不用数字（数字会和纵轴的刻度 "1 +"、"2 +" 混在一起）
 MAX_GAMMA = 16                           # 找最优 γ 的范围
 BATCHES = (1, 16, 64, 128, 192, 256, 320, 384, 512, 1024, 2048)
 CONTEXTS = (128, 512, 1024, 2048, 4096, 8192)
@@ -160,8 +161,8 @@ def demo2_speedup():
         "；".join(f"γ = {g}：{'到显存上限都 > 1' if be[g] is None else f'B = {be[g]}'}" for g in GAMMAS))
     grid = sorted({int(round(x)) for x in [1.0] + [1.2 ** k for k in range(1, 60)] if x <= bmax} | set(BATCHES))
     curves = {"加速比 = 1（不赚不赔）": (grid, [1.0] * len(grid), "-")}
-    for g in CHART_GAMMAS:
-        curves[f"γ = {g}"] = (grid, [speedup(a, g, b, CONTEXT) for b in grid], str(g))
+    for g, mark in zip(CHART_GAMMAS, CHART_MARKS):
+        curves[f"γ = {g}"] = (grid, [speedup(a, g, b, CONTEXT) for b in grid], mark)
     left_out = [g for g in GAMMAS if g not in CHART_GAMMAS]
     print_note(f"图里只画 γ = {'、'.join(map(str, CHART_GAMMAS))}：" + "；".join(
         f"γ = {g} 在小批时和 γ = {GAMMAS[-1]} 几乎重合（B = 1：{sp[(1, g)]:.2f}× 对 {sp[(1, GAMMAS[-1])]:.2f}×），"

@@ -223,6 +223,7 @@ def demo2_tree_attention(target):
                  for v in ledger.values()])
     worst = max(deltas)
     tr, pa, ba = ledger["tree"], ledger["paths"], ledger["batch"]
+    kv_prompt = n0 * 2 * QCFG.n_layers * QCFG.n_kv_heads * QCFG.head_dim * 2   # 提示的 K 和 V，BF16
     d4_tree = shapes(BUDGETS[-1])[1]                                        # 演示 4 的树 (2, 1, …, 1)
     par4 = tree_parents(d4_tree)
     leaves4 = [i for i in range(len(par4)) if i not in par4]
@@ -238,11 +239,16 @@ def demo2_tree_attention(target):
         f"单独一次前向要 {pa['forwards']} 次前向、算 {pa['positions']:.0f} 个位置、读 {pa['w'] / w_tree:.0f} 遍权重；"
         f"但把这 {len(leaves)} 条路径拼成一批、一次前向，也只读 {ba['w'] / w_tree:.0f} 遍权重，算 {ba['positions']:.0f} 个位置"
         f"（logits 和树里的差 {fmt_bound(path_gap, TREE_BOUND)}）。所以树比批省下的不是读权重，而是共享前缀上重复算的 "
-        f"{ba['positions'] - tr['positions']:.0f} 个位置（还有批里每一行各存一份提示的 KV cache）。共享的前缀越长"
-        f"（分叉越靠近叶子）省得越多；演示 4 的{shape_name(d4_tree)}在第 1 层就分叉，{d4_leaves} 条路径没有共享的节点，"
-        f"拼成一批也是算 {d4_batch} 个位置，和树的 {d4_nodes} 个一样：对这种树，矩阵乘法一样多，树省下的是提示的 KV 只存一份。",
+        f"{ba['positions'] - tr['positions']:.0f} 个位置。提示的 KV cache 不必每行各存一份（这里的 numpy 缓存是各存一份）："
+        "用引用计数的分页块（第 5 讲的 block_manager_lab、vLLM 的 n > 1），各行的块表指向同一组提示的块；"
+        f"没有共享前缀的注意力核（cascade）时，多出来的是注意力为每一行把提示的 K、V 读一遍：{n0} 个位置、"
+        f"{fmt_bytes(kv_prompt)}（BF16），拼成一批读 {len(leaves)} 遍，树一次前向读 1 遍。共享的前缀越长"
+        f"（分叉越靠近叶子）省得越多；演示 4 的{shape_name(d4_tree)} 在第 1 层就分叉，{d4_leaves} 条路径没有共享的节点，"
+        f"拼成一批也是算 {d4_batch} 个位置，和树的 {d4_nodes} 个一样：对这种树，矩阵乘法一样多，树省下的只是注意力"
+        f"把提示的 K、V 多读的 {d4_leaves - 1} 遍。",
     ])
     return {"max_delta": worst, "kv_gap": kv_gap, "step_gap": step_gap, "n_nodes": N, "slots": slots,
+            "kv_prompt": kv_prompt, "n_leaves": len(leaves),
             "positions": [int(x) for x in pos], "ledger": ledger, "path_gap": path_gap, "n_leaves": len(leaves),
             "demo4_tree": (d4_nodes, d4_leaves, d4_batch)}
 

@@ -14,7 +14,7 @@ T = 1 时等于 decode_lab.speculative_generate 单独跑（同一个种子）�
 演示 3：分页的回滚：被拒绝的草稿用过的整块还给块池；投机的请求在峰值时占多少块，和普通的比。
 
 【怎么读输出】
-- 演示 2、3 的时间是**模型时间**（runner_lab.modelled_step_time：一步的账在假设的 CPU 上的 roofline + 固定开销；
+- 演示 2、3 的时间是**模型时间**（runner_lab.modelled_step_time：一步的账按标定的 CPU 代价模型算；
   投机的一步 = 目标一次前向，γ + 1 行 logits；prompt lookup 的草稿不计时间）。和 06/05 一样是代价模型；新的是两样：
   每轮接受几个是这些请求**量出来的**（不是假设的 α），请求是排队到达的（批的大小由到达率和各自跑多久定下，
   不是给定的）。`--time` 用真的时钟在这台 CPU 上跑两种到达率（随机器和负载变）。
@@ -30,7 +30,8 @@ T = 1 时等于 decode_lab.speculative_generate 单独跑（同一个种子）�
   一次；T = 0 下一轮接受几个只取决于请求自己的 token（prompt lookup 在请求的上下文里找匹配、和贪心的下文比），
   不取决于和谁一批、什么时候到——所以扫到达率时不再跑模型，只跑调度、块和模型时间（测试断言重放和真的投机引擎
   一步一步相同）。请求轮流用这 8 个提示，前缀缓存关着（只看投机）。
-- CPU 的代价（runner_lab.CPU_COST，假设）：53 GFLOP/s、10.4 GB/s、每步 2 ms、每序列每步 0.5 ms。
+- CPU 的代价（runner_lab.CPU_COST）：tests/bench_engine.py --calibrate --write 在一台 2 核 AMD EPYC 上（一个 BLAS 线程）
+  量真实的引擎步拟合的常数，存在 ../lecture05/cpu_calibration.json（机器、日期、残差都在那里；演示 2 的观察印出它们）。
 - SLO、到达率、γ、请求数都是随意选的例子，不是基准。
 
 【运行】python3 11_spec_decode_in_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：约 14 秒，和种子 04 背靠背三对，
@@ -243,7 +244,8 @@ def demo2_load():
             eng, reqs = serve(rate, sc)
             m = summarize(reqs, TTFT_SLO, TPOT_SLO)
             res[rate, name] = {"ttft": m["ttft"][50], "tpot": m["tpot"][50], "att": m["attainment"],
-                               "tput": m["throughput"], "batch": mean_batch(eng)}
+                               "tput": m["throughput"], "batch": mean_batch(eng),
+                               "max_batch": max(st["seqs"] for st in eng.steps)}
     names = [c[0] for c in configs]
     print_note("TPOT、TTFT 是 p50（ms）；吞吐 = 输出 token ÷ 第一个到达到最后一个 token（token/s）；"
                f"达标 = TTFT ≤ {TTFT_SLO:g} s 且 TPOT ≤ {TPOT_SLO * 1e3:.0f} ms 的请求占比；批 = 平均每步的序列数。")
@@ -258,7 +260,8 @@ def demo2_load():
     goodput = {n: max([r for r in RATES if res[r, n]["att"] >= GOAL], default=0.0) for n in names}
     top = RATES[-1]
     out = {"tpc": tpc, "kbar": kbar, "ctx": ctx, "b_star": b_star, "sp": sp, "res": res, "be_rate": be_rate,
-           "be_batch": res[be_rate, plain]["batch"] if be_rate else None, "goodput": goodput, "configs": names}
+           "be_batch": res[be_rate, plain]["batch"] if be_rate else None, "goodput": goodput, "configs": names,
+           "switch_idle": b_star is None or max(res[r, sw]["max_batch"] for r in RATES) < b_star}
     lo = res[RATES[0], spec]["tpot"] / res[RATES[0], plain]["tpot"]
     obs = [
         f"量出来的：到达率 {RATES[0]:g}/s 时每轮平均草稿 {kbar:.2f} 个、每次目标前向 {tpc:.2f} 个 token（照抄的那段"
@@ -266,8 +269,11 @@ def demo2_load():
         f"06/05 的算法放到这个模型和这台 CPU 上（每轮 {tpc:.2f} 个 token、验证平均 {kbar + 1:.2f} 个位置、上下文 "
         f"{ctx}、草稿不要钱）：批 B 时加速比 = {tpc:.2f} × 普通一步 ÷ 验证一步，B = 1 时 {sp[1]:.2f}，"
         + (f"B = {b_star} 时第一次 < 1。" if b_star else "到 256 都 ≥ 1。")
-        + f"这台 CPU 的算力 / 带宽只有 {ridge:.1f} FLOP/字节（float32 的 decode 强度约 B / 2，B ≈ {2 * ridge:.0f} "
-        "就越过拐点）：之后验证多出来的位置按 FLOPs 付钱，不再是顺带的。",
+        + f"这台 CPU 的算力 / 带宽只有 {ridge:.1f} FLOP/字节（标定的 {CPU_COST['flops_per_s'] / 1e9:.0f} GFLOP/s ÷ "
+        f"{CPU_COST['bytes_per_s'] / 1e9:.1f} GB/s；float32 的 decode 强度约 B / 2，B ≈ {2 * ridge:.0f} 就越过拐点）："
+        "之后验证多出来的位置按 FLOPs 付钱，不再是顺带的"
+        + (f"；算和读只重叠 {CPU_COST['overlap']:.0%}，拐点以下它们也要付 {1 - CPU_COST['overlap']:.0%}。"
+           if CPU_COST["overlap"] < 1 else "。"),
     ]
     if be_rate is not None:
         obs.append(f"量出来的：到达率 {be_rate:g}/s 起投机的吞吐比普通的低（{res[be_rate, spec]['tput']:.1f} 对 "
@@ -280,7 +286,11 @@ def demo2_load():
     obs.append(f"开关（这一步的批 ≥ {b_star} 时不投机，vLLM 的 disable_by_batch_size）：{top:g}/s 时吞吐 "
                f"{res[top, sw]['tput']:.1f} token/s，投机一直开着 {res[top, spec]['tput']:.1f}、普通 "
                f"{res[top, plain]['tput']:.1f}；{RATES[0]:g}/s 时它的 TPOT p50 {res[RATES[0], sw]['tpot'] * 1e3:,.0f} ms，"
-               f"投机 {res[RATES[0], spec]['tpot'] * 1e3:,.0f} ms。goodput（达标率 ≥ {GOAL:.0%} 的最高到达率，表里的格点）："
+               f"投机 {res[RATES[0], spec]['tpot'] * 1e3:,.0f} ms。"
+               + (f"这些到达率下一步最多 {max(res[r, sw]['max_batch'] for r in RATES)} 个序列，从没到 {b_star}："
+                  "开关一次也没关掉投机，它和一直投机的一样（标定的时钟下不划算的批比这里排出来的批大）。"
+                  if b_star is None or max(res[r, sw]["max_batch"] for r in RATES) < b_star else "")
+               + f"goodput（达标率 ≥ {GOAL:.0%} 的最高到达率，表里的格点）："
                f"普通 {goodput[plain]:g}/s、投机 {goodput[spec]:g}/s、加开关 {goodput[sw]:g}/s。")
     print_observations(obs)
     return out

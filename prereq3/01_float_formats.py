@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
-from console import print_header, print_observations, print_plot, print_table  # noqa: E402
+from console import display_width, print_header, print_observations, print_table  # noqa: E402
 from numfmt import (BF16, FLOAT_FORMATS, FP4_E2M1, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat,  # noqa: E402
                     encode_bits, round_to)
 
@@ -137,6 +137,31 @@ def demo1_layouts():
 # ---------------------------------------------------------------------------
 # 演示 2：把小格式的码全部列出来
 # ---------------------------------------------------------------------------
+def number_line(strips, lo, hi, width=72):
+    """
+    几条横的数轴，上下对齐、共用一条刻度 -> 各行（一条一行，行首是它的名字）。
+
+    strips：[(名字, 值, 记号), …]；值 v 画在第 round((v − lo) / (hi − lo) · (width − 1)) 列（落在同一列的重叠），
+    刻度是 lo..hi 之间的整数。名字按显示宽度对齐。
+    """
+    lw = max(display_width(name) for name, _, _ in strips)
+    col = lambda v: int(round((v - lo) / (hi - lo) * (width - 1)))       # noqa: E731
+    lines = []
+    for name, vals, mark in strips:
+        row = [" "] * width
+        for v in vals:
+            row[col(v)] = mark
+        lines.append((name + " " * (lw - display_width(name)) + " " + "".join(row)).rstrip())
+    ticks = range(int(np.ceil(lo)), int(np.floor(hi)) + 1)
+    base, under = ["-"] * width, [" "] * (width + 2)
+    for t in ticks:
+        base[col(t)] = "+"
+        under[col(t)] = str(t)
+    lines.append(" " * (lw + 1) + "".join(base))
+    lines.append((" " * (lw + 1) + "".join(under)).rstrip())
+    return lines
+
+
 def demo2_small_formats_enumerated():
     print_header("演示 2：FP4-E2M1 的全部 16 个码（按位解码），以及两种 FP8 有多少个有限值")
     codes = all_codes(FP4_E2M1)
@@ -165,9 +190,9 @@ def demo2_small_formats_enumerated():
     e2m1 = [0.0] + pos
     e4m3 = sorted({v for *_, v in all_codes(FP8_E4M3) if v is not None and 0 <= v <= FP4_E2M1.max_value})
     print(f"\n数轴 [0, {FP4_E2M1.max_value:g}]：每个可表示的非负值画一个记号（落在同一格的值重叠）")
-    print_plot({"FP4-E2M1（上面一行）": (e2m1, [2.0] * len(e2m1), "o"),
-                "FP8-E4M3（下面一行）": (e4m3, [1.0] * len(e4m3), "|")},
-               "值（线性轴）", "2 = E2M1，1 = E4M3", xlim=(0.0, FP4_E2M1.max_value), ylim=(0.5, 2.5), height=5)
+    for line in number_line([("E2M1", e2m1, "o"), ("E4M3", e4m3, "|")], 0.0, FP4_E2M1.max_value):
+        print(line)
+    print("     值（线性轴）；o = FP4-E2M1 的值，| = FP8-E4M3 在 [0, 6] 里的值")
     e4_small = sum(1 for v in e4m3 if v < 0.5)
     per_binade = {f.name: 2 ** f.man_bits for f in (FP4_E2M1, FP8_E4M3)}   # 每个正规数的 2 的幂区间里有几个值
     ieee_e4m3 = FloatFormat("E4M3（假如 IEEE 风格）", 4, 3, True)   # 对比用：最大的指数码留给 inf / NaN

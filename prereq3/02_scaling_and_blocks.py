@@ -7,8 +7,8 @@ CS349E · 第 3 讲预备 · 02_scaling_and_blocks.py —— 整数格式和块�
 演示 1：对称整数量化一步步怎么做：scale = max|w| / qmax，q = round(w / scale)，w' = q · scale；误差不超过 scale / 2。
 演示 2：截断（clipping）：把 scale 取小一点，大的数被截到 ±qmax，换来其余数更细的间隔；INT4 每张量量化的误差随截断比例怎么变。
 演示 3：粒度和离群值：每张量 / 每通道 / 每组 32 个一个 scale 的误差；放进一个 50σ 的离群值后，三种粒度各坏了多少。
-演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差；E2M1 的不均匀网格在正态权重上
-并不比 INT4 的等间距网格准，有用的是更小的块（NVFP4）。
+演示 4：MXFP4（E2M1 元素 + 每 32 个共享一个 E8M0 scale）怎么量化一个块，和 INT4 分组量化比误差；E2M1 的不均匀网格（间隔是 2 的幂）
+在正态权重上并不比 INT4 的等间距网格准，按 N(0, 1) 的分位数造的 NF4 网格准；更小的块（NVFP4）也有用。
 演示 5：每个数到底占几位——把 scale 算进去：INT4 每 32 个一个 FP16 scale = 4.5 位，MXFP4 = 4.25 位（第 5 讲脚本 05 的 T_BITS）；FP8 每通道一个 FP32 scale。
 演示 6：真实的模型文件（llama.cpp 的 GGUF）怎么存 4 位权重：Q4_0 / Q4_1 / Q8_0 的块里有什么（字节 j 的低、高 4 位是第 j、
 j + 16 个数），各占几位（4.5 / 5.0 / 8.5），误差和 INT4-g32、MXFP4 比；Q4_1 的最小值（每 32 个一个不对称零点）为什么多花 0.5 位。
@@ -41,8 +41,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import print_header, print_observations, print_table  # noqa: E402
-from numfmt import (FP16, FP4_E2M1, INT_QMAX, bits_per_value, quantize_e2m1_fp16, quantize_int, quantize_mx,  # noqa: E402
-                    quantize_nvfp4, round_to)
+from numfmt import (FP16, FP4_E2M1, INT_QMAX, NF4_LEVELS, bits_per_value, quantize_e2m1_fp16, quantize_int,  # noqa: E402
+                    quantize_mx, quantize_nf4_fp16, quantize_nvfp4, round_to)
 from numfmt import (GGUF_BITS_PER_WEIGHT, GGUF_BLOCK_BYTES, decode_blocks, encode_blocks, quantize_gguf,  # noqa: E402
                     quantize_int_asym)
 
@@ -228,6 +228,7 @@ def demo4_mxfp4():
                ("MXFP4", lambda a: w_mx, bits_per_value("mxfp4")),
                ("INT4-g32", lambda a: quantize_int(a, 4, "group", 32)[0], bits_per_value("int4", group=32)),
                ("E2M1-g32（FP16 scale）", lambda w: quantize_e2m1_fp16(w, GROUP)[0], bits_per_value("int4", group=32)),
+               ("NF4-g32（FP16 scale）", lambda w: quantize_nf4_fp16(w, GROUP)[0], bits_per_value("int4", group=32)),
                ("NVFP4（E4M3 scale / 16）", lambda a: quantize_nvfp4(a)[0], bits_per_value("nvfp4"))]
     rows2, res = [], {}
     for name, fn, bits in schemes:
@@ -241,16 +242,24 @@ def demo4_mxfp4():
     print_table(["方案", "位/数（含 scale）", "相对误差"], rows2)
     mx, g32, g64 = res["MXFP4"], res["INT4-g32"], res["INT4-g64"]
     e2, nv = res["E2M1-g32（FP16 scale）"], res["NVFP4（E4M3 scale / 16）"]
+    nf = res["NF4-g32（FP16 scale）"]
+    nf_pos = NF4_LEVELS[NF4_LEVELS >= 0]
     print_observations([
         f"MX 的 scale 只能是 2 的幂：X = 2^(⌊log₂ max|v|⌋ − 2)，所以 max|v| / X 落在 [4, 8)。E2M1 最大只到 6，"
         f"max|v| / X ≥ 7 的块最大的数被饱和截断——这个矩阵里 {sat:.0%} 的块如此（这个块 max|v| / X = {amax / X:.2f}）。"
         f"这个块里 MXFP4 误差最大的是{'块最大的数' if worst_is_max else '第 ' + str(worst_k) + ' 个数'}"
         f"（误差 {worst_err:.3f}）：它的 v / X = {block[worst_k] / X:+.3f} 落在 E2M1 的 4 和 6 之间的空档里。",
         "E2M1 的 8 个非负值（0, 0.5, 1, 1.5, 2, 3, 4, 6）在 0 附近密、在大处稀；INT4 的 15 个值（-7…7）等间距。"
-        f"在 N(0, 1) 权重上，不均匀的网格并不占便宜：同样每 {GROUP} 个一个 FP16 scale（块的最大值对到 6 或 7），"
-        f"E2M1 元素的相对误差 {e2['rel_err']:.4f}，比 INT4-g32 的 {g32['rel_err']:.4f} "
+        f"同样每 {GROUP} 个一个 FP16 scale（块的最大值对到 6 或 7），E2M1 这种按 2 的幂拉开的网格在 N(0, 1) 权重上"
+        f"不占便宜：相对误差 {e2['rel_err']:.4f}，比 INT4-g32 的 {g32['rel_err']:.4f} "
         + ("略高" if e2["rel_err"] > g32["rel_err"] else "低") + "。"
-        f"有用的是更小的块：NVFP4 每 16 个一个 E4M3 scale（比 MX 的 2 的幂准；外加整个张量一个 FP32 scale），同样 "
+        f"不均匀的网格本身不吃亏：QLoRA 的 NF4（16 个值按 N(0, 1) 的分位数取，非负的 {len(nf_pos)} 个约是 "
+        + ", ".join(f"{v:.2f}" for v in nf_pos) + f"；arXiv 2305.14314 附录 E）同样 {nf['bits']:g} 位、"
+        f"同样的 FP16 scale（块的最大值对到 1），误差 {nf['rel_err']:.4f}，"
+        + ("比 INT4-g32 低" if nf["rel_err"] < g32["rel_err"] else "不比 INT4-g32 低")
+        + f" {100 * (1 - nf['rel_err'] / g32['rel_err']):.0f}%。它赢的一部分是多用了一个值（{len(NF4_LEVELS)} 个；"
+        f"对称的 INT4 只用 {2 * INT_QMAX[4] + 1} 个）：演示 6 的 Q4_0 也用满 16 个等间距的刻度，可以对照。"
+        f"更小的块也有用：NVFP4 每 16 个一个 E4M3 scale（比 MX 的 2 的幂准；外加整个张量一个 FP32 scale），同样 "
         f"{nv['bits']:g} 位，误差 {nv['rel_err']:.4f}，" + ("比 INT4-g32 低" if nv["rel_err"] < g32["rel_err"] else "不比 INT4-g32 低") + "。",
         f"同样 4.25 位，INT4-g64（FP16 scale，{g64['rel_err']:.4f}）比 MXFP4（{mx['rel_err']:.4f}）"
         + ("准" if g64["rel_err"] < mx["rel_err"] else "差") + f"；MXFP4 比元素相同、scale 用 FP16 的 E2M1-g32"
@@ -348,6 +357,7 @@ def demo6_gguf_blocks():
     print_table(["方案", "每块存什么（32 个数）", "位/数", "RMS 误差\nN(0, 1)", "相对误差\nN(0, 1)",
                  "相对误差\n|N(0, 1)|"], rows2)
 
+    nf4_err = rel_err(quantize_nf4_fp16(w, GROUP)[0], w)                 # 同一个矩阵上演示 4 的 NF4-g32
     # Q4_0 的另一侧只到 +7 个刻度：|x / d| 超过 7.5 个刻度、符号和块的最大值相反的数被截到 +7
     blocks = w.T.reshape(-1, GROUP)
     xmax = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
@@ -364,7 +374,10 @@ def demo6_gguf_blocks():
         f"同样 {q40['bits']:g} 位（FP16 d + 32 × 4 位），Q4_0 比 INT4-g32 准：相对误差 {q40['rel_err']:.4f} 对 "
         f"{g32['rel_err']:.4f}（低 {100 * (1 - q40['rel_err'] / g32['rel_err']):.0f}%）。INT4-g32 对称，只用 15 个刻度 −7…7"
         f"（刻度 = max|w| / 7）；Q4_0 把绝对值最大的数对到 −8（d = x_max / −8，d 的符号跟着这个数），16 个刻度全用上，"
-        f"刻度小到 max|w| / 8。代价是另一侧只到 +7 个刻度，超过 7.5 个刻度的数被截掉：这个矩阵里 {clip_frac:.2%} 的数如此。",
+        f"刻度小到 max|w| / 8。代价是另一侧只到 +7 个刻度，超过 7.5 个刻度的数被截掉：这个矩阵里 {clip_frac:.2%} 的数如此。"
+        f"演示 4 的 NF4 也是 16 个值、同样 {q40['bits']:g} 位，只是照 N(0, 1) 的分位数摆：{nf4_err:.4f}，"
+        + ("比等间距的 Q4_0 还差一点" if nf4_err > q40["rel_err"] else "比等间距的 Q4_0 准")
+        + "；这两种和 INT4-g32 共同的差别是多用了一个刻度。",
         f"Q4_1 每块多存一个 FP16 的最小值 m：16 / 32 = 0.5 位，所以是 {q41['bits']:.1f} 位。它把 16 个刻度摆在块的 "
         f"[最小值, 最大值] 上（刻度 = (max − min) / 15，m 就是一个不对称的零点）。N(0, 1) 的块大致对称，多 0.5 位"
         f"（字节多 {100 * (q41['bits'] / q40['bits'] - 1):.0f}%）只让误差从 {q40['rel_err']:.4f} 降到 "
@@ -381,7 +394,7 @@ def demo6_gguf_blocks():
         "0.1.2 里的 GGUF）就是这样混着存的：词嵌入（它同时当 lm_head）用 Q8_0，其余 210 个矩阵全是 Q4_1，"
         "RMSNorm 的权重是 F32（第 2 讲 gguf_lab 读出的张量目录）。",
     ])
-    return {"block": {"w": block.tolist(), "raw": raw.tolist(), "d": d, "m": m, "q": q, "deq": deq.tolist()},
+    return {"nf4_rel_err": nf4_err, "block": {"w": block.tolist(), "raw": raw.tolist(), "d": d, "m": m, "q": q, "deq": deq.tolist()},
             "schemes": res, "q4_0_clip_frac": clip_frac, "q4_k_bits": q4k_bits, "symmetric_same": same_sym}
 
 

@@ -26,6 +26,10 @@ X = 2^(⌊log₂ max|v|⌋ − emax_elem)，emax_elem 是元素格式最大正�
 【NVFP4】（NVIDIA Blackwell 的 4 位格式）E2M1 元素，每 16 个数一个 **E4M3** scale（不只是 2 的幂，所以块的最大值
 能对得更准），整个张量再一个 FP32 scale：每个数 4 + 8/16 = **4.5 位**（张量 scale 摊到全部数上，可以忽略）。
 
+【NF4】（QLoRA 的 4 位 NormalFloat，Dettmers et al. 2023，arXiv 2305.14314 §3 和附录 E）16 个不等间距的值，按
+N(0, 1) 的分位数取、再缩到 [−1, 1]（负的一侧 7 个、正的一侧 8 个，含一个精确的 0）；元素是"最近的那个值的下标"，
+块的 absmax 是 scale。数值见 NF4_LEVELS。
+
 【每个数占几位】bits_per_value 把 scale 算进去：int4 每组 32 个一个 FP16 scale = 4 + 16/32 = 4.5 位。
 """
 import math
@@ -35,7 +39,7 @@ import numpy as np
 
 __all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP4_E2M1", "FLOAT_FORMATS",
            "round_to", "encode_bits", "quantize_int", "quantize_fp8", "quantize_mx", "quantize_nvfp4", "quantize_e2m1_fp16", "bits_per_value", "INT_QMAX",
-           "quantize_int_asym"]
+           "quantize_int_asym", "NF4_LEVELS", "quantize_nf4_fp16"]
 
 
 @dataclass(frozen=True)
@@ -322,6 +326,38 @@ def quantize_e2m1_fp16(w, group=32):
     scale = round_to(np.abs(blocks).max(axis=1, keepdims=True) / FP4_E2M1.max_value, FP16)
     safe = np.where(scale > 0, scale, 1.0)
     deq = np.where(scale > 0, round_to(blocks / safe, FP4_E2M1) * scale, 0.0)
+    return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
+
+
+# QLoRA 的 NF4 的 16 个值（arXiv 2305.14314 附录 E；和 bitsandbytes 的 bitsandbytes/functional.py 里
+# get_4bit_type("nf4") 的表逐位相同）。这是抄来的事实：按论文的构造（N(0, 1) 在 0.9677083 到 0.5 之间等分的分位数，
+# 正的一侧 8 个、负的一侧 7 个，加 0，再除以最大值）用 float64 重算，和表差不到 2e-7（表里是 float32 的值；测试核对）。
+NF4_LEVELS = np.array([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+    0.7229568362236023, 1.0])
+
+
+def quantize_nf4_fp16(w, group=32):
+    """
+    对照方案：NF4 元素 + 每组一个 FP16 的 absmax scale -> (w', scale)。
+
+    【推导】scale = round_to(max|v|, FP16)（块的最大值对到 NF4 的 ±1），元素 = NF4_LEVELS 里离 v / scale 最近的值
+    （用相邻两个值的中点做分界；正好落在中点上的取小的那个，概率为 0）。QLoRA 本身每 64 个一个 FP32 的 absmax
+    （再做"双重量化"）；这里为了和 INT4-g32、E2M1-g32 同样是 4 + 16/32 = 4.5 位，用每 32 个一个 FP16 scale。
+    【边界】group 不整除输入维时抛 ValueError；全 0 的组反量化为 0。
+    """
+    w = np.asarray(w, dtype=np.float64)
+    n_in, n_out = w.shape
+    if group < 1 or n_in % group:
+        raise ValueError(f"分组大小 {group} 必须是正整数并整除输入维 {n_in}")
+    blocks = w.T.reshape(-1, group)
+    scale = round_to(np.abs(blocks).max(axis=1, keepdims=True), FP16)
+    safe = np.where(scale > 0, scale, 1.0)
+    mid = (NF4_LEVELS[1:] + NF4_LEVELS[:-1]) / 2
+    idx = np.searchsorted(mid, blocks / safe, side="left")          # 0..15
+    deq = np.where(scale > 0, NF4_LEVELS[idx] * scale, 0.0)
     return deq.reshape(n_out, n_in).T.copy(), scale.reshape(n_out, n_in // group)
 
 

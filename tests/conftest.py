@@ -14,7 +14,9 @@ import faulthandler  # noqa: E402
 import glob  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import pickle  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
@@ -46,6 +48,29 @@ def pytest_configure(config):
     finally:
         if capman is not None:
             capman.resume_global_capture()
+
+
+_SESSION_START = []
+_PAIR_SECONDS = {}      # 编号脚本 -> 它那一对运行花的秒数（script_run_pair 记的）
+
+
+def pytest_sessionstart(session):
+    _SESSION_START.append(time.perf_counter())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """给了 --durations 时，另外打印编号脚本成对运行一共花了多久、其余的测试花了多久（看测试集慢在哪一边）。"""
+    if config.getoption("durations", None) is None or not _SESSION_START:
+        return
+    import resource
+    total = time.perf_counter() - _SESSION_START[0]
+    pairs = sum(_PAIR_SECONDS.values())
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    terminalreporter.write_line(f"编号脚本成对运行 {len(_PAIR_SECONDS)} 个：{pairs:.1f} 秒；其余：{total - pairs:.1f} 秒；"
+                                f"共 {total:.1f} 秒（墙钟）。CPU 时间：测试进程 {me.ru_utime + me.ru_stime:.1f} 秒，"
+                                f"子进程（脚本等）{kids.ru_utime + kids.ru_stime:.1f} 秒")
+    for rel, sec in sorted(_PAIR_SECONDS.items(), key=lambda t: -t[1]):
+        terminalreporter.write_line(f"  {sec:7.1f} 秒  {rel}")
 
 
 def pytest_runtest_setup(item):
@@ -88,10 +113,11 @@ def unwrap(text):
     return _Unwrapped(text.replace("\n     ", ""))
 
 
-def run_script(relpath, cwd=None, console_log=None):
+def run_script(relpath, cwd=None, console_log=None, results=None):
     """
     在 cwd（默认仓库根目录）里用 python3 运行脚本，返回 (退出码, stdout 字节, stderr 字节)。
-    console_log 给了路径时，console 把它打印的每一块另外记到那个文件（见 console 的模块说明；打印的内容不变）。
+    console_log 给了路径时，console 把它打印的每一块另外记到那个文件（见 console 的模块说明；打印的内容不变）；
+    results 给了路径时，调用 console.save_results 的脚本把演示返回的数存进那个文件。
     """
     cwd = ROOT if cwd is None else cwd
     path = os.path.relpath(os.path.join(ROOT, relpath), cwd)
@@ -99,8 +125,11 @@ def run_script(relpath, cwd=None, console_log=None):
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("CS349E_CONSOLE_LOG", None)
+    env.pop("CS349E_RESULTS", None)
     if console_log:
         env["CS349E_CONSOLE_LOG"] = console_log
+    if results:
+        env["CS349E_RESULTS"] = results
     r = subprocess.run([sys.executable, path], cwd=cwd, capture_output=True, env=env, timeout=600)
     return r.returncode, r.stdout, r.stderr
 
@@ -163,27 +192,37 @@ def is_real_model_script(relpath):
 
 _OUTPUTS = {}
 _LOGS = {}
+_RESULTS = {}
 
 
 def script_run_pair(relpath):
     """
     一个编号脚本跑两次：一次在仓库根目录，一次在脚本自己的目录里（两核机器上两次同时跑）。
     结果缓存在这次 pytest 会话里，供各个测试共用：((退出码, stdout, stderr), (…))。只跑被要到的脚本。
-    第二次运行同时让 console 记下它打印的块（script_console_blocks 读它）。
+    第二次运行同时让 console 记下它打印的块（script_console_blocks 读它）；第一次运行让调用 console.save_results 的
+    脚本存下演示返回的数（script_results 读它）。
     """
     if relpath not in _OUTPUTS:
         if is_real_model_script(relpath):
             real_model_path()          # 先把文件准备好（或者跳过 / 失败），再同时启动两个进程
         fd, log = tempfile.mkstemp(suffix=".jsonl")
         os.close(fd)
+        fd, res = tempfile.mkstemp(suffix=".pickle")
+        os.close(fd)
+        t0 = time.perf_counter()
         try:
-            jobs = [(relpath, None, None), (relpath, os.path.join(ROOT, os.path.dirname(relpath)), log)]
+            jobs = [(relpath, None, None, res), (relpath, os.path.join(ROOT, os.path.dirname(relpath)), log, None)]
             with ThreadPoolExecutor(max_workers=2) as ex:
                 _OUTPUTS[relpath] = tuple(ex.map(lambda j: run_script(*j), jobs))
             with open(log, encoding="utf-8") as f:
                 _LOGS[relpath] = [json.loads(line) for line in f if line.strip()]
+            if os.path.getsize(res):
+                with open(res, "rb") as f:
+                    _RESULTS[relpath] = pickle.load(f)
         finally:
             os.remove(log)
+            os.remove(res)
+            _PAIR_SECONDS[relpath] = time.perf_counter() - t0
     return _OUTPUTS[relpath]
 
 
@@ -191,6 +230,25 @@ def script_console_blocks(relpath):
     """一个编号脚本通过 console 打印的块：[{"kind": "table"/"observations"/…, "lines": [...], …}, …]。"""
     script_run_pair(relpath)
     return _LOGS[relpath]
+
+
+def script_results(relpath):
+    """
+    一个编号脚本（在仓库根目录运行的那次）交给 console.save_results 的数：测试核对的就是这次运行打印的数，
+    不用在测试进程里再跑一遍演示。脚本没有调用 save_results 时测试失败。
+    """
+    code, _, err = script_run_pair(relpath)[0]
+    assert code == 0, err.decode("utf-8", "replace")
+    assert relpath in _RESULTS, f"{relpath} 没有调用 console.save_results（没有存下演示返回的数）"
+    return _RESULTS[relpath]
+
+
+def script_demo_text(relpath, n):
+    """一个编号脚本（在仓库根目录运行的那次）打印的演示 n 那一段：从它的标题行到下一个演示的标题行（原样，折行没有接回）。"""
+    text = script_raw_stdout(relpath)
+    start = text.index(f"\n演示 {n}：")
+    end = text.find(f"\n演示 {n + 1}：", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 def script_raw_stdout(relpath):

@@ -243,3 +243,23 @@ def test_unwrap_finds_a_sentence_wherever_the_observation_breaks(capsys):
         assert "English words and numbers 3.1e-9" not in out
     print_observations([text])
     assert "夹着 English words" in unwrap(capsys.readouterr().out)
+
+
+def test_save_results_writes_a_pickle_only_when_asked(tmp_path, monkeypatch):
+    """save_results：CS349E_RESULTS 设了时把给它的对象原样 pickle 进那个文件（测试读它）；没设时不写任何文件。"""
+    import pickle
+
+    import numpy as np
+
+    from console import save_results
+    obj = {"d1": {"a": np.arange(3.0), ("k", 2): 0.5}}
+    monkeypatch.delenv("CS349E_RESULTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    save_results(obj)
+    assert list(tmp_path.iterdir()) == []
+    path = tmp_path / "r.pickle"
+    monkeypatch.setenv("CS349E_RESULTS", str(path))
+    save_results(obj)
+    got = pickle.loads(path.read_bytes())
+    assert got.keys() == obj.keys() and got["d1"][("k", 2)] == 0.5
+    assert np.array_equal(got["d1"]["a"], obj["d1"]["a"])

@@ -313,10 +313,17 @@ def test_request_metrics_by_hand():
     assert s["ttft"][50] == pytest.approx(0.3)
 
 
-def test_engine_goodput_falls_when_the_slo_tightens():
-    """goodput（goodput_lab 的定义）在重放的引擎上：TTFT 目标收紧，能撑住的到达率不升；目标宽到永远达标时是网格的最高率。"""
+def test_engine_goodput_falls_when_the_slo_tightens(monkeypatch):
+    """
+    goodput（goodput_lab 的定义）在重放的引擎上：TTFT 目标收紧，能撑住的到达率不升；目标宽到永远达标时是网格的最高率。
+    时钟固定成一组有每序列开销的常数（这个性质是 goodput 的，不是标定的常数的：标定的每序列开销在这个小模型上太小，
+    4096 req/s 也不排队）。
+    """
+    import runner_lab
     from metrics_lab import engine_goodput
     from workload_lab import poisson_arrivals
+    monkeypatch.setattr(runner_lab, "CPU_COST", {"flops_per_s": 53e9, "bytes_per_s": 10.4e9, "step_s": 2e-3,
+                                                 "seq_s": 0.5e-3})
 
     def serve(rate):
         arr = poisson_arrivals(rate, 12, seed=3)

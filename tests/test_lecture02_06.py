@@ -20,13 +20,14 @@ import pytest
 
 import conftest
 from conftest import load_script, real_model, script_stdout, smollm2_path
-from decode_lab import TransformerLM, autoregressive_generate, speculative_generate
+from decode_lab import autoregressive_generate, speculative_generate
+from drafts_lab import layer_subset
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
 from smollm2_models import smollm2_lm
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
-from transformer_lab import NumpyTransformer, config_like
+from transformer_lab import NumpyTransformer
 
 S6 = "lecture02/06_real_model.py"
 with open(os.path.join(conftest.ROOT, "tests", "fixtures", "smollm2_hf_reference.json"), encoding="utf-8") as _f:
@@ -310,15 +311,17 @@ def _with_qk(P, fn, cfg):
     return Q
 
 
-def test_rope_permutation_must_be_undone_exactly_once(f64):
-    P, cfg, _ = f64
-    model = NumpyTransformer(P, cfg)
+def test_rope_permutation_must_be_undone_exactly_once(f64, lm):
+    model, _ = lm                             # 会话共用的 float64 模型：就是 f64 这份参数建的 NumpyTransformer
     for name, x in HF["inputs"].items():      # 对的装法：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
         assert _hf_max_diff(model.forward(np.asarray([x["ids"]]))[0], x["rows"]) < 1e-10, name
-    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）
+    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）。
+    # 错的两种用 float32 的副本算就够了：float32 离参考 < 1e-3（下一个测试），比 1.0 小得多
+    P, cfg, _ = real_model("float32")
     toks = np.asarray([CHAT["ids"]])
     for fn in (permute_rope_rows, unpermute_rope_rows):
-        wrong = _hf_max_diff(NumpyTransformer(_with_qk(P, fn, cfg), cfg).forward(toks)[0], CHAT["rows"])
+        wrong = _hf_max_diff(NumpyTransformer(_with_qk(P, fn, cfg), cfg).forward(toks)[0].astype(np.float64),
+                             CHAT["rows"])
         assert wrong > 1.0, fn.__name__
 
 
@@ -362,9 +365,8 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
 def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm):
     P, cfg, tok = f64
     target, _ = lm
-    pk = dict(P)
-    pk["layers"] = P["layers"][:10] + P["layers"][20:]          # 草稿：跳过中间 10 层
-    draft = TransformerLM(pk, config_like(cfg, n_layers=20), name="跳过中间 10 层")
+    # 草稿：跳过中间 10 层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）
+    draft = layer_subset(target, list(range(10)) + list(range(20, 30)), name="跳过中间 10 层")
     prompt = tok.chat("What is the capital of France?")
     greedy = autoregressive_generate(target, prompt, 16, 0.0, np.random.default_rng(0), stop=[2])
     spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
@@ -381,3 +383,30 @@ def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm):
                                        np.random.default_rng(2), stop=[2])
     assert list(spec) == GREEDY
     assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
+
+
+def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, lm):
+    """
+    回归：观察 3 原来说 llama3.np 的错（第一个 decode 步用位置 L + 1，缓存第 L 格空着）"贪心输出在第 5 个 token
+    之后才和正确的模型分开（课程开发时量的，这里不重现）"，学生核对不了。现在脚本重现它：skip = 0 时同一个函数就是
+    正确的 decode（logits 和一次算完只差舍入），skip = 1 时缓存的第 L 格全是 0、第 L + 1 格不是，logits 差 O(1)，
+    可在演示 4 的问题上贪心的 8 个 token 一个不差。
+    """
+    model, tok = lm
+    prompt = tok.chat(mod.QUESTION)
+    L = len(prompt)
+    full = model.forward(np.asarray([prompt + GREEDY[:-1]]))[0, L - 1:]
+    ok_ids, ok_logits, _ = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=0)
+    assert ok_ids == GREEDY
+    assert max(float(np.abs(a - b).max()) for a, b in zip(ok_logits, full)) < d5["bound"]
+    bug_ids, bug_logits, cache = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=1)
+    assert np.all(cache.k[:, :, :, L] == 0) and np.all(cache.v[:, :, :, L] == 0)
+    assert np.any(cache.k[:, :, :, L + 1] != 0) and cache.pos == L + len(bug_ids)
+    diffs = [float(np.abs(a - b).max()) for a, b in zip(bug_logits, full)]
+    assert diffs[0] < d5["bound"] and min(diffs[1:]) > 1.0
+    assert d5["bug_diffs"] == pytest.approx(diffs, abs=1e-9)
+    assert d5["bug_ids"] == bug_ids == GREEDY and d5["bug_same"]
+    text = script_stdout(S6).replace("\n     ", "")
+    assert "课程开发时量的" not in text and "第 5 个 token 之后" not in text
+    assert f"差 {min(diffs[1:]):.2f} 到 {max(diffs[1:]):.2f}" in text
+    assert f"和正确的模型选出的 {len(GREEDY)} 个 token 完全一样" in text

@@ -158,3 +158,28 @@ def test_demo2_best_alpha_depends_on_activation_granularity(run):
     text = unwrap(buf.getvalue())
     assert "激活每张量一个 scale 的 W8A8" in text and "每 token 一个 scale 时最好的是 α = 0.50（0.830%）" in text
     assert "QCFG 的权重是高斯的" in text and "取 α = 0.5" in text
+
+
+def test_demo4_has_a_kivi_row_with_kivis_own_group_and_storage(run):
+    """
+    回归：演示 4 只有"INT4 每 8 个（6 位）"一行，看起来 INT4 的 KV 只比 FP8 多放 1.33 倍。KIVI 的代码（jy-yuan/KIVI
+    quant/new_pack.py：scale 和最小值 mn 都是模型的 dtype FP16；docs/long_bench.md：每 32 个一组、最近 128 个 token
+    留 FP16）是 4 + (16 + 16)/32 = 5 位。字节和最大批按闭式公式（Llama-3.1-8B：32 层 × 8 个 KV 头 × 128）重算。
+    """
+    mod, _, out = run
+    d4 = out["demo4_h100"]
+    name = d4["kivi_name"]
+    assert name == "INT4 KIVI（每 32 个）"
+    L, kv = 32, 8 * 128
+    bits = 4 + (16 + 16) / 32
+    per_tok = 2 * L * kv * bits / 8
+    assert d4[name]["bits"] == 5.0 and d4[name]["per_token"] == per_tok
+    assert d4[name]["tokens"] == pytest.approx(d4["room"] / per_tok, rel=1e-12)
+    assert d4[name]["batch"] == int(d4["room"] // (per_tok * mod.CONTEXT))
+    assert d4["kivi_residual_bits"] == pytest.approx(128 * 11 / 8192)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        mod.demo4_h100(run[1])
+    text = unwrap(buf.getvalue())
+    assert f"是 5 位，{mod.fmt_num(d4[name]['tokens'])} 个 token、最大批 {d4[name]['batch']}" in text
+    assert "只比 FP8 多放 1.33 倍" in text and "多 0.17 位" in text

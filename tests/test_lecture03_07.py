@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import conftest
+from smollm2_models import smollm2_lm
 from kvcache_lab import KVCache
 from quant_lab import INPUT_OF, LAYER_MATRICES, gptq_quantize, kv_quantizer, layer_inputs, quantize_matrix
 from transformer_lab import NumpyTransformer
@@ -28,16 +29,50 @@ S06 = "lecture03/06_activation_and_kv_quantization.py"
 
 @pytest.fixture(scope="module")
 def run():
+    """
+    演示返回的数取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍演示；
+    ctx（模型、文本、激活）在进程里照脚本的 setup() 重建，模型用整个会话共用的那一份 float64（conftest.real_model）。
+    """
     conftest.smollm2_path()
     mod = conftest.load_script(S)
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    res = conftest.script_results(S)
+    shared = conftest.real_model(mod.DTYPE)
+
+    def same_model(P, cfg):
+        assert P is shared[0]
+        return smollm2_lm(mod.DTYPE)[0]
+    mod.load_gguf = lambda dtype: conftest.real_model(np.dtype(dtype).name)
+    mod.TransformerLM = same_model
+    with contextlib.redirect_stdout(io.StringIO()):
         ctx = mod.setup()
         toy = mod.toy_setup()
-        out = {"d1": mod.demo1_file_formats(ctx), "d2": mod.demo2_activation_outliers(ctx, toy),
-               "d3": mod.demo3_weight_methods(ctx), "d4": mod.demo4_smoothquant(ctx, toy),
-               "d5": mod.demo5_kv_cache(ctx, toy)}
-    return mod, ctx, toy, out, buf.getvalue()
+    out = {k: res[k] for k in ("d1", "d2", "d3", "d4", "d5")}
+    return mod, ctx, toy, out, conftest.script_raw_stdout(S)
+
+
+@pytest.fixture(scope="module")
+def ref_forward(run):
+    """
+    原模型在校准 + 评估文本（2·N_SEQ 条）上一次前向 -> (logits, 写满的 KV 缓存)：transformer_lab 的前向（ctx["model"]，
+    和脚本的 capture 不是同一条路），几个测试共用这一次。
+    """
+    _, ctx, *_ = run
+    toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
+    cache = ctx["model"].new_cache(*toks.shape)
+    return ctx["model"].forward(toks, cache), cache
+
+
+@pytest.fixture(scope="module")
+def ref_logits(ref_forward):
+    return ref_forward[0]
+
+
+@pytest.fixture(scope="module")
+def capture_ref(run):
+    """原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）。"""
+    _, ctx, *_ = run
+    from outlier_lab import capture
+    return capture(ctx["P"], ctx["cfg"], ctx["eval_toks"], layers=())[0]
 
 
 def fp16(x):
@@ -67,10 +102,17 @@ def kl_by_hand(ref_logits, q_logits, start):
     return (np.exp(lp) * (lp - lq)).sum(-1).mean()
 
 
-def test_in_process_demos_print_what_the_script_prints(run):
-    """测试用的数就是脚本打印的数：进程里跑的演示和单独运行脚本打印的字节一样。"""
-    *_, text = run
-    assert text == conftest.script_raw_stdout(S)
+def test_the_figures_are_the_printing_runs_and_the_rebuilt_text_is_the_scripts(run):
+    """
+    测试用的数就是脚本打印的数：演示返回的数来自打印这些字节的那次运行；测试进程里重建的 ctx（别的测试拿它重算）
+    和那次运行用的是同一段文本。
+    """
+    mod, ctx, _, out, text = run
+    res = conftest.script_results(S)
+    assert text == conftest.script_raw_stdout(S) and text
+    assert np.array_equal(res["calib_toks"], ctx["calib_toks"]) and np.array_equal(res["eval_toks"], ctx["eval_toks"])
+    assert ctx["calib_toks"].shape == (mod.N_SEQ, ctx["start"] + mod.N_NEW)
+    assert set(out) == {"d1", "d2", "d3", "d4", "d5"} and all(out.values())
 
 
 def test_t7_quantile_by_numerical_integration():
@@ -86,16 +128,16 @@ def test_t7_quantile_by_numerical_integration():
     assert cdf(2.36) < 0.975 < cdf(2.37) and mod.T7_975 == 2.36
 
 
-def sampling_margins(mod, ctx):
+def sampling_margins(mod, ctx, logits):
     """
     每一次抽样（2·N_SEQ 条 × N_NEW 个新 token）的 u·总和 离它落进的 CDF 区间两端最近的距离 -> [条, 新 token]。
 
-    自己重算：整段文本一次 float64 前向、自己写的 softmax（温度 TEMP）和累积和；u 照 decode_lab.sample_from_prompts 的
+    自己重算：整段文本一次 float64 前向（logits：ref_logits）、自己写的 softmax（温度 TEMP）和累积和；u 照 decode_lab.sample_from_prompts 的
     顺序从同一个种子取（每步每条一个）。同时核对抽到的 token 就是 u 落进的那个区间。
     """
     toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
     start = ctx["start"]
-    z = NumpyTransformer(ctx["P"], ctx["cfg"]).forward(toks)[:, start - 1:-1].astype(np.float64) / mod.TEMP
+    z = logits[:, start - 1:-1].astype(np.float64) / mod.TEMP
     p = np.exp(z - z.max(-1, keepdims=True))
     c = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
     rng = np.random.default_rng(mod.TEXT_SEED)
@@ -108,7 +150,7 @@ def sampling_margins(mod, ctx):
     return np.minimum(x - lo, hi - x)
 
 
-def test_text_is_drawn_in_float64_far_from_every_tie(run):
+def test_text_is_drawn_in_float64_far_from_every_tie(run, ref_logits):
     """
     文本不随 BLAS 变：温度 1 的抽样是 CDF 反查，u·总和 离区间的端点比 logits 的舍入能挪动的远，就抽到同一个 token。
     float64 的 logits 在不同的实现之间差 < 1e-12（模块说明的容差），概率、累积和跟着差 < 1e-11；最近的一次抽样离端点
@@ -117,7 +159,7 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
     """
     mod, ctx, _, _, _ = run
     assert ctx["cfg"].dtype == mod.DTYPE == "float64"
-    m = sampling_margins(mod, ctx)
+    m = sampling_margins(mod, ctx, ref_logits)
     assert m.min() > 1e-9
     s, t = np.unravel_index(np.argmin(m), m.shape)
     figure = f"{m.min():.1e}".replace("e-0", "e-")
@@ -263,13 +305,13 @@ def test_demo3_rtn_and_gptq_matrices_are_the_labs_own(run):
         assert np.abs(gq[m] - ref).max() < 1e-6
 
 
-def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run):
+def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits):
     """演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 整段重算一遍，KL 一样。"""
     mod, ctx, _, out, _ = run
     d3 = out["d3"]
     P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
     Pq = mod.with_layers(P, mod.quantize_layers(ctx, "rtn"))
-    ref = NumpyTransformer(P, cfg).forward(toks)
+    ref = ref_logits[mod.N_SEQ:]                                           # 评估文本那一半
     kl = kl_by_hand(ref, NumpyTransformer(Pq, cfg).forward(toks), start)
     assert kl == pytest.approx(d3["kl"]["rtn"], rel=1e-9)              # float64 的两条路径（模块说明的容差）
     assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
@@ -372,27 +414,25 @@ def test_demo4_curve_by_hand_and_toy_curve_is_06s(run):
 # ---------------------------------------------------------------------------
 # 演示 5
 # ---------------------------------------------------------------------------
-def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run):
+def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture_ref, ref_forward):
     """transformer_lab 的缓存里 K 的列是重排过的；每个头的通道统计和列的顺序无关，应当和 capture 的一样。"""
-    _, ctx, _, out, _ = run
-    model, toks = ctx["model"], ctx["eval_toks"]
-    cache = model.new_cache(*toks.shape)
-    logits = model.forward(toks, cache)
+    mod, ctx, _, out, _ = run
+    ev = slice(mod.N_SEQ, 2 * mod.N_SEQ)                 # 共用的那次前向里评估文本的几条
+    logits, cache = ref_forward[0][ev], ref_forward[1]
     d5 = out["d5"]
     for li in (0, 11, 29):
         for h in range(ctx["cfg"].n_kv_heads):
-            assert d5["k_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.k[li, :, h]), rel=1e-9)
-            assert d5["v_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.v[li, :, h]), rel=1e-9)
+            assert d5["k_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.k[li, ev, h]), rel=1e-9)
+            assert d5["v_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.v[li, ev, h]), rel=1e-9)
     assert np.median(d5["k_ratio"]) > 1.5 * np.median(d5["v_ratio"])
     assert d5["k_gt_v"] == int((d5["k_ratio"] > d5["v_ratio"]).sum())
     # 原模型取 capture 的 logits：和 transformer_lab 的前向只差 float64 的舍入（logits 差 < 1e-12，KL 是它的平方量级）
-    from outlier_lab import capture
-    ref = capture(ctx["P"], ctx["cfg"], toks, layers=())[0]
+    ref = capture_ref
     assert np.abs(ref - logits).max() < 1e-9
     assert kl_by_hand(ref, logits, ctx["start"]) < 1e-15
 
 
-def test_demo5_int8_kl_by_token_by_token_decode(run):
+def test_demo5_int8_kl_by_token_by_token_decode(run, capture_ref):
     """
     INT8 每头的缓存：逐个 token 写入（真实的 decode）和一次写完整段，KL 一样（每 token 的 scale 和写入的顺序无关）。
     按 float64 断言到相对 1e-9（模块说明的容差）。曾经按 float32 比、容差 5%：两条路径的 K、V 差 ~1e-7，恰在两个 INT8
@@ -406,8 +446,7 @@ def test_demo5_int8_kl_by_token_by_token_decode(run):
     for t in range(start, n):
         logits.append(model.forward(toks[:, t:t + 1], cache))
     logits = np.concatenate(logits, axis=1)
-    from outlier_lab import capture
-    ref = capture(ctx["P"], ctx["cfg"], toks, layers=())[0]
+    ref = capture_ref
     assert logits.dtype == np.float64
     assert kl_by_hand(ref, logits, start) == pytest.approx(out["d5"]["int8-head"]["kl"], rel=1e-9)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import conftest
+from smollm2_models import smollm2_lm
 from actquant_lab import MatmulInputHook
 from quant_lab import quantize_matrix
 from rotation_lab import fold_norms, hadamard_kron, rotate_down_input, rotate_heads, rotate_params
@@ -50,7 +51,7 @@ def table_rows(text, first_header):
 def test_real_model_fold_rotate_and_online_hadamards_keep_the_logits(real):
     P, cfg, tok = real
     toks = np.array([tok.chat("What is the capital of France?")])
-    ref = NumpyTransformer(P, cfg).forward(toks)
+    ref = smollm2_lm("float64")[0].forward(toks)         # 会话共用的 float64 模型（就是 P 建的 NumpyTransformer）
     Pf, cf = fold_norms(P, cfg)
     assert cfg.tied and not cf.tied
     Hd = hadamard_kron(cfg.d_ff, np.random.default_rng(11))
@@ -143,3 +144,39 @@ def test_llm_int8_counts_sum_to_the_observation_and_decomposition_helps(text):
     share = int(m.group(3).replace(",", "")) / int(m.group(2).replace(",", ""))
     assert 0 < share < 0.05 and 0 < float(m.group(1)) < 5
     assert m.group(4) == m.group(3) and m.group(5) == f"{100 * (1 - share):.2f}"
+
+
+def test_quarot_figure_is_the_version_quoted_and_the_weight_sentences_are_scoped(text):
+    """
+    回归（演示 3）：观察 4 引 QuaRot 的"最多差 0.29"是 arXiv v1 的摘要，v2 的摘要是 0.47；观察 3 说"这个模型在就近
+    舍入的 4 位权重下已经坏了"，可文件本身就是 4 位（Q4_1）、答得对，坏的是再做一次对称的 INT4-g32；观察 2 的"旋转反而
+    更差"只量了就近舍入（QuaRot 的 4 位权重用 GPTQ）。
+    """
+    flat = text.replace("\n     ", "").replace("\n", "")
+    obs = flat[flat.index("只量化权重（W4A16"):flat.index("演示 4：LLM.int8()")]
+    assert "arXiv 2404.00456v2 的摘要" in obs and "最多差 0.47" in obs and "最多差 0.29" not in obs
+    assert "已经坏了" not in obs
+    assert "文件本身就是 4 位的（Q4_1）" in obs and "第二次舍入" in obs
+    assert "只量化权重（W4A16，就近舍入）" in obs and "GPTQ" in obs
+    top1 = {(r[0], r[1]): r[3] for r in table_rows(text, "权重 / 激活  旋转")}
+    pct = float(top1[("W4A16", "不旋转")].rstrip("%"))
+    assert f"不旋转的 W4A16 top-1 只有 {pct:.0f}%" in obs
+
+
+def test_folding_a_per_group_constant_leaves_round_to_nearest_unchanged():
+    """
+    演示 3 观察 2 的推导：INT4-g32 的一组 32 行整组乘同一个数 c，就近舍入的结果也乘 c（c 取 2 的幂时 FP16 的 scale
+    也精确地乘 c，结果逐位相同）；组里的行乘不同的数时就不是了——折叠 RMSNorm 的 g 只能通过组内 g 的差别起作用。
+    """
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((128, 48)) * 0.05
+    c = np.repeat(2.0 ** rng.integers(-3, 4, size=4), 32)          # 每组 32 行一个 2 的幂
+    assert np.array_equal(quantize_matrix(c[:, None] * W, "int4-g32")[0], c[:, None] * quantize_matrix(W, "int4-g32")[0])
+    g = c * rng.uniform(0.5, 2.0, size=128)                          # 组内不同
+    assert not np.allclose(quantize_matrix(g[:, None] * W, "int4-g32")[0], g[:, None] * quantize_matrix(W, "int4-g32")[0])
+
+
+def test_folding_sentence_is_derived_and_the_rotation_one_stays_a_guess(text):
+    flat = text.replace("\n     ", "").replace("\n", "")
+    assert "折叠为什么有影响是能推出来的：一组 32 行整组乘同一个数" in flat
+    assert "旋转为什么更差没有验证" in flat and "一个没有验证的猜测：原来 g" not in flat

@@ -158,7 +158,9 @@ def test_every_seed05_correction_is_printed_where_it_says(s04, capsys):
     expect = {"种子 05 演示 1 观察 1": "种子 05 演示 1 观察 1 说",
               "种子 05 演示 2（": "种子 05 演示 2 对所有 γ 都用 α = 0.93",
               "种子 05 演示 2 观察 4": "它把 2–5 倍读成\"GPU 上的投机解码比单纯的 prefill / decode 解耦快\"",
-              "种子 05 的 SRAM_BW": "这是种子 05 的假设"}
+              "种子 05 的 SRAM_BW": "这是种子 05 的假设",
+              "种子 05 开头的": "没有\"每千瓦吞吐\"",                       # issue 35 第 24 条
+              "种子 05 演示 1、2 的 MoE 验证": "这是上限：路由偏斜时碰到的更少"}
     assert len(r["corrections"]) == len(expect)
     last = _observations(chunks[5])[-1]
     for (what, where), (key, said) in zip(r["corrections"], expect.items()):
@@ -186,3 +188,33 @@ def test_demo4_says_the_seeds_quoted_blog_conclusion_is_not_in_the_readable_part
     s04.demo4_blog_claims()
     obs1 = _observations(capsys.readouterr().out)[0]
     assert _has("种子演示 2 观察 2 用引号引的\"博客的结论\"", obs1) and _has("也一样", obs1)
+
+
+def test_seed05_moe_verify_count_is_the_uniform_routing_upper_bound(s04, text):
+    """issue 35 第 24 条：种子 05 的"验证 21 个 token 每层碰到 62 个专家"按均匀、独立的路由算，是上限；
+    偏斜的路由碰到的更少。手算：128·(1 − (31/32)^21)；一半专家 3 倍机会时两半各 64 个，选中机会 12/256 和 4/256。"""
+    import contextlib
+    import io
+    import random
+    with contextlib.redirect_stdout(io.StringIO()):
+        r3 = s04.demo3_cost_coefficient()
+    uni = 128 * (1 - (31 / 32) ** 21)
+    skew = 64 * (1 - (1 - 12 / 256) ** 21) + 64 * (1 - (1 - 4 / 256) ** 21)
+    assert r3["moe_touched"]["uniform"] == pytest.approx(uni, rel=1e-12) and round(uni) == 62
+    assert r3["moe_touched"]["skewed"] == pytest.approx(skew, rel=1e-12) and skew < uni
+    # 上限：随便几种 Σ = 4、每个 ≤ 1 的选中机会，碰到的都不超过均匀的
+    rng = random.Random(0)
+    for _ in range(20):
+        w = [rng.random() ** 3 for _ in range(128)]
+        incl = [4 * x / sum(w) for x in w]
+        if max(incl) <= 1:
+            assert s04.touched_experts_routed(incl, 21) <= uni + 1e-9
+    assert f"21 个 token 只碰到 {skew:.1f} 个（均匀时 {uni:.1f}）" in text
+    assert "这是上限：路由偏斜时碰到的更少" in text
+
+
+def test_seed05_per_kw_normalisation_is_not_in_the_readable_blog(text):
+    """issue 35 第 24 条：种子 05 开头说 Gimlet"按每千瓦吞吐归一化、有批处理"；博客能读到的开头只说"能耗相当"。"""
+    assert "没有\"每千瓦吞吐\"，也没说有没有批处理" in text
+    assert "equivalent energy consumption" in text
+    assert "种子 05 开头的\"他们按每千瓦吞吐归一化、有批处理\" → 演示 4 观察 3" in text

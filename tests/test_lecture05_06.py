@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script, unwrap
+from conftest import ROOT, load_script, script_demo_text, script_results, unwrap
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
@@ -27,12 +27,18 @@ def s06():
     return load_script("lecture05/06_goodput_and_slo.py")
 
 
+S06 = "lecture05/06_goodput_and_slo.py"
+
+
 @pytest.fixture(scope="module")
 def d1(s06):
-    import contextlib
-    import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        return s06.demo1_goodput()
+    """演示 1 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results）；打印的文字也读那次的。"""
+    return script_results(S06)["d1"]
+
+
+def _printed(n):
+    """脚本那次运行打印的演示 n 那一段，观察的折行接回（unwrap）。"""
+    return unwrap(script_demo_text(S06, n))
 
 
 def _attain(res, ttft, tpot):
@@ -122,9 +128,8 @@ def test_capacity_used_for_the_memory_check():
     assert max_batch(M, H100, 1) == int((80e9 - 2 * 8_030_261_248) // 131072)
 
 
-def test_demo2_curve_and_the_finite_run_claim(s06, capsys):
-    r = s06.demo2_attainment_curve()
-    capsys.readouterr()
+def test_demo2_curve_and_the_finite_run_claim(s06):
+    r = script_results(S06)["d2"]
     grid = s06.SETUPS[0][2]
     colo = r["curves"]["同机"]
     assert r["colo_first_fail"] == next(g for g, a in zip(grid, colo) if a < 0.9)
@@ -139,9 +144,9 @@ def test_demo2_curve_and_the_finite_run_claim(s06, capsys):
     assert colo[2] == _attain(_slow(s06, config, grid[2]), ttft, tpot)
 
 
-def test_demo3_chunk_sweep(s06, capsys):
-    r = s06.demo3_chunk_sweep()
-    text = unwrap(capsys.readouterr().out)                                # 观察换行处接起来
+def test_demo3_chunk_sweep(s06):
+    r = script_results(S06)["d3"]
+    text = _printed(3)                                                    # 观察换行处接起来
     sw, chunks = r["sweep"], s06.SWEEP_CHUNKS
     stalls = [sw[c]["stall"] for c in chunks]
     assert stalls == sorted(stalls) and sw[None]["stall"] > stalls[-1]
@@ -185,14 +190,14 @@ def test_demo3_chunk_sweep(s06, capsys):
     assert fits == [True, False] and 256 < c < 1024
 
 
-def test_demo1_states_the_favourable_assumption_where_chunking_wins(s06, capsys):
+def test_demo1_states_the_favourable_assumption_where_chunking_wins(s06):
     """分块 prefill 拿到最高的那句话里，紧跟着说模型对它最有利（混合迭代没有额外开销）。"""
-    s06.demo1_goodput()
-    out = unwrap(capsys.readouterr().out)
-    assert "同机+分块512（14.4；同机 prefill 优先 5.4），10 组里每一组都高于其他部署（模型对它最有利" in out
+    out = _printed(1)
+    assert ("TPOT 紧时，同机+分块512 在 10 组里都是第一（中位 14.4；同机 prefill 优先只有 5.4）——不过这是模型对它"
+            "最有利的地方（混合迭代没有额外开销，观察 5）") in out
 
 
-def test_demo1_orders_by_paired_draws_with_a_stated_error_bound(s06, d1, capsys):
+def test_demo1_orders_by_paired_draws_with_a_stated_error_bound(s06, d1):
     """
     issue 26 第 10 条：3 组随机数时"只有范围不重叠的先后才算数"不成立（两种一样的部署范围不重叠的机会
     2 / C(6, 3) = 10%，一列 15 对）。现在：至少 10 组，每种部署用同样的随机数，按组配对比；
@@ -207,8 +212,7 @@ def test_demo1_orders_by_paired_draws_with_a_stated_error_bound(s06, d1, capsys)
     # 同一组随机数：每种部署的到达间隔用同一组 u（按到达率缩放）、同样的提示和输出长度
     u = [poisson_arrivals(1.0, s06.N_REQ, s06.DRAWS[d][0]) for d in range(2)]
     assert np.allclose(poisson_arrivals(3.0, s06.N_REQ, s06.DRAWS[1][0]), u[1] / 3.0, rtol=1e-12)
-    s06.demo1_goodput()
-    out = unwrap(capsys.readouterr().out)
+    out = _printed(1)
     assert "只有范围不重叠的先后才算数" not in out and "三组" not in out
     assert f"这样错判的机会 ≤ (1/2)^10 = 0.10%；一列 6 种部署有 15 对、两个方向" in out
     assert "≤ 30 × (1/2)^10 = 2.9%" in out
@@ -219,10 +223,10 @@ def test_demo1_orders_by_paired_draws_with_a_stated_error_bound(s06, d1, capsys)
             assert all(a["goodput"] > b["goodput"] for a, b in zip(runs["同机+分块512"], rr))
 
 
-def test_demo2_table_has_all_six_and_no_chart(s06, capsys):
+def test_demo2_table_has_all_six_and_no_chart(s06):
     """issue 26 第 21 条：图只画了 6 种部署里的 3 种。改成：表里六种都有，再给每种第一次低于 90% 的到达率，不画图。"""
-    r = s06.demo2_attainment_curve()
-    out = capsys.readouterr().out
+    r = script_results(S06)["d2"]
+    out = script_demo_text(S06, 2)
     assert "图例" not in out and "SLO 达标率（%）" not in out
     grid = s06.SETUPS[0][2]
     assert set(r["first_fail"]) == {c[0] for c in s06.CONFIGS}
@@ -231,13 +235,13 @@ def test_demo2_table_has_all_six_and_no_chart(s06, capsys):
     assert "同机 6、同机+分块512 16、解耦 1:1 8、解耦 2:1 6、解耦 1:2 12、解耦 1:3 10" in out
 
 
-def test_demo2_overload_floor_is_the_earliest_arrivals(s06, capsys):
+def test_demo2_overload_floor_is_the_earliest_arrivals(s06):
     """
     演示 2 观察 3：原来说解耦的达标率"停在 2%–10%"，可 24→28→32 时解耦 1:2 还在降（12%、11%、10%）。
     现在说 32 时还有多少、达标的是哪些请求：原来的模拟（1:1）和独立写的达标率核对"都在最先到达的 N 个里"。
     """
-    r = s06.demo2_attainment_curve()
-    out = unwrap(capsys.readouterr().out)
+    r = script_results(S06)["d2"]
+    out = _printed(2)
     c12 = r["curves"]["解耦 1:2"]
     assert c12[-3] > c12[-2] > c12[-1]                                     # 还在降：不是"停在"
     assert "停在" not in out
@@ -250,7 +254,7 @@ def test_demo2_overload_floor_is_the_earliest_arrivals(s06, capsys):
     assert f"达标的都在最先到达的 {r['last_ok']} 个请求里" in out
 
 
-def test_demo1_memory_check_covers_every_simulated_rate(s06, d1, capsys):
+def test_demo1_memory_check_covers_every_simulated_rate(s06, d1):
     """
     观察 6 原来只核对 goodput 点上的 KV，可二分时模拟过的不达标的到达率也决定 goodput 落在哪；现在核对所有
     模拟过的到达率，并加上一个最长提示的 KV（分块 prefill 时正在 prefill 的那个不在 peak_ctx 里）。
@@ -268,7 +272,47 @@ def test_demo1_memory_check_covers_every_simulated_rate(s06, d1, capsys):
                     worst = max(worst, peak / max_batch(m, gang(H100, g), 1))
     assert d1["peak_kv_tested"] == pytest.approx(worst, rel=1e-12)
     assert d1["peak_kv_frac"] < d1["peak_kv_tested"] < 1
-    s06.demo1_goodput()
-    out = unwrap(capsys.readouterr().out)
+    out = _printed(1)
     assert "二分时模拟过的所有到达率（包括不达标的）上，再加一个最长提示的KV，最多占98%" in out
     assert "所以模拟不限制批大小不影响这张表" not in out
+
+
+def test_demo1_counts_the_draws_each_deployment_wins(s06, d1):
+    """issue 35 第 21 条：观察 1–2 原来是模板句（"中位数最高的是 同机、解耦 2:1（1.55），但它们不是每一组都高于
+    同机+分块512、分不出先后…"）。现在表里有"第一"列（10 组里几组最高，并列都算），观察说谁赢了几组。"""
+    names = [c[0] for c in s06.CONFIGS]
+    expect = {}
+    for (model, slo, cfg), v in d1["gp"].items():
+        expect.setdefault((model, slo), {n: 0 for n in names})
+    for (model, slo), cnt in expect.items():
+        for d in range(s06.N_DRAWS):
+            g = [d1["gp"][(model, slo, n)]["runs"][d]["goodput"] for n in names]
+            for n, x in zip(names, g):
+                cnt[n] += x == max(g)
+    assert d1["firsts"] == expect
+    m8, m70 = s06.SETUPS[0][0].name, s06.SETUPS[1][0].name
+    assert expect[(m8, "TPOT 紧")]["同机+分块512"] == s06.N_DRAWS
+    assert (expect[(m8, "TTFT 紧")]["解耦 2:1"], expect[(m8, "TTFT 紧")]["同机"]) == (6, 4)
+    assert (expect[(m70, "TPOT 紧")]["解耦 2:1"], expect[(m70, "TPOT 紧")]["解耦 1:1"]) == (9, 2)
+    assert (expect[(m70, "TTFT 紧")]["解耦 2:1"], expect[(m70, "TTFT 紧")]["同机"]) == (6, 5)
+    out = _printed(1)
+    assert "中位数最高的是" not in out and "但它们不是每一组都高于" not in out
+    assert "TTFT 紧时，解耦 2:1 赢了 6 组、同机 赢了 4 组，中位 14.8 对 14.6" in out
+    assert "TPOT 紧时，解耦 2:1 赢了 9 组、解耦 1:1 赢了 2 组（1 组并列），中位 1.6 对 1.45" in out
+    assert "同机+分块512 一组也没赢（中位 1.4），可也不是每一组都比它们低" in out
+    # 表里的"第一"列：8B 同机 TTFT 紧 4 组
+    row = next(l for l in out.splitlines() if l.strip().startswith("8B  同机 ") and "14.6" in l)
+    assert row.split()[-1] == "4"
+
+
+def test_readme_opening_separates_computed_from_quoted_figures(s06):
+    """issue 35 第 18 条：README 开头说"观察里引用的每个数都是代码算出来的"——不对，观察也引论文的数
+    （05/06 的 DistServe 图 1、06/06 的 Leviathan 表 4）。现在说两种数各怎么来；它举的例子确实带着出处印在观察里。"""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        head = f.read().split("## 安装和测试")[0]
+    assert "观察里引用的每个数都是代码算出来的" not in head
+    assert "代码算出来的，由 `tests/` 里的测试核对" in head and "旁边写着出处" in head
+    out = _printed(1)
+    assert "DistServe 图 1" in head
+    assert "DistServe 图 1（13B 模型、一块 A100、输入 512 / 输出 64）同机的 goodput 约 1.6 req/s，单做 prefill 5.6、单做 decode 10，" \
+           "2 块 prefill + 1 块 decode 合 3.3 req/s/GPU" in out

@@ -87,9 +87,10 @@ def test_attainment_and_goodput_recomputed_by_hand(d1):
     m = by_hand(fail)
     assert (d1["fail_rate"], d1["n_ttft"], d1["n_tpot"]) == (fail, sum(t > S.TTFT_SLO for t, _ in m),
                                                              sum(p > S.TPOT_SLO for _, p in m))
-    # 最低的率、一个序列单独 decode 的一步：读一遍 float32 的权重 + 每步 + 每序列开销
+    # 最低的率、一个序列单独 decode 的一步：读一遍 float32 的权重 + 每步 + 每序列开销（KV 不计）
     w_bytes = 4 * (S.M.params() - 0)
-    assert d1["single"] == pytest.approx(w_bytes / CPU_COST["bytes_per_s"] + CPU_COST["step_s"] + CPU_COST["seq_s"],
+    # 一行：一行一次的 GEMV 路（标定的 gemv 带宽）
+    assert d1["single"] == pytest.approx(w_bytes / CPU_COST["gemv_bytes_per_s"] + CPU_COST["step_s"] + CPU_COST["seq_s"],
                                          rel=0.02)
 
 
@@ -112,7 +113,7 @@ def test_steady_state_is_a_fixed_point_of_the_step_time(d2):
     cap = d2["cap"]
     assert S.steady_state(cap)["ok"] and not S.steady_state(cap * 1.001)["ok"]
     assert cap <= d2["lam_work"] and d2["lam_work"] == pytest.approx(
-        1 / (d2["work"]["compute"] + d2["work"]["seq"]), rel=1e-12)
+        1 / (d2["work"]["compute"] + d2["work"]["bytes"] + d2["work"]["seq"]), rel=1e-12)
     # 1/(活) 正是"斜率 = 1"的率：略低有不动点的斜率 < 1，略高没有
     assert S.steady_state(d2["lam_work"] * 1.0001)["why"] == "活干不完"
     assert d2["first_unstable"] == min(r for r in S.RATES if r > cap)
@@ -151,10 +152,15 @@ def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
     params = init_params(cfg, 0)
     tok = big_tokenizer(cfg.vocab)
 
+    engines = []
+
     def start():
         eng = LLMEngine(params, cfg, S.N_BLOCKS, S.BLOCK, S.BUDGET, S.MAX_SEQS, clock="wall")
+        engines.append(eng)
         return serve.make_server(eng, tok, "tiny")
     sums = S.demo3_live(start, n=4, rates=(20.0, math.inf))
+    # 每个率一个新服务器（新引擎）：第二个率不会命中第一个率留下的前缀缓存（同样的提示重发过去会全部命中）
+    assert len(engines) == 2 and all(e.bm.hits == 0 for e in engines)
     out = capsys.readouterr().out
     assert "演示 3" in out and "实测" in out
     assert [s["completed"] for s in sums] == [4, 4]

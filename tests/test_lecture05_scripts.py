@@ -468,3 +468,14 @@ def test_03_only_network_rows_join_two_machines(s03, capsys):
     assert r["across_machines"] == ["InfiniBand NDR（一个 400 Gb/s 端口）", "400 GbE 以太网", "100 GbE 以太网",
                                     "InfiniBand NDR × 每块 GPU 一个端口"]
     assert "NVLink 4、PCIe Gen5 x16 两行连不了两台机器" in out
+
+
+def test_01_paging_is_not_a_cost_of_continuous_batching(s01, capsys):
+    """issue 35 第 19 条：旧句子把"KV cache 要按页管理"算作连续批的代价。Orca 连续批时按请求预留连续空间；
+    分页是 vLLM 对预留造成的碎片的办法（05/07 量碎片）。"""
+    s01.demo3_continuous_batching()
+    text = unwrap(capsys.readouterr().out)
+    assert "连续批的代价是每步都要调度、KV cache 要按页管理" not in text
+    assert "KV cache 按页管理不是连续批的代价：Orca 做连续批时给每个请求预留一段连续的 KV 空间" in text
+    assert "07 脚本量了这些碎片" in text
+    assert os.path.exists(os.path.join(ROOT, "lecture05", "07_paged_kv_cache.py"))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout
+from conftest import load_script, script_console_blocks, script_stdout
 
 S01 = load_script("lecture06/01_kv_cache_rollback.py")
 S02 = load_script("lecture06/02_rejection_sampling.py")
@@ -414,7 +414,8 @@ def test_engine_acceptance_rate_is_not_alpha():
     assert rate == pytest.approx(sum(0.75 ** i for i in range(1, 5)) / 4, rel=1e-12)
     text = script_stdout("lecture06/02_rejection_sampling.py")
     assert "一般情形 α = 0.750、γ = 4 时每轮 E = 3.05 个 token，引擎会报 0.513；把它当 α 代进式 (1) 得 1.98，低估了 35%" in text
-    assert "要在接受测试之前原样作用到 p 和 q 两边" in text
+    # issue 35 第 12 条：旧句子"采样设置要原样作用到 p 和 q 两边"是错的（只有 p 必须是用户的分布）
+    assert "要在接受测试之前原样作用到 p 和 q 两边" not in text
 
 
 def test_verify_is_as_cheap_as_a_step_only_at_small_batch_dense():
@@ -422,3 +423,51 @@ def test_verify_is_as_cheap_as_a_step_only_at_small_batch_dense():
     （第 5 讲 05 的 MoE 验证是普通一步的好几倍，本讲 05 的大批）。"""
     text = script_stdout("lecture06/01_kv_cache_rollback.py")
     assert "批大了、或者 MoE 目标验证多个 token 时要多读专家，它就不成立（本讲 05 脚本、第 5 讲 05 脚本）" in text
+
+
+# ---------------------------------------------------------------------------
+# issue 35 第 12 条：只有 p 必须是用户的分布；草稿取 argmax 时接受率是 p(argmax q)
+# ---------------------------------------------------------------------------
+# 手算：p(argmax q) 和 Σ min(p, q)，情形按 CASES 的顺序（一般情形、支撑不相交的 q 最大值并列，不列）
+GREEDY_BY_HAND = {
+    "草稿过于自信": (0.6, 0.3),
+    "p == q": (1.0, 0.4),
+    "q 在 p > 0 处为 0": (0.7, 0.4),
+    "p one-hot（T = 0）": (None, 0.0),        # α 见 ALPHA_BY_HAND；q 的 argmax 是 token 1，p(1) = 0
+    "p = (1, 0)、q = (0.6, 0.4)": (0.6, 1.0),
+}
+
+
+def test_greedy_draft_acceptance_is_p_of_the_draft_argmax():
+    cases = S02.case_arrays()
+    extra = (S02.GREEDY_EXTRA[0], np.asarray(S02.GREEDY_EXTRA[1]), np.asarray(S02.GREEDY_EXTRA[2]))
+    rows = S02.greedy_draft_rows(cases + [extra])
+    assert [r[0] for r in rows] == list(GREEDY_BY_HAND)       # 并列的两个情形不列
+    for name, p, q, a, g in rows:
+        a_hand, g_hand = GREEDY_BY_HAND[name]
+        if a_hand is not None:
+            assert a == pytest.approx(a_hand, abs=1e-15), name
+        assert g == pytest.approx(g_hand, abs=1e-15), name
+        # 点质量规则本身：q 换成 argmax 上的 one-hot，精确枚举的接受率就是 p(argmax q)，输出仍然是 p
+        onehot = np.zeros_like(q)
+        onehot[int(np.argmax(q))] = 1.0
+        assert S02.acceptance_rate(p, onehot) == pytest.approx(g_hand, abs=1e-15), name
+        np.testing.assert_allclose(S02.speculative_step_probs(p, onehot), p, atol=1e-15)
+
+
+def test_greedy_draft_observation_says_lower_here_but_not_always():
+    text = script_stdout("lecture06/02_rejection_sampling.py")
+    assert "q 不必经过同样的设置，它必须是草稿 token 真正从中抽出来的那个分布" in text
+    assert "表里 5 个情形有 4 个变低（草稿过于自信：0.600 → 0.300），但不是一定变低：" in text
+    assert "p = (1, 0)、q = (0.6, 0.4) 时 0.600 → 1.000" in text
+    assert "从 q 抽 0.723，取 argmax 0.498" in text
+
+
+def test_quoted_smollm2_pair_is_what_06_12_prints():
+    """06/02 引用的 SmolLM2 的两个数必须和 06/12 演示 2 表里 k = 1 行的"独立""前 k 名"两列一样（读已经跑过的那次输出）。"""
+    tabs = [b for b in script_console_blocks("lecture06/12_production_trees.py") if b["kind"] == "table"]
+    t = next(b for b in tabs if "SmolLM2\n独立" in b["headers"])
+    h = t["headers"]
+    row = next(r for r in t["rows"] if str(r[0]).strip() == "1")
+    printed = (float(row[h.index("SmolLM2\n独立")]), float(row[h.index("SmolLM2\n前 k 名")]))
+    assert printed == S02.SMOLLM2_K1

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout, unwrap
+from conftest import load_script, script_results, script_stdout, unwrap
 
 from spec_math_lab import expected_tokens  # noqa: E402
 from transformer_lab import softmax  # noqa: E402
@@ -30,10 +30,8 @@ def models03(s03):
 
 @pytest.fixture(scope="module")
 def r1(s03, models03):
-    import contextlib
-    import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        return s03.demo1_distribution(*models03)
+    """演示 1 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/03_spec_decode_exact.py")["d1"]
 
 
 def _body_without_docstring(src):
@@ -356,7 +354,7 @@ def test_05_speedup_chart(s05, capsys):
     assert set(r["curves"]) == {"加速比 = 1（不赚不赔）"} | {f"γ = {g}" for g in s05.CHART_GAMMAS}
     for g in s05.CHART_GAMMAS:
         xs, ys, mark = r["curves"][f"γ = {g}"]
-        assert mark == str(g) and list(xs) == grid
+        assert mark == s05.CHART_MARKS[s05.CHART_GAMMAS.index(g)] and list(xs) == grid
         for b, y in zip(xs, ys):
             assert y == pytest.approx(_speedup(0.8, g, b, 512, T, D), rel=1e-12)
     # B* = 452.2：表里第一个受算力限制的批是 512；之后每个 γ 的加速比变化 < 0.03（前面从 2 多掉到 1 以下）
@@ -468,3 +466,21 @@ def test_03_greedy_equality_is_exact_here_only_up_to_numerics_on_gpus():
     s01 = script_stdout("lecture06/01_kv_cache_rollback.py")
     assert "最大差 < 1e-13" in s01
     assert "float64 里这是精确的相等；GPU 上用 bf16、成批地算时只在数值精度以内成立" in s01
+
+
+def test_05_chart_marks_are_letters_not_tick_digits(s05, capsys):
+    """issue 35 第 20 条：曲线记号曾是 "1""2""8"，和纵轴的刻度（"1 +-"、"2 +2"）、"-" 线混在一起。现在是字母，
+    彼此不同，图例说出每个字母是哪个 γ。"""
+    r = s05.demo2_speedup()
+    out = capsys.readouterr().out
+    marks = [r["curves"][f"γ = {g}"][2] for g in s05.CHART_GAMMAS]
+    assert len(set(marks)) == len(marks)
+    for m in marks:
+        assert len(m) == 1 and m.isalpha() and m.isascii(), m
+    legend = next(l for l in out.splitlines() if l.startswith("图例："))
+    for g, m in zip(s05.CHART_GAMMAS, marks):
+        assert f"{m} γ = {g}" in legend
+    # 纵轴刻度那几行（"  2 +..."）的刻度之后不再出现数字
+    for line in out.splitlines():
+        if " +" in line and line.split("+", 1)[0].strip().replace(".", "").isdigit():
+            assert not any(ch.isdigit() for ch in line.split("+", 1)[1]), line

@@ -3,7 +3,8 @@
 演示 1、3 按脚本的大小跑，用参数个数、首步分析的递推、手写的搜索核对；演示 2、4 真跑模型，测试里把提示数、
 种子组数、新 token 数调小（同一段代码），再用直接调用 speculative_generate、独立的计数和 statistics.NormalDist 核对。
 "比值 = (γ + 1) × 轮数 ÷ 新 token 数"这个恒等式用真跑的账本（Counter）核对。
-观察引用的是全尺寸的数，所以演示 2、3、4 也按脚本的大小各跑一次（test_07_full_*）：真跑的轮数用直接调用
+观察引用的是全尺寸的数，所以演示 2、4 全尺寸的数取自脚本自己的运行（test_scripts 跑的那一次，console.save_results
+存下的；打印的文字也是那次的），演示 3 在进程里按脚本的大小跑一次（test_07_full_*）：真跑的轮数用直接调用
 speculative_generate 抽查；模拟的数对照轮数的精确分布（更新方程按概率分布递推、卷积，不抽样）。
 """
 import contextlib
@@ -14,7 +15,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from conftest import load_script, script_raw_stdout, unwrap
+from conftest import load_script, script_demo_text, script_raw_stdout, script_results, unwrap
 from decode_lab import autoregressive_generate, speculative_generate
 from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
@@ -219,12 +220,17 @@ def test_07_rounds_pmf_matches_the_renewal_mean():
         assert float((np.arange(n + 1) * pmf).sum()) == pytest.approx(_rounds(a, g, n), rel=1e-12)
 
 
+S07 = "lecture06/07_draft_cost_and_bias.py"
+
+
+def _printed_demo(n):
+    """07 脚本那次运行打印的演示 n 那一段（从它的标题到下一个演示的标题）。"""
+    return script_demo_text(S07, n)
+
+
 @pytest.fixture(scope="module")
-def full2_run(s07, models, costs):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        res = s07.demo2_real_loop(*models, costs)
-    return res, buf.getvalue()
+def full2_run():
+    return script_results(S07)["d2"], _printed_demo(2)
 
 
 @pytest.fixture(scope="module")
@@ -312,8 +318,8 @@ def test_07_full_estimator_bias_on_the_real_runs(s07, costs, full2):
 
 
 @pytest.fixture(scope="module")
-def full4(s07, models):
-    return _quiet(s07.demo4_flop_ratio, *models)
+def full4():
+    return script_results(S07)["d4"]
 
 
 def test_07_full_flop_ratio_real_runs(s07, models, full4):
@@ -449,11 +455,8 @@ def test_07_seed04_flop_ratio_is_plus_97_percent(s07, models, full4):
     assert round((ratio - r["mu"]) / r["sd"], 1) == 0.2 and round((ratio - r["thm"]) / r["sd"], 1) == 0.6
 
 
-def test_07_seed04_flop_ratio_text(s07, models):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        s07.demo4_flop_ratio(*models)
-    text = "".join(buf.getvalue().split())                          # 去掉所有空白（折行处的空格也去掉）
+def test_07_seed04_flop_ratio_text():
+    text = "".join(_printed_demo(4).split())                        # 去掉所有空白（折行处的空格也去掉）
     for want in ("04 演示 4 观察 1 说运算量\"和定理 3.11 的预测接近（γ = 8 时多做约 90%）\"", "比值 1.97×，多做 97%",
                  "定理 3.11 那一栏的 1.89×", "比值的期望是 1.95", "离期望 0.2 个标准差，离定理的 1.89 是 0.6 个"):
         assert "".join(want.split()) in text, want

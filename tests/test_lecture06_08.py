@@ -378,3 +378,53 @@ def test_demo1_seed04_gap_is_sampling_and_truncation():
     """issue 19 复读：04 的实测和式 (1) 的差不只是抽样——还有 07 演示 3 量出的截断偏差；观察 3 要和 07 说的一致。"""
     text = script_stdout("lecture06/08_correlated_acceptance.py")
     assert "所以 04 的实测和式 (1) 之间只有抽样的起伏和 07 脚本演示 3 的截断偏差" in text
+
+
+# ---------------------------------------------------------------------------
+# issue 35 第 22 条：种子 04 演示 3 观察 2 说"式 (1) 只要求各位置独立"——还要每个位置的均值相同
+# ---------------------------------------------------------------------------
+def _periodic_by_rounds(cycle, gamma, n_rounds=4000):
+    """第二条代码路径：从相位 0 开始，把"下一轮起点的相位"的分布一轮一轮往前推，数 n_rounds 轮的平均 token。"""
+    m = len(cycle)
+    dist = np.zeros(m)
+    dist[0] = 1.0
+    total = 0.0
+    for _ in range(n_rounds):
+        new = np.zeros(m)
+        for s in range(m):
+            if dist[s] == 0:
+                continue
+            run = 1.0
+            for k in range(gamma):
+                stop = run * (1 - cycle[(s + k) % m])
+                new[(s + k + 1) % m] += dist[s] * stop
+                total += dist[s] * stop * (k + 1)
+                run *= cycle[(s + k) % m]
+            new[(s + gamma + 1) % m] += dist[s] * run
+            total += dist[s] * run * (gamma + 1)
+        dist = new
+    return total / n_rounds
+
+
+def test_alternating_beta_breaks_eq1_though_positions_are_independent(s08, demos):
+    alt = demos[0]["alternating"]
+    # 手算 γ = 1：从易（0.9）开始 1.9 个 token、从难开始 1.1；起点是易的概率 = 上一轮在难处拒绝或在易处接受 = 0.9
+    assert alt[1] == pytest.approx(0.9 * 1.9 + 0.1 * 1.1, abs=1e-12)
+    for g in s08.GAMMAS:
+        # 推 4000 轮从相位 0 出发的平均，和平稳值差 O(1/轮数)
+        assert alt[g] == pytest.approx(_periodic_by_rounds((0.1, 0.9), g), abs=1e-3)
+    assert demos[0]["alternating_pair"] == pytest.approx(0.09, abs=1e-15)
+    # 同一个均值 0.5 的常数 β：式 (1) 精确（函数在 cycle 只有一个值时退化成式 (1)）
+    for g in s08.GAMMAS:
+        assert s08.periodic_beta_tokens((0.5,), g) == pytest.approx(_eq1(0.5, g), abs=1e-12)
+        assert s08.periodic_beta_tokens((0.5, 0.5), g) == pytest.approx(_eq1(0.5, g), abs=1e-12)
+    text = script_stdout("lecture06/08_correlated_acceptance.py")
+    assert "种子 04 演示 3 观察 2 说" in text and "这不对" in text
+    assert "相邻两个位置的乘积总是 0.09，不是 α² = 0.25" in text
+    assert "式 (1) 差 +21.3% / +2.5% / +0.2%（γ = 1 / 4 / 8），这里是低估" in text
+
+
+def test_demo1_obs4_cites_both_causes_of_leviathan_appendix_a3():
+    """issue 35 第 13 条：论文附录 A.3 给了两个原因（实现和基线的优化差别、i.i.d. 假设），08 引表 4 时要说出来。"""
+    text = script_stdout("lecture06/08_correlated_acceptance.py")
+    assert "论文附录 A.3 自己给的两个原因（转述）也是两样混在一起的：它的实现和基线之间在优化上的差别，和式 (1) 的 i.i.d. 假设" in text

@@ -245,3 +245,18 @@ def test_tree_claims_are_scoped_to_independent_candidates():
     assert "贪心解码时独立抽候选的树没有用处" not in text
     assert "只在这里的条件下成立：候选独立、有放回地抽，形状只有 (k, 1, …, 1)，每次前向 5–17 个位置" in text
     assert "取前 k 个不同候选的树不会抽到重复的候选，T = 0 时也能赢" in text
+
+
+def test_demo2_batch_shares_prompt_blocks_cost_is_reading_them_per_row(r2):
+    """issue 35 第 16 条：旧句子说批里"每一行各存一份提示的 KV cache"——用引用计数的分页块时各行共享提示的块；
+    没有 cascade 核时多出来的是注意力为每一行把提示的 K、V 读一遍。"""
+    from conftest import script_stdout
+    from quant_lab import QCFG
+    kv = S09.PROMPT_LEN * 2 * QCFG.n_layers * QCFG.n_kv_heads * QCFG.head_dim * 2     # K、V，BF16，手写
+    assert r2["kv_prompt"] == kv
+    text = script_stdout("lecture06/09_token_trees.py")
+    assert "还有批里每一行各存一份提示的 KV cache" not in text and "树省下的是提示的 KV 只存一份" not in text
+    assert "各行的块表指向同一组提示的块" in text
+    assert (f"多出来的是注意力为每一行把提示的 K、V 读一遍：{S09.PROMPT_LEN} 个位置、{S09.fmt_bytes(kv)}（BF16），"
+            f"拼成一批读 {r2['n_leaves']} 遍，树一次前向读 1 遍") in text
+    assert r2["n_leaves"] == 4          # (2, 2, 1) 的树：4 个叶子

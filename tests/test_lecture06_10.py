@@ -2,7 +2,7 @@
 第 6 讲 10_real_model_spec_decode.py（真实模型上的投机解码）。
 
 - float64 的真实循环：T = 0 的投机解码（跳层草稿、prompt lookup）输出 == 贪心，精确的轮次（greedy_lab）== 循环的每一轮。
-- 脚本的数（在进程里跑一次 context() 和各个演示）用另一条路径重算：草稿按 params 新建（不用 layer_subset），
+- 脚本的数（脚本自己那次运行存下的：演示返回的数和 ctx 里模型以外的部分，console.save_results）用另一条路径重算：草稿按 params 新建（不用 layer_subset），
   排名用 argsort，轮次、打乱、相关、式 (1)、定理 3.8、每 token 的字节数都用测试自己写的式子。
 - --time 的路径能跑（n = 2）；打印的观察引用的就是返回的数。
 """
@@ -12,10 +12,10 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout, smollm2_path
+from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
 
 from decode_lab import TransformerLM, autoregressive_generate, speculative_generate  # noqa: E402
-from drafts_lab import layer_skip_draft  # noqa: E402
+from drafts_lab import layer_skip_draft, layer_subset  # noqa: E402
 from greedy_lab import greedy_rounds, lookup_rounds  # noqa: E402
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
@@ -101,13 +101,19 @@ def test_float64_prompt_lookup_on_the_copy_prompt_equals_greedy_and_exact_rounds
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run():
+    """
+    演示返回的数和 ctx（文本、各草稿的排名、目标的 logits……）取自脚本自己的运行（test_scripts 跑的那一次），不在进程里
+    再跑 context() 和演示；模型（float32 的参数、目标、跳层草稿）用整个会话共用的那一份 float32 参数在进程里建，放回
+    脚本的 ctx（main(["--time", …]) 也就不再重建 context）。
+    """
     smollm2_path()                     # 拿不到模型时跳过（CS349E_REQUIRE_MODEL=1 时失败）；数字钉在 SmolLM2 上
     s = load_script(S)
-    with contextlib.redirect_stdout(io.StringIO()):
-        ctx = s.context()
-        out = {"d1": s.demo1_alphas(ctx), "d2": s.demo2_tokens_per_call(ctx), "d3": s.demo3_seed04_sentence(ctx),
-               "d4": s.demo4_prompt_lookup(ctx), "d5": s.demo5_trees(ctx), "d6": s.demo6_cost(ctx)}
-    return s, ctx, out
+    res = script_results(S)
+    P, cfg, tok = real_model("float32")
+    target = TransformerLM(P, cfg, "目标")
+    ctx = s._CTX
+    ctx.update(res["ctx"], P=P, tok=tok, target=target, skip=layer_skip_draft(target, *s.SKIP))
+    return s, ctx, res["out"]
 
 
 def _rounds(agree, gamma):
@@ -189,7 +195,7 @@ def _to_f64(P):
 SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
 
 
-def test_float32_decisions_hold_on_any_blas(run, f64):
+def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt):
     """
     脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
     精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
@@ -213,16 +219,13 @@ def test_float32_decisions_hold_on_any_blas(run, f64):
 
     a, n = s.SKIP
     L = ctx["cfg"].n_layers
-    pairs = [("目标", lambda: ctx["target"], lambda: target64)]
+    pairs = [("目标", ctx["target_logits"], lambda: target64)]     # 目标的 float32 logits：脚本自己算的（ctx）
     for label, keep in ((ctx["skip_label"], list(range(a)) + list(range(a + n, L))),
                         (f"只用前 {s.EXIT_K} 层", list(range(s.EXIT_K)))):
-        def m32(keep=keep):
-            return _plain_draft(ctx, keep)
+        m32 = rebuilt[label]                        # 层草稿的 float32 logits：rebuilt 按 params 新建的那个算的
 
-        def m64(keep=keep):
-            P = dict(target64.params)
-            P["layers"] = [target64.params["layers"][i] for i in keep]
-            return TransformerLM(P, config_like(target64.cfg, n_layers=len(keep)))
+        def m64(keep=keep):              # 和 float64 的目标共用融合好的权重（layer_subset 和按 params 新建逐位相同）
+            return layer_subset(target64, keep)
         pairs.append((label, m32, m64))
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
@@ -233,8 +236,8 @@ def test_float32_decisions_hold_on_any_blas(run, f64):
             l32 = rows(d32)
             l64 = rows(TransformerLM(_to_f64(d32.params), _cl(d32.cfg, dtype="float64")))
             del d32
-        else:
-            l32, l64 = rows(m32()), rows(m64())
+        else:                                       # 已经算好的 float32 logits（目标：脚本的；层草稿：rebuilt）
+            l32, l64 = [x.astype(np.float64) for x in m32], rows(m64())
         err = max(float(np.abs(x - y).max()) for x, y in zip(l32, l64))
         assert 0 < err < 1e-2
         for x64, t in zip(l64, toks):
@@ -430,7 +433,7 @@ def test_cost_coefficients_and_theorem_3_8(run):
 
 def test_time_path_runs(run, monkeypatch):
     """--time：每种做法重复 k 次；中位数、范围、同一遍里的比值都由返回的时间重算；预测按式子。"""
-    s, ctx, _ = run
+    s, ctx, out = run
     said = []
     monkeypatch.setattr(s, "print_observations", lambda obs: said.extend(obs))    # 观察的原文（不折行）
     buf = io.StringIO()
@@ -465,10 +468,18 @@ def test_time_path_runs(run, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match="重复次数"):
         s.demo7_timing(ctx, 2, repeats=0)
+    # main(["--time", n])：演示 1–6 照常（脚本自己的运行已经跑过它们：这里换成记下调用、交回那次运行的数），
+    # 然后把命令行的 n 交给演示 7；重复的次数上面核对过，这里只跑 1 次
+    asked, timing, called = [], s.demo7_timing, []
+    for i, name in enumerate(("demo1_alphas", "demo2_tokens_per_call", "demo3_seed04_sentence", "demo4_prompt_lookup",
+                              "demo5_trees", "demo6_cost"), 1):
+        monkeypatch.setattr(s, name, lambda c, i=i: called.append(i) or out[f"d{i}"])
+    monkeypatch.setattr(s, "demo7_timing", lambda c, n: asked.append(n) or timing(c, n, repeats=1))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         s.main(["--time", "1"])
-    assert "演示 7" in buf.getvalue() and "演示 6" in buf.getvalue()
+    assert "演示 7" in buf.getvalue() and called == [1, 2, 3, 4, 5, 6] and asked == [1]
+    assert ctx["_cost"] is out["d6"]
 
 
 def test_printed_observations_cite_the_returned_figures(run):

@@ -347,16 +347,16 @@ def test_engine_loop_gets_an_abort_from_step_and_releases_every_finished_request
     try:
         job = serve.Job(serve.GenRequest(prompt_ids=[5], max_tokens=60, temperature=0.0, seed=0, stop_ids=[]))
         loop.submit(job)
-        assert job.events.get(timeout=10)[0] == [byte_ids("b")[0]]
+        assert job.events.get(timeout=10).tokens == [byte_ids("b")[0]]
         loop.abort(job)
         evs = []
-        while not evs or evs[-1][1] is None:
+        while not evs or evs[-1].reason is None:
             evs.append(job.events.get(timeout=10))
-        assert evs[-1] == ([], "abort")
+        assert (evs[-1].tokens, evs[-1].reason) == ([], "abort")
         assert any((0, [], "abort") in out for out in stepped)          # 来自 step()，不是 EngineLoop 自己
         done = serve.Job(serve.GenRequest(prompt_ids=[5], max_tokens=2, temperature=0.0, seed=0, stop_ids=[]))
         loop.submit(done)
-        while done.events.get(timeout=10)[1] is None:
+        while done.events.get(timeout=10).reason is None:
             pass
         assert wait_until(lambda: loop.n_live == 0)
         assert len(eng.requests) == 0 and eng.num_free_blocks == NB    # 两个都 release 了
