@@ -36,6 +36,32 @@ class _Base:
         self.token_times, self.outputs, self.error_message, self.finished = {}, {}, {}, {}
         self._pending, self._next = [], 0
         self.loads = {}
+        self.logprobs = {}
+        self.requests = _Records(self)
+        self.last_error = None
+
+    # ---- 和 LLMEngine 一样的几处（serve.py 的引擎线程用）----
+    @property
+    def cfg(self):
+        return self._all_workers()[0].info["cfg"]
+
+    @property
+    def num_blocks(self):
+        """最小的那个 worker 的块池（serve.py 用它拒绝永远放不下的请求）。"""
+        return min(w.info["num_blocks"] for w in self._all_workers())
+
+    @property
+    def block_size(self):
+        return self._all_workers()[0].info["block_size"]
+
+    def release(self, request_id):
+        """忘掉一个已经报告结束的请求（token、时间、logprobs 的记录）。"""
+        for d in (self.token_times, self.outputs, self.error_message, self.finished, self.logprobs):
+            d.pop(request_id, None)
+
+    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, **kw):
+        kw = dict(kw, temperature=temperature, seed=seed, stop=stop)
+        return self._add(prompt_ids, max_tokens, **kw)
 
     def now(self):
         return time.perf_counter() - self.t0
@@ -81,6 +107,32 @@ class _Base:
         return False
 
 
+class _Record:
+    __slots__ = ("output", "logprobs", "error", "token_times", "finish_reason")
+
+
+class _Records:
+    """router.requests.get(id) -> 一个像 scheduler_lab.Request 的记录（output、logprobs、error、token_times）。"""
+
+    def __init__(self, router):
+        self.r = router
+
+    def get(self, gid):
+        r = self.r
+        if gid not in r.outputs:
+            return None
+        rec = _Record()
+        rec.output, rec.logprobs = r.outputs[gid], r.logprobs.get(gid)
+        rec.error, rec.token_times, rec.finish_reason = r.error_message.get(gid), r.token_times[gid], r.finished.get(gid)
+        return rec
+
+    def __getitem__(self, gid):
+        rec = self.get(gid)
+        if rec is None:
+            raise KeyError(gid)
+        return rec
+
+
 def _pick_least(ws, loads):
     return min(range(len(ws)), key=lambda i: (loads.get(id(ws[i]), 0), i))
 
@@ -123,7 +175,7 @@ class Router(_Base):
                 return ws[hits.index(best)]
         return ws[_pick_least(ws, self.loads)]
 
-    def add_request(self, prompt_ids, max_tokens, **kw):
+    def _add(self, prompt_ids, max_tokens, **kw):
         prompt = [int(t) for t in prompt_ids]
         w = self._choose(prompt)
         rid = w.call("add", (prompt, max_tokens, kw))
@@ -160,12 +212,14 @@ class Router(_Base):
                 self._fail_worker(w, out, self.owner)
                 continue
             self.loads[id(w)] = load
-            for rid, new, fin, _, err in events:
+            for rid, new, fin, _, err, lps in events:
                 gid = self.owner.get((w, rid))
                 if gid is None:
                     continue
                 if err:
                     self.error_message[gid] = err
+                if lps:
+                    self.logprobs.setdefault(gid, []).extend(lps)
                 self._emit(out, gid, new, fin)
                 if fin is not None:
                     del self.owner[(w, rid)]
@@ -191,7 +245,7 @@ class PDRouter(_Base):
     def _all_workers(self):
         return self.pre + self.dec
 
-    def add_request(self, prompt_ids, max_tokens, **kw):
+    def _add(self, prompt_ids, max_tokens, **kw):
         if not self._alive(self.pre) or not self._alive(self.dec):
             raise RuntimeError("prefill 或 decode 那边没有活着的 worker：路由器不能再服务 / no worker left")
         gid = self._new_id()
@@ -291,12 +345,14 @@ class PDRouter(_Base):
                     self._fail_worker(w, out, owner)
                     continue
                 self.loads[id(w)] = load
-                for rid, new, fin, _, err in events:
+                for rid, new, fin, _, err, lps in events:
                     gid = owner.get((w, rid))
                     if gid is None:
                         continue
                     if err:
                         self.error_message[gid] = err
+                    if lps:
+                        self.logprobs.setdefault(gid, []).extend(lps)
                     if owner is self.pre_owner and new and fin is None:
                         del owner[(w, rid)]
                         self._emit(out, gid, new, None)

@@ -84,8 +84,12 @@ def worker_main(conn, recipe, engine_kw):
                 res = eng.add_request(prompt, mt, **kw)
             elif op == "step":
                 out = eng.step()
-                res = ([(rid, new, fin, eng.requests[rid].token_times[-len(new):] if new else [],
-                         eng.requests[rid].error) for rid, new, fin in out], eng.now, _load(eng))
+                ev = []
+                for rid, new, fin in out:
+                    r = eng.requests[rid]
+                    lps = r.logprobs[len(r.logprobs) - len(new):] if r.logprobs is not None and new else None
+                    ev.append((rid, new, fin, r.token_times[-len(new):] if new else [], r.error, lps))
+                res = (ev, eng.now, _load(eng))
             elif op == "export":
                 rid, via = args
                 h = eng.export_request(rid)
@@ -123,7 +127,8 @@ def worker_main(conn, recipe, engine_kw):
                 res = {"num_free_blocks": eng.num_free_blocks, "num_blocks": eng.num_blocks, "now": eng.now,
                        "load": _load(eng), "unfinished": eng.has_unfinished_requests(), "pid": os.getpid(),
                        "hit_tokens": eng.bm.hits * eng.block_size,
-                       "prefill_tokens": sum(s["prefill"] for s in eng.steps), "wire_bytes": wire}
+                       "prefill_tokens": sum(s["prefill"] for s in eng.steps), "wire_bytes": wire,
+                       "cfg": eng.cfg, "block_size": eng.block_size}
             elif op == "reset":
                 eng, reservations, wire = build_engine(recipe, **engine_kw), {}, 0
                 res = None

@@ -156,3 +156,34 @@ def test_a_killed_parent_leaves_no_worker_behind(sig):
     p.stdout.close()
     p.stderr.close()
     assert "resource_tracker" not in err
+
+
+def test_serve_flags_refuse_pd_with_speculative_config_and_bad_pd(capsys):
+    """serve.py --pd P:D：写法不对、和 --speculative-config 一起：参数错误（退出码 2），不装模型。"""
+    from conftest import load_script
+    serve = load_script("lecture05/serve.py")
+    assert serve.parse_pd("2:1") == (2, 1)
+    for bad in ("1x1", "0:1", "1:0", "a:b"):
+        with pytest.raises(ValueError, match="P:D"):
+            serve.parse_pd(bad)
+    for argv in (["--pd", "1:1", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+                 ["--pd", "1x1"], ["--replicas", "0"], ["--routing", "random", "--replicas", "2"]):
+        with pytest.raises(SystemExit) as e:
+            serve.main(argv)
+        assert e.value.code == 2
+    with pytest.raises(ValueError, match="speculative"):
+        serve.load_server(pd=(1, 1), speculative_config={"method": "ngram"})
+
+
+def test_router_speaks_the_engine_face_serve_uses(workers):
+    """serve.py 的引擎线程用的几处：add_request(prompt, n, T, seed, stop, logprobs=k)、requests.get(id).logprobs、
+    release、cfg、num_blocks、block_size。"""
+    r = Router(workers[:2], "least_loaded")
+    gid = r.add_request(PROMPTS[0], 3, 0.0, 0, None, logprobs=2)
+    while r.has_unfinished_requests():
+        r.step()
+    rec = r.requests.get(gid)
+    assert rec.output == solo(PROMPTS[0], 3, 0.0, 0) and len(rec.logprobs) == 3
+    assert r.cfg == CFG and r.num_blocks == 32 and r.block_size == 4
+    r.release(gid)
+    assert r.requests.get(gid) is None
