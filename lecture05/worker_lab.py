@@ -14,8 +14,9 @@ import signal
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+for _p in (_HERE,) + tuple(os.path.join(_HERE, "..", d) for d in ("lecture01", "lecture02", "lecture06")):
+    if _p not in sys.path:                  # 回答里的 LMConfig 在父进程里拆包时要找得到 transformer_lab
+        sys.path.insert(0, _p)
 
 import multiprocessing as mp  # noqa: E402
 from multiprocessing.connection import wait  # noqa: E402
