@@ -68,6 +68,57 @@ def _load(eng):
                for r in list(sch.running) + list(sch.waiting))
 
 
+def _bench(eng, kind, n, prompt_len):
+    """
+    量共享总线用：kind="decode"：一个请求 prefill 完之后 n 个 decode 步各自的墙钟时间 -> 中位数（秒）；
+    kind="prefill"：n 秒里一遍遍 prefill prompt_len 个 token 的提示（max_tokens 1）-> 做了几遍。
+    """
+    import time
+    import numpy as np
+    prompt = [1 + i % (eng.cfg.vocab - 1) for i in range(prompt_len)]
+    if kind == "decode":
+        rid = eng.add_request(prompt, n + 2)
+        eng.step()
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            eng.step()
+            ts.append(time.perf_counter() - t0)
+        eng.abort_request(rid)
+        eng.step()
+        return float(np.median(ts))
+    t_end, k = time.perf_counter() + n, 0
+    while time.perf_counter() < t_end:
+        eng.add_request(prompt, 1)
+        while eng.has_unfinished_requests():
+            eng.step()
+        k += 1
+    return k
+
+
+def measure_bus(recipe, n_steps=40, prompt_len=64, prefill_len=256):
+    """
+    共享内存总线的两个系数 -> {"decode_alone_s", "kappa_dd", "kappa_dp"}：一个 worker 的 decode 步（中位数）单独跑、
+    旁边另一个 worker 也在 decode（κ_dd = 两者之比）、旁边另一个 worker 一遍遍 prefill（κ_dp）。两个 worker 各一个核。
+    【命令】python3 -c "import sys; sys.path.insert(0, 'lecture05'); import worker_lab as w;
+    from hub_lab import gguf_path; print(w.measure_bus(('gguf', gguf_path(), 'float32')))"
+    """
+    ws = [start_worker(recipe, block_size=16, clock="wall") for _ in range(2)]
+    try:
+        a, b = ws
+        alone = a.call("bench", ("decode", n_steps, prompt_len))
+        b.send("bench", ("decode", n_steps + 10, prompt_len))
+        dd = a.call("bench", ("decode", n_steps, prompt_len))
+        b.recv()
+        b.send("bench", ("prefill", 3 * alone * n_steps + 1.0, prefill_len))
+        dp = a.call("bench", ("decode", n_steps, prompt_len))
+        b.recv()
+    finally:
+        for w in ws:
+            w.close()
+    return {"decode_alone_s": alone, "kappa_dd": dd / alone, "kappa_dp": dp / alone}
+
+
 def worker_main(conn, recipe, engine_kw):
     """worker 进程的身体：建引擎，然后收一条、做、回答；管道关了（EOFError）就退出。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -130,6 +181,8 @@ def worker_main(conn, recipe, engine_kw):
                        "hit_tokens": eng.bm.hits * eng.block_size,
                        "prefill_tokens": sum(s["prefill"] for s in eng.steps), "wire_bytes": wire,
                        "cfg": eng.cfg, "block_size": eng.block_size}
+            elif op == "bench":
+                res = _bench(eng, *args)
             elif op == "reset":
                 eng, reservations, wire = build_engine(recipe, **engine_kw), {}, 0
                 res = None
