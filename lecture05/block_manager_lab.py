@@ -17,11 +17,14 @@ token 和父块都必须和请求的一样，所以哈希碰撞永远不会把�
     第一块的父哈希是每个进程随机的 NONE_HASH（设了 PYTHONHASHSEED 时由它算）。命中时不比较 token，靠哈希本身够强。
 引用计数降到 0 的缓存块仍留在空闲表里、仍能命中；要新块时从表头（最久没用的）拿，拿走时才从缓存里删掉。
 所以 num_free_blocks 把它们算作空闲：所有请求都结束后，每一块都空闲。
+【预留】（解耦：decode 那边先为一个要交过来的请求留好块，SGLang 的 PD 流程）reserve(n_tokens) -> Reservation：
+从空闲表拿够放 n_tokens 个 token 的块（计数 1，不在任何请求的块表里，所以永远不会被挤出）；cancel(r) 还回去；
+LLMEngine.import_request(h, r) 把它们用作那个请求的块表。
 【出处】Kwon et al., SOSP 2023（PagedAttention）；vLLM 文档 "Automatic Prefix Caching"；nano-vllm engine/block_manager.py。
 """
 import numpy as np
 
-__all__ = ["BlockPool", "BlockManager", "chain_hash", "blocks_for"]
+__all__ = ["BlockPool", "BlockManager", "Reservation", "chain_hash", "blocks_for"]
 
 
 def blocks_for(n_tokens, block_size):
@@ -137,6 +140,20 @@ class BlockPool:
         f = self.free
         assert len(f) == len(set(f)) == self.num_free == int(np.sum(self.ref == 0)), "空闲表和计数对不上"
         assert np.all(self.ref >= 0)
+
+
+class Reservation:
+    """
+    BlockManager.reserve 留下的块：blocks（块号的 list）、n_tokens（留的时候说要放几个 token）、active（用掉或取消
+    之后是 False）。
+    """
+    __slots__ = ("blocks", "n_tokens", "active", "owner")
+
+    def __init__(self, blocks, n_tokens, owner):
+        self.blocks, self.n_tokens, self.active, self.owner = list(blocks), int(n_tokens), True, owner
+
+    def __repr__(self):
+        return f"Reservation({len(self.blocks)} 块, {self.n_tokens} token, active={self.active})"
 
 
 class BlockManager:
@@ -255,3 +272,30 @@ class BlockManager:
         self.pool.decref_many(req.block_table[::-1])
         req.block_table = []
         req.n_cached_blocks = 0
+
+    # ---- 预留（解耦：decode 那边先留块）----
+    def reserve(self, n_tokens):
+        """
+        为一个还没到的请求留下放 n_tokens 个 token 的块 -> Reservation；空闲块现在不够：None（调用者稍后再试）。
+        留下的块计数是 1、不在任何块表里：不会被挤出，也不算空闲（num_free_blocks 少了这么多块）。
+        【边界】n_tokens 不是 ≥ 1 的整数，或整个块池都放不下：ValueError（永远留不成）。
+        """
+        if not (isinstance(n_tokens, (int, np.integer)) and not isinstance(n_tokens, bool) and n_tokens >= 1):
+            raise ValueError(f"reserve 的 n_tokens 必须是 ≥ 1 的整数（收到 {n_tokens!r}）")
+        k = blocks_for(n_tokens, self.block_size)
+        if k > self.pool.n_blocks:
+            raise ValueError(f"要留 {n_tokens} 个 token = {k} 块，整个块池只有 {self.pool.n_blocks} 块：永远留不成")
+        if k > self.pool.num_free:
+            return None
+        return Reservation([int(i) for i in self.pool.take_many(k)], n_tokens, self)
+
+    def cancel(self, reservation):
+        """
+        取消一个预留：它的块还回块池（已经用掉或取消过的：什么都不做）。
+        【边界】不是这个块管理器留的：ValueError。
+        """
+        if not isinstance(reservation, Reservation) or reservation.owner is not self:
+            raise ValueError(f"{reservation!r} 不是这个块管理器的预留")
+        if reservation.active:
+            reservation.active = False
+            self.pool.decref_many(reservation.blocks[::-1])

@@ -28,6 +28,9 @@ float32 下矩阵乘不是批不变的，同一个请求的 logits 随批里有�
 【时间】默认按模型时间走（runner_lab.modelled_step_time：这一步的账按 lecture05/cpu_calibration.json 里标定的 CPU
 代价模型算），所以打印的数字每次都一样；clock="wall" 用真实的时钟。每个请求记下到达、每个 token 的时间；每步记下 token 数、序列数、
 用着的块、前缀缓存命中的块、挤出次数、引擎自己的开销（调度、块的账、建下标数组）。
+【解耦】export_request(id) -> handoff_lab.KVHandoff：prefill 那边在抽出第一个 token 的那一步之后把请求交出去（token、
+采样设置、随机数发生器的状态、时间戳、KV），放掉它的块（共享的前缀块还有别的主人）；import_request(h, reservation=None)
+-> id：decode 那边把它直接收进运行队列（Scheduler.admit），KV 写进新块，下一步就是 decode（实现在 handoff_lab）。
 【记录有界】默认 requests 留着每个请求、steps 留着每一步（脚本和测试要看）。一直开着的服务器两样都不能无限长：
 release(id) 忘掉一个已经结束、结束也已经由 step() 报告过的请求（它的 token、时间、logits 一起放掉）；
 max_step_history=n 时 steps 只留最近的 n 步（collections.deque）。serve.py 两样都用。
@@ -48,6 +51,7 @@ from scheduler_lab import Request, Scheduler  # noqa: E402
 from runner_lab import ModelRunner, modelled_step_time, step_counts  # noqa: E402
 from decode_lab import adjust  # noqa: E402
 from spec_engine_lab import SpecReplay, SpecRunner, init_request, parse_speculative_config, spec_step_time  # noqa: E402
+from handoff_lab import export_request, import_request  # noqa: E402
 
 __all__ = ["LLMEngine", "ReplayRunner", "RequestLog", "run_trace", "MAX_LOGPROBS", "top_logprobs"]
 
@@ -422,3 +426,8 @@ def run_trace(engine, trace):
             i += 1
         engine.step()
     return ids
+
+
+# 解耦的交接（handoff_lab：export_request / import_request 的实现在那里，这里挂到引擎上）
+LLMEngine.export_request = export_request
+LLMEngine.import_request = import_request

@@ -80,6 +80,22 @@ class Scheduler:
     def add(self, req):
         self.waiting.append(req)
 
+    def can_admit(self):
+        """还有一个序列的空位（运行的请求数 < max_num_seqs）-> True。"""
+        return len(self.running) < self.max_seqs
+
+    def admit(self, req):
+        """
+        一个 KV 已经在块里的请求（解耦：从 prefill 那边交过来的，LLMEngine.import_request）直接进运行队列的尾部
+        （它是最新的：块不够时最先被挤出）；下一步它是一个 decode。不挤出别人、不插队：没有空位就不收。
+        -> True（收下）/ False（没有序列的空位）。调用者先填好 req.block_table、n_computed。
+        """
+        if not self.can_admit():
+            return False
+        assert req.n_computed == len(req.tokens) - 1 and req.block_table
+        self.running.append(req)
+        return True
+
     def _preempt(self, req):
         """挤出：放掉块，n_computed 归零，带着已生成的 token 回到等待队列最前面（之后重算）。"""
         self.bm.free(req)

@@ -558,15 +558,75 @@ def speculative_config_from_cli(text):
     return d, note
 
 
+def parse_pd(text):
+    """--pd 的 "P:D" -> (P, D)，两个都是 ≥ 1 的整数。【边界】别的写法：ValueError。"""
+    try:
+        p, d = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        p = d = 0
+    if p < 1 or d < 1:
+        raise ValueError(f"--pd 要写成 P:D（prefill 和 decode 的 worker 数，各 ≥ 1），收到 {text!r}")
+    return p, d
+
+
+def load_router(recipe, block_size, nb, max_num_batched_tokens, max_num_seqs, replicas=1, routing="round_robin",
+                pd=None):
+    """
+    按配方起 worker 进程，建路由器 -> router_lab.Router（replicas 个副本、routing 策略）或 PDRouter（pd = (P, D)）。
+    每个 worker 一份权重（SmolLM2 float32 约 0.5 GB 一份）；路由器的 close() 结束它们。
+    """
+    from router_lab import PDRouter, Router
+    from worker_lab import start_worker
+    kw = dict(num_blocks=nb, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+              max_num_seqs=max_num_seqs, clock="wall", max_step_history=STEP_HISTORY)
+    n = replicas if pd is None else pd[0] + pd[1]
+    ws = []
+    try:
+        for _ in range(n):
+            ws.append(start_worker(recipe, **kw))
+    except BaseException:
+        for w in ws:
+            w.close()
+        raise
+    if pd is None:
+        return Router(ws, routing)
+    return PDRouter(ws[:pd[0]], ws[pd[0]:], via="shm")
+
+
 def load_server(host="127.0.0.1", port=0, dtype="float32", num_blocks=None, max_num_seqs=16,
-                max_num_batched_tokens=256, max_queue=MAX_QUEUE, log=False, speculative_config=None):
-    """装真实模型（real_model_lab.load_gguf：CS349E_GGUF 或缓存的 SmolLM2）、建引擎、开服务器 -> ServerHandle。"""
+                max_num_batched_tokens=256, max_queue=MAX_QUEUE, log=False, speculative_config=None,
+                replicas=1, routing="round_robin", pd=None):
+    """
+    装真实模型（real_model_lab.load_gguf：CS349E_GGUF 或缓存的 SmolLM2）、建引擎、开服务器 -> ServerHandle。
+    replicas > 1 或 pd = (P, D)：引擎换成 worker 进程前面的路由器（load_router）；pd 和 speculative_config 不能一起
+    （ValueError：交接只带目标模型的 KV）。
+    """
     import numpy as np
     from engine_lab import LLMEngine
     from real_model_lab import load_gguf
+    from hub_lab import gguf_path
+    if pd is not None and speculative_config is not None:
+        raise ValueError("--pd 不能和 --speculative-config 一起用：交接只带目标模型的 KV / "
+                         "--pd cannot be combined with --speculative-config")
+    if (replicas > 1 or pd is not None) and speculative_config is not None:
+        raise ValueError("--replicas > 1 时不支持 --speculative-config")
     params, cfg, tok = load_gguf(dtype=np.dtype(dtype))
     block_size = 16
     nb = 2 * blocks_for(cfg.max_seq, block_size) if num_blocks is None else num_blocks
+    if replicas > 1 or pd is not None:
+        del params
+        router = load_router(("gguf", gguf_path(), dtype), block_size, nb, max_num_batched_tokens, max_num_seqs,
+                             replicas, routing, pd)
+        h = make_server(router, tok, cfg.name, host, port, max_queue, log=log)
+        close = h.close
+
+        def close_all(*a, **k):
+            try:
+                close(*a, **k)
+            finally:
+                router.close()
+        h.close = close_all
+        return h
     kw = {} if speculative_config is None else {"speculative_config": speculative_config}
     engine = LLMEngine(params, cfg, nb, block_size, max_num_batched_tokens, max_num_seqs, clock="wall",
                        max_step_history=STEP_HISTORY, **kw)
@@ -584,8 +644,24 @@ def main(argv=None):
     ap.add_argument("--speculative-config", default=None,
                     help="vLLM 的写法，只支持 prompt lookup："
                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 2}'")
+    ap.add_argument("--replicas", type=int, default=1, help="几个引擎进程（colocated 副本），路由器在前面分请求")
+    ap.add_argument("--routing", choices=("round_robin", "least_loaded", "prefix"), default="round_robin",
+                    help="--replicas > 1 时的路由策略")
+    ap.add_argument("--pd", default=None, help="P:D = P 个 prefill 进程 + D 个 decode 进程（解耦；KV 经共享内存交接）")
     ap.add_argument("--log", action="store_true", help="每个 HTTP 请求往 stderr 打一行")
     a = ap.parse_args(argv)
+    pd = None
+    if a.pd is not None:
+        try:
+            pd = parse_pd(a.pd)
+        except ValueError as e:
+            ap.error(str(e))
+        if a.speculative_config is not None:
+            ap.error("--pd 不能和 --speculative-config 一起用（交接只带目标模型的 KV）")
+    if a.replicas < 1:
+        ap.error(f"--replicas 必须 ≥ 1（收到 {a.replicas}）")
+    if a.replicas > 1 and a.speculative_config is not None:
+        ap.error("--replicas > 1 时不支持 --speculative-config")
     spec = None
     if a.speculative_config is not None:
         try:
@@ -602,7 +678,8 @@ def main(argv=None):
     try:
         print(f"装模型（{a.dtype}）……", file=sys.stderr, flush=True)
         kw = {} if spec is None else {"speculative_config": spec}
-        h = load_server(a.host, a.port, a.dtype, a.num_blocks, a.max_num_seqs, max_queue=a.max_queue, log=a.log, **kw)
+        h = load_server(a.host, a.port, a.dtype, a.num_blocks, a.max_num_seqs, max_queue=a.max_queue, log=a.log,
+                        replicas=a.replicas, routing=a.routing, pd=pd, **kw)
         print(f"模型 {h.httpd.model_name} 在 {h.url}/v1 上服务（Ctrl-C 停）", file=sys.stderr, flush=True)
         try:
             while not stop.wait(0.2) and h.thread.is_alive() and h.loop.is_alive():

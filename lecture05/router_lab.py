@@ -1,0 +1,375 @@
+"""
+router_lab —— 在几个 worker 进程（worker_lab）前面的路由器：Router(workers, policy) 给 N 个同样的副本分请求，
+PDRouter(prefill_workers, decode_workers) 把一个请求先交给 prefill 的 worker、再把 KV 交给 decode 的 worker。
+
+【外观】两个都有 add_request(prompt_ids, max_tokens, **LLMEngine.add_request 的关键字) -> id；
+step(timeout=None) -> [(id, 新 token, finish_reason)]；has_unfinished_requests()；abort_request(id)；close() 和 with。
+token_times[id]：每个 token 到路由器的时刻（路由器自己的一个时钟：time.perf_counter() − 开始的时刻）。
+【策略】round_robin：轮流；least_loaded：还要算的 token 最少的（没算的提示 + max_tokens − 已生成；并列取编号小的）；
+prefix：前缀缓存能命中最长的那个（SGLang 的 cache-aware router、llm-d 的 prefix-aware scheduling；每个 worker 自己答
+match：chain_hash 的键在进程之间不可比——Python 3.12 之前 hash(None) 随进程变）；没命中或并列时退回 least_loaded。
+【PD 的流程】（SGLang："decode 先留块、prefill 算、写、放"）请求先在路由器的队列里等 decode 那边的预留
+（BlockManager.reserve(提示 + 1)），留到了才交给 prefill 的 worker；prefill 抽出第一个 token 的那一步之后导出，
+路由器把线上的帧原样转给 decode 的 worker（via="shm" 时只转段名：零拷贝），decode 导入进预留的块、一直生成到结束。
+在 prefill 那边就结束的请求（max_tokens 1、先抽到停止 token）取消预留、从不导出。
+【出错】一个 worker 死了（被杀、崩溃）：它手上的请求以 "error" 结束，error_message[id] 说明；路由器用剩下的接着服务，
+一个都不剩时 add_request 抛 RuntimeError。
+"""
+import os
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from worker_lab import WorkerDied  # noqa: E402
+
+__all__ = ["Router", "PDRouter", "POLICIES"]
+
+POLICIES = ("round_robin", "least_loaded", "prefix")
+
+
+class _Base:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.token_times, self.outputs, self.error_message, self.finished = {}, {}, {}, {}
+        self._pending, self._next = [], 0
+        self.loads = {}
+        self.logprobs = {}
+        self.requests = _Records(self)
+        self.last_error = None
+
+    # ---- 和 LLMEngine 一样的几处（serve.py 的引擎线程用）----
+    @property
+    def cfg(self):
+        return self._all_workers()[0].info["cfg"]
+
+    @property
+    def num_blocks(self):
+        """最小的那个 worker 的块池（serve.py 用它拒绝永远放不下的请求）。"""
+        return min(w.info["num_blocks"] for w in self._all_workers())
+
+    @property
+    def block_size(self):
+        return self._all_workers()[0].info["block_size"]
+
+    def release(self, request_id):
+        """忘掉一个已经报告结束的请求（token、时间、logprobs 的记录）。"""
+        for d in (self.token_times, self.outputs, self.error_message, self.finished, self.logprobs):
+            d.pop(request_id, None)
+
+    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, **kw):
+        kw = dict(kw, temperature=temperature, seed=seed, stop=stop)
+        return self._add(prompt_ids, max_tokens, **kw)
+
+    def now(self):
+        return time.perf_counter() - self.t0
+
+    def _new_id(self):
+        gid = self._next
+        self._next += 1
+        self.token_times[gid], self.outputs[gid] = [], []
+        return gid
+
+    def _emit(self, out, gid, new, fin):
+        t = self.now()
+        self.outputs[gid].extend(new)
+        self.token_times[gid].extend([t] * len(new))
+        if fin is not None:
+            self.finished[gid] = fin
+        out.append((gid, list(new), fin))
+
+    def _fail_worker(self, w, out, owned):
+        """w 死了：它手上的每个请求以 "error" 结束。owned：{(worker, 本地 id): 全局 id}。"""
+        w.alive = False
+        msg = (f"worker process {w.proc.pid} died (exit code {w.proc.exitcode}) / "
+               f"worker 进程 {w.proc.pid} 不在了（退出码 {w.proc.exitcode}）")
+        for key in [k for k in owned if k[0] is w]:
+            gid = owned.pop(key)
+            if gid not in self.finished:
+                self.error_message[gid] = msg
+                self._emit(out, gid, [], "error")
+
+    def _alive(self, ws):
+        return [w for w in ws if w.alive]
+
+    def close(self):
+        """结束每个 worker（关管道、等它退出；不走的 terminate / kill）。"""
+        for w in self._all_workers():
+            w.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class _Record:
+    __slots__ = ("output", "logprobs", "error", "token_times", "finish_reason")
+
+
+class _Records:
+    """router.requests.get(id) -> 一个像 scheduler_lab.Request 的记录（output、logprobs、error、token_times）。"""
+
+    def __init__(self, router):
+        self.r = router
+
+    def get(self, gid):
+        r = self.r
+        if gid not in r.outputs:
+            return None
+        rec = _Record()
+        rec.output, rec.logprobs = r.outputs[gid], r.logprobs.get(gid)
+        rec.error, rec.token_times, rec.finish_reason = r.error_message.get(gid), r.token_times[gid], r.finished.get(gid)
+        return rec
+
+    def __getitem__(self, gid):
+        rec = self.get(gid)
+        if rec is None:
+            raise KeyError(gid)
+        return rec
+
+
+def _pick_least(ws, loads):
+    return min(range(len(ws)), key=lambda i: (loads.get(id(ws[i]), 0), i))
+
+
+class Router(_Base):
+    """N 个同样的副本（colocated：每个 worker 自己 prefill、自己 decode）。policy 见模块说明。"""
+
+    def __init__(self, workers, policy="round_robin"):
+        if policy not in POLICIES:
+            raise ValueError(f"policy 只能是 {POLICIES} 之一，收到 {policy!r}")
+        if not workers:
+            raise ValueError("至少要一个 worker")
+        super().__init__()
+        self.workers, self.policy, self._rr = list(workers), policy, 0
+        self.owner = {}                                # (worker, 本地 id) -> 全局 id
+        self.where = {}                                # 全局 id -> (worker, 本地 id)
+        self.prefix_hits = 0
+
+    def _all_workers(self):
+        return self.workers
+
+    def _choose(self, prompt):
+        ws = self._alive(self.workers)
+        if not ws:
+            raise RuntimeError("没有活着的 worker：路由器不能再服务 / no worker left")
+        if self.policy == "round_robin":
+            w = ws[self._rr % len(ws)]
+            self._rr += 1
+            return w
+        if self.policy == "prefix":
+            hits = []
+            for w in ws:
+                try:
+                    hits.append(w.call("match", list(prompt)))
+                except WorkerDied:
+                    hits.append(-1)
+            best = max(hits)
+            if best > 0 and hits.count(best) == 1:
+                self.prefix_hits += best
+                return ws[hits.index(best)]
+        return ws[_pick_least(ws, self.loads)]
+
+    def _add(self, prompt_ids, max_tokens, **kw):
+        prompt = [int(t) for t in prompt_ids]
+        w = self._choose(prompt)
+        rid = w.call("add", (prompt, max_tokens, kw))
+        gid = self._new_id()
+        self.owner[(w, rid)], self.where[gid] = gid, (w, rid)
+        self.loads[id(w)] = self.loads.get(id(w), 0) + len(prompt) + max_tokens
+        return gid
+
+    def has_unfinished_requests(self):
+        return bool(self.owner) or bool(self._pending)
+
+    def abort_request(self, request_id):
+        w, rid = self.where.get(request_id, (None, None))
+        if w is not None and w.alive and (w, rid) in self.owner:
+            try:
+                w.call("abort", rid)
+            except WorkerDied:
+                pass
+
+    def step(self, timeout=None):
+        out, self._pending = self._pending, []
+        busy = [w for w in self._alive(self.workers) if any(k[0] is w for k in self.owner)]
+        sent = []
+        for w in busy:
+            try:
+                w.send("step")
+                sent.append(w)
+            except WorkerDied:
+                self._fail_worker(w, out, self.owner)
+        for w in sent:
+            try:
+                events, _, load = w.recv(timeout)
+            except WorkerDied:
+                self._fail_worker(w, out, self.owner)
+                continue
+            self.loads[id(w)] = load
+            for rid, new, fin, _, err, lps in events:
+                gid = self.owner.get((w, rid))
+                if gid is None:
+                    continue
+                if err:
+                    self.error_message[gid] = err
+                if lps:
+                    self.logprobs.setdefault(gid, []).extend(lps)
+                self._emit(out, gid, new, fin)
+                if fin is not None:
+                    del self.owner[(w, rid)]
+        return out
+
+
+class PDRouter(_Base):
+    """P 个 prefill worker + D 个 decode worker（同一个模型）。via："pipe" 或 "shm"（KV 怎么过去）。"""
+
+    def __init__(self, prefill_workers, decode_workers, via="pipe"):
+        if not prefill_workers or not decode_workers:
+            raise ValueError("prefill 和 decode 各至少要一个 worker")
+        if via not in ("pipe", "shm"):
+            raise ValueError(f"via 只能是 'pipe' 或 'shm'，收到 {via!r}")
+        super().__init__()
+        self.pre, self.dec, self.via = list(prefill_workers), list(decode_workers), via
+        self.queue = []                                # 等预留的：(全局 id, prompt, max_tokens, kw)
+        self.pre_owner, self.dec_owner = {}, {}        # (worker, 本地 id) -> 全局 id
+        self.resv = {}                                 # 全局 id -> (decode worker, 预留的编号)
+        self.where = {}
+        self.bytes_moved = self.n_handoffs = 0
+
+    def _all_workers(self):
+        return self.pre + self.dec
+
+    def _add(self, prompt_ids, max_tokens, **kw):
+        if not self._alive(self.pre) or not self._alive(self.dec):
+            raise RuntimeError("prefill 或 decode 那边没有活着的 worker：路由器不能再服务 / no worker left")
+        gid = self._new_id()
+        self.queue.append((gid, [int(t) for t in prompt_ids], max_tokens, kw))
+        return gid
+
+    def has_unfinished_requests(self):
+        return bool(self.queue or self.pre_owner or self.dec_owner or self._pending)
+
+    def abort_request(self, request_id):
+        for i, q in enumerate(self.queue):
+            if q[0] == request_id:
+                del self.queue[i]
+                self._pending.append((request_id, [], "abort"))
+                self.finished[request_id] = "abort"
+                return
+        w, rid = self.where.get(request_id, (None, None))
+        if w is not None and w.alive:
+            try:
+                w.call("abort", rid)
+            except WorkerDied:
+                pass
+
+    def _dispatch(self, out):
+        while self.queue:
+            gid, prompt, mt, kw = self.queue[0]
+            decs, pres = self._alive(self.dec), self._alive(self.pre)
+            if not decs or not pres:
+                for q in self.queue:
+                    self.error_message[q[0]] = "no worker left / 没有活着的 worker"
+                    self._emit(out, q[0], [], "error")
+                self.queue = []
+                return
+            d = decs[_pick_least(decs, self.loads)]
+            try:
+                key = d.call("reserve", len(prompt) + 1)
+            except WorkerDied:
+                self._fail_worker(d, out, self.dec_owner)
+                continue
+            if key is None:
+                return                                 # 背压：在路由器的队列里等，不是作为交接在内存里等
+            p = pres[_pick_least(pres, self.loads)]
+            try:
+                rid = p.call("add", (prompt, mt, kw))
+            except WorkerDied:
+                d.call("cancel", key)
+                self._fail_worker(p, out, self.pre_owner)
+                continue
+            except ValueError:
+                d.call("cancel", key)
+                raise
+            self.queue.pop(0)
+            self.pre_owner[(p, rid)], self.where[gid] = gid, (p, rid)
+            self.resv[gid] = (d, key)
+            self.loads[id(p)] = self.loads.get(id(p), 0) + len(prompt)
+            self.loads[id(d)] = self.loads.get(id(d), 0) + mt
+
+    def _handoff(self, p, rid, gid, out):
+        d, key = self.resv.pop(gid)
+        try:
+            p.send("export", (rid, self.via))
+            self.bytes_moved += p.recv()
+            frames = [p.conn.recv_bytes() for _ in range(3 if self.via == "pipe" else 1)]
+        except WorkerDied:
+            d.call("cancel", key)
+            raise
+        try:
+            d.send("import", key)
+            for f in frames:
+                d.conn.send_bytes(f)
+            drid = d.recv()
+        except WorkerDied:
+            self._fail_worker(d, out, self.dec_owner)
+            self.error_message[gid] = "decode worker died / decode worker 不在了"
+            self._emit(out, gid, [], "error")
+            return
+        self.n_handoffs += 1
+        self.dec_owner[(d, drid)], self.where[gid] = gid, (d, drid)
+
+    def step(self, timeout=None):
+        out, self._pending = self._pending, []
+        self._dispatch(out)
+        for owner in (self.pre_owner, self.dec_owner):
+            busy = [w for w in self._alive(self.pre if owner is self.pre_owner else self.dec)
+                    if any(k[0] is w for k in owner)]
+            sent = []
+            for w in busy:
+                try:
+                    w.send("step")
+                    sent.append(w)
+                except WorkerDied:
+                    self._fail_worker(w, out, owner)
+            for w in sent:
+                try:
+                    events, _, load = w.recv(timeout)
+                except WorkerDied:
+                    self._fail_worker(w, out, owner)
+                    continue
+                self.loads[id(w)] = load
+                for rid, new, fin, _, err, lps in events:
+                    gid = owner.get((w, rid))
+                    if gid is None:
+                        continue
+                    if err:
+                        self.error_message[gid] = err
+                    if lps:
+                        self.logprobs.setdefault(gid, []).extend(lps)
+                    if owner is self.pre_owner and new and fin is None:
+                        del owner[(w, rid)]
+                        self._emit(out, gid, new, None)
+                        try:
+                            self._handoff(w, rid, gid, out)
+                        except WorkerDied:
+                            self._fail_worker(w, out, owner)
+                            self.error_message[gid] = "prefill worker died / prefill worker 不在了"
+                            self._emit(out, gid, [], "error")
+                        continue
+                    self._emit(out, gid, new, fin)
+                    if fin is not None:
+                        del owner[(w, rid)]
+                        if gid in self.resv:
+                            d, key = self.resv.pop(gid)
+                            try:
+                                d.call("cancel", key)
+                            except WorkerDied:
+                                pass
+        return out

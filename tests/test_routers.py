@@ -1,0 +1,189 @@
+"""
+worker 进程和路由器（worker_lab、router_lab）：玩具模型（float64，离线、快），worker 按模块共用（一个模块起一次）。
+
+- 神谕：Router 每种策略下、PDRouter（管道和共享内存）下，每个请求 == decode_lab.autoregressive_generate(…,
+  default_rng(seed))，T = 0 和 T = 1；
+- 故障：被杀的 worker 手上的请求在限定时间内以 "error" 结束；close() 之后没有子进程、没有共享内存段。
+"""
+import os
+import signal
+import time
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from decode_lab import TransformerLM, autoregressive_generate
+from router_lab import PDRouter, Router
+from transformer_lab import LMConfig, init_params
+from worker_lab import start_worker
+
+CFG = LMConfig(max_seq=64)
+MODEL = TransformerLM(init_params(CFG, 1), CFG)
+RECIPE = ("toy", "tiny", 1)
+_R = np.random.default_rng(21)
+SYSTEM = [int(t) for t in _R.integers(0, CFG.vocab, size=12)]
+PROMPTS = [SYSTEM + [int(t) for t in _R.integers(0, CFG.vocab, size=k)] for k in (3, 9, 1)] + \
+          [[int(t) for t in _R.integers(0, CFG.vocab, size=k)] for k in (5, 17)]
+N_NEW = 8
+
+
+def solo(prompt, n, T, seed):
+    return [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
+
+
+def shm_names():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(scope="module")
+def workers():
+    ws = [start_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=8) for _ in range(3)]
+    yield ws
+    for w in ws:
+        w.close()
+    assert not mp.active_children()
+
+
+def drive(router, prompts, T, seed, mts=None):
+    ids = [router.add_request(p, (mts or {}).get(i, N_NEW), temperature=T, seed=seed + i) for i, p in enumerate(prompts)]
+    t0 = time.monotonic()
+    while router.has_unfinished_requests():
+        router.step()
+        assert time.monotonic() - t0 < 60
+    return ids
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "prefix"])
+def test_router_each_policy_equals_each_request_alone(workers, policy, T):
+    r = Router(workers[:2], policy)
+    ids = drive(r, PROMPTS + PROMPTS[:2], T, 3)
+    for i, gid in enumerate(ids):
+        assert r.outputs[gid] == solo((PROMPTS + PROMPTS[:2])[i], N_NEW, T, 3 + i), f"{policy} 请求 {i}"
+        assert r.finished[gid] == "length" and len(r.token_times[gid]) == N_NEW
+    if policy == "prefix":
+        assert r.prefix_hits > 0
+    for w in workers[:2]:
+        info = w.call("info")
+        assert info["num_free_blocks"] == info["num_blocks"]
+
+
+@pytest.mark.parametrize("via", ["pipe", "shm"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_pd_router_equals_each_request_alone(workers, via, T):
+    before = shm_names()
+    r = PDRouter(workers[:1], workers[1:], via=via)
+    ids = drive(r, PROMPTS, T, 7, mts={2: 1})                    # 请求 2：max_tokens 1，在 prefill 那边就结束
+    for i, gid in enumerate(ids):
+        assert r.outputs[gid] == solo(PROMPTS[i], 1 if i == 2 else N_NEW, T, 7 + i), f"{via} 请求 {i}"
+    assert r.n_handoffs == len(PROMPTS) - 1
+    assert r.bytes_moved == sum(2 * 2 * 2 * 8 * 8 * len(p) for i, p in enumerate(PROMPTS) if i != 2)
+    for w in workers:
+        info = w.call("info")
+        assert info["num_free_blocks"] == info["num_blocks"], "不漏块（两边）"
+    assert shm_names() == before
+
+
+def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
+    ws = [start_worker(RECIPE, num_blocks=32, block_size=4) for _ in range(2)]
+    with Router(ws, "round_robin") as r:
+        ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
+        r.step()
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
+        assert "died" in r.error_message[ids[0]]
+        gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务
+        while r.has_unfinished_requests():
+            r.step()
+        assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
+    assert not any(w.proc.is_alive() for w in ws)
+    assert all(p not in mp.active_children() for p in (w.proc for w in ws))
+
+
+def test_smollm2_float64_pd_router_equals_each_request_alone():
+    """真实模型一次：SmolLM2 float64，1 个 prefill + 1 个 decode 的 worker（约 6 GB：两个 worker 各一份权重，
+    测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。"""
+    from conftest import real_model_path
+    from smollm2_models import smollm2_lm
+    path = real_model_path()
+    model, cfg, tok = smollm2_lm("float64")
+    prompts = [tok.encode(s) for s in ("The capital of France is", "Once upon a time")]
+    ws = [start_worker(("gguf", path, "float64"), block_size=16) for _ in range(2)]
+    with PDRouter(ws[:1], ws[1:], via="shm") as r:
+        ids = [r.add_request(p, 3, temperature=1.0, seed=5 + i) for i, p in enumerate(prompts)]
+        while r.has_unfinished_requests():
+            r.step()
+        for i, p in enumerate(prompts):
+            assert r.outputs[ids[i]] == [int(t) for t in autoregressive_generate(model, p, 3, 1.0,
+                                                                                np.random.default_rng(5 + i))]
+        assert r.n_handoffs == 2
+    assert not any(w.proc.is_alive() for w in ws)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_a_killed_parent_leaves_no_worker_behind(sig):
+    """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。"""
+    import subprocess
+    import sys
+    code = ("import sys, time; sys.path[:0] = sys.argv[1:]\n"
+            "from worker_lab import start_worker\n"
+            "w = start_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
+            "print(w.proc.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = [os.path.join(here, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+    p = subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    pid = int(p.stdout.readline())
+    p.send_signal(sig)
+    p.wait(10)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"父进程被 {sig!r} 结束之后 worker {pid} 还在")
+    err = p.stderr.read()
+    p.stdout.close()
+    p.stderr.close()
+    assert "resource_tracker" not in err
+
+
+def test_serve_flags_refuse_pd_with_speculative_config_and_bad_pd(capsys):
+    """serve.py --pd P:D：写法不对、和 --speculative-config 一起：参数错误（退出码 2），不装模型。"""
+    from conftest import load_script
+    serve = load_script("lecture05/serve.py")
+    assert serve.parse_pd("2:1") == (2, 1)
+    for bad in ("1x1", "0:1", "1:0", "a:b"):
+        with pytest.raises(ValueError, match="P:D"):
+            serve.parse_pd(bad)
+    for argv in (["--pd", "1:1", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+                 ["--pd", "1x1"], ["--replicas", "0"], ["--routing", "random", "--replicas", "2"]):
+        with pytest.raises(SystemExit) as e:
+            serve.main(argv)
+        assert e.value.code == 2
+    with pytest.raises(ValueError, match="speculative"):
+        serve.load_server(pd=(1, 1), speculative_config={"method": "ngram"})
+
+
+def test_router_speaks_the_engine_face_serve_uses(workers):
+    """serve.py 的引擎线程用的几处：add_request(prompt, n, T, seed, stop, logprobs=k)、requests.get(id).logprobs、
+    release、cfg、num_blocks、block_size。"""
+    r = Router(workers[:2], "least_loaded")
+    gid = r.add_request(PROMPTS[0], 3, 0.0, 0, None, logprobs=2)
+    while r.has_unfinished_requests():
+        r.step()
+    rec = r.requests.get(gid)
+    assert rec.output == solo(PROMPTS[0], 3, 0.0, 0) and len(rec.logprobs) == 3
+    assert r.cfg == CFG and r.num_blocks == 32 and r.block_size == 4
+    r.release(gid)
+    assert r.requests.get(gid) is None
