@@ -91,6 +91,19 @@ class _Base:
                 self.error_message[gid] = msg
                 self._emit(out, gid, [], "error")
 
+    def _send_step(self, workers, owned, out):
+        """给 workers 里还活着、手上有请求的每一个发一次 "step" -> 发出去了的那些；发不出去的（死了）当场判它的请求出错。"""
+        sent = []
+        for w in self._alive(workers):
+            if not any(k[0] is w for k in owned):
+                continue
+            try:
+                w.send("step")
+                sent.append(w)
+            except WorkerDied:
+                self._fail_worker(w, out, owned)
+        return sent
+
     def _alive(self, ws):
         return [w for w in ws if w.alive]
 
@@ -197,14 +210,7 @@ class Router(_Base):
 
     def step(self, timeout=None):
         out, self._pending = self._pending, []
-        busy = [w for w in self._alive(self.workers) if any(k[0] is w for k in self.owner)]
-        sent = []
-        for w in busy:
-            try:
-                w.send("step")
-                sent.append(w)
-            except WorkerDied:
-                self._fail_worker(w, out, self.owner)
+        sent = self._send_step(self.workers, self.owner, out)
         for w in sent:
             try:
                 events, _, load = w.recv(timeout)
@@ -329,15 +335,7 @@ class PDRouter(_Base):
         out, self._pending = self._pending, []
         self._dispatch(out)
         for owner in (self.pre_owner, self.dec_owner):
-            busy = [w for w in self._alive(self.pre if owner is self.pre_owner else self.dec)
-                    if any(k[0] is w for k in owner)]
-            sent = []
-            for w in busy:
-                try:
-                    w.send("step")
-                    sent.append(w)
-                except WorkerDied:
-                    self._fail_worker(w, out, owner)
+            sent = self._send_step(self.pre if owner is self.pre_owner else self.dec, owner, out)
             for w in sent:
                 try:
                     events, _, load = w.recv(timeout)
