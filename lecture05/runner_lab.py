@@ -276,8 +276,11 @@ class ModelRunner:
             if not c.sample:
                 out.append(None)
                 continue
-            probs = adjust(logits[k], c.req.temperature, **c.req.filters)
-            out.append(int(sample_inverse_cdf(probs, c.req.rng.random())))
+            u = c.req.rng.random()                       # T = 0 也取一个均匀数：生成器的状态和单独生成时一样
+            if c.req.temperature == 0:                   # 贪心的快路：adjust 的 one-hot 上 CDF 反查，抽到的就是 argmax
+                out.append(int(np.argmax(logits[k])))    # （并列取下标最小的，同 adjust）；省掉两遍 [V] 的 float64 数组
+            else:
+                out.append(int(sample_inverse_cdf(adjust(logits[k], c.req.temperature, **c.req.filters), u)))
             k += 1
         if self.timer is not None:
             self._tick("sample", t0)

@@ -369,3 +369,21 @@ def test_decode_lab_generators_share_the_filters():
         assert [int(t) for t in o] == _solo(p, 6, 0.0, 0)      # top_k = 1 就是贪心
     got, _ = speculative_generate(MODEL, DRAFT, PROMPTS[0], 6, 2, 1.0, np.random.default_rng(0), top_k=1)
     assert [int(t) for t in got] == _solo(PROMPTS[0], 6, 0.0, 0)
+
+
+def test_greedy_fast_path_takes_the_first_argmax_and_draws_one_uniform_like_sampling():
+    """runner_lab.ModelRunner.run 在 T = 0 时直接取 argmax（不建 adjust 的 one-hot）：并列时取下标最小的，和
+    adjust + sample_inverse_cdf 一样；每个抽样位置照样从请求的生成器取一个均匀数（导出的 rng_state 和单独生成时一样）。"""
+    eng = LLMEngine(MODEL, CFG, 18, block_size=4, max_num_seqs=4)
+    rows = np.zeros((2, CFG.vocab))
+    rows[0, [7, 3]] = 5.0                                  # 并列：应取 3
+    rows[1, [CFG.vocab - 1, 11]] = [2.0, 1.5]              # 最大的在最后一个下标
+    eng.runner.forward = lambda chunks: rows[:len(chunks)].copy()
+    ids = [eng.add_request(p, 2, 0.0, 40 + i) for i, p in enumerate(PROMPTS[:2])]
+    out = dict((rid, new) for rid, new, _ in eng.step())
+    for i, (rid, want) in enumerate(zip(ids, (3, CFG.vocab - 1))):
+        slow = int(decode_lab.sample_inverse_cdf(adjust(rows[i], 0.0), 0.999))
+        assert out[rid] == [want] == [slow]
+        ref = np.random.default_rng(40 + i)
+        ref.random()
+        assert eng.requests[rid].rng.bit_generator.state == ref.bit_generator.state
