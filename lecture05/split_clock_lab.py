@@ -23,16 +23,18 @@ PROTOCOLS = ("point_mass", "lazy_q", "full_q")
 
 def round_payload_bytes(protocol, gamma, vocab, itemsize=8, *, rejected, overlap=False):
     """
-    一轮在链路上的有效载荷 -> (草稿 → 目标, 目标 → 草稿) 字节（SplitPair 的 payload_* 逐轮加起来就是它，测试断言）。
+    一轮在链路上的有效载荷 -> (草稿 → 目标, 目标 → 草稿) 字节（SplitPair 的 payload_* 逐轮加起来就是它，测试断言；
+    只差一处：请求的最后一轮若是 lazy_q 的拒绝，它的修正 token 不再过去，少 4 字节）。
 
-    【推导】token id 4 字节、接受的个数 4 字节、q 和 p 每个数 itemsize 字节、PCG64 的状态 32 字节：
+    【推导】token id 4 字节、接受的个数 4 字节、q 每个数 itemsize 字节（模型的 dtype）、p_n 每个数 8 字节（float64：
+    草稿那边算残差要用目标验证时用的那个 p）、PCG64 的状态 32 字节：
     - point_mass：γ 个 id 过去；个数 + 1 个 token 回来（重叠、全部接受时回来的 token 是 −1 占位，一样 4 字节）；
     - full_q：γ 个 id + γ·V 个 q（+ 状态）过去；个数 + token（+ 状态）回来；
-    - lazy_q：γ 个 id + γ 个 q_i(x_i)（+ 状态）过去；全部接受时个数 + token（+ 状态）回来，拒绝时个数 + V 个 p_n + 状态回来，
-      修正 token 和（重叠时）状态搭下一轮过去，算在这一轮里。
+    - lazy_q：γ 个 id + γ 个 q_i(x_i)（+ 状态）过去；全部接受时个数 + token（+ 状态）回来；拒绝时个数 + V 个 p_n + 状态
+      回来，修正 token（重叠时再加目标那条流的状态）搭下一轮过去，算在这一轮里。
     overlap=False 时状态每条消息都带（一个发生器来回走）；overlap=True 时两条流各在各的一边，只有 lazy_q 的拒绝让目标的
     流过来、再回去。
-    【边界】protocol 不认识、γ 或 V 不是正整数：ValueError。
+    【边界】protocol 不认识、γ、V 或 itemsize 不是正整数：ValueError。
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol 只能是 {PROTOCOLS} 之一（收到 {protocol!r}）")
@@ -47,7 +49,7 @@ def round_payload_bytes(protocol, gamma, vocab, itemsize=8, *, rejected, overlap
     if not rejected:
         return gamma * (ID_BYTES + itemsize) + st, COUNT_BYTES + ID_BYTES + st
     return (gamma * (ID_BYTES + itemsize) + st + ID_BYTES + (RNG_STATE_BYTES if overlap else 0),
-            COUNT_BYTES + vocab * itemsize + RNG_STATE_BYTES)
+            COUNT_BYTES + vocab * 8 + RNG_STATE_BYTES)
 
 
 def modelled_round_s(gamma, t_draft_s, t_verify_s, *, split, overlap=False, to_target_s=0.0, to_draft_s=0.0,

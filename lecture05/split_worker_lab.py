@@ -72,8 +72,11 @@ def _wire_q(q, dtype):
     return r / r.sum()
 
 
-def _argmax_chain_token(row):
-    """点质量的草稿：和 tree_lab._grow_tree 一样，按 T = 1 的 log softmax 取第一名（并列时下标小的）。"""
+def _point_mass_token(row, T, overlap):
+    """点质量的草稿取第一名，和各自的参照一样算：不重叠时同 tree_lab._grow_tree（T = 1 的 log softmax 的前 1 名），
+    重叠时同 overlap_spec_lab（argmax adjust(row, T)）。两者只在并列时可能不同。"""
+    if overlap:
+        return int(np.argmax(adjust(row, T)))
     from tree_lab import _log_softmax
     return int(topk_candidates(_log_softmax(row), 1)[0])
 
@@ -115,7 +118,7 @@ def _draft_request(model, dtype, link, ctrl, a):
     """草稿那边跑一个请求（它决定什么时候结束）-> (新 token 的 list, 统计)。"""
     gamma, T, protocol, overlap = a["gamma"], a["T"], a["protocol"], a["overlap"]
     stop = _stop_set(a["stop"])
-    seq = _check_generation(a["prompt"], a["n_new"], [model], gamma)
+    seq = _check_generation(a["prompt"], a["n_new"], [model], 2 * gamma if overlap else gamma)   # 预先草稿多 γ 个
     n0, n_new = len(seq), a["n_new"]
     sess = model.session()
     rng = _overlap_streams(a["seed"])[0] if overlap else np.random.default_rng(a["seed"])
@@ -128,7 +131,7 @@ def _draft_request(model, dtype, link, ctrl, a):
         for _ in range(gamma):
             row = sess.logits(base + drafts)[-1]
             if protocol == "point_mass":
-                drafts.append(_argmax_chain_token(row))
+                drafts.append(_point_mass_token(row, T, overlap))
             else:
                 q = _wire_q(adjust(row, T), dtype)
                 drafts.append(int(sample_inverse_cdf(q, rng.random())))
@@ -226,7 +229,7 @@ class _TargetState:
     def __init__(self, model, a):
         self.a, self.model, self.error = a, model, None
         try:
-            self.seq = _check_generation(a["prompt"], a["n_new"], [model], a["gamma"])
+            self.seq = _check_generation(a["prompt"], a["n_new"], [model], a["gamma"] * (2 if a["overlap"] else 1))
         except ValueError as e:
             self.error = str(e)
         self.sess = model.session()
@@ -257,7 +260,7 @@ class _TargetState:
         ps = adjust(self.sess.logits(self.seq + drafts)[-(gamma + 1):], T)
         rng = self.rng
         p_n, tok = None, None
-        if protocol == "point_mass":
+        if protocol == "point_mass" and not overlap:   # 参照是 dynamic_tree_generate：distinct_lab 的点质量规则
             n = 0
             while n < gamma:
                 i, tok = topk_draft_verify(ps[n], [drafts[n]], rng)
@@ -265,13 +268,13 @@ class _TargetState:
                     break
                 n += 1
             if n == gamma:
-                tok = -1 if overlap else int(sample_inverse_cdf(ps[gamma], rng.random()))
+                tok = int(sample_inverse_cdf(ps[gamma], rng.random()))
         else:
             if protocol == "full_q":
                 qs = qpart.astype(np.float64)
-            else:                           # lazy_q：只有 q_i(x_i)；放进全 0 的行里，verify_chain 只读这一格
-                qs = np.zeros((gamma, ps.shape[-1]))
-                qs[np.arange(gamma), drafts] = qpart
+            else:                           # lazy_q：只有 q_i(x_i)，放进全 0 的行里（verify_chain 只读这一格）；
+                qs = np.zeros((gamma, ps.shape[-1]))                # 点质量重叠：q = one-hot（同 overlap_spec_lab）
+                qs[np.arange(gamma), drafts] = 1.0 if protocol == "point_mass" else qpart
             tape = _Tape(rng)
             n, tok = verify_chain(ps, qs, drafts, tape)
             if n == gamma and overlap:      # 重叠、全部接受：额外的 token 不抽（预先草稿的第一个对着 p_{γ+1} 验证）
@@ -279,7 +282,7 @@ class _TargetState:
                 tok = -1
             elif n < gamma and protocol == "lazy_q":
                 rng.bit_generator.state = tape.before   # 最后一个均匀数留给草稿那边抽修正 token
-                p_n, tok = ps[n].astype(self.a["dtype"]), None
+                p_n, tok = ps[n], None       # float64：残差要用目标验证时用的那个 p
         if n == gamma and overlap:
             self.seq += drafts
         else:

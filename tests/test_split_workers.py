@@ -126,6 +126,28 @@ def test_bad_arguments_are_refused_before_any_process_starts(kw, what):
 
 
 # ---------------------------------------------------------------------------
+# 神谕：重叠（两条随机数流）
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["point_mass", "lazy_q", "full_q"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_overlap_equals_overlap_speculative_generate_token_for_token(pair, models, protocol, T):
+    """目标验证时草稿预先草稿 γ 个；拒绝之后还拿预先草稿的当下一轮（过时的草稿）、全部接受时还抽额外的 token、
+    lazy_q 的修正 token 抽完不把目标那条流的状态送回去：T = 1 时都不等。"""
+    from overlap_spec_lab import overlap_speculative_generate
+    target, draft = models
+    kinds = set()
+    for gamma in (1, 3):
+        for seed in range(4):
+            ref, rs = overlap_speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, seed,
+                                                   point_mass=protocol == "point_mass")
+            out, st = run(pair, protocol, gamma, T, seed, overlap=True)
+            assert out == [int(t) for t in ref], (gamma, seed)
+            assert st["accepted"] == rs["accepted"]
+            kinds |= {n == gamma for n in st["accepted"]}
+    assert kinds == {True, False}, "全部接受（预先草稿的接上）和拒绝（预先草稿的扔掉）两种轮都要走到"
+
+
+# ---------------------------------------------------------------------------
 # 账：每轮的字节
 # ---------------------------------------------------------------------------
 def test_round_payload_bytes_by_hand():
