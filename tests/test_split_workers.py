@@ -273,8 +273,11 @@ def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind():
                     break
                 time.sleep(0.05)
             else:
-                os.kill(pid, signal.SIGKILL)
                 left.append((sig, pid))
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     for p in ps:
         err = p.stderr.read()
         p.stdout.close()
