@@ -291,7 +291,7 @@ def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind():
 # ---------------------------------------------------------------------------
 def test_smollm2_float64_split_lazy_q_equals_speculative_generate():
     """SmolLM2 float64 当目标、它的前 4 层当草稿（split_models_lab 的 smollm2-layers:4），T = 1，γ = 2，4 个 token。
-    内存：两个 worker 各一份 float64 权重（约 1.1 GB），测试进程里的参照一份（smollm2_models 共用）：约 4 GB。"""
+    内存：两个 worker 装载时各到约 2.2 GB（VmHWM），测试进程里的参照约 2.2 GB（smollm2_models 共用）：约 6.5 GB；约 30 秒。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
