@@ -26,7 +26,8 @@ def round_payload_bytes(protocol, gamma, vocab, itemsize=8, *, rejected, overlap
     一轮在链路上的有效载荷 -> (草稿 → 目标, 目标 → 草稿) 字节（SplitPair 的 payload_* 逐轮加起来就是它，测试断言；
     只差一处：请求的最后一轮若是 lazy_q 的拒绝，它的修正 token 不再过去，少 4 字节）。
 
-    【推导】token id 4 字节、接受的个数 4 字节、q 每个数 itemsize 字节（模型的 dtype）、p_n 每个数 8 字节（float64：
+    【推导】token id 4 字节、接受的个数 4 字节、q 每个数 itemsize 字节（split_worker_lab 送 float64 = 8；4 是按 float32
+    送的变体）、p_n 每个数 8 字节（float64：
     草稿那边算残差要用目标验证时用的那个 p）、PCG64 的状态 32 字节：
     - point_mass：γ 个 id 过去；个数 + 1 个 token 回来（重叠、全部接受时回来的 token 是 −1 占位，一样 4 字节）；
     - full_q：γ 个 id + γ·V 个 q（+ 状态）过去；个数 + token（+ 状态）回来；

@@ -3,9 +3,8 @@ split_worker_lab —— 拆开的投机解码：草稿模型在一个进程里�
 一条链路（link_lab.Link：管道 + 可加的延迟和带宽）。
 
 【外观】split_speculative_generate(draft_recipe, target_recipe, prompt, n_new, *, num_speculative_tokens, T, seed,
-protocol="lazy_q", overlap=False, link_delay_s=0.0, link_bytes_per_s=None, stop=None, timed=False) -> (tokens, stats)：
-起一对 worker、跑一个请求、关掉；很多个请求用 SplitPair(draft_recipe, target_recipe).generate(...)（同样的参数）。
-配方是字符串：两个进程各自用 split_models_lab.build_split_model 建模型（spawn 拿不到父进程的对象）。
+protocol="lazy_q", overlap=False, link_delay_s=0.0, link_bytes_per_s=None, stop=None, timed=False) -> (tokens, stats)；
+多个请求用 SplitPair(draft_recipe, target_recipe).generate(...)。配方是字符串，两个进程各自 build_split_model。
 【三种协议】（p = 目标、q = 草稿，同 decode_lab）
 - "point_mass"：草稿取 argmax（vLLM V1 的 EAGLE / MTP）：γ 个 id 过去，接受的个数 + 1 个 token 回来；x 以概率 p(x)
   被接受（distinct_lab.topk_draft_verify）。随机数只在目标那边用。
@@ -13,8 +12,8 @@ protocol="lazy_q", overlap=False, link_delay_s=0.0, link_bytes_per_s=None, stop=
   那边**，草稿从 norm(max(0, p_n − q_n)) 抽修正 token（decode_lab.residual_distribution）：p_n 搭在本来就要回来的消息上，
   不多一次穿越；修正 token 搭下一轮的草稿过去。
 - "full_q"：γ 个 id + γ × V 个 q 过去（朴素的做法，看它的代价）；目标那边就是 decode_lab.verify_chain。
-q 按模型的 dtype 过去：float64 原样；float32 舍入再归一化，草稿从舍入后的 q 抽（接受率用的必须是它抽样的 q）——那时
-不再逐 token 等于 speculative_generate，等式测试只测 float64。
+q 和 p_n 以 float64 过去（adjust 的输出，草稿正是从它抽的）：float64 的模型就是模型的 dtype；float32 的模型也照样精确，
+只是字节翻倍（按 float32 送就得让草稿从舍入、再归一化的 q 抽，这里没有做；split_clock_lab 的 itemsize 给 4 是它的字节数）。
 【一个随机数发生器】overlap=False：一个 default_rng(seed)，状态跟着消息走（草稿抽完 → 目标；验证完 → 草稿），消耗顺序
 和 decode_lab.speculative_generate 一样（每轮都草稿 γ 个，最后一轮也是）：full_q、lazy_q 逐 token 等于它；point_mass
 等于 tree_lab.dynamic_tree_generate(…, budget=γ, top_k=1, depth=γ)。
@@ -64,14 +63,6 @@ def _info(model):
     return {"pid": os.getpid(), "vocab": int(vocab), "dtype": dtype, "name": getattr(model, "name", "")}
 
 
-def _wire_q(q, dtype):
-    """q 按模型的 dtype 过链路：float64 原样；别的 dtype 舍入再归一化（草稿从这个 q 抽，接受率和残差也用它）。"""
-    if dtype == "float64":
-        return q
-    r = q.astype(dtype).astype(np.float64)
-    return r / r.sum()
-
-
 def _point_mass_token(row, T, overlap):
     """点质量的草稿取第一名，和各自的参照一样算：不重叠时同 tree_lab._grow_tree（T = 1 的 log softmax 的前 1 名），
     重叠时同 overlap_spec_lab（argmax adjust(row, T)）。两者只在并列时可能不同。"""
@@ -104,17 +95,7 @@ def _overlap_streams(seed):
     return np.random.default_rng(sd), np.random.default_rng(st)
 
 
-def _parent_gone(ctrl):
-    """父进程的管道关了吗（请求进行中每轮看一次：父进程死了就别再算下去）。"""
-    try:
-        if ctrl.poll():
-            ctrl.recv()
-    except (EOFError, OSError):
-        return True
-    return False
-
-
-def _draft_request(model, dtype, link, ctrl, a):
+def _draft_request(model, link, ctrl, a):
     """草稿那边跑一个请求（它决定什么时候结束）-> (新 token 的 list, 统计)。"""
     gamma, T, protocol, overlap = a["gamma"], a["T"], a["protocol"], a["overlap"]
     stop = _stop_set(a["stop"])
@@ -122,9 +103,7 @@ def _draft_request(model, dtype, link, ctrl, a):
     n0, n_new = len(seq), a["n_new"]
     sess = model.session()
     rng = _overlap_streams(a["seed"])[0] if overlap else np.random.default_rng(a["seed"])
-    timed = a["timed"]
-    t_draft = t_wait = 0.0
-    rounds, accepted, pending = 0, [], []
+    t_wait, rounds, accepted, pending = 0.0, 0, [], []
 
     def draft_chain(base):                  # base：已确定的序列（+ 还在验证的草稿）-> (γ 个草稿, 它们的 q)
         drafts, qs = [], []
@@ -133,7 +112,7 @@ def _draft_request(model, dtype, link, ctrl, a):
             if protocol == "point_mass":
                 drafts.append(_point_mass_token(row, T, overlap))
             else:
-                q = _wire_q(adjust(row, T), dtype)
+                q = adjust(row, T)
                 drafts.append(int(sample_inverse_cdf(q, rng.random())))
                 qs.append(q)
         return drafts, qs
@@ -142,16 +121,16 @@ def _draft_request(model, dtype, link, ctrl, a):
         ids = np.asarray(drafts, dtype=np.int32)
         state = None if (overlap or protocol == "point_mass") else rng.bit_generator.state
         if protocol == "full_q":
-            return ("v", list(pending), ids, np.stack(qs).astype(dtype), state)
+            return ("v", list(pending), ids, np.stack(qs), state)
         if protocol == "lazy_q":
-            return ("v", list(pending), ids, np.asarray([q[x] for q, x in zip(qs, drafts)], dtype=dtype), state)
+            return ("v", list(pending), ids, np.asarray([q[x] for q, x in zip(qs, drafts)]), state)
         return ("v", ids)
 
     t0 = time.perf_counter()
     drafts, qs = draft_chain(seq)
-    t_draft += time.perf_counter() - t0
+    t_draft = time.perf_counter() - t0
     while True:
-        if _parent_gone(ctrl):
+        if ctrl.poll():                     # 请求进行中父进程不发消息：可读 = 它的管道关了（父进程死了），别再算
             raise SystemExit(0)
         link.send(message(drafts, qs))
         pending = []
@@ -191,7 +170,7 @@ def _draft_request(model, dtype, link, ctrl, a):
             drafts, qs = draft_chain(seq)
         t_draft += time.perf_counter() - t0
     stats = {"rounds": rounds, "accepted": accepted, "to_target": dict(link.sent), "to_draft": dict(link.received)}
-    if timed:
+    if a["timed"]:
         stats["draft_s"], stats["wait_s"] = t_draft, t_wait
     return [int(t) for t in _finish(seq, n0, n_new, stop)], stats
 
@@ -212,7 +191,7 @@ def _draft_main(ctrl, link_conn, recipe):
             if op != "run":
                 raise ValueError(f"不认识的消息 {op!r}")
             link.configure(args["link_delay_s"], args["link_bytes_per_s"])
-            res = _draft_request(model, info["dtype"], link, ctrl, args)
+            res = _draft_request(model, link, ctrl, args)
             ctrl.send(("ok", res))
         except (EOFError, OSError):          # 链路断了：目标不在了（父进程看它的 sentinel 说是哪个）
             try:
@@ -271,7 +250,7 @@ class _TargetState:
                 tok = int(sample_inverse_cdf(ps[gamma], rng.random()))
         else:
             if protocol == "full_q":
-                qs = qpart.astype(np.float64)
+                qs = qpart
             else:                           # lazy_q：只有 q_i(x_i)，放进全 0 的行里（verify_chain 只读这一格）；
                 qs = np.zeros((gamma, ps.shape[-1]))                # 点质量重叠：q = one-hot（同 overlap_spec_lab）
                 qs[np.arange(gamma), drafts] = 1.0 if protocol == "point_mass" else qpart
@@ -288,10 +267,8 @@ class _TargetState:
         else:
             self.seq += drafts[:n] + ([tok] if tok is not None else [])
         self.sess.truncate(len(self.seq) - (0 if tok is None else 1))   # 最后一个 token 下一轮再喂
-        send_state = None
-        if protocol != "point_mass" and (not overlap or p_n is not None):
-            send_state = rng.bit_generator.state
-        return ("r", n, tok, p_n, send_state)
+        ship = protocol != "point_mass" and (not overlap or p_n is not None)     # 状态跟着回答回到草稿那边
+        return ("r", n, tok, p_n, rng.bit_generator.state if ship else None)
 
 
 def _target_main(ctrl, link_conn, recipe):
@@ -327,7 +304,7 @@ def _target_main(ctrl, link_conn, recipe):
             return
         if op == "run":
             link.configure(args["link_delay_s"], args["link_bytes_per_s"])
-            st = _TargetState(model, dict(args, dtype=info["dtype"]))
+            st = _TargetState(model, args)
             ctrl.send(("ok", None))
         elif op == "end":
             res = {"verify_s": st.t_verify} if st is not None else {}
@@ -357,16 +334,12 @@ def _spawn(ctx, main, args):
 def _check_request(prompt, n_new, gamma, T, seed, protocol, overlap, delay_s, bytes_per_s):
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol 只能是 {PROTOCOLS} 之一（收到 {protocol!r}）")
-    if not (isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool) and gamma >= 1):
-        raise ValueError(f"num_speculative_tokens 必须是 ≥ 1 的整数（收到 {gamma!r}）")
-    if not (isinstance(T, (int, float, np.floating, np.integer)) and not isinstance(T, bool) and T >= 0):
-        raise ValueError(f"温度 T 必须是 ≥ 0 的数（收到 {T!r}）")
-    if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
-        raise ValueError(f"seed 必须是 ≥ 0 的整数（收到 {seed!r}）")
+    for name, v, lo in (("num_speculative_tokens", gamma, 1), ("seed", seed, 0), ("n_new", n_new, 1)):
+        if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo):
+            raise ValueError(f"{name} 必须是 ≥ {lo} 的整数（收到 {v!r}）")
     if not isinstance(overlap, bool):
         raise ValueError(f"overlap 必须是 True 或 False（收到 {overlap!r}）")
-    if not (isinstance(n_new, (int, np.integer)) and not isinstance(n_new, bool) and n_new >= 1):
-        raise ValueError(f"n_new 必须是 ≥ 1 的整数（收到 {n_new!r}）")
+    adjust(np.zeros(1), T)                  # T < 0：ValueError
     _check_link(delay_s, bytes_per_s)
     return [int(t) for t in np.asarray(prompt).ravel()]
 
@@ -473,10 +446,9 @@ class SplitPair:
         if err is not None:
             raise err
         stats = {"protocol": protocol, "overlap": overlap, "num_speculative_tokens": int(num_speculative_tokens),
-                 "rounds": st["rounds"], "accepted": st["accepted"],
-                 "messages_to_target": st["to_target"]["messages"], "messages_to_draft": st["to_draft"]["messages"],
-                 "bytes_to_target": st["to_target"]["bytes"], "bytes_to_draft": st["to_draft"]["bytes"],
-                 "payload_to_target": st["to_target"]["payload"], "payload_to_draft": st["to_draft"]["payload"]}
+                 "rounds": st["rounds"], "accepted": st["accepted"]}
+        for side in ("to_target", "to_draft"):
+            stats.update({f"{k}_{side}": st[side][k] for k in ("messages", "bytes", "payload")})
         if timed:
             stats.update(wall_s=wall, draft_s=st["draft_s"], wait_s=st["wait_s"], verify_s=tst.get("verify_s", 0.0))
         return toks, stats
@@ -510,17 +482,15 @@ def split_speculative_generate(draft_recipe, target_recipe, prompt, n_new, *, nu
                                protocol="lazy_q", overlap=False, link_delay_s=0.0, link_bytes_per_s=None, stop=None,
                                timed=False):
     """
-    一个请求穿过一个草稿 worker 和一个目标 worker -> (新 token 的 list, 统计)。起一对 worker、跑完、关掉（很多请求用 SplitPair）。
+    一个请求穿过一个草稿 worker 和一个目标 worker -> (新 token 的 list, 统计)；起一对、跑完、关掉（多个请求用 SplitPair）。
 
-    统计：rounds（轮数 = 目标前向的次数）、accepted（每轮接受的个数）、messages_to_target / messages_to_draft
-    （链路上每个方向的消息数：每轮各一条）、bytes_to_target / bytes_to_draft（线上的字节：交付时刻 8 字节 + pickle 的正文）、
-    payload_to_target / payload_to_draft（有效载荷：token id 4 字节、q 和 p 按 dtype、随机数状态 32 字节，
-    split_clock_lab.round_payload_bytes 是它的公式）；timed=True 时再加 wall_s（父进程看到的整个请求）、draft_s（草稿在算）、
-    wait_s（草稿在等回答）、verify_s（目标在算）——墙钟，不进默认的输出。
-    【参数】num_speculative_tokens = γ（vLLM 的 speculative_config 的键名）；protocol、overlap 见模块说明；
-    link_delay_s：链路的单程延迟（秒，交付时刻的忙等）；link_bytes_per_s：链路带宽（None = 只有管道自己的）；
-    stop：停止 token，规则同 decode_lab.speculative_generate。
-    【边界】参数不合规矩：ValueError（起进程之前就查）；提示太长等模型那边查出的错：ValueError（说是哪个 worker）；
+    统计：rounds（轮数 = 目标前向的次数）、accepted（每轮接受的个数）；链路每个方向（_to_target、_to_draft）的 messages
+    （每轮各一条）、bytes（线上：交付时刻 8 字节 + pickle 的正文）、payload（有效载荷，公式是
+    split_clock_lab.round_payload_bytes）；timed=True 时再加墙钟 wall_s（整个请求）、draft_s（草稿在算）、wait_s（草稿在等）、
+    verify_s（目标在算），不进默认的输出。
+    【参数】num_speculative_tokens = γ（vLLM speculative_config 的键名）；link_delay_s：链路的单程延迟（秒）；
+    link_bytes_per_s：链路带宽（None = 只有管道自己的）；stop：停止 token，同 decode_lab.speculative_generate。
+    【边界】参数不合规矩：ValueError（起进程之前）；模型那边查出的错（提示太长……）：ValueError，说是哪个 worker；
     worker 死了：WorkerDied。
     """
     _check_request(prompt, n_new, num_speculative_tokens, T, seed, protocol, overlap, link_delay_s, link_bytes_per_s)
