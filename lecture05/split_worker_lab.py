@@ -59,8 +59,8 @@ def _build(recipe):
 def _info(model):
     cfg = getattr(model, "cfg", None)
     vocab = cfg.vocab if cfg is not None else model.table.shape[-1]
-    dtype = str(getattr(cfg, "dtype", "float64"))
-    return {"pid": os.getpid(), "vocab": int(vocab), "dtype": dtype, "name": getattr(model, "name", "")}
+    return {"pid": os.getpid(), "vocab": int(vocab), "name": getattr(model, "name", ""),
+            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
 
 
 def _point_mass_token(row, T, overlap):
@@ -347,7 +347,7 @@ def _check_request(prompt, n_new, gamma, T, seed, protocol, overlap, delay_s, by
 class SplitPair:
     """
     一个草稿 worker 和一个目标 worker，中间一条链路（管道），父进程和每个 worker 各一条控制管道。
-    .draft_info、.target_info：{"pid", "vocab", "dtype", "name"}；.procs：两个进程（草稿、目标）。
+    .draft_info、.target_info：{"pid", "vocab", "name", "blas_threads"}；.procs：两个进程（草稿、目标）。
     generate(...)：一个请求（参数同 split_speculative_generate）。close()、with：结束两个进程。
     【边界】配方不是字符串：ValueError（不起进程）；一个 worker 在 timeout 秒里没回答或不在了：WorkerDied，两个都关掉。
     """

@@ -232,17 +232,23 @@ def test_one_way_and_round_clock_by_hand():
 # 故障
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim):
+def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, monkeypatch):
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(v, raising=False)
     p = SplitPair(DRAFT, TARGET)
-    name = ("草稿", "目标")[victim]
-    threading.Timer(0.3, os.kill, (p.procs[victim].pid, signal.SIGKILL)).start()
-    t0 = time.monotonic()
-    with pytest.raises(WorkerDied, match=name):
-        p.generate(PROMPT, 200, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=5e-3)   # 每轮 ≥ 10 ms：被杀时还在跑
-    assert time.monotonic() - t0 < 10
-    assert not any(q.is_alive() for q in p.procs)
-    with pytest.raises(WorkerDied):
-        p.generate(PROMPT, 2, num_speculative_tokens=1, T=1.0, seed=0)
+    try:
+        assert p.draft_info["blas_threads"] == p.target_info["blas_threads"] == "1", "没设的变量：一个 BLAS 线程"
+        assert "OPENBLAS_NUM_THREADS" not in os.environ, "父进程的环境不变"
+        threading.Timer(0.3, os.kill, (p.procs[victim].pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match=("草稿", "目标")[victim]):
+            p.generate(PROMPT, 200, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=5e-3)   # 每轮 ≥ 10 ms
+        assert time.monotonic() - t0 < 10
+        assert not any(q.is_alive() for q in p.procs), "另一个 worker 也关掉了"
+        with pytest.raises(WorkerDied):
+            p.generate(PROMPT, 2, num_speculative_tokens=1, T=1.0, seed=0)
+    finally:
+        p.close()
 
 
 def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind():
