@@ -120,3 +120,9 @@ def test_demo3_verdicts_follow_the_stated_criteria(res):
     text = unwrap(script_demo_text(REL, 3))
     assert f"{min(vr):.2f}–{max(vr):.2f} 倍" in text and f"只差 {gain - 1:+.2%}" in text
     assert "04 演示 5 观察 2" in text and "04 演示 3 观察 3" in text
+
+
+def test_lecture05_04_points_here_for_seed05s_round_account():
+    """种子 05 的改正只有一个家：04 演示 5 的清单指到这里的演示 3，这里不重复 04 的改正（只指过去）。"""
+    text = unwrap(script_demo_text("lecture05/04_sram_accelerators.py", 5))
+    assert "11_heterogeneous_measured.py 演示 3" in text
