@@ -28,13 +28,14 @@ CS349E · 第 5 讲 · 11_heterogeneous_measured.py —— 种子 05 的拆法�
 - 种子 05 的模型：它自己的 round_time 和 tokens_per_round（按路径加载种子 05），草稿一步、目标一步换成这里量到的；
   它把验证 γ + 1 个位置当作一步（moe=False，"验证代价不变"），每轮两次 10 µs。
 
-【运行】python3 11_heterogeneous_measured.py [--live]（默认：约 3 秒，只用模型时钟、每次打印一样；--live 起两个 worker
-进程，三种协议、重叠关 / 开、四种链路各跑 3 次取中位数，墙钟的 token/s 印在模型的旁边，约一分钟，数随机器和负载变）
+【运行】python3 11_heterogeneous_measured.py [--live]（默认：约 2 秒，种子 04 背靠背 6.2–9.6 秒，负载约 5 时量的；
+只用模型时钟，每次打印一样。--live 起两个 worker 进程，三种协议、重叠关 / 开、三种链路各跑 3 次取中位数，墙钟的
+token/s 印在模型的旁边，约 30 秒，数随机器和负载变）
 
 【依赖】numpy；本目录的 split_models_lab（模型配方、量代价）、overlap_spec_lab（重叠的参照生成器）、split_clock_lab
 （每轮的字节和时间）、runner_lab（load_calibration）、split_worker_lab（--live 的两个 worker）、种子 05（按路径加载）；
 ../lecture06 的 decode_lab（speculative_generate、alphas_on_text）、spec_math_lab（expected_tokens）；
-../lecture01 的 console。
+../lecture01 的 console、llm_math（SmolLM2 的 d_model）。
 """
 import importlib.util
 import os
@@ -50,6 +51,7 @@ import numpy as np  # noqa: E402
 from console import fmt_bytes, fmt_time, print_header, print_note, print_observations, print_table  # noqa: E402
 from console import save_results  # noqa: E402
 from decode_lab import alphas_on_text, autoregressive_generate, speculative_generate  # noqa: E402
+from llm_math import SMOLLM2_135M  # noqa: E402
 from overlap_spec_lab import overlap_speculative_generate  # noqa: E402
 from runner_lab import load_calibration  # noqa: E402
 from spec_math_lab import expected_tokens  # noqa: E402
@@ -134,6 +136,7 @@ def demo1_bytes_per_round():
     res["f32_per_tok"] = f32_per_tok
     res["target_s"] = CAL["target_ms"] / 1e3
     res["net"] = S05.NET
+    res["feat_bytes"] = SMOLLM2_135M.d_model * ITEMSIZE       # 特征草稿：每轮一行目标的特征回到草稿那边
     print_observations([
         f"点质量每轮只过 γ 个 id 过去、个数和 1 个 token 回来：γ = 4 是 {res[(512, 4)]['point_mass']} 字节，和词表无关。",
         f"lazy q 全部接受时多的只是 γ 个 q_i(x_i) 和发生器的状态（SmolLM2、γ = 4：{smol4['lazy_acc']:,} 字节）；"
@@ -142,6 +145,11 @@ def demo1_bytes_per_round():
         f"γ = 4 一轮 {fmt_bytes(smol4['full_q'])}，在量到的管道上要 {fmt_time(smol4['full_s'])}，"
         f"是种子 05 一程 {fmt_time(S05.NET)} 的 {smol4['full_s'] / S05.NET:.0f} 倍、"
         f"这里目标一步 {fmt_time(res['target_s'])} 的 {smol4['full_s'] / res['target_s']:.1f} 倍。",
+        f"训练出来的特征草稿（lecture06/feature_decode_lab.eagle_generate）拆开时，每轮还要目标的一行特征"
+        f"（SmolLM2 的 d = {SMOLLM2_135M.d_model}，float64 {res['feat_bytes']:,} 字节）回到草稿那边，"
+        f"是 lazy q 全部接受的一轮（γ = 4）的 {res['feat_bytes'] / smol4['lazy_acc']:.0f} 倍；"
+        "EAGLE 本身的草稿有一层带注意力的解码器，每个确定的位置都要一行（arXiv 2401.15077）。这一对没有跑在两个 "
+        "worker 上（它们只认 split_models_lab 的配方）。",
     ])
     return res
 
@@ -290,6 +298,12 @@ def demo_live(n_new=32, gamma=3, repeats=3):
                     model = tok_s(gamma, alpha, "重叠" if overlap else "拆开", ow)
                     rows.append([name, protocol, "开" if overlap else "关", f"{n_new / np.median(walls):.0f}",
                                  f"{model:.0f}", "—" if protocol == "point_mass" else ("是" if same else "否")])
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        autoregressive_generate(target, RUN_PROMPT, n_new, T, np.random.default_rng(RUN_SEED))
+        walls.append(time.perf_counter() - t0)
+    rows.append(["同一进程", "自回归", "—", f"{n_new / np.median(walls):.0f}", f"{1e3 / CAL['target_ms']:.0f}", "—"])
     print_table(["链路", "协议", "重叠", "墙钟\ntoken/s", "模型\ntoken/s", "token 和\n参照相同"], rows)
     print("（模型列按式 (1) 的期望；墙钟是这一个请求、这一个提示。点质量的分布不同（接受概率 p(x)），不和参照比。）")
 

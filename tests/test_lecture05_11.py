@@ -37,6 +37,8 @@ def test_demo1_bytes_are_the_protocols_byte_counts(res):
     text = unwrap(script_demo_text(REL, 1))
     smol = r[(49_152, 4)]
     assert f"{smol['lazy_rej']:,} 字节" in text and f"{smol['full_s'] / 10e-6:.0f} 倍" in text
+    assert r["feat_bytes"] == 576 * 8                                   # SmolLM2 的 d_model，float64
+    assert f"float64 {576 * 8:,} 字节" in text and f"的 {576 * 8 / smol['lazy_acc']:.0f} 倍" in text
 
 
 def _eq1(a, g):
