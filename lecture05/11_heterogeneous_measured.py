@@ -305,7 +305,7 @@ def demo_live(n_new=32, gamma=3, repeats=3):
         walls.append(time.perf_counter() - t0)
     rows.append(["同一进程", "自回归", "—", f"{n_new / np.median(walls):.0f}", f"{1e3 / CAL['target_ms']:.0f}", "—"])
     print_table(["链路", "协议", "重叠", "墙钟\ntoken/s", "模型\ntoken/s", "token 和\n参照相同"], rows)
-    print("（模型列按式 (1) 的期望；墙钟是这一个请求、这一个提示。点质量的分布不同（接受概率 p(x)），不和参照比。）")
+    print_note("（模型列按式 (1) 的期望；墙钟是这一个请求、这一个提示。点质量的分布不同（接受概率 p(x)），不和参照比。）")
 
 
 if __name__ == "__main__":
