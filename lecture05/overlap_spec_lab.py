@@ -46,7 +46,7 @@ accept(p_x, q_x) -> bool。_Sampler 用两条随机数流实现它们（生成�
 parallel_speculative_decoding）post-verify 的一支：全部接受时把草稿那边已经接着写出的 γ 个 token 接到前缀上，
 不抽额外的 token；有拒绝时抽修正 token、草稿回滚。PEARL 还有 pre-verify（草稿时先验证第一个 token）和两者之间的
 切换（自适应的草稿长度），这里只做固定 γ 的 post-verify。论文摘要报告比自回归最多快 4.43×、比普通投机解码最多
-快 1.50×（GPU 上的大模型对）；这里不和它比。
+快 1.50×（他们的模型对、他们的硬件）；这里不和它比。
 """
 import os
 import sys
