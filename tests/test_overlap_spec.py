@@ -178,3 +178,19 @@ def test_dynamic_tree_with_top_k_1_and_depth_gamma_is_a_chain(qcfg, monkeypatch)
     greedy = autoregressive_generate(draft, prompt, gamma, 0.0, np.random.default_rng(0)).tolist()
     n = st["accepted"][0]
     assert out.tolist()[:n] == greedy[:n]
+
+
+def test_bad_arguments_raise_valueerror(tiny, qcfg):
+    target, draft = tiny
+    for kw in (dict(gamma=0), dict(gamma=1.5), dict(T=-1.0), dict(mutation="nope")):
+        args = dict(gamma=1, T=1.0)
+        args.update(kw)
+        mut = args.pop("mutation", None)
+        with pytest.raises(ValueError):
+            overlap_speculative_generate(target, draft, PROMPT, 3, args["gamma"], args["T"], 0, mutation=mut)
+    with pytest.raises(ValueError, match="≤ 4"):
+        overlap_output_distribution(*qcfg, PROMPT, 2, 1, 1.0)          # QCFG 的词表 192：枚举不了
+    with pytest.raises(ValueError, match="≤ 3"):
+        overlap_output_distribution(target, draft, PROMPT, 4, 1, 1.0)
+    with pytest.raises(ValueError, match="max_seq"):                   # 预先草稿要多 γ 个位置
+        overlap_speculative_generate(target, draft, [1] * 22, 8, 2, 1.0, 0)   # 22 + 7 + 2·2 > 32
