@@ -506,7 +506,9 @@ def demo5_acceptance_table(r3=None):
         f"α = {ALPHA}\"这个假设，而种子自己的表和它矛盾（GPU 草稿的 γ* = {r['g_gpu'][0]}–{r['g_gpu'][1]} 在 γ ≤ {g_ok} 里）。"
         f"只在 γ ≤ {g_ok}（表里和 α = {ALPHA} 对得上的两行以内）挑，种子的模型给 SRAM 草稿 γ = {short[0]}、{short[1]:.2f} 倍。按表本身算，γ = {last['gamma']} 时是 {last['sp_table']:.2f} 倍"
         f"（按 α = {ALPHA} 是 {last['sp_iid']:.2f} 倍）——两种算法都不是测出来的，表的出处也没找到。",
-        "种子 05 的句子在本脚本哪里改正：" + "；".join(f"{a} → {b}" for a, b in corrections) + "。",
+        "种子 05 的句子在本脚本哪里改正：" + "；".join(f"{a} → {b}" for a, b in corrections) + "。"
+        "种子 05 演示 2 的一轮账（10 µs 的链路、验证 = 一步、草稿和目标轮流）放到量出来的数上（两个进程、真的管道）："
+        "11_heterogeneous_measured.py 演示 3。",
     ])
     return r
 

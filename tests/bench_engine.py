@@ -14,7 +14,8 @@
       量一串真实的引擎步（decode：批 1, 2, 3, 4, 8, 16, 32, 64 × 上下文 64 和 256；prefill 的块；decode 和 prefill
       混在一起的步），把 runner_lab.modelled_step_time 的五个常数拟合上去，打印每一步的残差（模型 / 实测 − 1）。
       加 --write 才把常数、这台机器（CPU、numpy、BLAS）、日期、残差写进 lecture05/cpu_calibration.json 的
-      "engine_step" 一节（别的节原样保留）：学生的运行从不改页面。
+      "engine_step" 一节（别的节原样保留）：学生的运行从不改页面。先量 "heterogeneous" 一节（链路的往返、split 那一对
+      玩具模型的代价，calibrate_heterogeneous）；只量它：--calibrate heterogeneous [--write] [--note "一句话"]。
 
 每一步取 3 次里最快的一次。decode 的步之前那些 prefill 不跑模型（TimingRunner 直接给一个占位的 token，K/V 留着
 零）：量的是一步的时间，不看 token 的值，这样批 64、上下文 256 也不用先 prefill 一万六千个 token。
@@ -284,6 +285,75 @@ def calibrate(model, cfg, write):
 
 
 # ---------------------------------------------------------------------------
+# 异构的草稿（lecture05/link_lab、split_clock_lab、split_models_lab）："heterogeneous" 一节
+# ---------------------------------------------------------------------------
+HETERO_SECTION = "heterogeneous"
+HETERO_COMMAND = "python3 tests/bench_engine.py --calibrate heterogeneous --write"
+HETERO_PAIR = ("split:0", "split-draft:0")              # (目标, 草稿) 的配方
+
+
+def calibrate_heterogeneous(write, note=""):
+    """
+    量拆开的投机解码要的常数，写进 cpu_calibration.json 的 "heterogeneous" 一节（别的节原样保留）：
+    链路的往返（split_worker_lab.measure_round_trip：父进程 ↔ spawn 的孩子，经 Link；不加延迟、加 100 µs、加 1 ms），
+    这一对玩具模型 decode 一步（split_models_lab.measure_pair_costs）和目标验证 n = 1..9 个位置（measure_verify_ms）。
+    不读 SmolLM2。note：写进 machine 的一句话（例如"别的进程也在跑"）。
+    """
+    from split_models_lab import measure_pair_costs
+    from link_lab import measure_round_trip
+    from split_clock_lab import measure_verify_ms
+    info = machine_info()
+    print(f"标定异构的一节：{info['cpu']}，{info['blas_threads']} 个 BLAS 线程；开始时 1 分钟负载 "
+          f"{info['load_avg_1min_at_start']}")
+    rt = measure_round_trip(2000)
+    rt100 = measure_round_trip(500, delay_s=100e-6)
+    rt1m = measure_round_trip(100, delay_s=1e-3)
+    pair = measure_pair_costs(*HETERO_PAIR)
+    ver = measure_verify_ms(HETERO_PAIR[0])
+    c = {"rtt_p50_s": rt["p50_s"], "rtt_p90_s": rt["p90_s"], "rtt_min_s": rt["min_s"],
+         "rtt_delay_100us_p50_s": rt100["p50_s"], "rtt_delay_1ms_p50_s": rt1m["p50_s"],
+         "target_ms": pair["target_ms"], "draft_ms": pair["draft_ms"], "c": pair["c"], "verify_ms": ver["verify_ms"]}
+    print(f"链路往返：p50 {rt['p50_s'] * 1e6:.1f} µs、p90 {rt['p90_s'] * 1e6:.1f} µs（{rt['n']} 次，消息 "
+          f"{rt['wire_bytes']} 字节）；加 100 µs：p50 {rt100['p50_s'] * 1e6:.1f} µs；加 1 ms：p50 "
+          f"{rt1m['p50_s'] * 1e6:.1f} µs")
+    print(f"{HETERO_PAIR[0]} 一步 {pair['target_ms']:.3f} ms，{HETERO_PAIR[1]} 一步 {pair['draft_ms']:.3f} ms，"
+          f"c = {pair['c']:.3f}；验证 n = 1..{len(ver['verify_ms'])} 个位置："
+          + " ".join(f"{v:.2f}" for v in ver["verify_ms"]) + " ms")
+    try:
+        load_end = round(os.getloadavg()[0], 2)
+    except OSError:
+        load_end = float("nan")
+    info["load_avg_1min_at_end"] = load_end
+    info["loaded"] = bool(max(info["load_avg_1min_at_start"], load_end) > 1.5)
+    if note:
+        info["note"] = note
+    section = {"command": HETERO_COMMAND,
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": info, "model": f"target {HETERO_PAIR[0]}, draft {HETERO_PAIR[1]} (split_models_lab), "
+                                         "float64, one BLAS thread; link = a pipe between two spawned processes",
+               "form": "one way = max(rtt_p50_s / 2, delay + bytes / link rate) (link_lab.one_way_s); "
+                       "round = gamma * draft_ms + verify_ms[gamma] + two one-way times, or with overlap "
+                       "max(gamma * draft_ms, verify + link) (+ gamma * draft_ms after a rejection) "
+                       "(split_clock_lab.modelled_round_s, modelled_verify_s)",
+               "constants": c}
+    if write:
+        try:
+            with open(CALIBRATION_PATH, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = {}
+        doc.setdefault("schema", 1)
+        doc.setdefault("sections", {})[HETERO_SECTION] = section
+        with open(CALIBRATION_PATH, "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {HETERO_SECTION!r} 一节")
+    else:
+        print("没有写文件（加 --write 才写）")
+    return section
+
+
+# ---------------------------------------------------------------------------
 # 一步的账
 # ---------------------------------------------------------------------------
 WEIGHT_OPS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
@@ -398,6 +468,11 @@ def main(argv):
     contexts = CONTEXTS
     if "--contexts" in argv:
         contexts = tuple(int(x) for x in argv[argv.index("--contexts") + 1].split(","))
+    if "--calibrate" in argv:                          # 异构的一节（玩具模型和链路，不读 SmolLM2）；只要这一节：加 heterogeneous
+        note = argv[argv.index("--note") + 1] if "--note" in argv[:-1] else ""
+        calibrate_heterogeneous("--write" in argv, note)
+        if HETERO_SECTION in argv:
+            return
     P, cfg, _ = load_gguf(dtype=np.float32)
     model = NumpyTransformer(P, cfg)
     if "--calibrate" in argv:

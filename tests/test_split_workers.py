@@ -1,0 +1,311 @@
+"""
+拆开的投机解码（split_worker_lab、link_lab、split_clock_lab）：草稿 worker 和目标 worker 之间一条链路。
+玩具模型（float64，离线、快）；一对 worker 整个模块只起一次。
+
+- 神谕：不重叠时 full_q、lazy_q == decode_lab.speculative_generate(…, default_rng(seed))，point_mass ==
+  tree_lab.dynamic_tree_generate(…, budget=γ, top_k=1, depth=γ)，T = 0 和 T = 1，逐 token、逐轮的接受数；
+  重叠时 == overlap_spec_lab.overlap_speculative_generate（两条随机数流）；
+- 账：每轮的有效载荷 == split_clock_lab.round_payload_bytes（手算的数另外核对）；链路的延迟是每一程的下界；
+- 故障：被杀的 worker 让请求在限定时间里以 WorkerDied 结束、说是哪个；父进程被杀 / SIGTERM / Ctrl-C 不留孩子。
+"""
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from decode_lab import speculative_generate
+from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
+from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
+from split_models_lab import build_split_model
+from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
+from tree_lab import dynamic_tree_generate
+
+TARGET, DRAFT = "qcfg:0", "qcfg-layers:2:0"        # 草稿 = 目标的前 2 层：T = 1 时既有全部接受的轮，也有拒绝的轮
+V = 192                                           # QCFG 的词表
+PROMPT = [5, 17, 101, 3, 44, 9]
+N_NEW = 14
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_split_model(TARGET), build_split_model(DRAFT)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    p = SplitPair(DRAFT, TARGET)
+    yield p
+    p.close()
+    assert not any(q.is_alive() for q in p.procs)
+    assert not mp.active_children()
+
+
+def run(pair, protocol, gamma, T, seed, **kw):
+    return pair.generate(PROMPT, kw.pop("n_new", N_NEW), num_speculative_tokens=gamma, T=T, seed=seed,
+                         protocol=protocol, **kw)
+
+
+# ---------------------------------------------------------------------------
+# 神谕：不重叠
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["full_q", "lazy_q"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_full_q_and_lazy_q_equal_speculative_generate_token_for_token(pair, models, protocol, T):
+    """一个发生器，状态跟着消息走：丢了状态（目标用自己的 default_rng(seed)、或者草稿不接回来）T = 1 时就不等。"""
+    target, draft = models
+    rejected = all_accepted = 0
+    for gamma in (1, 3):
+        for seed in range(4):
+            ref, rs = speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, np.random.default_rng(seed))
+            out, st = run(pair, protocol, gamma, T, seed)
+            assert out == [int(t) for t in ref], (gamma, seed)
+            assert st["accepted"] == rs["accepted"] and st["rounds"] == rs["target_calls"]
+            assert st["messages_to_target"] == st["messages_to_draft"] == st["rounds"]
+            rejected += sum(n < gamma for n in st["accepted"])
+            all_accepted += sum(n == gamma for n in st["accepted"])
+    assert rejected and all_accepted, "两种轮都要走到（拒绝时 lazy_q 的 p_n 回到草稿那边）"
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_point_mass_equals_dynamic_tree_with_one_candidate_per_level(pair, models, T):
+    target, draft = models
+    for gamma in (1, 3):
+        for seed in range(3):
+            ref, rs = dynamic_tree_generate(target, draft, PROMPT, N_NEW, gamma, T, np.random.default_rng(seed),
+                                            top_k=1, depth=gamma)
+            out, st = run(pair, "point_mass", gamma, T, seed)
+            assert out == [int(t) for t in ref], (gamma, seed)
+            assert st["accepted"] == rs["accepted"]
+            assert rs["nodes"] == [gamma] * rs["target_calls"], "参照每轮验证的是一条 γ 个节点的链"
+
+
+def test_stop_token_ends_the_request_like_speculative_generate(pair, models):
+    target, draft = models
+    ref, _ = speculative_generate(target, draft, PROMPT, N_NEW, 2, 1.0, np.random.default_rng(1))
+    stop = int(ref[5])
+    want, _ = speculative_generate(target, draft, PROMPT, N_NEW, 2, 1.0, np.random.default_rng(1), stop=stop)
+    for protocol in ("lazy_q", "full_q"):
+        out, _ = run(pair, protocol, 2, 1.0, 1, stop=stop)
+        assert out == [int(t) for t in want] and out[-1] == stop and len(out) < N_NEW
+
+
+def test_wall_times_only_when_timed(pair):
+    _, st = run(pair, "lazy_q", 2, 1.0, 0)
+    assert not any(k.endswith("_s") for k in st)
+    _, st = run(pair, "lazy_q", 2, 1.0, 0, timed=True)
+    assert st["wall_s"] >= st["wait_s"] > 0 and st["draft_s"] > 0 and st["verify_s"] > 0
+
+
+def test_a_model_side_error_names_the_worker_and_the_pair_keeps_serving(pair, models):
+    with pytest.raises(ValueError, match="worker"):
+        pair.generate(list(range(250)), 20, num_speculative_tokens=3, T=1.0, seed=0)     # 超过 max_seq = 256
+    out, _ = run(pair, "full_q", 2, 0.0, 0)
+    assert out == [int(t) for t in speculative_generate(*models, PROMPT, N_NEW, 2, 0.0, np.random.default_rng(0))[0]]
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(protocol="full_p"), "protocol"), (dict(num_speculative_tokens=0), "num_speculative_tokens"),
+    (dict(link_delay_s=-1e-3), "link_delay_s"), (dict(link_bytes_per_s=0), "link_bytes_per_s"),
+    (dict(overlap=1), "overlap"), (dict(T=-1.0), "T")])
+def test_bad_arguments_are_refused_before_any_process_starts(kw, what):
+    args = dict(num_speculative_tokens=2, T=1.0, seed=0)
+    args.update(kw)
+    before = len(mp.active_children())
+    with pytest.raises(ValueError, match=what):
+        split_speculative_generate(DRAFT, TARGET, PROMPT, 4, **args)
+    with pytest.raises(ValueError, match="draft_recipe"):
+        SplitPair(("toy", "tiny", 1), TARGET)
+    assert len(mp.active_children()) == before
+
+
+# ---------------------------------------------------------------------------
+# 神谕：重叠（两条随机数流）
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["point_mass", "lazy_q", "full_q"])
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_overlap_equals_overlap_speculative_generate_token_for_token(pair, models, protocol, T):
+    """目标验证时草稿预先草稿 γ 个；拒绝之后还拿预先草稿的当下一轮（过时的草稿）、全部接受时还抽额外的 token、
+    lazy_q 的修正 token 抽完不把目标那条流的状态送回去：T = 1 时都不等。"""
+    from overlap_spec_lab import overlap_speculative_generate
+    target, draft = models
+    kinds = set()
+    for gamma in (1, 3):
+        for seed in range(4):
+            ref, rs = overlap_speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, seed,
+                                                   point_mass=protocol == "point_mass")
+            out, st = run(pair, protocol, gamma, T, seed, overlap=True)
+            assert out == [int(t) for t in ref], (gamma, seed)
+            assert st["accepted"] == rs["accepted"]
+            kinds |= {n == gamma for n in st["accepted"]}
+    assert kinds == {True, False}, "全部接受（预先草稿的接上）和拒绝（预先草稿的扔掉）两种轮都要走到"
+
+
+# ---------------------------------------------------------------------------
+# 账：每轮的字节
+# ---------------------------------------------------------------------------
+def test_round_payload_bytes_by_hand():
+    """γ = 3、V = 192、float64：id 4 字节，q / p 8 字节一个，状态 32 字节，个数 4 字节。"""
+    assert round_payload_bytes("point_mass", 3, V, rejected=True) == (12, 8)
+    assert round_payload_bytes("full_q", 3, V, rejected=False) == (12 + 3 * 192 * 8 + 32, 4 + 4 + 32)
+    assert round_payload_bytes("lazy_q", 3, V, rejected=False) == (12 + 24 + 32, 4 + 4 + 32)
+    assert round_payload_bytes("lazy_q", 3, V, rejected=True) == (12 + 24 + 32 + 4, 4 + 192 * 8 + 32)
+    assert round_payload_bytes("full_q", 4, 49152, 4, rejected=False)[0] == 16 + 4 * 196608 + 32    # SmolLM2、float32
+    assert round_payload_bytes("lazy_q", 3, V, rejected=True, overlap=True) == (12 + 24 + 4 + 32, 4 + 192 * 8 + 32)
+    assert (ID_BYTES, COUNT_BYTES, RNG_STATE_BYTES) == (4, 4, 32)
+    with pytest.raises(ValueError, match="protocol"):
+        round_payload_bytes("q", 3, V, rejected=False)
+
+
+@pytest.mark.parametrize("protocol", ["point_mass", "lazy_q", "full_q"])
+def test_measured_payload_per_round_equals_the_formula(pair, protocol):
+    """lazy_q 不能偷偷把整个 q 送过去：量到的有效载荷逐轮等于公式（最后一轮的修正 token 不再过去：减 4 字节）。"""
+    gamma = 3
+    for seed in range(3):
+        _, st = run(pair, protocol, gamma, 1.0, seed)
+        rows = [round_payload_bytes(protocol, gamma, V, rejected=n < gamma) for n in st["accepted"]]
+        last = ID_BYTES if protocol == "lazy_q" and st["accepted"][-1] < gamma else 0
+        assert st["payload_to_target"] == sum(r[0] for r in rows) - last
+        assert st["payload_to_draft"] == sum(r[1] for r in rows)
+        assert st["bytes_to_target"] >= st["payload_to_target"] + 8 * st["messages_to_target"]
+        assert st["bytes_to_draft"] >= st["payload_to_draft"] + 8 * st["messages_to_draft"]
+
+
+# ---------------------------------------------------------------------------
+# 链路和模型时钟
+# ---------------------------------------------------------------------------
+def test_link_delivers_no_earlier_than_delay_plus_bytes_over_rate():
+    a, b = mp.Pipe()
+    tx, rx = Link(a, delay_s=2e-3), Link(b)
+    t0 = time.perf_counter()
+    tx.send(("v", np.zeros(4, dtype=np.int32)))
+    rx.recv()
+    assert time.perf_counter() - t0 >= 2e-3
+    tx.configure(0.0, bytes_per_s=1e6)                       # 1 MB/s：两条 ~1 KB 的消息排队，第二条不早于 2 KB / 1 MB/s
+    msg = np.zeros(125, dtype=np.float64)
+    t0 = time.perf_counter()
+    tx.send(msg)
+    tx.send(msg)
+    rx.recv()
+    rx.recv()
+    assert time.perf_counter() - t0 >= 2 * (1000 + 8) / 1e6
+    assert tx.sent["messages"] == 2 and tx.sent["payload"] == 2000 and tx.sent["bytes"] > 2000 + 16
+    a.close()
+    b.close()
+
+
+def test_round_trip_with_added_delay_is_at_least_two_delays():
+    before = set(mp.active_children())
+    rt = measure_round_trip(200, warmup=20)
+    assert 0 < rt["min_s"] <= rt["p50_s"] <= rt["p90_s"]
+    rt = measure_round_trip(30, delay_s=1e-3, warmup=2)
+    assert rt["min_s"] >= 2e-3
+    assert set(mp.active_children()) == before
+
+
+def test_one_way_and_round_clock_by_hand():
+    assert one_way_s(1000, 10e-6) == 10e-6                             # 没加延迟：管道自己的
+    assert one_way_s(1000, 10e-6, 100e-6) == 100e-6
+    assert one_way_s(10_000, 10e-6, 100e-6, 1e8) == pytest.approx(100e-6 + 100e-6)
+    # γ = 4、草稿 1 ms、验证 10 ms、两程各 0.5 ms
+    assert modelled_round_s(4, 1e-3, 10e-3, split=False) == pytest.approx(14e-3)
+    assert modelled_round_s(4, 1e-3, 10e-3, split=True, to_target_s=5e-4, to_draft_s=5e-4) == pytest.approx(15e-3)
+    kw = dict(split=True, overlap=True, to_target_s=5e-4, to_draft_s=5e-4)
+    assert modelled_round_s(4, 1e-3, 10e-3, all_accepted=True, **kw) == pytest.approx(11e-3)        # max(4, 11)
+    assert modelled_round_s(4, 1e-3, 10e-3, all_accepted=False, **kw) == pytest.approx(15e-3)       # + 4 个重新草稿
+    assert modelled_round_s(4, 5e-3, 10e-3, all_accepted=True, **kw) == pytest.approx(20e-3)        # 草稿慢：max(20, 11)
+    with pytest.raises(ValueError, match="overlap"):
+        modelled_round_s(4, 1e-3, 10e-3, split=False, overlap=True)
+    c = {"verify_ms": [2.0, 6.0, 6.5]}
+    assert modelled_verify_s(3, c) == 6.5e-3
+    with pytest.raises(ValueError, match="1..3"):
+        modelled_verify_s(4, c)
+
+
+# ---------------------------------------------------------------------------
+# 故障
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, monkeypatch):
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(v, raising=False)
+    p = SplitPair(DRAFT, TARGET)
+    try:
+        assert p.draft_info["blas_threads"] == p.target_info["blas_threads"] == "1", "没设的变量：一个 BLAS 线程"
+        assert "OPENBLAS_NUM_THREADS" not in os.environ, "父进程的环境不变"
+        threading.Timer(0.3, os.kill, (p.procs[victim].pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match=("草稿", "目标")[victim]):
+            p.generate(PROMPT, 200, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=5e-3)   # 每轮 ≥ 10 ms
+        assert time.monotonic() - t0 < 10
+        assert not any(q.is_alive() for q in p.procs), "另一个 worker 也关掉了"
+        with pytest.raises(WorkerDied):
+            p.generate(PROMPT, 2, num_speculative_tokens=1, T=1.0, seed=0)
+    finally:
+        p.close()
+
+
+def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind():
+    """父进程在请求进行中被 SIGKILL、SIGTERM、Ctrl-C（SIGINT）：两个 worker 的控制管道关了，它们自己退出。"""
+    code = ("import sys; sys.path[:0] = sys.argv[1:]\n"
+            "from split_worker_lab import SplitPair\n"
+            f"with SplitPair({DRAFT!r}, {TARGET!r}) as p:\n"
+            "    print(*(q.pid for q in p.procs), flush=True)\n"
+            f"    p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
+    dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+    sigs = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+    ps = [subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for _ in sigs]
+    pids = [[int(x) for x in p.stdout.readline().split()] for p in ps]
+    time.sleep(0.2)
+    for p, sig in zip(ps, sigs):
+        p.send_signal(sig)
+    for p in ps:
+        p.wait(10)
+    left = []
+    t0 = time.monotonic()
+    for sig, ws in zip(sigs, pids):
+        for pid in ws:
+            while time.monotonic() - t0 < 10:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                left.append((sig, pid))
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    for p in ps:
+        err = p.stderr.read()
+        p.stdout.close()
+        p.stderr.close()
+        assert "resource_tracker" not in err
+    assert not left, f"父进程结束之后这些 worker 还在：{left}"
+
+
+# ---------------------------------------------------------------------------
+# 真实模型一次
+# ---------------------------------------------------------------------------
+def test_smollm2_float64_split_lazy_q_equals_speculative_generate():
+    """SmolLM2 float64 当目标、它的前 4 层当草稿（split_models_lab 的 smollm2-layers:4），T = 1，γ = 2，4 个 token。
+    内存：两个 worker 装载时各到约 2.2 GB（VmHWM），测试进程里的参照约 2.2 GB（smollm2_models 共用）：约 6.5 GB；约 30 秒。"""
+    from conftest import real_model_path
+    from drafts_lab import early_exit_draft
+    from smollm2_models import smollm2_lm
+    real_model_path()
+    model, cfg, tok = smollm2_lm("float64")
+    prompt = tok.encode("The capital of France is")
+    ref, rs = speculative_generate(model, early_exit_draft(model, 4), prompt, 4, 2, 1.0, np.random.default_rng(3))
+    out, st = split_speculative_generate("smollm2-layers:4", "smollm2", prompt, 4, num_speculative_tokens=2, T=1.0,
+                                         seed=3, protocol="lazy_q")
+    assert out == [int(t) for t in ref] and st["accepted"] == rs["accepted"]
+    assert not mp.active_children()
