@@ -16,6 +16,7 @@ match：chain_hash 的键在进程之间不可比——Python 3.12 之前 hash(N
 一个都不剩时 add_request 抛 RuntimeError。
 """
 import os
+import pickle
 import sys
 import time
 
@@ -247,6 +248,7 @@ class PDRouter(_Base):
         self.resv = {}                                 # 全局 id -> (decode worker, 预留的编号)
         self.where = {}
         self.bytes_moved = self.n_handoffs = 0
+        self._inflight, self._stalled = {}, []         # 全局 id -> 在飞的共享内存段名；decode 暂时收不下的交接
 
     def _all_workers(self):
         return self.pre + self.dec
@@ -259,7 +261,7 @@ class PDRouter(_Base):
         return gid
 
     def has_unfinished_requests(self):
-        return bool(self.queue or self.pre_owner or self.dec_owner or self._pending)
+        return bool(self.queue or self.pre_owner or self.dec_owner or self._pending or self._stalled)
 
     def abort_request(self, request_id):
         for i, q in enumerate(self.queue):
@@ -309,30 +311,79 @@ class PDRouter(_Base):
             self.loads[id(p)] = self.loads.get(id(p), 0) + len(prompt)
             self.loads[id(d)] = self.loads.get(id(d), 0) + mt
 
+    def _fail_worker(self, w, out, owned):
+        """w 死了：它手上的请求以 "error" 结束，它们在 decode 那边的预留取消（不漏块）。"""
+        gids = [g for k, g in owned.items() if k[0] is w]
+        super()._fail_worker(w, out, owned)
+        for gid in gids:
+            self._cancel(gid)
+
+    def _cancel(self, gid):
+        d, key = self.resv.pop(gid, (None, None))
+        if d is not None and d.alive:
+            try:
+                d.call("cancel", key)
+            except WorkerDied:
+                pass
+
     def _handoff(self, p, rid, gid, out):
-        d, key = self.resv.pop(gid)
+        d, key = self.resv[gid]
         try:
             p.send("export", (rid, self.via))
             self.bytes_moved += p.recv()
             frames = [p.conn.recv_bytes() for _ in range(3 if self.via == "pipe" else 1)]
         except WorkerDied:
-            d.call("cancel", key)
+            self._cancel(gid)
             raise
+        if self.via == "shm":                         # 段在飞：送到之前 decode 死了，由路由器 unlink
+            self._inflight[gid] = pickle.loads(frames[0])["shm"]
+        self._import(gid, d, key, frames, out)
+
+    def _import(self, gid, d, key, frames, out):
+        """把一个交接的帧转给 decode worker d（预留 key）。d 说现在收不下：留着帧，下一步再试；d 死了：这个请求出错。"""
         try:
             d.send("import", key)
             for f in frames:
                 d.conn.send_bytes(f)
             drid = d.recv()
         except WorkerDied:
+            self._unlink(gid)
+            self.resv.pop(gid, None)
             self._fail_worker(d, out, self.dec_owner)
             self.error_message[gid] = "decode worker died / decode worker 不在了"
             self._emit(out, gid, [], "error")
             return
+        if drid is None:                              # 预留了空位就不会发生；发生了也不丢请求
+            self._stalled.append((gid, d, key, frames))
+            return
+        self.resv.pop(gid, None)
+        self._inflight.pop(gid, None)                 # decode 那边收下、已经 unlink
         self.n_handoffs += 1
         self.dec_owner[(d, drid)], self.where[gid] = gid, (d, drid)
 
+    def _unlink(self, gid):
+        name = self._inflight.pop(gid, None)
+        if name is None:
+            return
+        from multiprocessing import shared_memory
+        try:
+            seg = shared_memory.SharedMemory(name=name)
+        except FileNotFoundError:
+            return
+        seg.close()
+        seg.unlink()
+
+    def close(self):
+        """结束每个 worker；还在飞的共享内存段（送出去、没被收下的）unlink。"""
+        super().close()
+        for gid in list(self._inflight):
+            self._unlink(gid)
+
     def step(self, timeout=None):
         out, self._pending = self._pending, []
+        stalled, self._stalled = self._stalled, []
+        for item in stalled:
+            self._import(*item, out)
         self._dispatch(out)
         for owner in (self.pre_owner, self.dec_owner):
             sent = self._send_step(self.pre if owner is self.pre_owner else self.dec, owner, out)
@@ -364,10 +415,5 @@ class PDRouter(_Base):
                     self._emit(out, gid, new, fin)
                     if fin is not None:
                         del owner[(w, rid)]
-                        if gid in self.resv:
-                            d, key = self.resv.pop(gid)
-                            try:
-                                d.call("cancel", key)
-                            except WorkerDied:
-                                pass
+                        self._cancel(gid)
         return out

@@ -6,7 +6,8 @@ worker_lab —— 引擎进程：一个 worker 是一个操作系统进程（mul
 Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负责结束它们）。
 【一个 BLAS 线程】spawn 之前，OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS 没设的设成 1（两个进程在两个核上
 各算各的；学生自己设了的不动）。
-【消息】(op, args)：add、step、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve、cancel、abort、
+【消息】(op, args)：add、step、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve（块和一个序列的
+空位：decode 那边收下交接时不会因为没有空位而拒绝）、cancel、abort、
 match（前缀缓存能命中几个 token：只读，不改缓存）、info、reset（按配方重建引擎）。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
 """
 import os
@@ -153,12 +154,17 @@ def worker_main(conn, recipe, engine_kw):
                 rkey = args
                 h = recv_handoff(conn, copy=False)
                 wire += h.wire_bytes
+                r = reservations.pop(rkey, None) if rkey is not None else None
                 try:
-                    res = eng.import_request(h, reservations.pop(rkey, None) if rkey is not None else None)
+                    res = eng.import_request(h, r)
                 finally:
                     h.release()
-            elif op == "reserve":
-                r = eng.bm.reserve(args)
+                    if r is not None and r.active:                # 没收下（或出错）：预留还是它的，留着
+                        reservations[rkey] = r
+            elif op == "reserve":                                 # 留块，也留一个序列的空位（运行 + 等待 + 预留 < max_num_seqs）
+                sch = eng.scheduler
+                full = len(sch.running) + len(sch.waiting) + len(reservations) >= sch.max_seqs
+                r = None if full else eng.bm.reserve(args)
                 if r is None:
                     res = None
                 else:

@@ -105,6 +105,67 @@ def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
     assert all(p not in mp.active_children() for p in (w.proc for w in ws))
 
 
+def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request():
+    """回归：decode 那边的块够、序列的空位（max_num_seqs）不够时，import 拒绝（返回 None），旧的路由器把 None 当成
+    请求 id 记下，请求再也结束不了。现在 reserve 连空位一起留：请求在路由器的队列里等，每个都等于单独生成的。"""
+    ws = [start_worker(RECIPE, num_blocks=32, block_size=4),
+          start_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=1)]
+    with PDRouter(ws[:1], ws[1:], via="pipe") as r:
+        ids = [r.add_request(p, 4, temperature=1.0, seed=30 + i) for i, p in enumerate(PROMPTS[:3])]
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10, "请求被丢了：路由器永远有没结束的请求"
+        for i, gid in enumerate(ids):
+            assert r.outputs[gid] == solo(PROMPTS[i], 4, 1.0, 30 + i) and r.finished[gid] == "length"
+        assert r.n_handoffs == 3
+        info = ws[1].call("info")
+        assert info["num_free_blocks"] == info["num_blocks"]
+
+
+def _pd_pair(**pre_kw):
+    return [start_worker(RECIPE, num_blocks=32, block_size=4, **pre_kw), start_worker(RECIPE, num_blocks=32, block_size=4)]
+
+
+def test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_bounded_time():
+    """回归：共享内存的段由收的一边 unlink；decode worker 在交接送到之前死了，旧的路由器不 unlink，段留在 /dev/shm。
+    prefill 一步只算 4 个 token，所以杀 decode 时交接还没出发。"""
+    before = shm_names()
+    ws = _pd_pair(max_num_batched_tokens=4)
+    with PDRouter(ws[:1], ws[1:], via="shm") as r:
+        gid = r.add_request(PROMPTS[4], 6, seed=1)              # 17 个提示 token：prefill 要 5 步
+        r.step()
+        os.kill(ws[1].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert r.finished[gid] == "error" and "decode" in r.error_message[gid]
+        with pytest.raises(RuntimeError):
+            r.add_request(PROMPTS[0], 2)                        # decode 那边一个都不剩：说它不能服务
+        info = ws[0].call("info")
+        assert info["num_free_blocks"] == info["num_blocks"], "prefill 那边不漏块"
+    assert shm_names() == before
+    assert not any(w.proc.is_alive() for w in ws)
+
+
+def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations():
+    """回归：prefill worker 死了，它手上的请求以 "error" 结束，但旧的路由器不取消它们在 decode 那边的预留：块漏了。"""
+    ws = _pd_pair(max_num_batched_tokens=4)
+    with PDRouter(ws[:1], ws[1:], via="pipe") as r:
+        ids = [r.add_request(p, 6, seed=i) for i, p in enumerate(PROMPTS[3:5])]
+        r.step()
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert [r.finished[g] for g in ids] == ["error", "error"]
+        info = ws[1].call("info")
+        assert info["num_free_blocks"] == info["num_blocks"], "decode 那边的预留取消了"
+    assert not any(w.proc.is_alive() for w in ws)
+
+
 def test_smollm2_float64_pd_router_equals_each_request_alone():
     """真实模型一次：SmolLM2 float64，1 个 prefill + 1 个 decode 的 worker（约 6 GB：两个 worker 各一份权重，
     测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。"""
