@@ -24,6 +24,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+from lockstep_lab import LockstepClock  # noqa: E402
 from worker_lab import WorkerDied  # noqa: E402
 
 __all__ = ["Router", "PDRouter", "POLICIES"]
@@ -40,6 +41,17 @@ class _Base:
         self.logprobs = {}
         self.requests = _Records(self)
         self.last_error = None
+        self.arrival = {}
+        self.lock, self._future, self._t_event = None, [], 0.0
+
+    def _init_clock(self, clock, bus):
+        if clock not in ("wall", "model"):
+            raise ValueError(f"clock 只能是 'wall'（墙钟，默认）或 'model'（齐步走的模型时钟），收到 {clock!r}")
+        self.clock = clock
+        ws = self._all_workers()
+        self._idx = {id(w): i for i, w in enumerate(ws)}
+        if clock == "model":
+            self.lock = LockstepClock(len(ws), bus)
 
     # ---- 和 LLMEngine 一样的几处（serve.py 的引擎线程用）----
     @property
@@ -60,12 +72,78 @@ class _Base:
         for d in (self.token_times, self.outputs, self.error_message, self.finished, self.logprobs):
             d.pop(request_id, None)
 
-    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, **kw):
+    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, arrival=None, **kw):
+        """-> 全局 id。arrival：模型时钟下这个请求几时到（默认：现在）；墙钟下不收（它到的时刻就是现在）。"""
         kw = dict(kw, temperature=temperature, seed=seed, stop=stop)
-        return self._add(prompt_ids, max_tokens, **kw)
+        prompt = [int(t) for t in prompt_ids]
+        if self.lock is None:
+            if arrival is not None:
+                raise ValueError("arrival 只在 clock='model' 时用（墙钟下请求到的时刻就是现在）")
+            self._check_alive()
+            gid = self._new_id()
+            self.arrival[gid] = self.now()
+            self._add(gid, prompt, max_tokens, **kw)
+            return gid
+        self._check_alive()
+        a = self._t_event if arrival is None else float(arrival)
+        gid = self._new_id()
+        self.arrival[gid] = a
+        self._future.append((a, gid, prompt, max_tokens, kw))
+        self._future.sort(key=lambda f: (f[0], f[1]))
+        return gid
 
     def now(self):
-        return time.perf_counter() - self.t0
+        """路由器的时钟：墙钟（开始以来的秒）或模型时钟（正在处理的那件事的时刻）。"""
+        return self._t_event if self.lock is not None else time.perf_counter() - self.t0
+
+    def _busy(self, w, t, kind):
+        """模型时钟：w 在 t 时刻拿到一件活（它的时钟跳到 t；下一步的种类 kind，prefill 优先）。"""
+        if self.lock is not None:
+            i = self._idx[id(w)]
+            self.lock.wait_until(i, t)
+            if self.lock.nxt[i] is None or kind == "prefill":
+                self.lock.nxt[i] = kind
+
+    def _step_model(self, out, timeout):
+        """
+        模型时钟的一步：下一件事是一个请求到达（比任何 worker 能开始的时刻都早或同时）就收下这一批；否则推能开始的时刻最小的
+        worker 一步（并列取编号小的），这一步结束的时刻 = lockstep_lab 的总线模型。
+        """
+        cand = self._candidates()
+        t_w = min(cand)[0] if cand else float("inf")
+        t_a = self._future[0][0] if self._future else float("inf")
+        if t_a == float("inf") and t_w == float("inf"):
+            return
+        if t_a <= t_w:
+            self._t_event = t_a
+            while self._future and self._future[0][0] <= t_a:
+                _, gid, prompt, mt, kw = self._future.pop(0)
+                self._add(gid, prompt, mt, **kw)
+            self._after_event(out)
+            return
+        w = self._all_workers()[min(cand)[1]]
+        self._prepare(w, out)
+        owner = self._owner_of(w)
+        if not any(k[0] is w for k in owner):
+            return
+        i = self._idx[id(w)]
+        try:
+            w.send("step")
+            events, _, load, tm = w.recv(timeout)
+        except WorkerDied:
+            self._fail_worker(w, out, owner)
+            return
+        self.loads[id(w)] = load
+        end = self.lock.advance(i, tm["dt"], tm["kind"], tm["next"])
+        self._t_event = end
+        self._on_events(w, owner, events, out, end)
+        self._after_event(out)
+
+    def _after_event(self, out):
+        pass
+
+    def _prepare(self, w, out):
+        pass
 
     def _new_id(self):
         gid = self._next
@@ -73,8 +151,8 @@ class _Base:
         self.token_times[gid], self.outputs[gid] = [], []
         return gid
 
-    def _emit(self, out, gid, new, fin):
-        t = self.now()
+    def _emit(self, out, gid, new, fin, t=None):
+        t = self.now() if t is None else t
         self.outputs[gid].extend(new)
         self.token_times[gid].extend([t] * len(new))
         if fin is not None:
@@ -107,6 +185,32 @@ class _Base:
 
     def _alive(self, ws):
         return [w for w in ws if w.alive]
+
+    def _check_alive(self):
+        pass
+
+    def _on_events(self, w, owner, events, out, t=None):
+        """一个 worker 一步的事件 -> 报告（新 token、结束、出错）；t：模型时钟下这一步结束的时刻。"""
+        for rid, new, fin, _, err, lps in events:
+            gid = owner.get((w, rid))
+            if gid is None:
+                continue
+            if err:
+                self.error_message[gid] = err
+            if lps:
+                self.logprobs.setdefault(gid, []).extend(lps)
+            if self._on_token(w, owner, rid, gid, new, fin, out, t):
+                continue
+            self._emit(out, gid, new, fin, t)
+            if fin is not None:
+                del owner[(w, rid)]
+                self._on_finish(gid)
+
+    def _on_token(self, w, owner, rid, gid, new, fin, out, t):
+        return False
+
+    def _on_finish(self, gid):
+        pass
 
     def close(self):
         """结束每个 worker（关管道、等它退出；不走的 terminate / kill）。"""
@@ -154,7 +258,7 @@ def _pick_least(ws, loads):
 class Router(_Base):
     """N 个同样的副本（colocated：每个 worker 自己 prefill、自己 decode）。policy 见模块说明。"""
 
-    def __init__(self, workers, policy="round_robin"):
+    def __init__(self, workers, policy="round_robin", clock="wall", bus=None):
         if policy not in POLICIES:
             raise ValueError(f"policy 只能是 {POLICIES} 之一，收到 {policy!r}")
         if not workers:
@@ -164,6 +268,18 @@ class Router(_Base):
         self.owner = {}                                # (worker, 本地 id) -> 全局 id
         self.where = {}                                # 全局 id -> (worker, 本地 id)
         self.prefix_hits = 0
+        self._init_clock(clock, bus)
+
+    def _check_alive(self):
+        if not self._alive(self.workers):
+            raise RuntimeError("没有活着的 worker：路由器不能再服务 / no worker left")
+
+    def _owner_of(self, w):
+        return self.owner
+
+    def _candidates(self):
+        return [(self.lock.t[i], i) for i, w in enumerate(self.workers)
+                if w.alive and any(k[0] is w for k in self.owner)]
 
     def _all_workers(self):
         return self.workers
@@ -189,17 +305,15 @@ class Router(_Base):
                 return ws[hits.index(best)]
         return ws[_pick_least(ws, self.loads)]
 
-    def _add(self, prompt_ids, max_tokens, **kw):
-        prompt = [int(t) for t in prompt_ids]
+    def _add(self, gid, prompt, max_tokens, **kw):
         w = self._choose(prompt)
         rid = w.call("add", (prompt, max_tokens, kw))
-        gid = self._new_id()
         self.owner[(w, rid)], self.where[gid] = gid, (w, rid)
         self.loads[id(w)] = self.loads.get(id(w), 0) + len(prompt) + max_tokens
-        return gid
+        self._busy(w, self.arrival[gid], "prefill")
 
     def has_unfinished_requests(self):
-        return bool(self.owner) or bool(self._pending)
+        return bool(self.owner) or bool(self._pending) or bool(self._future)
 
     def abort_request(self, request_id):
         w, rid = self.where.get(request_id, (None, None))
@@ -211,32 +325,25 @@ class Router(_Base):
 
     def step(self, timeout=None):
         out, self._pending = self._pending, []
+        if self.lock is not None:
+            self._step_model(out, timeout)
+            return out
         sent = self._send_step(self.workers, self.owner, out)
         for w in sent:
             try:
-                events, _, load = w.recv(timeout)
+                events, _, load, _ = w.recv(timeout)
             except WorkerDied:
                 self._fail_worker(w, out, self.owner)
                 continue
             self.loads[id(w)] = load
-            for rid, new, fin, _, err, lps in events:
-                gid = self.owner.get((w, rid))
-                if gid is None:
-                    continue
-                if err:
-                    self.error_message[gid] = err
-                if lps:
-                    self.logprobs.setdefault(gid, []).extend(lps)
-                self._emit(out, gid, new, fin)
-                if fin is not None:
-                    del self.owner[(w, rid)]
+            self._on_events(w, self.owner, events, out)
         return out
 
 
 class PDRouter(_Base):
     """P 个 prefill worker + D 个 decode worker（同一个模型）。via："pipe" 或 "shm"（KV 怎么过去）。"""
 
-    def __init__(self, prefill_workers, decode_workers, via="pipe"):
+    def __init__(self, prefill_workers, decode_workers, via="pipe", clock="wall", bus=None):
         if not prefill_workers or not decode_workers:
             raise ValueError("prefill 和 decode 各至少要一个 worker")
         if via not in ("pipe", "shm"):
@@ -249,19 +356,62 @@ class PDRouter(_Base):
         self.where = {}
         self.bytes_moved = self.n_handoffs = 0
         self._inflight, self._stalled = {}, []         # 全局 id -> 在飞的共享内存段名；decode 暂时收不下的交接
+        self._wire = []                                # 模型时钟：在链路上的交接 (到达时刻, 全局 id, d, 预留, 帧)
+        self.transfer_s = {}                           # 模型时钟：全局 id -> 它的交接在链路上的模型时间
+        self._init_clock(clock, bus)
+
+    def _check_alive(self):
+        if not self._alive(self.pre) or not self._alive(self.dec):
+            raise RuntimeError("prefill 或 decode 那边没有活着的 worker：路由器不能再服务 / no worker left")
+
+    def _owner_of(self, w):
+        return self.pre_owner if any(w is p for p in self.pre) else self.dec_owner
+
+    def _candidates(self):
+        """能开始下一步的 worker 和时刻：手上有请求的；decode worker 手上没有、有交接在路上的，时刻是最早那个到达。"""
+        out = []
+        for i, w in enumerate(self._all_workers()):
+            if not w.alive:
+                continue
+            if any(k[0] is w for k in self._owner_of(w)):
+                out.append((self.lock.t[i], i))
+            else:
+                arr = [a for a, _, d, _, _ in self._wire if d is w]
+                if arr:
+                    out.append((max(self.lock.t[i], min(arr)), i))
+        return out
+
+    def _prepare(self, w, out):
+        """模型时钟：推 decode worker w 之前，收下到它那一步开始时已经到了的交接。"""
+        if not any(w is d for d in self.dec):
+            return
+        i = self._idx[id(w)]
+        if not any(k[0] is w for k in self.dec_owner):
+            arr = [a for a, _, d, _, _ in self._wire if d is w]
+            if arr:
+                self.lock.wait_until(i, min(arr))
+        keep = []
+        for item in self._wire:
+            a, gid, d, key, frames = item
+            if d is w and a <= self.lock.t[i]:
+                self._import(gid, d, key, frames, out)
+                self._busy(d, a, "decode")
+            else:
+                keep.append(item)
+        self._wire = keep
+
+    def _after_event(self, out):
+        self._dispatch(out)
 
     def _all_workers(self):
         return self.pre + self.dec
 
-    def _add(self, prompt_ids, max_tokens, **kw):
-        if not self._alive(self.pre) or not self._alive(self.dec):
-            raise RuntimeError("prefill 或 decode 那边没有活着的 worker：路由器不能再服务 / no worker left")
-        gid = self._new_id()
-        self.queue.append((gid, [int(t) for t in prompt_ids], max_tokens, kw))
-        return gid
+    def _add(self, gid, prompt, max_tokens, **kw):
+        self.queue.append((gid, prompt, max_tokens, kw))
 
     def has_unfinished_requests(self):
-        return bool(self.queue or self.pre_owner or self.dec_owner or self._pending or self._stalled)
+        return bool(self.queue or self.pre_owner or self.dec_owner or self._pending or self._stalled or self._future
+                    or self._wire)
 
     def abort_request(self, request_id):
         for i, q in enumerate(self.queue):
@@ -307,6 +457,7 @@ class PDRouter(_Base):
                 raise
             self.queue.pop(0)
             self.pre_owner[(p, rid)], self.where[gid] = gid, (p, rid)
+            self._busy(p, max(self.arrival[gid], self._t_event), "prefill")
             self.resv[gid] = (d, key)
             self.loads[id(p)] = self.loads.get(id(p), 0) + len(prompt)
             self.loads[id(d)] = self.loads.get(id(d), 0) + mt
@@ -330,14 +481,21 @@ class PDRouter(_Base):
         d, key = self.resv[gid]
         try:
             p.send("export", (rid, self.via))
-            self.bytes_moved += p.recv()
+            nbytes = p.recv()
+            self.bytes_moved += nbytes
             frames = [p.conn.recv_bytes() for _ in range(3 if self.via == "pipe" else 1)]
         except WorkerDied:
             self._cancel(gid)
             raise
         if self.via == "shm":                         # 段在飞：送到之前 decode 死了，由路由器 unlink
             self._inflight[gid] = pickle.loads(frames[0])["shm"]
-        self._import(gid, d, key, frames, out)
+        if self.lock is None:
+            self._import(gid, d, key, frames, out)
+            return None
+        dt = self.lock.transfer(nbytes, self.via)     # 模型时钟：在链路上走 dt 秒，到了 decode 那一步开始时才收下
+        self.transfer_s[gid] = dt
+        self._wire.append((self._t_event + dt, gid, d, key, frames))
+        return self._t_event + dt
 
     def _import(self, gid, d, key, frames, out):
         """把一个交接的帧转给 decode worker d（预留 key）。d 说现在收不下：留着帧，下一步再试；d 死了：这个请求出错。"""
@@ -379,41 +537,44 @@ class PDRouter(_Base):
         for gid in list(self._inflight):
             self._unlink(gid)
 
+    def _on_token(self, w, owner, rid, gid, new, fin, out, t):
+        """prefill 那边抽出第一个 token 而没结束：交接出去（模型时钟下这个 token 在交接到达 decode 的时刻才报告——
+        像 vLLM 的代理，用户看到的第一个 token 来自 decode 那边）。"""
+        if owner is not self.pre_owner or not new or fin is not None:
+            return False
+        del owner[(w, rid)]
+        try:
+            t_arr = self._handoff(w, rid, gid, out)
+        except WorkerDied:
+            self._emit(out, gid, new, None, t)
+            self._fail_worker(w, out, owner)
+            self.error_message[gid] = "prefill worker died / prefill worker 不在了"
+            self._emit(out, gid, [], "error", t)
+            return True
+        self._emit(out, gid, new, None, t if t_arr is None else t_arr)
+        return True
+
+    def _on_finish(self, gid):
+        self._cancel(gid)
+
     def step(self, timeout=None):
         out, self._pending = self._pending, []
         stalled, self._stalled = self._stalled, []
         for item in stalled:
             self._import(*item, out)
+        if self.lock is not None:
+            self._dispatch(out)
+            self._step_model(out, timeout)
+            return out
         self._dispatch(out)
         for owner in (self.pre_owner, self.dec_owner):
             sent = self._send_step(self.pre if owner is self.pre_owner else self.dec, owner, out)
             for w in sent:
                 try:
-                    events, _, load = w.recv(timeout)
+                    events, _, load, _ = w.recv(timeout)
                 except WorkerDied:
                     self._fail_worker(w, out, owner)
                     continue
                 self.loads[id(w)] = load
-                for rid, new, fin, _, err, lps in events:
-                    gid = owner.get((w, rid))
-                    if gid is None:
-                        continue
-                    if err:
-                        self.error_message[gid] = err
-                    if lps:
-                        self.logprobs.setdefault(gid, []).extend(lps)
-                    if owner is self.pre_owner and new and fin is None:
-                        del owner[(w, rid)]
-                        self._emit(out, gid, new, None)
-                        try:
-                            self._handoff(w, rid, gid, out)
-                        except WorkerDied:
-                            self._fail_worker(w, out, owner)
-                            self.error_message[gid] = "prefill worker died / prefill worker 不在了"
-                            self._emit(out, gid, [], "error")
-                        continue
-                    self._emit(out, gid, new, fin)
-                    if fin is not None:
-                        del owner[(w, rid)]
-                        self._cancel(gid)
+                self._on_events(w, owner, events, out)
         return out

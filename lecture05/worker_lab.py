@@ -1,6 +1,7 @@
 """
 worker_lab —— 引擎进程：一个 worker 是一个操作系统进程（multiprocessing，spawn），里面一个 LLMEngine，由"配方"建起来
-（不是一个 pickle 过去的对象）：("toy", 配置名, 种子) 或 ("gguf", 路径, dtype)，加上引擎的关键字参数。
+（不是一个 pickle 过去的对象）：("toy", 配置名, 种子)、("gguf", 路径, dtype) 或 ("replay", "smollm2", 占位 token)
+（不装权重：SmolLM2 的形状，只跑调度、块和模型时间，交接的 K、V 是同样大小的 0），加上引擎的关键字参数。
 
 【一个循环】收一条消息、做、回答；管道一关（父进程 close() 了，或者死了）就退出，所以父进程被杀也不会留下孩子。
 Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负责结束它们）。
@@ -22,10 +23,11 @@ for _p in (_HERE,) + tuple(os.path.join(_HERE, "..", d) for d in ("lecture01", "
 import multiprocessing as mp  # noqa: E402
 from multiprocessing.connection import wait  # noqa: E402
 
-__all__ = ["TOY_CONFIGS", "build_engine", "start_worker", "Worker", "WorkerDied", "BLAS_VARS"]
+__all__ = ["TOY_CONFIGS", "REPLAY_CONFIGS", "replay_config", "build_engine", "start_worker", "Worker", "WorkerDied", "BLAS_VARS"]
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TOY_CONFIGS = {"tiny": dict(max_seq=64)}          # 配置名 -> transformer_lab.LMConfig 的关键字（测试和脚本的玩具）
+REPLAY_CONFIGS = {"smollm2": 2048}                # 不装权重的 replay worker：配置名 -> 上下文（形状是 SmolLM2-135M 的）
 
 
 class WorkerDied(RuntimeError):
@@ -52,14 +54,52 @@ def build_engine(recipe, **engine_kw):
         import numpy as np
         from real_model_lab import load_gguf
         params, cfg, _ = load_gguf(recipe[1], np.dtype(recipe[2]).type)
+    elif kind == "replay" and len(recipe) == 3 and recipe[1] in REPLAY_CONFIGS:
+        cfg, params = replay_config(recipe[1]), None
     else:
-        raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
+        raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子)、('replay', {sorted(REPLAY_CONFIGS)} 之一, "
+                         f"占位 token) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
     kw = dict(engine_kw)
     nb = kw.pop("num_blocks", None)
     bs = kw.get("block_size", 16)
     if nb is None:
         nb = -(-cfg.max_seq // bs)
+    if params is None:                                   # 不跑模型：每个位置都抽出占位的 token（调度只看长度）
+        return LLMEngine.replay(_Filler(int(recipe[2])), cfg, nb, **kw)
     return LLMEngine(params, cfg, nb, **kw)
+
+
+class _Filler:
+    """replay 引擎的 token 流：任何请求的任何位置都是同一个占位 token。"""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getitem__(self, rid):                          # streams[rid][i]
+        return _Row(self.tok)
+
+
+class _Row:
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getitem__(self, i):
+        return self.tok
+
+    def __len__(self):
+        return 1 << 30
+
+
+def replay_config(name):
+    """REPLAY_CONFIGS 里的名字 -> transformer_lab.LMConfig（SmolLM2-135M 的形状取自 llm_math，float32，同 05/09）。"""
+    import numpy as np
+    from llm_math import SMOLLM2_135M as M
+    from transformer_lab import LMConfig
+    if name not in REPLAY_CONFIGS:
+        raise ValueError(f"replay 的配置只能是 {sorted(REPLAY_CONFIGS)} 之一，收到 {name!r}")
+    return LMConfig(name=M.name, vocab=M.vocab, d_model=M.d_model, n_layers=M.n_layers, n_heads=M.n_heads,
+                    n_kv_heads=M.n_kv_heads, head_dim=M.head_dim, d_ff=M.d_ff, max_seq=REPLAY_CONFIGS[name],
+                    rope_theta=100000.0, norm_eps=float(np.float32(1e-5)), tied=True, dtype="float32")
 
 
 def _load(eng):
@@ -67,6 +107,17 @@ def _load(eng):
     sch = eng.scheduler
     return sum(max(0, r.n_prompt - r.n_computed) + r.max_tokens - len(r.output)
                for r in list(sch.running) + list(sch.waiting))
+
+
+def _timing(eng, rec):
+    """一步 "step" 的回答里给模型时钟的 -> {"dt": 这一步单独的模型时间（没跑：0）, "kind": "prefill"（这一步有 prefill 的
+    token）/ "decode", "next": 下一步的种类（还有没算完的提示：prefill；只剩 decode：decode；没活：None）}。"""
+    sch = eng.scheduler
+    reqs = list(sch.running) + list(sch.waiting)
+    nxt = ("prefill" if any(r.n_computed < len(r.tokens) - 1 for r in reqs) else "decode") if reqs else None
+    if rec is None:
+        return {"dt": 0.0, "kind": "decode", "next": nxt}
+    return {"dt": float(rec["dt"]), "kind": "prefill" if rec["prefill"] else "decode", "next": nxt}
 
 
 def _bench(eng, kind, n, prompt_len):
@@ -136,13 +187,15 @@ def worker_main(conn, recipe, engine_kw):
                 prompt, mt, kw = args
                 res = eng.add_request(prompt, mt, **kw)
             elif op == "step":
+                last = eng.steps[-1] if eng.steps else None
                 out = eng.step()
                 ev = []
                 for rid, new, fin in out:
                     r = eng.requests[rid]
                     lps = r.logprobs[len(r.logprobs) - len(new):] if r.logprobs is not None and new else None
                     ev.append((rid, new, fin, r.token_times[-len(new):] if new else [], r.error, lps))
-                res = (ev, eng.now, _load(eng))
+                ran = eng.steps[-1] if eng.steps and eng.steps[-1] is not last else None
+                res = (ev, eng.now, _load(eng), _timing(eng, ran))
             elif op == "export":
                 rid, via = args
                 h = eng.export_request(rid)
@@ -259,7 +312,8 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
     【边界】配方不认识：ValueError（在父进程里就查，不起进程）。
     """
     kind = recipe[0] if isinstance(recipe, (tuple, list)) and recipe else None
-    if not ((kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS) or (kind == "gguf" and len(recipe) == 3)):
+    if not ((kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS) or (kind == "gguf" and len(recipe) == 3)
+            or (kind == "replay" and len(recipe) == 3 and recipe[1] in REPLAY_CONFIGS)):
         raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
