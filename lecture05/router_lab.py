@@ -137,6 +137,8 @@ class _Base:
         end = self.lock.advance(i, tm["dt"], tm["kind"], tm["next"])
         self._t_event = end
         self._on_events(w, owner, events, out, end)
+        if any(w is q for q in getattr(self, "pre", ())):      # prefill worker：交出去的不再是它的活
+            self.lock.nxt[i] = "prefill" if any(k[0] is w for k in owner) else None
         self._after_event(out)
 
     def _after_event(self, out):
