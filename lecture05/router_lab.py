@@ -27,7 +27,7 @@ if _HERE not in sys.path:
 from lockstep_lab import LockstepClock  # noqa: E402
 from worker_lab import WorkerDied  # noqa: E402
 
-__all__ = ["Router", "PDRouter", "POLICIES"]
+__all__ = ["Router", "PDRouter", "POLICIES", "serve_trace"]
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 
@@ -228,7 +228,7 @@ class _Base:
 
 
 class _Record:
-    __slots__ = ("output", "logprobs", "error", "token_times", "finish_reason")
+    __slots__ = ("output", "logprobs", "error", "token_times", "finish_reason", "arrival")
 
 
 class _Records:
@@ -244,6 +244,7 @@ class _Records:
         rec = _Record()
         rec.output, rec.logprobs = r.outputs[gid], r.logprobs.get(gid)
         rec.error, rec.token_times, rec.finish_reason = r.error_message.get(gid), r.token_times[gid], r.finished.get(gid)
+        rec.arrival = r.arrival.get(gid)
         return rec
 
     def __getitem__(self, gid):
@@ -580,3 +581,29 @@ class PDRouter(_Base):
                 self.loads[id(w)] = load
                 self._on_events(w, owner, events, out)
         return out
+
+
+def serve_trace(router, trace):
+    """
+    按到达时间把请求交给路由器、跑到全部结束 -> 全局 id 的 list。trace：[(到达 s, prompt, max_tokens)]，按到达排好。
+    模型时钟：一次全交（arrival=），路由器齐步走；墙钟：到点才交（路由器闲着时睡到下一个到达），router.arrival 记
+    排定的到达时刻（不是交进去的时刻：路由器忙着一步时交晚了，晚的那段也算进 TTFT）。
+    """
+    if router.lock is not None:
+        ids = [router.add_request(p, mt, arrival=a) for a, p, mt in trace]
+        while router.has_unfinished_requests():
+            router.step()
+        return ids
+    t0, ids, i = router.now(), [], 0
+    while i < len(trace) or router.has_unfinished_requests():
+        while i < len(trace) and trace[i][0] <= router.now() - t0:
+            a, p, mt = trace[i]
+            gid = router.add_request(p, mt)
+            router.arrival[gid] = t0 + a
+            ids.append(gid)
+            i += 1
+        if router.has_unfinished_requests():
+            router.step()
+        elif i < len(trace):
+            time.sleep(max(0.0, trace[i][0] - (router.now() - t0)))
+    return ids
