@@ -4,16 +4,20 @@ PDRouter(prefill_workers, decode_workers) 把一个请求先交给 prefill 的 w
 
 【外观】两个都有 add_request(prompt_ids, max_tokens, **LLMEngine.add_request 的关键字) -> id；
 step(timeout=None) -> [(id, 新 token, finish_reason)]；has_unfinished_requests()；abort_request(id)；close() 和 with。
-token_times[id]：每个 token 到路由器的时刻（路由器自己的一个时钟：time.perf_counter() − 开始的时刻）。
+token_times[id]、arrival[id]：在路由器的一个时钟上——clock="wall"（默认，墙钟）或 clock="model"（齐步走的模型时钟：
+add_request(…, arrival=t)，见 router_base_lab 和 lockstep_lab）。serve_trace(router, trace) 按到达时间喂一串请求。
 【策略】round_robin：轮流；least_loaded：还要算的 token 最少的（没算的提示 + max_tokens − 已生成；并列取编号小的）；
 prefix：前缀缓存能命中最长的那个（SGLang 的 cache-aware router、llm-d 的 prefix-aware scheduling；每个 worker 自己答
 match：chain_hash 的键在进程之间不可比——Python 3.12 之前 hash(None) 随进程变）；没命中或并列时退回 least_loaded。
 【PD 的流程】（SGLang："decode 先留块、prefill 算、写、放"）请求先在路由器的队列里等 decode 那边的预留
-（BlockManager.reserve(提示 + 1)），留到了才交给 prefill 的 worker；prefill 抽出第一个 token 的那一步之后导出，
-路由器把线上的帧原样转给 decode 的 worker（via="shm" 时只转段名：零拷贝），decode 导入进预留的块、一直生成到结束。
-在 prefill 那边就结束的请求（max_tokens 1、先抽到停止 token）取消预留、从不导出。
+（BlockManager.reserve(提示 + 1)，连同一个序列的空位：运行 + 等待 + 预留 < max_num_seqs），留到了才交给 prefill 的
+worker；prefill 抽出第一个 token 的那一步之后导出，路由器把线上的帧原样转给 decode 的 worker（via="shm" 时只转段名：
+零拷贝），decode 导入进预留的块、一直生成到结束。在 prefill 那边就结束的请求（max_tokens 1、先抽到停止 token）取消预留、
+从不导出。万一 decode 仍说收不下，帧留在路由器里下一步再试（不丢请求）。模型时钟下交接在 prefill 那一步结束的时刻 +
+字节 / 存下的链路速率到达，decode 在那之后开始的一步才收下它；第一个 token 按到达的时刻报告（用户从 decode 那边看到它）。
 【出错】一个 worker 死了（被杀、崩溃）：它手上的请求以 "error" 结束，error_message[id] 说明；路由器用剩下的接着服务，
-一个都不剩时 add_request 抛 RuntimeError。
+一个都不剩时 add_request 抛 RuntimeError。死掉的 prefill worker 手上的请求在 decode 那边的预留取消；交接送到之前
+decode 死了，还在飞的共享内存段由路由器 unlink（close() 时也 unlink 所有还在飞的）。
 """
 import os
 import pickle
@@ -24,241 +28,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from lockstep_lab import LockstepClock  # noqa: E402
+from router_base_lab import RouterBase, pick_least  # noqa: E402
 from worker_lab import WorkerDied  # noqa: E402
 
 __all__ = ["Router", "PDRouter", "POLICIES", "serve_trace"]
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 
-
-class _Base:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.token_times, self.outputs, self.error_message, self.finished = {}, {}, {}, {}
-        self._pending, self._next = [], 0
-        self.loads = {}
-        self.logprobs = {}
-        self.requests = _Records(self)
-        self.last_error = None
-        self.arrival = {}
-        self.lock, self._future, self._t_event = None, [], 0.0
-
-    def _init_clock(self, clock, bus):
-        if clock not in ("wall", "model"):
-            raise ValueError(f"clock 只能是 'wall'（墙钟，默认）或 'model'（齐步走的模型时钟），收到 {clock!r}")
-        self.clock = clock
-        ws = self._all_workers()
-        self._idx = {id(w): i for i, w in enumerate(ws)}
-        if clock == "model":
-            self.lock = LockstepClock(len(ws), bus)
-
-    # ---- 和 LLMEngine 一样的几处（serve.py 的引擎线程用）----
-    @property
-    def cfg(self):
-        return self._all_workers()[0].info["cfg"]
-
-    @property
-    def num_blocks(self):
-        """最小的那个 worker 的块池（serve.py 用它拒绝永远放不下的请求）。"""
-        return min(w.info["num_blocks"] for w in self._all_workers())
-
-    @property
-    def block_size(self):
-        return self._all_workers()[0].info["block_size"]
-
-    def release(self, request_id):
-        """忘掉一个已经报告结束的请求（token、时间、logprobs 的记录）。"""
-        for d in (self.token_times, self.outputs, self.error_message, self.finished, self.logprobs):
-            d.pop(request_id, None)
-
-    def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, arrival=None, **kw):
-        """-> 全局 id。arrival：模型时钟下这个请求几时到（默认：现在）；墙钟下不收（它到的时刻就是现在）。"""
-        kw = dict(kw, temperature=temperature, seed=seed, stop=stop)
-        prompt = [int(t) for t in prompt_ids]
-        if self.lock is None:
-            if arrival is not None:
-                raise ValueError("arrival 只在 clock='model' 时用（墙钟下请求到的时刻就是现在）")
-            self._check_alive()
-            gid = self._new_id()
-            self.arrival[gid] = self.now()
-            self._add(gid, prompt, max_tokens, **kw)
-            return gid
-        self._check_alive()
-        a = self._t_event if arrival is None else float(arrival)
-        gid = self._new_id()
-        self.arrival[gid] = a
-        self._future.append((a, gid, prompt, max_tokens, kw))
-        self._future.sort(key=lambda f: (f[0], f[1]))
-        return gid
-
-    def now(self):
-        """路由器的时钟：墙钟（开始以来的秒）或模型时钟（正在处理的那件事的时刻）。"""
-        return self._t_event if self.lock is not None else time.perf_counter() - self.t0
-
-    def _busy(self, w, t, kind):
-        """模型时钟：w 在 t 时刻拿到一件活（它的时钟跳到 t；下一步的种类 kind，prefill 优先）。"""
-        if self.lock is not None:
-            i = self._idx[id(w)]
-            self.lock.wait_until(i, t)
-            if self.lock.nxt[i] is None or kind == "prefill":
-                self.lock.nxt[i] = kind
-
-    def _step_model(self, out, timeout):
-        """
-        模型时钟的一步：下一件事是一个请求到达（比任何 worker 能开始的时刻都早或同时）就收下这一批；否则推能开始的时刻最小的
-        worker 一步（并列取编号小的），这一步结束的时刻 = lockstep_lab 的总线模型。
-        """
-        cand = self._candidates()
-        t_w = min(cand)[0] if cand else float("inf")
-        t_a = self._future[0][0] if self._future else float("inf")
-        if t_a == float("inf") and t_w == float("inf"):
-            return
-        if t_a <= t_w:
-            self._t_event = t_a
-            while self._future and self._future[0][0] <= t_a:
-                _, gid, prompt, mt, kw = self._future.pop(0)
-                self._add(gid, prompt, mt, **kw)
-            self._after_event(out)
-            return
-        w = self._all_workers()[min(cand)[1]]
-        self._prepare(w, out)
-        owner = self._owner_of(w)
-        if not any(k[0] is w for k in owner):
-            return
-        i = self._idx[id(w)]
-        try:
-            w.send("step")
-            events, _, load, tm = w.recv(timeout)
-        except WorkerDied:
-            self._fail_worker(w, out, owner)
-            return
-        self.loads[id(w)] = load
-        end = self.lock.advance(i, tm["dt"], tm["kind"], tm["next"])
-        self._t_event = end
-        self._on_events(w, owner, events, out, end)
-        if any(w is q for q in getattr(self, "pre", ())):      # prefill worker：交出去的不再是它的活
-            self.lock.nxt[i] = "prefill" if any(k[0] is w for k in owner) else None
-        self._after_event(out)
-
-    def _after_event(self, out):
-        pass
-
-    def _prepare(self, w, out):
-        pass
-
-    def _new_id(self):
-        gid = self._next
-        self._next += 1
-        self.token_times[gid], self.outputs[gid] = [], []
-        return gid
-
-    def _emit(self, out, gid, new, fin, t=None):
-        t = self.now() if t is None else t
-        self.outputs[gid].extend(new)
-        self.token_times[gid].extend([t] * len(new))
-        if fin is not None:
-            self.finished[gid] = fin
-        out.append((gid, list(new), fin))
-
-    def _fail_worker(self, w, out, owned):
-        """w 死了：它手上的每个请求以 "error" 结束。owned：{(worker, 本地 id): 全局 id}。"""
-        w.alive = False
-        msg = (f"worker process {w.proc.pid} died (exit code {w.proc.exitcode}) / "
-               f"worker 进程 {w.proc.pid} 不在了（退出码 {w.proc.exitcode}）")
-        for key in [k for k in owned if k[0] is w]:
-            gid = owned.pop(key)
-            if gid not in self.finished:
-                self.error_message[gid] = msg
-                self._emit(out, gid, [], "error")
-
-    def _send_step(self, workers, owned, out):
-        """给 workers 里还活着、手上有请求的每一个发一次 "step" -> 发出去了的那些；发不出去的（死了）当场判它的请求出错。"""
-        sent = []
-        for w in self._alive(workers):
-            if not any(k[0] is w for k in owned):
-                continue
-            try:
-                w.send("step")
-                sent.append(w)
-            except WorkerDied:
-                self._fail_worker(w, out, owned)
-        return sent
-
-    def _alive(self, ws):
-        return [w for w in ws if w.alive]
-
-    def _check_alive(self):
-        pass
-
-    def _on_events(self, w, owner, events, out, t=None):
-        """一个 worker 一步的事件 -> 报告（新 token、结束、出错）；t：模型时钟下这一步结束的时刻。"""
-        for rid, new, fin, _, err, lps in events:
-            gid = owner.get((w, rid))
-            if gid is None:
-                continue
-            if err:
-                self.error_message[gid] = err
-            if lps:
-                self.logprobs.setdefault(gid, []).extend(lps)
-            if self._on_token(w, owner, rid, gid, new, fin, out, t):
-                continue
-            self._emit(out, gid, new, fin, t)
-            if fin is not None:
-                del owner[(w, rid)]
-                self._on_finish(gid)
-
-    def _on_token(self, w, owner, rid, gid, new, fin, out, t):
-        return False
-
-    def _on_finish(self, gid):
-        pass
-
-    def close(self):
-        """结束每个 worker（关管道、等它退出；不走的 terminate / kill）。"""
-        for w in self._all_workers():
-            w.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
-class _Record:
-    __slots__ = ("output", "logprobs", "error", "token_times", "finish_reason", "arrival")
-
-
-class _Records:
-    """router.requests.get(id) -> 一个像 scheduler_lab.Request 的记录（output、logprobs、error、token_times）。"""
-
-    def __init__(self, router):
-        self.r = router
-
-    def get(self, gid):
-        r = self.r
-        if gid not in r.outputs:
-            return None
-        rec = _Record()
-        rec.output, rec.logprobs = r.outputs[gid], r.logprobs.get(gid)
-        rec.error, rec.token_times, rec.finish_reason = r.error_message.get(gid), r.token_times[gid], r.finished.get(gid)
-        rec.arrival = r.arrival.get(gid)
-        return rec
-
-    def __getitem__(self, gid):
-        rec = self.get(gid)
-        if rec is None:
-            raise KeyError(gid)
-        return rec
-
-
-def _pick_least(ws, loads):
-    return min(range(len(ws)), key=lambda i: (loads.get(id(ws[i]), 0), i))
-
-
-class Router(_Base):
+class Router(RouterBase):
     """N 个同样的副本（colocated：每个 worker 自己 prefill、自己 decode）。policy 见模块说明。"""
 
     def __init__(self, workers, policy="round_robin", clock="wall", bus=None):
@@ -306,7 +83,7 @@ class Router(_Base):
             if best > 0 and hits.count(best) == 1:
                 self.prefix_hits += best
                 return ws[hits.index(best)]
-        return ws[_pick_least(ws, self.loads)]
+        return ws[pick_least(ws, self.loads)]
 
     def _add(self, gid, prompt, max_tokens, **kw):
         w = self._choose(prompt)
@@ -343,7 +120,7 @@ class Router(_Base):
         return out
 
 
-class PDRouter(_Base):
+class PDRouter(RouterBase):
     """P 个 prefill worker + D 个 decode worker（同一个模型）。via："pipe" 或 "shm"（KV 怎么过去）。"""
 
     def __init__(self, prefill_workers, decode_workers, via="pipe", clock="wall", bus=None):
@@ -440,7 +217,7 @@ class PDRouter(_Base):
                     self._emit(out, q[0], [], "error")
                 self.queue = []
                 return
-            d = decs[_pick_least(decs, self.loads)]
+            d = decs[pick_least(decs, self.loads)]
             try:
                 key = d.call("reserve", len(prompt) + 1)
             except WorkerDied:
@@ -448,7 +225,7 @@ class PDRouter(_Base):
                 continue
             if key is None:
                 return                                 # 背压：在路由器的队列里等，不是作为交接在内存里等
-            p = pres[_pick_least(pres, self.loads)]
+            p = pres[pick_least(pres, self.loads)]
             try:
                 rid = p.call("add", (prompt, mt, kw))
             except WorkerDied:
