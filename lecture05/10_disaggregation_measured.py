@@ -32,8 +32,9 @@ TTFT = 第一个 token − 到达；解耦时第一个 token 在交接到达 dec
 - 工作负载（**假设**，同 05/09）：64 个请求，提示长度在 [32, 160) 均匀、输出在 [16, 80) 均匀（种子 1、2），泊松到达
   （种子 0）；SLO（**假设**）：TTFT ≤ 1 s、TPOT ≤ 80 ms；goodput = 到达率网格里达标率 ≥ 90% 的最高率（粗：只有 3 格）。
 
-【运行】python3 10_disaggregation_measured.py [--live]（默认约 4 秒，起 6 个 worker 进程，不装 SmolLM2；种子 04 背靠背
-3.9 秒。--live 装 SmolLM2 float32 的 worker、墙钟，几分钟，打印的数随机器和负载变）
+【运行】python3 10_disaggregation_measured.py [--live]（默认：起 10 个 worker 进程，不装 SmolLM2；在一台 1 分钟负载约 5 的
+2 核机器上背靠背量 6.4–7.6 秒，种子 04 同时 4.3–6.8 秒，空闲时待重测。--live 装 SmolLM2 float32 的 worker、墙钟，几分钟，
+打印的数随机器和负载变）
 
 【依赖】本目录的 worker_lab（worker 进程、measure_link、measure_bus）、router_lab（Router、PDRouter、serve_trace）、
 lockstep_lab（模型时钟、存下的 κ 和链路速率）、handoff_lab（KV 的字节）、runner_lab（一步的模型时间）、metrics_lab、
