@@ -58,7 +58,7 @@ from lockstep_lab import BUS  # noqa: E402
 from metrics_lab import request_metrics  # noqa: E402
 from router_lab import PDRouter, Router, serve_trace  # noqa: E402
 from runner_lab import load_calibration, modelled_step_time, step_counts  # noqa: E402
-from worker_lab import replay_config, start_worker  # noqa: E402
+from worker_lab import replay_config, spawn_worker, start_workers  # noqa: E402
 from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 LIVE = "--live" in sys.argv[1:]
@@ -104,7 +104,7 @@ def demo1_handoff(live=False):
     rng = np.random.default_rng(0)
     lens = (8, 24, 48)
     res = {"per_tok": per_tok, "rows": []}
-    ws = [start_worker(TOY, **TOY_KW) for _ in range(2)]
+    ws = start_workers(TOY, 2, **TOY_KW)
     try:
         for via in ("pipe", "shm"):
             for w in ws:
@@ -126,7 +126,7 @@ def demo1_handoff(live=False):
     # SmolLM2 一个 1,024 token 的提示：真的交接一次（replay worker，模型时钟），管道和共享内存各一次
     smol_tok = kv_bytes_per_token(SMOL)
     prompt = [int(t) for t in uniform_ints(3, SMOL.vocab, PROMPT_1K, 9)]
-    ws = [start_worker(REPLAY, max_num_batched_tokens=WHOLE, **ENGINE_KW) for _ in range(2)]
+    ws = start_workers(REPLAY, 2, max_num_batched_tokens=WHOLE, **ENGINE_KW)
     got = {}
     try:
         for via in ("pipe", "shm"):
@@ -224,6 +224,19 @@ def trace_at(rate, n=N_REQ):
     return [(float(arr[i]), PROMPTS[i], int(OUT_LENS[i])) for i in range(n)]
 
 
+def deploy_workers(recipe, clock="model"):
+    """演示 3 的 4 个 worker：[整段, 整段, 分块, 分块]（一步的预算 WHOLE / CHUNK）；先全部 spawn 再等（同时装模型）。"""
+    ws = [spawn_worker(recipe, max_num_batched_tokens=b, clock=clock, **ENGINE_KW) for b in (WHOLE, WHOLE, CHUNK, CHUNK)]
+    try:
+        for w in ws:
+            w.wait_ready()
+    except BaseException:
+        for w in ws:
+            w.close()
+        raise
+    return ws
+
+
 def run_deploy(name, ws, trace, clock="model"):
     """部署 name 用 worker ws（[整段, 整段, 分块, 分块]）跑 trace -> 指标 dict（ttft、tpot、最长卡顿……）。"""
     for w in ws:
@@ -250,7 +263,7 @@ def _pcts(x):
 def demo3_distserve(live=False):
     print_header(f"演示 3：DistServe 的实验，两个核（模型时钟；{N_REQ} 个请求；SLO：TTFT ≤ {fmt_time(TTFT_SLO)}、"
                  f"TPOT ≤ {fmt_time(TPOT_SLO)}）")
-    ws = [start_worker(REPLAY, max_num_batched_tokens=b, **ENGINE_KW) for b in (WHOLE, WHOLE, CHUNK, CHUNK)]
+    ws = deploy_workers(REPLAY)
     res = {}
     try:
         for rate in RATES:
@@ -306,8 +319,7 @@ def demo3_live(n=LIVE_N, rates=LIVE_RATES):
     print("起 SmolLM2 worker……", file=sys.stderr, flush=True)
     out = {}
     for clock, rec in (("model", REPLAY), ("wall", recipe)):
-        ws = [start_worker(rec, max_num_batched_tokens=b, clock="model" if clock == "model" else "wall", **ENGINE_KW)
-              for b in (WHOLE, WHOLE, CHUNK, CHUNK)]
+        ws = deploy_workers(rec, clock)
         try:
             for rate in rates:
                 for d in DEPLOYS:
@@ -348,8 +360,7 @@ def demo4_routing(live=False):
     res, rows = {}, []
     runs = [("model", REPLAY)] + ([("wall", _live_recipe())] if live else [])
     for clock, rec in runs:
-        ws = [start_worker(rec, max_num_batched_tokens=WHOLE, clock="model" if clock == "model" else "wall",
-                           **ENGINE_KW) for _ in range(2)]
+        ws = start_workers(rec, 2, max_num_batched_tokens=WHOLE, clock=clock, **ENGINE_KW)
         try:
             for policy in ("round_robin", "least_loaded", "prefix"):
                 for w in ws:

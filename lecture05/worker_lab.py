@@ -23,7 +23,7 @@ for _p in (_HERE,) + tuple(os.path.join(_HERE, "..", d) for d in ("lecture01", "
 import multiprocessing as mp  # noqa: E402
 from multiprocessing.connection import wait  # noqa: E402
 
-__all__ = ["TOY_CONFIGS", "REPLAY_CONFIGS", "replay_config", "build_engine", "start_worker", "Worker", "WorkerDied", "BLAS_VARS"]
+__all__ = ["TOY_CONFIGS", "REPLAY_CONFIGS", "replay_config", "build_engine", "start_worker", "start_workers", "spawn_worker", "Worker", "WorkerDied", "BLAS_VARS"]
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TOY_CONFIGS = {"tiny": dict(max_seq=64)}          # 配置名 -> transformer_lab.LMConfig 的关键字（测试和脚本的玩具）
@@ -174,8 +174,10 @@ def measure_bus(recipe, n_steps=40, prompt_len=64, prefill_len=256):
 def worker_main(conn, recipe, engine_kw):
     """worker 进程的身体：建引擎，然后收一条、做、回答；管道关了（EOFError）就退出。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from handoff_lab import recv_handoff, send_handoff
+    from handoff_lab import _fingerprint, recv_handoff, send_handoff
     eng = build_engine(recipe, **engine_kw)
+    if recipe[0] == "gguf":                   # 模型的指纹（交接要用；float64 约 1 GB 要哈希 1 秒）：启动时算，几个 worker 同时算
+        _fingerprint(eng)
     reservations, nid, wire = {}, 0, 0
     while True:
         try:
@@ -286,6 +288,12 @@ class Worker:
         self.alive = False
         raise WorkerDied(f"worker {self.proc.pid} 不在了（退出码 {self.proc.exitcode}）或 {t} 秒没回答")
 
+    def wait_ready(self):
+        """等 worker 建好引擎（第一条 info 的回答）-> info；已经等过：直接给。"""
+        if getattr(self, "info", None) is None:
+            self.info = self.call("info")
+        return self.info
+
     def call(self, op, args=None, timeout=None):
         self.send(op, args)
         return self.recv(timeout)
@@ -311,6 +319,29 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
     起一个 worker 进程 -> Worker（等它建好引擎才返回：第一条 info 的回答）。timeout：每次等回答最多几秒。
     【边界】配方不认识：ValueError（在父进程里就查，不起进程）。
     """
+    w = spawn_worker(recipe, timeout, **engine_kw)
+    w.wait_ready()
+    return w
+
+
+def start_workers(recipe, n, timeout=120.0, **engine_kw):
+    """同一个配方起 n 个 worker -> list：先全部 spawn，再一个个等 info（几个进程同时装模型，各在一个核上）。"""
+    ws = [spawn_worker(recipe, timeout, **engine_kw) for _ in range(n)]
+    try:
+        for w in ws:
+            w.wait_ready()
+    except BaseException:
+        for w in ws:
+            w.close()
+        raise
+    return ws
+
+
+def spawn_worker(recipe, timeout=120.0, **engine_kw):
+    """
+    起一个 worker 进程、不等它 -> Worker（还没有 info：用之前调 wait_ready()，它等引擎建好）。测试拿它在 worker 装模型的
+    同时在本进程里做别的事。【边界】同 start_worker。
+    """
     kind = recipe[0] if isinstance(recipe, (tuple, list)) and recipe else None
     if not ((kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS) or (kind == "gguf" and len(recipe) == 3)
             or (kind == "replay" and len(recipe) == 3 and recipe[1] in REPLAY_CONFIGS)):
@@ -327,9 +358,7 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
         for v in set_here:
             os.environ.pop(v, None)
     child.close()
-    w = Worker(proc, parent, tuple(recipe), timeout)
-    w.info = w.call("info")
-    return w
+    return Worker(proc, parent, tuple(recipe), timeout)
 
 
 # ---------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_demo3_metrics_attainment_goodput_and_the_claims_recomputed(d3):
 
 def test_demo3_one_request_alone_pd_ttft_is_prefill_plus_transfer_and_runs_repeat_exactly():
     """单独一个请求走 1P + 1D：TTFT = 它 prefill 一步的模型时间 + 字节 / 存下的共享内存速率；同一个部署跑两遍，每个时刻相同。"""
-    ws = [S.start_worker(S.REPLAY, max_num_batched_tokens=b, **S.ENGINE_KW) for b in (S.WHOLE, S.WHOLE, S.CHUNK, S.CHUNK)]
+    ws = S.deploy_workers(S.REPLAY)
     try:
         p = S.PROMPTS[0]
         m = S.run_deploy(S.DEPLOYS[2], ws, [(0.5, p, 3)])

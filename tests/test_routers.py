@@ -168,21 +168,28 @@ def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations
 
 def test_smollm2_float64_pd_router_equals_each_request_alone():
     """真实模型一次：SmolLM2 float64，1 个 prefill + 1 个 decode 的 worker（约 6 GB：两个 worker 各一份权重，
-    测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。"""
+    测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。两个 worker 先 spawn，它们装模型的
+    同时测试进程装自己的那份（会话里共用）、算单独生成的 token；一个提示、3 个 token（第 1 个在 prefill 那边抽，
+    后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from smollm2_models import smollm2_lm
+    from worker_lab import spawn_worker
     path = real_model_path()
-    model, cfg, tok = smollm2_lm("float64")
-    prompts = [tok.encode(s) for s in ("The capital of France is", "Once upon a time")]
-    ws = [start_worker(("gguf", path, "float64"), block_size=16) for _ in range(2)]
-    with PDRouter(ws[:1], ws[1:], via="shm") as r:
-        ids = [r.add_request(p, 3, temperature=1.0, seed=5 + i) for i, p in enumerate(prompts)]
-        while r.has_unfinished_requests():
-            r.step()
-        for i, p in enumerate(prompts):
-            assert r.outputs[ids[i]] == [int(t) for t in autoregressive_generate(model, p, 3, 1.0,
-                                                                                np.random.default_rng(5 + i))]
-        assert r.n_handoffs == 2
+    ws = [spawn_worker(("gguf", path, "float64"), block_size=16) for _ in range(2)]
+    try:
+        model, cfg, tok = smollm2_lm("float64")
+        prompt = tok.encode("The capital of France is")
+        want = [int(t) for t in autoregressive_generate(model, prompt, 3, 1.0, np.random.default_rng(5))]
+        for w in ws:
+            w.wait_ready()
+        with PDRouter(ws[:1], ws[1:], via="shm") as r:
+            gid = r.add_request(prompt, 3, temperature=1.0, seed=5)
+            while r.has_unfinished_requests():
+                r.step()
+            assert r.outputs[gid] == want and r.n_handoffs == 1
+    finally:
+        for w in ws:
+            w.close()
     assert not any(w.proc.is_alive() for w in ws)
 
 
