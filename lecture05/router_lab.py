@@ -137,6 +137,7 @@ class PDRouter(RouterBase):
         self.bytes_moved = self.n_handoffs = 0
         self._inflight, self._stalled = {}, []         # 全局 id -> 在飞的共享内存段名；decode 暂时收不下的交接
         self._wire = []                                # 模型时钟：在链路上的交接 (到达时刻, 全局 id, d, 预留, 帧)
+        self._defer = None                             # 墙钟：这一步里导出、等 decode 答完再转的交接
         self.transfer_s = {}                           # 模型时钟：全局 id -> 它的交接在链路上的模型时间
         self._init_clock(clock, bus)
 
@@ -270,6 +271,9 @@ class PDRouter(RouterBase):
         if self.via == "shm":                         # 段在飞：送到之前 decode 死了，由路由器 unlink
             self._inflight[gid] = pickle.loads(frames[0])["shm"]
         if self.lock is None:
+            if self._defer is not None:               # 墙钟：decode worker 正在算它的一步，它答完再转
+                self._defer.append((gid, d, key, frames))
+                return None
             self._import(gid, d, key, frames, out)
             return None
         dt = self.lock.transfer(nbytes, self.via)     # 模型时钟：在链路上走 dt 秒，到了 decode 那一步开始时才收下
@@ -347,9 +351,13 @@ class PDRouter(RouterBase):
             self._step_model(out, timeout)
             return out
         self._dispatch(out)
-        for owner in (self.pre_owner, self.dec_owner):
-            sent = self._send_step(self.pre if owner is self.pre_owner else self.dec, owner, out)
-            for w in sent:
+        # 墙钟：先把 "step" 发给两边每个有活的 worker（它们在各自的核上同时算），再收；prefill 这一步导出的交接
+        # 等 decode 那边答完这一步才转过去（一条管道上回答按顺序来）
+        sent = [(w, self.pre_owner) for w in self._send_step(self.pre, self.pre_owner, out)]
+        sent += [(w, self.dec_owner) for w in self._send_step(self.dec, self.dec_owner, out)]
+        self._defer = []
+        try:
+            for w, owner in sent:
                 try:
                     events, _, load, _ = w.recv(timeout)
                 except WorkerDied:
@@ -357,6 +365,10 @@ class PDRouter(RouterBase):
                     continue
                 self.loads[id(w)] = load
                 self._on_events(w, owner, events, out)
+        finally:
+            items, self._defer = self._defer, None
+        for item in items:
+            self._import(*item, out)
         return out
 
 
