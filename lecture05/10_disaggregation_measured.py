@@ -335,7 +335,16 @@ def demo3_live(n=LIVE_N, rates=LIVE_RATES):
                          fmt_time(np.median(m["tpot"])), fmt_time(np.median(l["tpot"])),
                          f"{m['att'] * 100:.0f}%", f"{l['att'] * 100:.0f}%"])
     print_table(["req/s", "部署", "TTFT 模型", "TTFT 量到", "TPOT 模型", "TPOT 量到", "达标 模型", "达标 量到"], rows)
+    print_note(f"--live：SmolLM2 float32 的 worker、墙钟，每格 {n} 个请求、中位数；量完时 1 分钟负载 {_load():.2f}"
+               "（2 个核：负载 > 2 时别的进程在抢这两个核，量到的比模型的慢）。")
     return out
+
+
+def _load():
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
 
 
 # ---------------------------------------------------------------------------
@@ -385,6 +394,8 @@ def demo4_routing(live=False):
         rows.append(row)
     print_table(["策略", "提示 token", "命中", "prefill", "命中率", "TTFT p50", "TTFT 平均"]
                 + (["TTFT p50 量到"] if live else []), rows)
+    if live:
+        print_note(f"--live：SmolLM2 float32 的 worker、墙钟；量完时 1 分钟负载 {_load():.2f}。")
     m = {p: res[("model", p)] for p in ("round_robin", "least_loaded", "prefix")}
     top = max(v["hit"] for v in m.values())
     best = "、".join(k for k in m if m[k]["hit"] == top)

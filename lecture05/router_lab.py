@@ -139,6 +139,7 @@ class PDRouter(RouterBase):
         self._wire = []                                # 模型时钟：在链路上的交接 (到达时刻, 全局 id, d, 预留, 帧)
         self._defer = None                             # 墙钟：这一步里导出、等 decode 答完再转的交接
         self.transfer_s = {}                           # 模型时钟：全局 id -> 它的交接在链路上的模型时间
+        self.handoff_wall = {}                         # 全局 id -> 交接在墙钟上花的秒（导出 + 收帧 + 转给 decode + 导入）
         self._init_clock(clock, bus)
 
     def _check_alive(self):
@@ -260,6 +261,7 @@ class PDRouter(RouterBase):
 
     def _handoff(self, p, rid, gid, out):
         d, key = self.resv[gid]
+        t0 = time.perf_counter()
         try:
             p.send("export", (rid, self.via))
             nbytes = p.recv()
@@ -268,6 +270,7 @@ class PDRouter(RouterBase):
         except WorkerDied:
             self._cancel(gid)
             raise
+        self.handoff_wall[gid] = time.perf_counter() - t0  # 墙钟：导出 + 收帧（下面 _import 加上转给 decode、它写进块池）
         if self.via == "shm":                         # 段在飞：送到之前 decode 死了，由路由器 unlink
             self._inflight[gid] = pickle.loads(frames[0])["shm"]
         if self.lock is None:
@@ -283,11 +286,13 @@ class PDRouter(RouterBase):
 
     def _import(self, gid, d, key, frames, out):
         """把一个交接的帧转给 decode worker d（预留 key）。d 说现在收不下：留着帧，下一步再试；d 死了：这个请求出错。"""
+        t0 = time.perf_counter()
         try:
             d.send("import", key)
             for f in frames:
                 d.conn.send_bytes(f)
             drid = d.recv()
+            self.handoff_wall[gid] = self.handoff_wall.get(gid, 0.0) + time.perf_counter() - t0
         except WorkerDied:
             self._unlink(gid)
             self.resv.pop(gid, None)
