@@ -60,7 +60,8 @@ class RouterBase:
 
     def release(self, request_id):
         """忘掉一个已经报告结束的请求（token、时间、logprobs 的记录）。"""
-        for d in (self.token_times, self.outputs, self.error_message, self.finished, self.logprobs):
+        for d in (self.token_times, self.outputs, self.error_message, self.finished, self.logprobs, self.arrival,
+                  getattr(self, "transfer_s", {}), getattr(self, "handoff_wall", {})):
             d.pop(request_id, None)
 
     def add_request(self, prompt_ids, max_tokens, temperature=0.0, seed=0, stop=None, arrival=None, **kw):
@@ -73,7 +74,11 @@ class RouterBase:
             self._check_alive()
             gid = self._new_id()
             self.arrival[gid] = self.now()
-            self._add(gid, prompt, max_tokens, **kw)
+            try:
+                self._add(gid, prompt, max_tokens, **kw)
+            except BaseException:                         # worker 拒绝（ValueError）或死了：不留这个 id 的记录
+                self.release(gid)
+                raise
             return gid
         self._check_alive()
         a = self._t_event if arrival is None else float(arrival)

@@ -252,6 +252,12 @@ def test_router_speaks_the_engine_face_serve_uses(workers):
         r.step()
     rec = r.requests.get(gid)
     assert rec.output == solo(PROMPTS[0], 3, 0.0, 0) and len(rec.logprobs) == 3
+    n_ids = len(r.token_times)
+    with pytest.raises(ValueError):
+        r.add_request([CFG.vocab + 5], 2)                        # worker 拒绝：路由器不留这个 id 的记录
+    assert len(r.token_times) == n_ids and len(r.arrival) == n_ids
+    r.release(gid)
+    assert r.requests.get(gid) is None and gid not in r.arrival
     assert r.cfg == CFG and r.num_blocks == 32 and r.block_size == 4
     r.release(gid)
     assert r.requests.get(gid) is None
