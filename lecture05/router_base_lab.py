@@ -137,6 +137,16 @@ class RouterBase:
             self.lock.nxt[i] = "prefill" if any(k[0] is w for k in owner) else None
         self._after_event(out)
 
+    def _abort_future(self, gid):
+        """模型时钟：还没到的请求被中止 -> True（从待到的表里拿掉，下一步报告 "abort"）。"""
+        for i, f in enumerate(self._future):
+            if f[1] == gid:
+                del self._future[i]
+                self._pending.append((gid, [], "abort"))
+                self.finished[gid] = "abort"
+                return True
+        return False
+
     def _after_event(self, out):
         pass
 

@@ -96,6 +96,8 @@ class Router(RouterBase):
         return bool(self.owner) or bool(self._pending) or bool(self._future)
 
     def abort_request(self, request_id):
+        if self._abort_future(request_id):
+            return
         w, rid = self.where.get(request_id, (None, None))
         if w is not None and w.alive and (w, rid) in self.owner:
             try:
@@ -196,12 +198,25 @@ class PDRouter(RouterBase):
                     or self._wire)
 
     def abort_request(self, request_id):
+        if self._abort_future(request_id):
+            return
         for i, q in enumerate(self.queue):
             if q[0] == request_id:
                 del self.queue[i]
                 self._pending.append((request_id, [], "abort"))
                 self.finished[request_id] = "abort"
                 return
+        for lst, pos in (("_wire", 1), ("_stalled", 0)):   # 交接在路上 / 等 decode 收：不再转，段 unlink，预留取消
+            items = getattr(self, lst)
+            if any(it[pos] == request_id for it in items):
+                setattr(self, lst, [it for it in items if it[pos] != request_id])
+                self._unlink(request_id)
+                self._cancel(request_id)
+                self._pending.append((request_id, [], "abort"))
+                self.finished[request_id] = "abort"
+                return
+        if request_id in self.finished:
+            return
         w, rid = self.where.get(request_id, (None, None))
         if w is not None and w.alive:
             try:

@@ -121,3 +121,26 @@ def test_arrival_is_refused_on_the_wall_clock_and_clock_must_be_known(pair):
     with pytest.raises(ValueError, match="clock"):
         Router(pair, "round_robin", clock="sundial")
     assert np.isfinite(LockstepClock(2).kappa_dd)
+
+
+@pytest.mark.parametrize("via", ["pipe", "shm"])
+def test_abort_before_arrival_and_while_the_handoff_is_on_the_wire_leaves_nothing(pair, via):
+    """模型时钟：还没到的请求、交接还在链路上的请求被中止：报告 "abort"，两边不漏块，没有共享内存段留下。"""
+    import os as _os
+    before = {f for f in _os.listdir("/dev/shm") if f.startswith("psm_")}
+    for w in pair:
+        w.call("reset")
+    slow = dict(BUS, pipe_bytes_per_s=1.0, shm_bytes_per_s=1.0)      # 交接在路上很久
+    r = PDRouter(pair[:1], pair[1:], via=via, clock="model", bus=slow)
+    ga, gb = r.add_request(A, 3, arrival=0.0), r.add_request(B, 3, arrival=5.0)
+    while not r._wire:
+        r.step()
+    r.abort_request(ga)
+    r.abort_request(gb)
+    while r.has_unfinished_requests():
+        r.step()
+    assert r.finished[ga] == "abort" and r.finished[gb] == "abort" and r.n_handoffs == 0
+    for w in pair:
+        info = w.call("info")
+        assert info["num_free_blocks"] == info["num_blocks"]
+    assert {f for f in _os.listdir("/dev/shm") if f.startswith("psm_")} == before
