@@ -38,6 +38,8 @@ def test_demo1_nbytes_equals_the_formula_and_the_transfer_is_bytes_over_the_stor
     assert r["t_prefill"] == pytest.approx(t_pre, rel=1e-9)
     out = capsys.readouterr().out
     assert f"{r['times']['管道（存下的速率）'] / t_pre * 100:.1f}%" in out
+    slow = max(total / DIS["pipe_bytes_per_s"], total / DIS["shm_bytes_per_s"])
+    assert f"慢 {slow / (total / 50e9):.0f} 倍" in out and f"只占它的 {slow / t_pre * 100:.1f}%" in out
 
 
 def test_demo2_is_the_stored_kappas_times_a_modelled_decode_step(capsys):
