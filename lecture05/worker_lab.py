@@ -7,9 +7,12 @@ worker_lab —— 引擎进程：一个 worker 是一个操作系统进程（mul
 Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负责结束它们）。
 【一个 BLAS 线程】spawn 之前，OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS 没设的设成 1（两个进程在两个核上
 各算各的；学生自己设了的不动）。
-【消息】(op, args)：add、step、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve（块和一个序列的
-空位：decode 那边收下交接时不会因为没有空位而拒绝）、cancel、abort、
-match（前缀缓存能命中几个 token：只读，不改缓存）、info、reset（按配方重建引擎）。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
+【消息】(op, args)：add、step（回答 (事件, 引擎的 now, 负载, {dt, kind, next})：后一项给路由器的模型时钟，见
+lockstep_lab）、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve（块和一个序列的空位：decode 那边
+收下交接时不会因为没有空位而拒绝）、cancel、abort、match（前缀缓存能命中几个 token：只读，不改缓存）、info、
+reset（按配方重建引擎）、bench（measure_bus 用）。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
+【起几个】start_worker 等它建好引擎才返回；start_workers / spawn_worker + wait_ready 让几个 worker 同时装模型。
+gguf 的 worker 启动时就算好模型的指纹（交接要用）。
 """
 import os
 import signal
