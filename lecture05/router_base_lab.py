@@ -133,9 +133,11 @@ class RouterBase:
         end = self.lock.advance(i, tm["dt"], tm["kind"], tm["next"])
         self._t_event = end
         self._on_events(w, owner, events, out, end)
-        if any(w is q for q in getattr(self, "pre", ())):      # prefill worker：交出去的不再是它的活
-            self.lock.nxt[i] = "prefill" if any(k[0] is w for k in owner) else None
+        self._after_step(w, i, owner)
         self._after_event(out)
+
+    def _after_step(self, w, i, owner):
+        pass
 
     def _abort_future(self, gid):
         """模型时钟：还没到的请求被中止 -> True（从待到的表里拿掉，下一步报告 "abort"）。"""

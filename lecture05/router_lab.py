@@ -187,6 +187,11 @@ class PDRouter(RouterBase):
     def _after_event(self, out):
         self._dispatch(out)
 
+    def _after_step(self, w, i, owner):
+        """模型时钟：prefill worker 这一步交出去的请求不再是它的活（worker 报告的"下一步"是在导出之前算的）。"""
+        if owner is self.pre_owner:
+            self.lock.nxt[i] = "prefill" if any(k[0] is w for k in owner) else None
+
     def _all_workers(self):
         return self.pre + self.dec
 
