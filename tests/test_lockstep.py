@@ -144,3 +144,30 @@ def test_abort_before_arrival_and_while_the_handoff_is_on_the_wire_leaves_nothin
         info = w.call("info")
         assert info["num_free_blocks"] == info["num_blocks"]
     assert {f for f in _os.listdir("/dev/shm") if f.startswith("psm_")} == before
+
+
+def test_bench_engine_calibrate_disaggregation_takes_medians_and_writes_only_its_section(tmp_path, monkeypatch, capsys):
+    """bench_engine --calibrate 的解耦一节：每个量取 3 次的中位数，--write 只换 "disaggregation"，别的节原样（量的函数换成假的）。"""
+    import sys as _sys
+    _sys.path.insert(0, os.path.dirname(__file__))
+    import bench_engine
+    import hub_lab
+    import worker_lab
+    buses = iter([{"decode_alone_s": 0.02, "kappa_dd": 1.5, "kappa_dp": 1.1},
+                  {"decode_alone_s": 0.04, "kappa_dd": 1.2, "kappa_dp": 1.3},
+                  {"decode_alone_s": 0.03, "kappa_dd": 1.3, "kappa_dp": 1.0}])
+    links = iter([1e9, 2e9, 9e9, 3e9, 5e9, 4e9])                    # 管道、共享内存交替
+    monkeypatch.setattr(worker_lab, "measure_bus", lambda recipe: next(buses))
+    monkeypatch.setattr(worker_lab, "measure_link", lambda via: next(links))
+    monkeypatch.setattr(hub_lab, "gguf_path", lambda: "model.gguf")
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"schema": 1, "sections": {"engine_step": {"constants": {"x": 1}}}}), encoding="utf-8")
+    monkeypatch.setattr(bench_engine, "CALIBRATION_PATH", str(path))
+    sec = bench_engine.calibrate_disaggregation(True)
+    c = sec["constants"]
+    assert (c["decode_alone_s"], c["kappa_dd"], c["kappa_dp"]) == (0.03, 1.3, 1.1)
+    assert (c["pipe_bytes_per_s"], c["shm_bytes_per_s"]) == (5e9, 3e9)       # 中位数：管道 1、9、5；共享内存 2、3、4
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["sections"]["engine_step"] == {"constants": {"x": 1}}
+    assert load_bus(str(path))["kappa_dd"] == 1.3
+    assert "κ_dd = 1.500" in capsys.readouterr().out
