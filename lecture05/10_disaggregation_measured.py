@@ -19,6 +19,10 @@ runner_lab.modelled_step_time；交接在发出的时刻 + 字节 / 存下的链
 TTFT = 第一个 token − 到达；解耦时第一个 token 在交接到达 decode 那边的时刻才算数（像 vLLM 的代理：用户看到的
 第一个 token 来自 decode 实例）。TPOT = (最后一个 − 第一个) / (token 数 − 1)；最长卡顿 = 所有请求相邻两个 token 之间
 最长的那次等待；达标 = TTFT 和 TPOT 同时不超过目标。
+交接的形状：decode 那边先留块和一个序列的空位，prefill 那边算完提示、抽出第一个 token，连同 KV 和随机数发生器的状态一起
+送过去（SGLang 也由 prefill 那边抽第一个 token；vLLM 的代理让 prefill 实例的请求 max_tokens=1 结束、丢掉它的 token，
+decode 实例自己再算出第一个）。导入的请求在 decode 那边是最新的：块不够时它最先被挤出、重算——token 不变（随机数发生器
+只在抽样时前进），但那次传输白费了。
 
 【模型的假设（务必看）】
 - 默认运行不装权重：演示 1 的第一张表是玩具模型（LMConfig(max_seq=64)，float64，种子 1）；其余 worker 是
