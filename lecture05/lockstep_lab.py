@@ -80,7 +80,6 @@ class LockstepClock:
         self.kappa_dd, self.kappa_dp = float(b["kappa_dd"]), float(b["kappa_dp"])
         self.rate = {"pipe": float(b["pipe_bytes_per_s"]), "shm": float(b["shm_bytes_per_s"])}
         self.t, self.last, self.nxt = [0.0] * n, [None] * n, [None] * n
-        self.now = 0.0                                    # 最近一件事（一步结束、一个请求到达）的时刻
 
     def pick(self, busy):
         """busy：有活的 worker 的编号 -> t 最小的那个（并列取编号小的）；没有：None。"""
@@ -107,7 +106,6 @@ class LockstepClock:
         start = self.t[i]
         end = bus_finish(start, dt, kind, self.others(i), self.kappa_dd, self.kappa_dp)
         self.t[i], self.last[i], self.nxt[i] = end, (start, end, kind), nxt
-        self.now = max(self.now, end)
         return end
 
     def transfer(self, nbytes, via):
