@@ -346,7 +346,7 @@ def demo3_live(n=LIVE_N, rates=LIVE_RATES):
             rows.append([f"{rate:g}", d, fmt_time(np.median(m["ttft"])), fmt_time(np.median(l["ttft"])),
                          fmt_time(np.median(m["tpot"])), fmt_time(np.median(l["tpot"])),
                          f"{m['att'] * 100:.0f}%", f"{l['att'] * 100:.0f}%"])
-    print_table(["req/s", "部署", "TTFT 模型", "TTFT 量到", "TPOT 模型", "TPOT 量到", "达标 模型", "达标 量到"], rows)
+    print_table(["req/s", "部署", "TTFT 模型", "TTFT 量到", "TPOT 模型", "TPOT 量到", "达标 A 模型", "达标 A 量到"], rows)
     print_note(f"--live：SmolLM2 float32 的 worker、墙钟，每格 {n} 个请求、中位数；量完时 1 分钟负载 {_load():.2f}"
                "（2 个核：负载 > 2 时别的进程在抢这两个核，量到的比模型的慢）。")
     return out
