@@ -1,13 +1,18 @@
 """
 worker_lab —— 引擎进程：一个 worker 是一个操作系统进程（multiprocessing，spawn），里面一个 LLMEngine，由"配方"建起来
-（不是一个 pickle 过去的对象）：("toy", 配置名, 种子) 或 ("gguf", 路径, dtype)，加上引擎的关键字参数。
+（不是一个 pickle 过去的对象）：("toy", 配置名, 种子)、("gguf", 路径, dtype) 或 ("replay", "smollm2", 占位 token)
+（不装权重：SmolLM2 的形状，只跑调度、块和模型时间，交接的 K、V 是同样大小的 0），加上引擎的关键字参数。
 
 【一个循环】收一条消息、做、回答；管道一关（父进程 close() 了，或者死了）就退出，所以父进程被杀也不会留下孩子。
 Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负责结束它们）。
 【一个 BLAS 线程】spawn 之前，OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS 没设的设成 1（两个进程在两个核上
 各算各的；学生自己设了的不动）。
-【消息】(op, args)：add、step、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve、cancel、abort、
-match（前缀缓存能命中几个 token：只读，不改缓存）、info、reset（按配方重建引擎）。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
+【消息】(op, args)：add、step（回答 (事件, 引擎的 now, 负载, {dt, kind, next})：后一项给路由器的模型时钟，见
+lockstep_lab）、export（回答之后紧接着 send_handoff）、import（先 recv_handoff）、reserve（块和一个序列的空位：decode 那边
+收下交接时不会因为没有空位而拒绝）、cancel、abort、match（前缀缓存能命中几个 token：只读，不改缓存）、info、
+reset（按配方重建引擎）、bench（measure_bus 用）。回答是 ("ok", 结果) 或 ("err", 异常的类型名, 文字)。
+【起几个】start_worker 等它建好引擎才返回；start_workers / spawn_worker + wait_ready 让几个 worker 同时装模型。
+gguf 的 worker 启动时就算好模型的指纹（交接要用）。
 """
 import os
 import signal
@@ -21,10 +26,11 @@ for _p in (_HERE,) + tuple(os.path.join(_HERE, "..", d) for d in ("lecture01", "
 import multiprocessing as mp  # noqa: E402
 from multiprocessing.connection import wait  # noqa: E402
 
-__all__ = ["TOY_CONFIGS", "build_engine", "start_worker", "Worker", "WorkerDied", "BLAS_VARS"]
+__all__ = ["TOY_CONFIGS", "REPLAY_CONFIGS", "replay_config", "build_engine", "start_worker", "start_workers", "spawn_worker", "Worker", "WorkerDied", "BLAS_VARS"]
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TOY_CONFIGS = {"tiny": dict(max_seq=64)}          # 配置名 -> transformer_lab.LMConfig 的关键字（测试和脚本的玩具）
+REPLAY_CONFIGS = {"smollm2": 2048}                # 不装权重的 replay worker：配置名 -> 上下文（形状是 SmolLM2-135M 的）
 
 
 class WorkerDied(RuntimeError):
@@ -51,14 +57,52 @@ def build_engine(recipe, **engine_kw):
         import numpy as np
         from real_model_lab import load_gguf
         params, cfg, _ = load_gguf(recipe[1], np.dtype(recipe[2]).type)
+    elif kind == "replay" and len(recipe) == 3 and recipe[1] in REPLAY_CONFIGS:
+        cfg, params = replay_config(recipe[1]), None
     else:
-        raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
+        raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子)、('replay', {sorted(REPLAY_CONFIGS)} 之一, "
+                         f"占位 token) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
     kw = dict(engine_kw)
     nb = kw.pop("num_blocks", None)
     bs = kw.get("block_size", 16)
     if nb is None:
         nb = -(-cfg.max_seq // bs)
+    if params is None:                                   # 不跑模型：每个位置都抽出占位的 token（调度只看长度）
+        return LLMEngine.replay(_Filler(int(recipe[2])), cfg, nb, **kw)
     return LLMEngine(params, cfg, nb, **kw)
+
+
+class _Filler:
+    """replay 引擎的 token 流：任何请求的任何位置都是同一个占位 token。"""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getitem__(self, rid):                          # streams[rid][i]
+        return _Row(self.tok)
+
+
+class _Row:
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getitem__(self, i):
+        return self.tok
+
+    def __len__(self):
+        return 1 << 30
+
+
+def replay_config(name):
+    """REPLAY_CONFIGS 里的名字 -> transformer_lab.LMConfig（SmolLM2-135M 的形状取自 llm_math，float32，同 05/09）。"""
+    import numpy as np
+    from llm_math import SMOLLM2_135M as M
+    from transformer_lab import LMConfig
+    if name not in REPLAY_CONFIGS:
+        raise ValueError(f"replay 的配置只能是 {sorted(REPLAY_CONFIGS)} 之一，收到 {name!r}")
+    return LMConfig(name=M.name, vocab=M.vocab, d_model=M.d_model, n_layers=M.n_layers, n_heads=M.n_heads,
+                    n_kv_heads=M.n_kv_heads, head_dim=M.head_dim, d_ff=M.d_ff, max_seq=REPLAY_CONFIGS[name],
+                    rope_theta=100000.0, norm_eps=float(np.float32(1e-5)), tied=True, dtype="float32")
 
 
 def _load(eng):
@@ -66,6 +110,17 @@ def _load(eng):
     sch = eng.scheduler
     return sum(max(0, r.n_prompt - r.n_computed) + r.max_tokens - len(r.output)
                for r in list(sch.running) + list(sch.waiting))
+
+
+def _timing(eng, rec):
+    """一步 "step" 的回答里给模型时钟的 -> {"dt": 这一步单独的模型时间（没跑：0）, "kind": "prefill"（这一步有 prefill 的
+    token）/ "decode", "next": 下一步的种类（还有没算完的提示：prefill；只剩 decode：decode；没活：None）}。"""
+    sch = eng.scheduler
+    reqs = list(sch.running) + list(sch.waiting)
+    nxt = ("prefill" if any(r.n_computed < len(r.tokens) - 1 for r in reqs) else "decode") if reqs else None
+    if rec is None:
+        return {"dt": 0.0, "kind": "decode", "next": nxt}
+    return {"dt": float(rec["dt"]), "kind": "prefill" if rec["prefill"] else "decode", "next": nxt}
 
 
 def _bench(eng, kind, n, prompt_len):
@@ -122,8 +177,10 @@ def measure_bus(recipe, n_steps=40, prompt_len=64, prefill_len=256):
 def worker_main(conn, recipe, engine_kw):
     """worker 进程的身体：建引擎，然后收一条、做、回答；管道关了（EOFError）就退出。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from handoff_lab import recv_handoff, send_handoff
+    from handoff_lab import _fingerprint, recv_handoff, send_handoff
     eng = build_engine(recipe, **engine_kw)
+    if recipe[0] == "gguf":                   # 模型的指纹（交接要用；float64 约 1 GB 要哈希 1 秒）：启动时算，几个 worker 同时算
+        _fingerprint(eng)
     reservations, nid, wire = {}, 0, 0
     while True:
         try:
@@ -135,13 +192,15 @@ def worker_main(conn, recipe, engine_kw):
                 prompt, mt, kw = args
                 res = eng.add_request(prompt, mt, **kw)
             elif op == "step":
+                last = eng.steps[-1] if eng.steps else None
                 out = eng.step()
                 ev = []
                 for rid, new, fin in out:
                     r = eng.requests[rid]
                     lps = r.logprobs[len(r.logprobs) - len(new):] if r.logprobs is not None and new else None
                     ev.append((rid, new, fin, r.token_times[-len(new):] if new else [], r.error, lps))
-                res = (ev, eng.now, _load(eng))
+                ran = eng.steps[-1] if eng.steps and eng.steps[-1] is not last else None
+                res = (ev, eng.now, _load(eng), _timing(eng, ran))
             elif op == "export":
                 rid, via = args
                 h = eng.export_request(rid)
@@ -153,12 +212,17 @@ def worker_main(conn, recipe, engine_kw):
                 rkey = args
                 h = recv_handoff(conn, copy=False)
                 wire += h.wire_bytes
+                r = reservations.pop(rkey, None) if rkey is not None else None
                 try:
-                    res = eng.import_request(h, reservations.pop(rkey, None) if rkey is not None else None)
+                    res = eng.import_request(h, r)
                 finally:
                     h.release()
-            elif op == "reserve":
-                r = eng.bm.reserve(args)
+                    if r is not None and r.active:                # 没收下（或出错）：预留还是它的，留着
+                        reservations[rkey] = r
+            elif op == "reserve":                                 # 留块，也留一个序列的空位（运行 + 等待 + 预留 < max_num_seqs）
+                sch = eng.scheduler
+                full = len(sch.running) + len(sch.waiting) + len(reservations) >= sch.max_seqs
+                r = None if full else eng.bm.reserve(args)
                 if r is None:
                     res = None
                 else:
@@ -227,6 +291,12 @@ class Worker:
         self.alive = False
         raise WorkerDied(f"worker {self.proc.pid} 不在了（退出码 {self.proc.exitcode}）或 {t} 秒没回答")
 
+    def wait_ready(self):
+        """等 worker 建好引擎（第一条 info 的回答）-> info；已经等过：直接给。"""
+        if getattr(self, "info", None) is None:
+            self.info = self.call("info")
+        return self.info
+
     def call(self, op, args=None, timeout=None):
         self.send(op, args)
         return self.recv(timeout)
@@ -252,8 +322,32 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
     起一个 worker 进程 -> Worker（等它建好引擎才返回：第一条 info 的回答）。timeout：每次等回答最多几秒。
     【边界】配方不认识：ValueError（在父进程里就查，不起进程）。
     """
+    w = spawn_worker(recipe, timeout, **engine_kw)
+    w.wait_ready()
+    return w
+
+
+def start_workers(recipe, n, timeout=120.0, **engine_kw):
+    """同一个配方起 n 个 worker -> list：先全部 spawn，再一个个等 info（几个进程同时装模型，各在一个核上）。"""
+    ws = [spawn_worker(recipe, timeout, **engine_kw) for _ in range(n)]
+    try:
+        for w in ws:
+            w.wait_ready()
+    except BaseException:
+        for w in ws:
+            w.close()
+        raise
+    return ws
+
+
+def spawn_worker(recipe, timeout=120.0, **engine_kw):
+    """
+    起一个 worker 进程、不等它 -> Worker（还没有 info：用之前调 wait_ready()，它等引擎建好）。测试拿它在 worker 装模型的
+    同时在本进程里做别的事。【边界】同 start_worker。
+    """
     kind = recipe[0] if isinstance(recipe, (tuple, list)) and recipe else None
-    if not ((kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS) or (kind == "gguf" and len(recipe) == 3)):
+    if not ((kind == "toy" and len(recipe) == 3 and recipe[1] in TOY_CONFIGS) or (kind == "gguf" and len(recipe) == 3)
+            or (kind == "replay" and len(recipe) == 3 and recipe[1] in REPLAY_CONFIGS)):
         raise ValueError(f"配方只能是 ('toy', {sorted(TOY_CONFIGS)} 之一, 种子) 或 ('gguf', 路径, dtype)，收到 {recipe!r}")
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -267,9 +361,7 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
         for v in set_here:
             os.environ.pop(v, None)
     child.close()
-    w = Worker(proc, parent, tuple(recipe), timeout)
-    w.info = w.call("info")
-    return w
+    return Worker(proc, parent, tuple(recipe), timeout)
 
 
 # ---------------------------------------------------------------------------

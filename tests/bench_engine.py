@@ -16,6 +16,8 @@
       加 --write 才把常数、这台机器（CPU、numpy、BLAS）、日期、残差写进 lecture05/cpu_calibration.json 的
       "engine_step" 一节（别的节原样保留）：学生的运行从不改页面。先量 "heterogeneous" 一节（链路的往返、split 那一对
       玩具模型的代价，calibrate_heterogeneous）；只量它：--calibrate heterogeneous [--write] [--note "一句话"]。
+      之后再量解耦的一节（calibrate_disaggregation：两个 worker 进程的共享总线 κ_dd、κ_dp，管道和共享内存的速率，
+      各 3 次的中位数），--write 时写进 "disaggregation"；只量它：--calibrate disaggregation [--write]。
 
 每一步取 3 次里最快的一次。decode 的步之前那些 prefill 不跑模型（TimingRunner 直接给一个占位的 token，K/V 留着
 零）：量的是一步的时间，不看 token 的值，这样批 64、上下文 256 也不用先 prefill 一万六千个 token。
@@ -353,6 +355,62 @@ def calibrate_heterogeneous(write, note=""):
     return section
 
 
+# 解耦的一节（"disaggregation"）：共享总线的 κ、管道和共享内存的速率（lockstep_lab 的模型时钟用它们）
+# ---------------------------------------------------------------------------
+DISAGG_SECTION, DISAGG_RUNS = "disaggregation", 3
+
+
+def calibrate_disaggregation(write, runs=DISAGG_RUNS):
+    """
+    量两个 spawn 的 SmolLM2 float32 worker 的 κ_dd、κ_dp（worker_lab.measure_bus）和管道、共享内存的速率
+    （worker_lab.measure_link，父进程 → 孩子，收进孩子自己的数组）-> 这一节的 dict；各取 runs 次的中位数，打印每一次。
+    write：写进 lecture05/cpu_calibration.json 的 "disaggregation" 一节（别的节原样保留）。
+    """
+    from hub_lab import gguf_path
+    from worker_lab import measure_bus, measure_link
+    info = machine_info()
+    print(f"解耦的一节：开始时 1 分钟负载 {info['load_avg_1min_at_start']}（两个 worker 各占一个核：机器要空着）")
+    recipe = ("gguf", gguf_path(), "float32")
+    bus, pipe, shm = [], [], []
+    for i in range(runs):
+        bus.append(measure_bus(recipe))
+        pipe.append(measure_link("pipe"))
+        shm.append(measure_link("shm"))
+        b = bus[-1]
+        print(f"第 {i + 1} 次：decode 单独 {b['decode_alone_s'] * 1e3:.2f} ms，κ_dd = {b['kappa_dd']:.3f}，"
+              f"κ_dp = {b['kappa_dp']:.3f}；管道 {pipe[-1] / 1e9:.3f} GB/s，共享内存 {shm[-1] / 1e9:.3f} GB/s")
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    const = {"decode_alone_s": round(med([b["decode_alone_s"] for b in bus]), 6),
+             "kappa_dd": round(med([b["kappa_dd"] for b in bus]), 4),
+             "kappa_dp": round(med([b["kappa_dp"] for b in bus]), 4),
+             "pipe_bytes_per_s": med(pipe), "shm_bytes_per_s": med(shm)}
+    print("中位数：" + "，".join(f"{k} = {v:.4g}" for k, v in const.items()))
+    try:
+        info["load_avg_1min_at_end"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        info["load_avg_1min_at_end"] = float("nan")
+    info["loaded"] = bool(max(info["load_avg_1min_at_start"], info["load_avg_1min_at_end"]) > 1.5)
+    section = {"command": COMMAND + f" (section {DISAGG_SECTION!r}: medians of {runs} runs)",
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": info, "model": "SmolLM2-135M float32, two spawned workers, one BLAS thread each",
+               "form": "a decode step beside another decoding worker takes kappa_dd times as long, beside a worker "
+                       "running prefill kappa_dp times (worker_lab.measure_bus); a handoff of n bytes takes n / "
+                       "pipe_bytes_per_s or n / shm_bytes_per_s (worker_lab.measure_link: parent -> spawned child, "
+                       "received into the child's arrays)",
+               "constants": const}
+    if write:
+        with open(CALIBRATION_PATH, encoding="utf-8") as f:
+            doc = json.load(f)
+        doc.setdefault("sections", {})[DISAGG_SECTION] = section
+        with open(CALIBRATION_PATH, "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {DISAGG_SECTION!r} 一节")
+    else:
+        print("没有写文件（加 --write 才写）")
+    return section
+
+
 # ---------------------------------------------------------------------------
 # 一步的账
 # ---------------------------------------------------------------------------
@@ -468,7 +526,7 @@ def main(argv):
     contexts = CONTEXTS
     if "--contexts" in argv:
         contexts = tuple(int(x) for x in argv[argv.index("--contexts") + 1].split(","))
-    if "--calibrate" in argv:                          # 异构的一节（玩具模型和链路，不读 SmolLM2）；只要这一节：加 heterogeneous
+    if "--calibrate" in argv and DISAGG_SECTION not in argv:   # 异构的一节（玩具模型和链路，不读 SmolLM2）；只要这一节：加 heterogeneous
         note = argv[argv.index("--note") + 1] if "--note" in argv[:-1] else ""
         calibrate_heterogeneous("--write" in argv, note)
         if HETERO_SECTION in argv:
@@ -476,7 +534,9 @@ def main(argv):
     P, cfg, _ = load_gguf(dtype=np.float32)
     model = NumpyTransformer(P, cfg)
     if "--calibrate" in argv:
-        calibrate(model, cfg, "--write" in argv)
+        if DISAGG_SECTION not in argv:                 # 只要解耦的一节：--calibrate disaggregation [--write]
+            calibrate(model, cfg, "--write" in argv)
+        calibrate_disaggregation("--write" in argv)
     elif "--profile" in argv:
         profile(model, cfg, batches, contexts)
     else:

@@ -105,29 +105,96 @@ def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
     assert all(p not in mp.active_children() for p in (w.proc for w in ws))
 
 
-def test_smollm2_float64_pd_router_equals_each_request_alone():
-    """真实模型一次：SmolLM2 float64，1 个 prefill + 1 个 decode 的 worker（约 6 GB：两个 worker 各一份权重，
-    测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。"""
-    from conftest import real_model_path
-    from smollm2_models import smollm2_lm
-    path = real_model_path()
-    model, cfg, tok = smollm2_lm("float64")
-    prompts = [tok.encode(s) for s in ("The capital of France is", "Once upon a time")]
-    ws = [start_worker(("gguf", path, "float64"), block_size=16) for _ in range(2)]
-    with PDRouter(ws[:1], ws[1:], via="shm") as r:
-        ids = [r.add_request(p, 3, temperature=1.0, seed=5 + i) for i, p in enumerate(prompts)]
+def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request():
+    """回归：decode 那边的块够、序列的空位（max_num_seqs）不够时，import 拒绝（返回 None），旧的路由器把 None 当成
+    请求 id 记下，请求再也结束不了。现在 reserve 连空位一起留：请求在路由器的队列里等，每个都等于单独生成的。"""
+    ws = [start_worker(RECIPE, num_blocks=32, block_size=4),
+          start_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=1)]
+    with PDRouter(ws[:1], ws[1:], via="pipe") as r:
+        ids = [r.add_request(p, 4, temperature=1.0, seed=30 + i) for i, p in enumerate(PROMPTS[:3])]
+        t0 = time.monotonic()
         while r.has_unfinished_requests():
-            r.step()
-        for i, p in enumerate(prompts):
-            assert r.outputs[ids[i]] == [int(t) for t in autoregressive_generate(model, p, 3, 1.0,
-                                                                                np.random.default_rng(5 + i))]
-        assert r.n_handoffs == 2
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10, "请求被丢了：路由器永远有没结束的请求"
+        for i, gid in enumerate(ids):
+            assert r.outputs[gid] == solo(PROMPTS[i], 4, 1.0, 30 + i) and r.finished[gid] == "length"
+        assert r.n_handoffs == 3
+        info = ws[1].call("info")
+        assert info["num_free_blocks"] == info["num_blocks"]
+
+
+def _pd_pair(**pre_kw):
+    return [start_worker(RECIPE, num_blocks=32, block_size=4, **pre_kw), start_worker(RECIPE, num_blocks=32, block_size=4)]
+
+
+def test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_bounded_time():
+    """回归：共享内存的段由收的一边 unlink；decode worker 在交接送到之前死了，旧的路由器不 unlink，段留在 /dev/shm。
+    prefill 一步只算 4 个 token，所以杀 decode 时交接还没出发。"""
+    before = shm_names()
+    ws = _pd_pair(max_num_batched_tokens=4)
+    with PDRouter(ws[:1], ws[1:], via="shm") as r:
+        gid = r.add_request(PROMPTS[4], 6, seed=1)              # 17 个提示 token：prefill 要 5 步
+        r.step()
+        os.kill(ws[1].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert r.finished[gid] == "error" and "decode" in r.error_message[gid]
+        with pytest.raises(RuntimeError):
+            r.add_request(PROMPTS[0], 2)                        # decode 那边一个都不剩：说它不能服务
+        info = ws[0].call("info")
+        assert info["num_free_blocks"] == info["num_blocks"], "prefill 那边不漏块"
+    assert shm_names() == before
     assert not any(w.proc.is_alive() for w in ws)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_a_killed_parent_leaves_no_worker_behind(sig):
-    """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。"""
+def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations():
+    """回归：prefill worker 死了，它手上的请求以 "error" 结束，但旧的路由器不取消它们在 decode 那边的预留：块漏了。"""
+    ws = _pd_pair(max_num_batched_tokens=4)
+    with PDRouter(ws[:1], ws[1:], via="pipe") as r:
+        ids = [r.add_request(p, 6, seed=i) for i, p in enumerate(PROMPTS[3:5])]
+        r.step()
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert [r.finished[g] for g in ids] == ["error", "error"]
+        info = ws[1].call("info")
+        assert info["num_free_blocks"] == info["num_blocks"], "decode 那边的预留取消了"
+    assert not any(w.proc.is_alive() for w in ws)
+
+
+def test_smollm2_float64_pd_router_equals_each_request_alone():
+    """真实模型一次：SmolLM2 float64，1 个 prefill + 1 个 decode 的 worker（约 6 GB：两个 worker 各一份权重，
+    测试进程里的单独生成一份），T = 1，KV 经共享内存过去；token 等于单独生成的。两个 worker 先 spawn，它们装模型的
+    同时测试进程装自己的那份（会话里共用）、算单独生成的 token；一个提示、3 个 token（第 1 个在 prefill 那边抽，
+    后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
+    from conftest import real_model_path
+    from smollm2_models import smollm2_lm
+    from worker_lab import spawn_worker
+    path = real_model_path()
+    ws = [spawn_worker(("gguf", path, "float64"), block_size=16) for _ in range(2)]
+    try:
+        model, cfg, tok = smollm2_lm("float64")
+        prompt = tok.encode("The capital of France is")
+        want = [int(t) for t in autoregressive_generate(model, prompt, 3, 1.0, np.random.default_rng(5))]
+        for w in ws:
+            w.wait_ready()
+        with PDRouter(ws[:1], ws[1:], via="shm") as r:
+            gid = r.add_request(prompt, 3, temperature=1.0, seed=5)
+            while r.has_unfinished_requests():
+                r.step()
+            assert r.outputs[gid] == want and r.n_handoffs == 1
+    finally:
+        for w in ws:
+            w.close()
+    assert not any(w.proc.is_alive() for w in ws)
+
+
+def test_a_killed_parent_leaves_no_worker_behind():
+    """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。三个父进程同时起（省时间）。"""
     import subprocess
     import sys
     code = ("import sys, time; sys.path[:0] = sys.argv[1:]\n"
@@ -137,25 +204,30 @@ def test_a_killed_parent_leaves_no_worker_behind(sig):
             "time.sleep(60)\n")
     here = os.path.dirname(os.path.abspath(__file__))
     dirs = [os.path.join(here, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-    p = subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    pid = int(p.stdout.readline())
-    p.send_signal(sig)
-    p.wait(10)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 10:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    sigs = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+    ps = [subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for _ in sigs]
+    pids = [int(p.stdout.readline()) for p in ps]
+    for p, sig in zip(ps, sigs):
+        p.send_signal(sig)
+    for p in ps:
+        p.wait(10)
+    t0, left = time.monotonic(), dict(zip(pids, sigs))
+    while left and time.monotonic() - t0 < 10:
+        for pid in list(left):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                del left[pid]
         time.sleep(0.05)
-    else:
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"父进程被 {sig!r} 结束之后 worker {pid} 还在")
-    err = p.stderr.read()
-    p.stdout.close()
-    p.stderr.close()
-    assert "resource_tracker" not in err
+    assert not left, f"父进程被 {sorted(left.values())} 结束之后 worker {sorted(left)} 还在"
+    for p in ps:
+        err = p.stderr.read()
+        p.stdout.close()
+        p.stderr.close()
+        assert "resource_tracker" not in err
 
 
 def test_serve_flags_refuse_pd_with_speculative_config_and_bad_pd(capsys):
@@ -184,6 +256,12 @@ def test_router_speaks_the_engine_face_serve_uses(workers):
         r.step()
     rec = r.requests.get(gid)
     assert rec.output == solo(PROMPTS[0], 3, 0.0, 0) and len(rec.logprobs) == 3
+    n_ids = len(r.token_times)
+    with pytest.raises(ValueError):
+        r.add_request([CFG.vocab + 5], 2)                        # worker 拒绝：路由器不留这个 id 的记录
+    assert len(r.token_times) == n_ids and len(r.arrival) == n_ids
+    r.release(gid)
+    assert r.requests.get(gid) is None and gid not in r.arrival
     assert r.cfg == CFG and r.num_blocks == 32 and r.block_size == 4
     r.release(gid)
     assert r.requests.get(gid) is None
