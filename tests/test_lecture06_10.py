@@ -432,13 +432,25 @@ def test_cost_coefficients_and_theorem_3_8(run):
 
 
 def test_time_path_runs(run, monkeypatch):
-    """--time：每种做法重复 k 次；中位数、范围、同一遍里的比值都由返回的时间重算；预测按式子。"""
+    """
+    --time：每种做法重复 k 次；中位数、范围、同一遍里的比值都由返回的时间重算；预测按式子。
+    计时只跑一遍，经过 main(["--time", "2"])：演示 1–6 照常（脚本自己的运行已经跑过它们：这里换成记下调用、交回那次运行的数），
+    然后命令行的 n 交给演示 7（这里让它重复 3 次，核对中位数和范围），它返回的数就是下面核对的。
+    """
     s, ctx, out = run
     said = []
     monkeypatch.setattr(s, "print_observations", lambda obs: said.extend(obs))    # 观察的原文（不折行）
+    asked, timing, called, got = [], s.demo7_timing, [], []
+    for i, name in enumerate(("demo1_alphas", "demo2_tokens_per_call", "demo3_seed04_sentence", "demo4_prompt_lookup",
+                              "demo5_trees", "demo6_cost"), 1):
+        monkeypatch.setattr(s, name, lambda c, i=i: called.append(i) or out[f"d{i}"])
+    monkeypatch.setattr(s, "demo7_timing", lambda c, n: asked.append(n) or got.append(timing(c, n, repeats=3)) or got[-1])
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        res = s.demo7_timing(ctx, 2, repeats=3)
+        s.main(["--time", "2"])
+    assert called == [1, 2, 3, 4, 5, 6] and asked == [2] and len(got) == 1
+    assert ctx["_cost"] is out["d6"]
+    res = got[0]
     assert "演示 7" in buf.getvalue() and "重复 3 次" in buf.getvalue()
     text = "".join(said)
     P, cfg = ctx["P"], ctx["cfg"]
@@ -468,18 +480,6 @@ def test_time_path_runs(run, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match="重复次数"):
         s.demo7_timing(ctx, 2, repeats=0)
-    # main(["--time", n])：演示 1–6 照常（脚本自己的运行已经跑过它们：这里换成记下调用、交回那次运行的数），
-    # 然后把命令行的 n 交给演示 7；重复的次数上面核对过，这里只跑 1 次
-    asked, timing, called = [], s.demo7_timing, []
-    for i, name in enumerate(("demo1_alphas", "demo2_tokens_per_call", "demo3_seed04_sentence", "demo4_prompt_lookup",
-                              "demo5_trees", "demo6_cost"), 1):
-        monkeypatch.setattr(s, name, lambda c, i=i: called.append(i) or out[f"d{i}"])
-    monkeypatch.setattr(s, "demo7_timing", lambda c, n: asked.append(n) or timing(c, n, repeats=1))
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        s.main(["--time", "1"])
-    assert "演示 7" in buf.getvalue() and called == [1, 2, 3, 4, 5, 6] and asked == [1]
-    assert ctx["_cost"] is out["d6"]
 
 
 def test_printed_observations_cite_the_returned_figures(run):
