@@ -110,7 +110,8 @@ def run():
     s = load_script(S)
     res = script_results(S)
     P, cfg, tok = real_model("float32")
-    target = TransformerLM(P, cfg, "目标")
+    target = smollm2_lm("float32")[0]   # 会话共用的 float32 目标（tests/smollm2_models.py，就是这份 P 建的 TransformerLM）
+    assert target.params is P
     ctx = s._CTX
     ctx.update(res["ctx"], P=P, tok=tok, target=target, skip=layer_skip_draft(target, *s.SKIP))
     return s, ctx, res["out"]
