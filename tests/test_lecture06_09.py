@@ -34,7 +34,10 @@ def r1():
 
 @pytest.fixture(scope="module")
 def r2():
-    """演示 2 返回的数（那次运行的目标模型就是 build_seed04_models 的，test_builder_matches_seed04_construction 核对它）：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    """
+    演示 2 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。
+    那次运行的目标模型就是 build_seed04_models 的（test_builder_matches_seed04_construction 核对它）。
+    """
     return script_results("lecture06/09_token_trees.py")["r2"]
 
 

@@ -445,7 +445,8 @@ def test_time_path_runs(run, monkeypatch):
     for i, name in enumerate(("demo1_alphas", "demo2_tokens_per_call", "demo3_seed04_sentence", "demo4_prompt_lookup",
                               "demo5_trees", "demo6_cost"), 1):
         monkeypatch.setattr(s, name, lambda c, i=i: called.append(i) or out[f"d{i}"])
-    monkeypatch.setattr(s, "demo7_timing", lambda c, n: asked.append(n) or got.append(timing(c, n, repeats=3)) or got[-1])
+    monkeypatch.setattr(s, "demo7_timing",
+                        lambda c, n: asked.append(n) or got.append(timing(c, n, repeats=3)) or got[-1])
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         s.main(["--time", "2"])
