@@ -185,12 +185,21 @@ def test_greedy_texts_and_target_agreement(run):
     assert [len(new) for _, new in ctx["texts"][:2]] == list(s.N_NEW[:2])
 
 
-def _to_f64(P):
+def _to_f64(P, shared):
+    """float32 的数组转成 float64（结构不变）。shared：{id: (原数组, float64)}，两个量化草稿共用的、没量化的数组
+    （词嵌入、lm_head、RMSNorm：quantize_params 原样传过去的同一个对象）只转一次。"""
     if isinstance(P, dict):
-        return {k: _to_f64(v) for k, v in P.items()}
+        return {k: _to_f64(v, shared) for k, v in P.items()}
     if isinstance(P, list):
-        return [_to_f64(v) for v in P]
-    return P.astype(np.float64) if isinstance(P, np.ndarray) and P.dtype == np.float32 else P
+        return [_to_f64(v, shared) for v in P]
+    if not (isinstance(P, np.ndarray) and P.dtype == np.float32):
+        return P
+    hit = shared.get(id(P))
+    if hit is None or hit[0] is not P:
+        return P.astype(np.float64)
+    if hit[1] is None:
+        shared[id(P)] = hit = (P, P.astype(np.float64))
+    return hit[1]
 
 
 SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
@@ -231,11 +240,14 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt):
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
     pairs += [("INT8 的自己", "int8", None), ("INT4-g32 的自己", "int4-g32", None)]
+    P = ctx["P"]
+    shared = {id(a): (a, None) for a in [P["embed"], P["lm_head"], P["final_norm"]]
+              + [L[k] for L in P["layers"] for k in ("attn_norm", "mlp_norm")]}
     for label, m32, m64 in pairs:
         if isinstance(m32, str):                    # 量化的草稿：float32 的量化权重，原样转成 float64
             d32, _ = requantized_draft(ctx["P"], ctx["cfg"], m32)
-            l32 = rows(d32)
-            l64 = rows(TransformerLM(_to_f64(d32.params), _cl(d32.cfg, dtype="float64")))
+            l32 = [x.astype(np.float64) for x in ctx["quant_logits"][label]]    # 脚本那次运行的 float32 logits
+            l64 = rows(TransformerLM(_to_f64(d32.params, shared), _cl(d32.cfg, dtype="float64")))
             del d32
         else:                                       # 已经算好的 float32 logits（目标：脚本的；层草稿：rebuilt）
             l32, l64 = [x.astype(np.float64) for x in m32], rows(m64())
