@@ -18,7 +18,7 @@ import pytest
 
 import conftest
 from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
-from decode_lab import autoregressive_generate, speculative_generate
+from decode_lab import speculative_generate
 from drafts_lab import layer_subset
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
@@ -363,13 +363,17 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm):
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod):
     P, cfg, tok = f64
     target, _ = lm
     # 草稿：跳过中间 10 层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）
     draft = layer_subset(target, list(range(10)) + list(range(20, 30)), name="跳过中间 10 层")
     prompt = tok.chat("What is the capital of France?")
-    greedy = autoregressive_generate(target, prompt, 16, 0.0, np.random.default_rng(0), stop=[2])
+    # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
+    # 上限和停止 token），不在进程里再生成一遍
+    assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
+    assert tok.im_end_id == 2
+    greedy = d4["ids"]
     spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
