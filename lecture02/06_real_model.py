@@ -57,6 +57,7 @@ for sub in ("lecture01", "lecture06", "prereq3"):
 
 from hw_specs import H100  # noqa: E402
 from console import fmt_bound, fmt_bytes, print_header, print_observations, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from decode_lab import TransformerLM, autoregressive_generate  # noqa: E402
 from gguf_lab import read_gguf  # noqa: E402
 from hub_lab import gguf_path, gguf_path_or_exit  # noqa: E402
@@ -433,9 +434,6 @@ def demo6_decode_ledger(loaded=None, path=None):
 
 if __name__ == "__main__":
     gguf_path_or_exit()          # 拿不到模型文件时只打印两条出路，退出码 1
-    demo1_model_card()
-    demo2_tokenize()
-    demo3_next_token()
-    demo4_chat()
-    demo5_cache_equals_full()
-    demo6_decode_ledger()
+    RESULTS = {"d1": demo1_model_card(), "d2": demo2_tokenize(), "d3": demo3_next_token(), "d4": demo4_chat(),
+               "d5": demo5_cache_equals_full(), "d6": demo6_decode_ledger()}
+    save_results(RESULTS)        # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数

@@ -37,6 +37,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 
 from console import fmt_time, print_header, print_observations, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from hw_specs import H100, IB_NDR  # noqa: E402
 from llm_math import LLAMA31_8B  # noqa: E402
 from disagg_lab import simulate_colocated, simulate_disaggregated  # noqa: E402
@@ -167,4 +168,4 @@ def demo2_simulation():
 
 if __name__ == "__main__":
     demo1_interference()
-    demo2_simulation()
+    save_results({"d2": demo2_simulation()})   # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数

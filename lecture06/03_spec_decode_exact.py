@@ -335,5 +335,5 @@ if __name__ == "__main__":
     TARGET, DRAFTS = build_models()
     R1 = demo1_distribution(TARGET, DRAFTS)
     demo2_power(TARGET, DRAFTS, R1["min_p"], R1["n_p"])
-    demo3_greedy(TARGET, DRAFTS)
-    save_results({"d1": R1})     # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下演示 1 返回的数
+    R3 = demo3_greedy(TARGET, DRAFTS)
+    save_results({"d1": R1, "d3": R3})   # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下演示 1、3 返回的数

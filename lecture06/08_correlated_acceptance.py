@@ -53,6 +53,7 @@ from correlated_lab import (bigram_chain_stats, exact_tokens_per_call, lag1_corr
                             tokens_if_started_at)
 from lookup_lab import CopyingLM, induction_token, PromptLookup, speculative_generate_adaptive  # noqa: E402
 from console import print_header, print_note, print_observations, print_plot, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from quant_lab import QCFG, sample_tokens  # noqa: E402
 from transformer_lab import config_like, init_params  # noqa: E402
 
@@ -487,6 +488,7 @@ def demo4_prompt_lookup():
 
 if __name__ == "__main__":
     D1 = demo1_gap()
-    demo2_mechanism()
-    demo3_adaptive(D1["alpha_exact"])
-    demo4_prompt_lookup()
+    D2 = demo2_mechanism()
+    D3 = demo3_adaptive(D1["alpha_exact"])
+    D4 = demo4_prompt_lookup()
+    save_results((D1, D2, D3, D4))        # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数

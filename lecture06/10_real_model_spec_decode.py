@@ -145,9 +145,11 @@ def context():
     ctx["costs"] = {"target_bf16": matrix_bytes(P, bits=16.0), "target_file": matrix_bytes(P, bits=5.0, head_bits=8.5)}
     flops_t = matrix_bytes(P, bits=8.0)          # 1 字节 / 参数 = 参数个数（每 token 的运算 ∝ 矩阵参数个数）
     # 量化的草稿：一次造一个，量完就丢（每个都是一份完整的权重）
+    ctx["quant_logits"] = {}                     # 量化草稿的 logits（给测试：和 float64 重算的比，见 tests/test_lecture06_10.py）
     for scheme, label in (("int8", "INT8 的自己"), ("int4-g32", "INT4-g32 的自己")):
         draft, report = requantized_draft(P, cfg, scheme)
-        _measure(label, _per_text(draft, ctx["texts"]), ctx)
+        ctx["quant_logits"][label] = _per_text(draft, ctx["texts"])
+        _measure(label, ctx["quant_logits"][label], ctx)
         ctx["costs"][label] = (matrix_bytes(P, report=report), 1.0, report["bits_per_param"])
         del draft
     skip = layer_skip_draft(target, *SKIP)

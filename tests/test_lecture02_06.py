@@ -9,8 +9,6 @@ float32 从头到尾是 float32；带缓存的 decode == 一次算完；带停�
 这些测试需要模型文件（conftest.smollm2_path：拿不到时跳过，CS349E_REQUIRE_MODEL=1 时失败），float64 的模型整个
 测试会话只装一次（conftest.real_model）。
 """
-import contextlib
-import io
 import json
 import math
 import os
@@ -19,8 +17,8 @@ import numpy as np
 import pytest
 
 import conftest
-from conftest import load_script, real_model, script_stdout, smollm2_path
-from decode_lab import autoregressive_generate, speculative_generate
+from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
+from decode_lab import speculative_generate
 from drafts_lab import layer_subset
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
@@ -69,39 +67,42 @@ def mod():
     return load_script(S6)
 
 
-def _quiet(fn, *args, **kw):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return fn(*args, **kw)
+def _run(path):
+    """
+    演示返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍演示。
+    那次运行用的也是 float64 的模型（脚本的 load_model），打印的就是这些数。
+    """
+    return script_results(S6)
 
 
 @pytest.fixture(scope="module")
-def d1(mod, path):
-    return _quiet(mod.demo1_model_card, path)
+def d1(path):
+    return _run(path)["d1"]
 
 
 @pytest.fixture(scope="module")
-def d2(mod, lm):
-    return _quiet(mod.demo2_tokenize, lm)
+def d2(path):
+    return _run(path)["d2"]
 
 
 @pytest.fixture(scope="module")
-def d3(mod, lm):
-    return _quiet(mod.demo3_next_token, lm)
+def d3(path):
+    return _run(path)["d3"]
 
 
 @pytest.fixture(scope="module")
-def d4(mod, lm):
-    return _quiet(mod.demo4_chat, lm)
+def d4(path):
+    return _run(path)["d4"]
 
 
 @pytest.fixture(scope="module")
-def d5(mod, lm):
-    return _quiet(mod.demo5_cache_equals_full, lm)
+def d5(path):
+    return _run(path)["d5"]
 
 
 @pytest.fixture(scope="module")
-def d6(mod, lm, path):
-    return _quiet(mod.demo6_decode_ledger, lm, path)
+def d6(path):
+    return _run(path)["d6"]
 
 
 def _hf_max_diff(logits, rows):
@@ -362,13 +363,17 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm):
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod):
     P, cfg, tok = f64
     target, _ = lm
     # 草稿：跳过中间 10 层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）
     draft = layer_subset(target, list(range(10)) + list(range(20, 30)), name="跳过中间 10 层")
     prompt = tok.chat("What is the capital of France?")
-    greedy = autoregressive_generate(target, prompt, 16, 0.0, np.random.default_rng(0), stop=[2])
+    # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
+    # 上限和停止 token），不在进程里再生成一遍
+    assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
+    assert tok.im_end_id == 2
+    greedy = d4["ids"]
     spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)

@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script, unwrap
+from conftest import load_script, script_results, unwrap
 from numfmt import quantize_mx, quantize_nvfp4
 from quant_lab import INPUT_OF, LAYER_MATRICES, QCFG, awq_quantize, gptq_quantize, layer_inputs
 
@@ -18,12 +18,11 @@ S = "lecture03/05_calibrated_quantization.py"
 
 @pytest.fixture(scope="module")
 def run():
+    """run_all() 的结果和四个演示返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），
+    不在进程里再跑一遍。"""
     mod = load_script(S)
-    with contextlib.redirect_stdout(io.StringIO()):
-        ev = mod.run_all()
-        out = {d: getattr(mod, d)(ev) for d in ("demo1_output_error", "demo2_model_quality",
-                                               "demo3_salient_channels", "demo4_formats")}
-    return mod, ev, out
+    res = script_results(S)
+    return mod, res["ev"], res["out"]
 
 
 def fp16(x):

@@ -31,21 +31,43 @@ S06 = "lecture03/06_activation_and_kv_quantization.py"
 def run():
     """
     演示返回的数取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍演示；
-    ctx（模型、文本、激活）在进程里照脚本的 setup() 重建，模型用整个会话共用的那一份 float64（conftest.real_model）。
+    ctx（模型、文本、激活）在进程里用脚本的 setup() 重建，模型用整个会话共用的那一份 float64（conftest.real_model）。
+    setup() 里的抽样换成那次运行抽到的文本（省掉 2·N_SEQ 条逐 token 的 decode）：换进来之前核对调用的参数；
+    文本就是这个模型按 TEXT_SEED 抽的，由 test_text_is_drawn_in_float64_far_from_every_tie 逐个 token 重新反查核对
+    （另一个前向的 logits、自己写的 softmax 和 CDF）。setup() 里 capture 在评估文本上算出的 logits 记下来，
+    给 capture_ref（同一个函数、同样的输入，不再算第二遍）。
     """
     conftest.smollm2_path()
     mod = conftest.load_script(S)
     res = conftest.script_results(S)
     shared = conftest.real_model(mod.DTYPE)
+    printed = np.concatenate([res["calib_toks"], res["eval_toks"]])
 
     def same_model(P, cfg):
         assert P is shared[0]
         return smollm2_lm(mod.DTYPE)[0]
+
+    def printed_text(model, prompts, n, n_new, temp, rng):
+        assert (len(prompts), n, n_new, temp) == (1, 2 * mod.N_SEQ, mod.N_NEW, mod.TEMP)
+        assert rng.bit_generator.state == np.random.default_rng(mod.TEXT_SEED).bit_generator.state
+        assert np.array_equal(printed[:, :len(prompts[0])], np.tile(prompts[0], (n, 1)))
+        return printed[:, len(prompts[0]):]
+    seen = {}
+    capture = mod.capture
+
+    def capture_and_keep(P, cfg, toks, *a, **k):
+        got = capture(P, cfg, toks, *a, **k)
+        if not a and not k and np.array_equal(toks, res["eval_toks"]):
+            seen["eval_logits"] = got[0]
+        return got
     mod.load_gguf = lambda dtype: conftest.real_model(np.dtype(dtype).name)
     mod.TransformerLM = same_model
+    mod.sample_from_prompts, mod.capture = printed_text, capture_and_keep
     with contextlib.redirect_stdout(io.StringIO()):
         ctx = mod.setup()
         toy = mod.toy_setup()
+    mod.capture = capture
+    ctx["_eval_logits"] = seen["eval_logits"]
     out = {k: res[k] for k in ("d1", "d2", "d3", "d4", "d5")}
     return mod, ctx, toy, out, conftest.script_raw_stdout(S)
 
@@ -69,10 +91,9 @@ def ref_logits(ref_forward):
 
 @pytest.fixture(scope="module")
 def capture_ref(run):
-    """原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）。"""
+    """原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）：run 重建 ctx 时记下的。"""
     _, ctx, *_ = run
-    from outlier_lab import capture
-    return capture(ctx["P"], ctx["cfg"], ctx["eval_toks"], layers=())[0]
+    return ctx["_eval_logits"]
 
 
 def fp16(x):
@@ -105,7 +126,8 @@ def kl_by_hand(ref_logits, q_logits, start):
 def test_the_figures_are_the_printing_runs_and_the_rebuilt_text_is_the_scripts(run):
     """
     测试用的数就是脚本打印的数：演示返回的数来自打印这些字节的那次运行；测试进程里重建的 ctx（别的测试拿它重算）
-    和那次运行用的是同一段文本。
+    和那次运行用的是同一段文本（run 把那次的文本换进 setup()；文本是不是这个模型按种子抽的，
+    test_text_is_drawn_in_float64_far_from_every_tie 逐个 token 核对）。
     """
     mod, ctx, _, out, text = run
     res = conftest.script_results(S)

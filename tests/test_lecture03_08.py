@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 import conftest
-from smollm2_models import smollm2_lm
 from actquant_lab import MatmulInputHook
 from quant_lab import quantize_matrix
 from rotation_lab import fold_norms, hadamard_kron, rotate_down_input, rotate_heads, rotate_params
-from transformer_lab import NumpyTransformer
+from transformer_lab import NumpyTransformer, config_like
 
 S = "lecture03/08_rotations_and_llm_int8.py"
 TOL = 1e-9
@@ -48,10 +47,20 @@ def table_rows(text, first_header):
     return rows
 
 
+# 不变性在真实模型的 6 层上验证（不是 30 层）：fold_norms / rotate_params / rotate_down_input / rotate_heads 对每一层做的
+# 是同一段循环体，层数只决定做几遍；这 6 层保留了真实模型的一切形状（d = 576 = 64·9、d_ff = 1536 = 512·3 的 Kronecker
+# Hadamard、head_dim 64、GQA 9/3、共享的词嵌入 → 折叠后拆开的 lm_head）和真实的权重：前 3 层（SmolLM2 的巨大激活在这里
+# 出现，07 演示 2）、中间一层、最后 2 层（残差流最大）。模块说明的容差按 30 层推，对 6 层只会更宽裕；漏了在线的一半照样
+# 差 O(1)。整模型 30 层的旋转（rotate_params 的 212 个矩阵）要多 4 秒左右，证明的是同一件事。
+KEEP = (0, 1, 2, 15, 28, 29)
+
+
 def test_real_model_fold_rotate_and_online_hadamards_keep_the_logits(real):
     P, cfg, tok = real
     toks = np.array([tok.chat("What is the capital of France?")])
-    ref = smollm2_lm("float64")[0].forward(toks)         # 会话共用的 float64 模型（就是 P 建的 NumpyTransformer）
+    P = dict(P, layers=[P["layers"][i] for i in KEEP])
+    cfg = config_like(cfg, n_layers=len(KEEP))
+    ref = NumpyTransformer(P, cfg).forward(toks)          # 这 6 层组成的模型，未旋转
     Pf, cf = fold_norms(P, cfg)
     assert cfg.tied and not cf.tied
     Hd = hadamard_kron(cfg.d_ff, np.random.default_rng(11))

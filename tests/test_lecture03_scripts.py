@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, unwrap
+from conftest import load_script, script_raw_stdout, script_results, unwrap
 from indep_formats import E2M1_GRID, E2M1_LSB, e4m3_grid, nearest_even
 from decode_lab import TransformerLM
 from hw_specs import H100
@@ -37,27 +37,21 @@ def s04():
 
 @pytest.fixture(scope="module")
 def ev(s02):
-    return s02.evaluate_all()
+    """02 的 evaluate_all() 的结果：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture03/02_quantized_model_quality.py")["ev"]
 
 
 @pytest.fixture(scope="module")
 def q02(s02, ev):
-    import contextlib
-    import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        return s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
+    """02 的三个演示返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture03/02_quantized_model_quality.py")["q"]
 
 
 @pytest.fixture(scope="module")
-def text02(s02, ev):
-    """02 的三个演示打印的文字，观察折行处接回一行。"""
-    import contextlib
-    import io
+def text02():
+    """02 的三个演示打印的文字（脚本自己那次运行的输出，不在进程里再打印一遍），观察折行处接回一行。"""
     import re
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        s02.demo1_block_weights(ev), s02.demo2_lm_head(ev), s02.demo3_significance(ev)
-    return re.sub(r"\n +", "", buf.getvalue())
+    return re.sub(r"\n +", "", script_raw_stdout("lecture03/02_quantized_model_quality.py"))
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout, smollm2_path
+from conftest import load_script, script_results, script_stdout, smollm2_path
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from engine_lab import LLMEngine
 from hw_specs import Chip
@@ -22,12 +22,14 @@ S = load_script(REL)
 
 @pytest.fixture(scope="module")
 def d1():
-    return S.demo1_attainment()
+    """演示 1 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results(REL)["d1"]
 
 
 @pytest.fixture(scope="module")
 def d2():
-    return S.demo2_queue()
+    """演示 2 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results(REL)["d2"]
 
 
 def by_hand(rate):

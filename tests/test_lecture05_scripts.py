@@ -8,12 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script, unwrap
+from conftest import ROOT, load_script, script_demo_text, script_results, unwrap
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
 from hw_specs import CORSAIR, H100  # noqa: E402
 from llm_math import GPT_OSS_120B, LLAMA31_70B, LLAMA31_8B, prefill_time  # noqa: E402
+
+
+S01, S02 = "lecture05/01_batching_tradeoff.py", "lecture05/02_prefill_decode_disagg.py"
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +79,7 @@ def test_01_compute_bound_batch(s01, capsys):
 
 
 def test_01_continuous_batching(s01, capsys):
-    r = s01.demo3_continuous_batching()
-    capsys.readouterr()
+    r = script_results(S01)["d3"]         # 演示 3 返回的数：脚本自己那次运行存下的（console.save_results）
     assert r["gain_128"] > 1.1 and r["gain_32"] > r["gain_128"]
     assert r["active_cont_128"] > r["active_static_128"]
     assert r["tpot_cont_128"] > r["tpot_static_128"]
@@ -138,8 +140,7 @@ def test_02_chunked_prefill_closed_form(s02, capsys):
 
 
 def test_02_simulation_claims(s02, capsys):
-    r = s02.demo2_simulation()
-    capsys.readouterr()
+    r = script_results(S02)["d2"]         # 演示 2 返回的数：脚本自己那次运行存下的（console.save_results）
     hi, lo = s02.RATES[-1], s02.RATES[0]
     c, k, d = r[(hi, "colo")], r[(hi, "chunk")], r[(hi, "disagg")]
     assert c["ttft_mean"] < k["ttft_mean"] and c["ttft_mean"] < d["ttft_mean"]          # 同机 prefill 优先：TTFT 最短
@@ -287,8 +288,7 @@ def _independent_batching(out_lens, slots, continuous, prompt=1024):
 
 def test_01_continuous_batching_cuts_completion_time(s01, capsys):
     """issue 8 第 10 条：连续批不只是拿 TPOT 换吞吐，请求的完成时间（平均、p90）也更短。"""
-    r = s01.demo3_continuous_batching()
-    capsys.readouterr()
+    r = script_results(S01)["d3"]         # 演示 3 返回的数：脚本自己那次运行存下的（console.save_results）
     outs = 16 + np.floor(np.random.default_rng(1).random(512) * (1024 - 16))
     for slots in (32, 128):
         for cont in (False, True):
@@ -391,8 +391,7 @@ def test_04_reconciles_best_gamma_with_seed05(s04, capsys):
 
 def test_02_tpot_rises_with_load_without_prefill_too(s02, capsys):
     """re-read：TPOT 随负载涨不全是插队——解耦的 decode 机上没有 prefill，TPOT 也涨；4 req/s 时解耦的 TPOT 反而略高。"""
-    r = s02.demo2_simulation()
-    capsys.readouterr()
+    r = script_results(S02)["d2"]         # 演示 2 返回的数：脚本自己那次运行存下的（console.save_results）
     lo, hi = s02.RATES[0], s02.RATES[-1]
     assert r[(hi, "disagg")]["tpot_mean"] > 1.3 * r[(lo, "disagg")]["tpot_mean"]
     assert r[(lo, "disagg")]["tpot_mean"] > r[(lo, "colo")]["tpot_mean"]          # "4 req/s 时反而略高"
@@ -473,8 +472,7 @@ def test_03_only_network_rows_join_two_machines(s03, capsys):
 def test_01_paging_is_not_a_cost_of_continuous_batching(s01, capsys):
     """issue 35 第 19 条：旧句子把"KV cache 要按页管理"算作连续批的代价。Orca 连续批时按请求预留连续空间；
     分页是 vLLM 对预留造成的碎片的办法（05/07 量碎片）。"""
-    s01.demo3_continuous_batching()
-    text = unwrap(capsys.readouterr().out)
+    text = unwrap(script_demo_text(S01, 3))             # 演示 3 打印的文字：脚本自己那次运行的输出
     assert "连续批的代价是每步都要调度、KV cache 要按页管理" not in text
     assert "KV cache 按页管理不是连续批的代价：Orca 做连续批时给每个请求预留一段连续的 KV 空间" in text
     assert "07 脚本量了这些碎片" in text

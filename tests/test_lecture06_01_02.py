@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_console_blocks, script_stdout
+from conftest import load_script, script_console_blocks, script_results, script_stdout
 
 S01 = load_script("lecture06/01_kv_cache_rollback.py")
 S02 = load_script("lecture06/02_rejection_sampling.py")
@@ -222,17 +222,20 @@ ALPHA_BY_HAND = {
 
 @pytest.fixture(scope="module")
 def e1():
-    return quiet(S02.demo1_enumeration)
+    """02 的演示 1 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/02_rejection_sampling.py")["e1"]
 
 
 @pytest.fixture(scope="module")
 def e3():
-    return quiet(S02.demo3_other_rules)
+    """02 的演示 3 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/02_rejection_sampling.py")["e3"]
 
 
 @pytest.fixture(scope="module")
 def e4():
-    return quiet(S02.demo4_sampling)
+    """02 的演示 4 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/02_rejection_sampling.py")["e4"]
 
 
 def test_cases_are_distributions():

@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout
+from conftest import load_script, script_results, script_stdout
 
 from decode_lab import autoregressive_generate, TransformerLM  # noqa: E402
 from correlated_lab import regime_models  # noqa: E402
@@ -25,12 +25,8 @@ def s08():
 
 @pytest.fixture(scope="module")
 def demos(s08):
-    with contextlib.redirect_stdout(io.StringIO()):
-        d1 = s08.demo1_gap()
-        d2 = s08.demo2_mechanism()
-        d3 = s08.demo3_adaptive(d1["alpha_exact"])
-        d4 = s08.demo4_prompt_lookup()
-    return d1, d2, d3, d4
+    """四个演示返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/08_correlated_acceptance.py")
 
 
 def _eq1(a, g):

@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout
+from conftest import load_script, script_results, script_stdout
 from decode_lab import acceptance_beta, adjust, NGramLM, residual_distribution
 from spec_math_lab import expected_tokens
 
@@ -28,22 +28,29 @@ def models():
 
 @pytest.fixture(scope="module")
 def r1():
-    return quiet(S09.demo1_multi_candidate)
+    """演示 1 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/09_token_trees.py")["r1"]
 
 
 @pytest.fixture(scope="module")
-def r2(models):
-    return quiet(S09.demo2_tree_attention, models[0])
+def r2():
+    """
+    演示 2 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。
+    那次运行的目标模型就是 build_seed04_models 的（test_builder_matches_seed04_construction 核对它）。
+    """
+    return script_results("lecture06/09_token_trees.py")["r2"]
 
 
 @pytest.fixture(scope="module")
-def r3(models):
-    return quiet(S09.demo3_alpha_k, *models)
+def r3():
+    """演示 3 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/09_token_trees.py")["r3"]
 
 
 @pytest.fixture(scope="module")
-def r4(models, r3):
-    return quiet(S09.demo4_chain_vs_tree, models[0], models[1], r3["alpha_k"])
+def r4():
+    """演示 4 返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results("lecture06/09_token_trees.py")["r4"]
 
 
 def test_builder_matches_seed04_construction(models):

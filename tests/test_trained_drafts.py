@@ -364,14 +364,13 @@ def test_heldout_prompts_are_never_trained_on():
 def test_shipped_heldout_ids_are_the_chat_prompts_and_the_greedy_text():
     """模型文件不是训练时那一个：跳过（重新训练的命令在消息里）。否则提示 id == tok.chat(提示)，续写 == 贪心（float32
     teacher forcing 的 argmax；每个位置第一和第二的 logit 之差远大于 float32 的误差，所以换 BLAS 也不变）。"""
-    from conftest import real_model
     from hub_lab import sha256_file
     meta = _meta()
     path = smollm2_path()
     if sha256_file(path) != meta["gguf_sha256"]:
         pytest.skip(f"{path} 不是训练这些草稿时的模型文件：重新训练 {meta['command']}")
-    P, cfg, tok = real_model("float32")
-    model = TransformerLM(P, cfg)
+    from smollm2_models import smollm2_lm
+    model, cfg, tok = smollm2_lm("float32")         # 会话共用的 float32 模型（就是 real_model("float32") 建的 TransformerLM）
     with np.load(os.path.join(WEIGHTS, "smollm2_drafts.npz")) as z:
         pl, tl_ = np.cumsum(z["heldout_prompt_lengths"]), np.cumsum(z["heldout_lengths"])
         prompts = np.split(z["heldout_prompts"], pl[:-1])
