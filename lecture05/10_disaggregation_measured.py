@@ -30,7 +30,7 @@ decode 实例自己再算出第一个）。导入的请求在 decode 那边是�
   max_tokens，同 05/09），交接的 K、V 是同样大小的 0：字节真实，内容不是。
 - 一步的时间：lecture05/cpu_calibration.json 的 "engine_step" 一节（05/08、05/09 的时钟）；κ_dd、κ_dp、管道和共享内存
   的速率：同一个文件的 "disaggregation" 一节（worker_lab.measure_bus、measure_link 在一台 2 核 AMD EPYC 上量的，
-  那台机器当时还有别人在跑：文件里写着）。prefill 步不因旁边的 decode 变慢（**假设**：只量了 decode 步）。
+  量的时候的负载和有没有别的任务在跑，文件里写着）。prefill 步不因旁边的 decode 变慢（**假设**：只量了 decode 步）。
 - 引擎（**假设**，同 05/09）：块 16 个 token、块池 256 块、最多 16 个序列；"整段"的一步预算 2,048 个 token（一个提示
   一步算完，和在跑的 decode 同一步），"分块"的预算 64。2 个副本时请求轮流分（05/02 也是轮流）。
 - 工作负载（**假设**，同 05/09）：64 个请求，提示长度在 [32, 160) 均匀、输出在 [16, 80) 均匀（种子 1、2），泊松到达
@@ -209,8 +209,9 @@ def demo2_bus(live=False):
     print_table(["一个 decode 步（B = 1，上下文 64）", "倍数", "模型时间"] + (["量到倍数", "量到时间"] if live else []), rows)
     mach = sec["machine"]
     print_note(f"κ 来自 lecture05/cpu_calibration.json 的 \"disaggregation\" 一节（{sec['date']}，量的时候 1 分钟负载 "
-               f"{mach['load_avg_1min_at_start']}–{mach['load_avg_1min_at_end']}，机器上还有别人在跑）；"
-               "重量：python3 tests/bench_engine.py --calibrate。")
+               f"{mach['load_avg_1min_at_start']}–{mach['load_avg_1min_at_end']}"
+               f"{'，机器上还有别人在跑' if mach.get('loaded') else '，量的两个 worker 以外没有别的任务'}）；"
+               "重量：python3 tests/bench_engine.py --calibrate disaggregation。")
     print_observations([
         f"decode 步读一遍全部权重（受带宽限制）：旁边再来一个 decode，两个进程抢同一条总线，慢 {(kdd - 1) * 100:.0f}%；"
         f"旁边是 prefill（主要在算），只慢 {(kdp - 1) * 100:.0f}%。",

@@ -49,6 +49,11 @@ def test_demo2_is_the_stored_kappas_times_a_modelled_decode_step(capsys):
     out = capsys.readouterr().out
     assert f"慢 {(DIS['kappa_dd'] - 1) * 100:.0f}%" in out and f"只慢 {(DIS['kappa_dp'] - 1) * 100:.0f}%" in out
     assert ("拖慢得多" in out) == (DIS["kappa_dd"] > DIS["kappa_dp"])
+    with open(os.path.join(os.path.dirname(__file__), "..", "lecture05", "cpu_calibration.json"), encoding="utf-8") as f:
+        mach = json.load(f)["sections"]["disaggregation"]["machine"]
+    flat = out.replace("\n", "")
+    assert ("机器上还有别人在跑" in flat) == bool(mach["loaded"])      # 说的负载和文件里记的一致
+    assert ("没有别的任务" in flat) == (not mach["loaded"])
 
 
 def test_demo3_metrics_attainment_goodput_and_the_claims_recomputed(d3):
