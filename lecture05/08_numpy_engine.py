@@ -44,10 +44,9 @@ CS349E · 第 5 讲 · 08_numpy_engine.py —— 真的服务一回：numpy 引�
   进位的边上时印出的两位小数才会变。
 - 请求、文档、预算、块池都是随意选的例子，不是基准。
 
-【运行】python3 08_numpy_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：18.3 秒，前后背靠背的种子 04
-14.7 / 16.7 秒，约 1.1–1.2 倍。大部分是演示 1 的单独生成（约 9 秒
-CPU：6 个请求各自一个人跑，一步读一遍权重）、装模型（约 3 秒）和演示 6 的 float64 模型（约 2.4 秒）；--time 另外
-真测演示 2 的各个批和批不变模式的一步，要几分钟）
+【运行】python3 08_numpy_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：7.4 秒，和种子 04（3.7 秒）背靠背
+三对，比值中位数 2.0 倍。大部分是演示 1 的单独生成（6 个请求各自一个人跑，一步读一遍权重）、装模型和演示 6 的
+float64 模型；--time 另外真测演示 2 的各个批和批不变模式的一步，要几分钟）
 
 【依赖】numpy；本目录的 engine_lab（LLMEngine、run_trace）、scheduler_lab、block_manager_lab、runner_lab（一步的账、
 CPU 的代价模型）、metrics_lab（TTFT、ITL、分位数）、paging_lab（07 的模拟）、iteration_lab（05/06 的 knee_chunk）；../lecture02 的 real_model_lab（load_gguf）、hub_lab（gguf_path_or_exit）、

@@ -38,8 +38,8 @@ bench_serving.py 经 HTTP 按两三个到达率压它，量到的表打印在同
   按原带宽读；每步 decode 所有序列、顺带 prefill 排在最前的提示的下 256 个 token；没有固定开销、没有并发上限，
   算和读完全重叠，KV 和权重一样按带宽读（ROOFLINE_06）。
 
-【运行】python3 09_serving_under_load.py [--live]（默认：CPU 时间约 2 秒，种子 04 背靠背量是 18 秒——在一台负载
-很重的 2 核机器上量的，空闲时待重测；--live 要装模型、真跑 3 × 16 个请求，几分钟，打印的时间随机器和负载变）
+【运行】python3 09_serving_under_load.py [--live]（默认：空闲的 2 核机器上 0.66 秒，和种子 04（3.8 秒）背靠背三对，
+比值中位数 0.17 倍；--live 要装模型、真跑 3 × 16 个请求，几分钟，打印的时间随机器和负载变）
 
 【依赖】numpy；本目录的 engine_lab（LLMEngine.replay、run_trace）、metrics_lab（每个请求的 TTFT、TPOT）、runner_lab
 （chunk_counts、modelled_step_time、CPU_COST）、goodput_lab（slo_attainment、find_goodput）、disagg_lab（fast_colocated）、

@@ -34,8 +34,8 @@ T = 1 时等于 decode_lab.speculative_generate 单独跑（同一个种子）�
   量真实的引擎步拟合的常数，存在 ../lecture05/cpu_calibration.json（机器、日期、残差都在那里；演示 2 的观察印出它们）。
 - SLO、到达率、γ、请求数都是随意选的例子，不是基准。
 
-【运行】python3 11_spec_decode_in_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：约 14 秒，和种子 04 背靠背三对，
-比值中位数 1.1 倍（0.97–1.16）；大部分是装模型、生成 8 个贪心回答和演示 1 的 3000 个小请求；--time 另外真跑几分钟）
+【运行】python3 11_spec_decode_in_engine.py [--time]（空闲的 2 核机器、一个 BLAS 线程：5.2 秒，和种子 04（3.8 秒）背靠背
+三对，比值中位数 1.37 倍（1.34–1.38）；大部分是装模型、生成 8 个贪心回答和演示 1 的 3000 个小请求；--time 另外真跑几分钟）
 
 【依赖】numpy；../lecture05 的 engine_lab（LLMEngine、run_trace）、spec_engine_lab（accept_counts）、runner_lab
 （一步的账、CPU 的代价模型）、metrics_lab（summarize）、workload_lab（poisson_arrivals）；本目录的 decode_lab
