@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -50,6 +51,28 @@ __all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS
 # 在 SmolLM2 每个形状上的时间（权重从内存流过来，一个 BLAS 线程）：这台机器（AMD EPYC、OpenBLAS）上 M = 2、3 的
 # GEMM 比 M = 4 的还慢，一行一次快约 1.4 倍；M ≥ 4 时一次 GEMM 快。换一台机器要重量。
 ROWWISE_MAX_ROWS = 3
+# 抽样分给几个线程（引擎的 sample_threads）：一行的抽样（[V] 的 float64 softmax + 累积和）里 numpy 放开解释器锁，
+# 两个线程在两个核上各抽一半的行。行少时分线程的开销不值：至少这么多行才分。
+SAMPLE_SPLIT_MIN_ROWS = 8
+_SAMPLE_POOLS = {}                                   # 线程数 -> 共用的线程池（所有引擎共用，不随引擎一个个地建）
+
+
+def _sample_pool(n):
+    if n not in _SAMPLE_POOLS:
+        _SAMPLE_POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="cs349e-sample")
+    return _SAMPLE_POOLS[n]
+
+
+def sample_row(row, req):
+    """
+    给一个请求抽下一个 token（引擎里每个要抽样的行都走这里）-> int。先从请求自己的生成器取一个均匀数（T = 0 也取：
+    生成器的状态和单独生成时一样），T = 0 直接取 argmax（并列取下标最小的：和 adjust 的 one-hot 上 CDF 反查抽到的一样，
+    省掉两遍 [V] 的 float64 数组），否则 adjust（温度、请求自己的过滤器）后 CDF 反查。
+    """
+    u = req.rng.random()
+    if req.temperature == 0:
+        return int(np.argmax(row))
+    return int(sample_inverse_cdf(adjust(row, req.temperature, **req.filters), u))
 
 
 def rowwise_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
@@ -85,8 +108,9 @@ class ModelRunner:
 
     batch_decode_attention = True   # decode 的段一层一次取 K/V、算注意力（False：各算各的；bench 量这一项的效果用）
 
-    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False):
+    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False, sample_threads=1):
         self.cfg, self.block_size = cfg, block_size
+        self.sample_threads = sample_threads             # 抽样分给几个线程（见 run）
         if isinstance(params, NumpyTransformer):        # 一个现成的模型（省得再融合一遍权重）
             if params.cfg != cfg:
                 raise ValueError("给的模型的配置和 cfg 不同")
@@ -269,20 +293,28 @@ class ModelRunner:
         return out
 
     def run(self, chunks):
-        """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。"""
+        """
+        前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。
+        【抽样分线程】sample_threads > 1 且要抽的行 ≥ SAMPLE_SPLIT_MIN_ROWS 时，行按 0, n, 2n, … 分给 n 个线程
+        （sample_row）。每行只用它自己那个请求的生成器、只读 logits 的那一行，算的和一个线程时逐位相同，所以引擎 ==
+        单独生成照样成立；只是另一个核替主线程抽了一半（tests/bench_engine.py --profile --temperature 1 量它省了多少）。
+        """
         logits = self.forward(chunks)
         t0 = time.perf_counter()
-        out, k = [], 0
-        for c in chunks:
-            if not c.sample:
-                out.append(None)
-                continue
-            u = c.req.rng.random()                       # T = 0 也取一个均匀数：生成器的状态和单独生成时一样
-            if c.req.temperature == 0:                   # 贪心的快路：adjust 的 one-hot 上 CDF 反查，抽到的就是 argmax
-                out.append(int(np.argmax(logits[k])))    # （并列取下标最小的，同 adjust）；省掉两遍 [V] 的 float64 数组
-            else:
-                out.append(int(sample_inverse_cdf(adjust(logits[k], c.req.temperature, **c.req.filters), u)))
-            k += 1
+        out, todo = [None] * len(chunks), []
+        for j, c in enumerate(chunks):
+            if c.sample:
+                todo.append((j, len(todo), c.req))      # (段, logits 的行, 请求)
+
+        def sample(part):
+            for j, k, req in part:
+                out[j] = sample_row(logits[k], req)
+
+        n = self.sample_threads
+        if n > 1 and len(todo) >= SAMPLE_SPLIT_MIN_ROWS:
+            list(_sample_pool(n).map(sample, [todo[i::n] for i in range(n)]))   # list()：线程里的异常在这里抛出
+        else:
+            sample(todo)
         if self.timer is not None:
             self._tick("sample", t0)
         return out, logits

@@ -387,3 +387,43 @@ def test_greedy_fast_path_takes_the_first_argmax_and_draws_one_uniform_like_samp
         ref = np.random.default_rng(40 + i)
         ref.random()
         assert eng.requests[rid].rng.bit_generator.state == ref.bit_generator.state
+
+
+def test_sampling_split_across_threads_draws_exactly_what_one_thread_draws():
+    """sample_threads=2：一步里 ≥ runner_lab.SAMPLE_SPLIT_MIN_ROWS 行时两个线程各抽一半；每个请求的输出和一个线程时、
+    和它单独生成时都相同（T = 1，float64），生成器的状态也相同。"""
+    import runner_lab
+    R = np.random.default_rng(9)
+    prompts = [[int(t) for t in R.integers(0, CFG.vocab, size=k)] for k in range(3, 3 + 10)]
+    runs = []
+    for threads in (1, 2):
+        eng = LLMEngine(MODEL, CFG, 64, block_size=4, max_num_batched_tokens=256, max_num_seqs=10,
+                        sample_threads=threads)
+        ids = [eng.add_request(p, 5, 1.0, 60 + i) for i, p in enumerate(prompts)]
+        for _ in range(50):                              # 有界：10 个请求各 5 个 token，远用不了 50 步
+            if not eng.has_unfinished_requests():
+                break
+            eng.step()
+        assert not eng.has_unfinished_requests()
+        assert max(s["decodes"] for s in eng.steps) >= runner_lab.SAMPLE_SPLIT_MIN_ROWS, "要真的分线程"
+        runs.append([(eng.requests[r].output, eng.requests[r].rng.bit_generator.state) for r in ids])
+        assert_no_leak(eng)
+    assert runs[0] == runs[1]
+    for i, p in enumerate(prompts):
+        assert runs[1][i][0] == _solo(p, 5, 1.0, 60 + i), f"请求 {i}"
+
+
+def test_a_failing_threaded_sample_fails_the_step_cleanly(monkeypatch):
+    import runner_lab
+
+    def boom(row, req):
+        raise RuntimeError("抽样坏了")
+    eng = LLMEngine(MODEL, CFG, 64, block_size=4, max_num_seqs=10, sample_threads=2)
+    ids = [eng.add_request(p, 3, 1.0, i) for i, p in enumerate([[1, 2, 3]] * 10)]
+    monkeypatch.setattr(runner_lab, "sample_row", boom)
+    out = eng.step()
+    assert sorted(r for r, _, f in out if f == "error") == sorted(ids)
+    assert isinstance(eng.last_error, RuntimeError)
+    assert_no_leak(eng)
+    with pytest.raises(ValueError, match="sample_threads"):
+        LLMEngine(MODEL, CFG, 64, block_size=4, sample_threads=0)
