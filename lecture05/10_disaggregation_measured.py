@@ -63,7 +63,7 @@ from lockstep_lab import BUS  # noqa: E402
 from metrics_lab import request_metrics  # noqa: E402
 from router_lab import PDRouter, Router, serve_trace  # noqa: E402
 from runner_lab import load_calibration, modelled_step_time, step_counts  # noqa: E402
-from worker_lab import replay_config, spawn_worker, start_workers  # noqa: E402
+from worker_lab import replay_config, spawn_worker, start_workers, wait_all  # noqa: E402
 from workload_lab import poisson_arrivals, uniform_ints  # noqa: E402
 
 LIVE = "--live" in sys.argv[1:]
@@ -233,15 +233,8 @@ def trace_at(rate, n=N_REQ):
 
 def deploy_workers(recipe, clock="model"):
     """演示 3 的 4 个 worker：[整段, 整段, 分块, 分块]（一步的预算 WHOLE / CHUNK）；先全部 spawn 再等（同时装模型）。"""
-    ws = [spawn_worker(recipe, max_num_batched_tokens=b, clock=clock, **ENGINE_KW) for b in (WHOLE, WHOLE, CHUNK, CHUNK)]
-    try:
-        for w in ws:
-            w.wait_ready()
-    except BaseException:
-        for w in ws:
-            w.close()
-        raise
-    return ws
+    return wait_all([spawn_worker(recipe, max_num_batched_tokens=b, clock=clock, **ENGINE_KW)
+                     for b in (WHOLE, WHOLE, CHUNK, CHUNK)])
 
 
 def run_deploy(name, ws, trace, clock="model"):

@@ -26,7 +26,7 @@ for _p in (_HERE,) + tuple(os.path.join(_HERE, "..", d) for d in ("lecture01", "
 import multiprocessing as mp  # noqa: E402
 from multiprocessing.connection import wait  # noqa: E402
 
-__all__ = ["TOY_CONFIGS", "REPLAY_CONFIGS", "replay_config", "build_engine", "start_worker", "start_workers", "spawn_worker", "Worker", "WorkerDied", "BLAS_VARS"]
+__all__ = ["TOY_CONFIGS", "REPLAY_CONFIGS", "replay_config", "build_engine", "start_worker", "start_workers", "spawn_worker", "wait_all", "Worker", "WorkerDied", "BLAS_VARS"]
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TOY_CONFIGS = {"tiny": dict(max_seq=64)}          # 配置名 -> transformer_lab.LMConfig 的关键字（测试和脚本的玩具）
@@ -329,7 +329,11 @@ def start_worker(recipe, timeout=120.0, **engine_kw):
 
 def start_workers(recipe, n, timeout=120.0, **engine_kw):
     """同一个配方起 n 个 worker -> list：先全部 spawn，再一个个等 info（几个进程同时装模型，各在一个核上）。"""
-    ws = [spawn_worker(recipe, timeout, **engine_kw) for _ in range(n)]
+    return wait_all([spawn_worker(recipe, timeout, **engine_kw) for _ in range(n)])
+
+
+def wait_all(ws):
+    """等一串刚 spawn 的 worker 都装好模型 -> ws；有一个起不来（或 Ctrl-C）就全部关掉再抛。"""
     try:
         for w in ws:
             w.wait_ready()

@@ -232,6 +232,30 @@ def machine_info():
             "load_avg_1min_at_start": round(load1, 2)}
 
 
+def mark_load_at_end(info):
+    """量完时的 1 分钟负载记进 info；开始或结束时 > 1.5（2 核机器上除了量的进程还有别的在跑）就标 loaded。"""
+    try:
+        info["load_avg_1min_at_end"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        info["load_avg_1min_at_end"] = float("nan")
+    info["loaded"] = bool(max(info["load_avg_1min_at_start"], info["load_avg_1min_at_end"]) > 1.5)
+
+
+def write_section(name, section):
+    """把一节写进 lecture05/cpu_calibration.json（别的节原样保留），打印写了哪一节。"""
+    try:
+        with open(CALIBRATION_PATH, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        doc = {}
+    doc.setdefault("schema", 1)
+    doc.setdefault("sections", {})[name] = section
+    with open(CALIBRATION_PATH, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {name!r} 一节")
+
+
 def calibrate(model, cfg, write):
     info = machine_info()
     points = []
@@ -261,12 +285,7 @@ def calibrate(model, cfg, write):
         print(f"{name:<20}{dt * 1e3:>9.1f}{mod * 1e3:>9.1f}{res:>+8.1%}{mod_old * 1e3:>11.1f}{ov / dt:>9.1%}")
     print("拟合：" + "，".join(f"{k} = {cost[k]:.4g}" for k in COST_KEYS))
     print(f"最大 |残差| = {worst:.1%}（目标 ≤ {GOAL_FIT:.0%}：{'达到' if worst <= GOAL_FIT else '没达到'}）")
-    try:
-        load_end = round(os.getloadavg()[0], 2)
-    except OSError:
-        load_end = float("nan")
-    info["load_avg_1min_at_end"] = load_end
-    info["loaded"] = bool(max(info["load_avg_1min_at_start"], load_end) > 1.5)
+    mark_load_at_end(info)
     section = {"command": COMMAND, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": info, "model": f"SmolLM2-135M {cfg.dtype}",
                "form": "tokens > rowwise_rows: max(t_f, t_w) + (1 - overlap) * min(t_f, t_w); tokens <= rowwise_rows: "
@@ -275,17 +294,7 @@ def calibrate(model, cfg, write):
                        "/ bytes_per_s (runner_lab.step_counts, runner_lab.modelled_step_time)",
                "constants": cost, "fit": {"max_abs_residual": round(worst, 4), "goal": GOAL_FIT, "points": rows}}
     if write:
-        try:
-            with open(CALIBRATION_PATH, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            doc = {}
-        doc.setdefault("schema", 1)
-        doc.setdefault("sections", {})[SECTION] = section
-        with open(CALIBRATION_PATH, "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False, indent=1)
-            f.write("\n")
-        print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {SECTION!r} 一节")
+        write_section(SECTION, section)
     else:
         print("没有写文件（加 --write 才写）")
     return section
@@ -326,12 +335,7 @@ def calibrate_heterogeneous(write, note=""):
     print(f"{HETERO_PAIR[0]} 一步 {pair['target_ms']:.3f} ms，{HETERO_PAIR[1]} 一步 {pair['draft_ms']:.3f} ms，"
           f"c = {pair['c']:.3f}；验证 n = 1..{len(ver['verify_ms'])} 个位置："
           + " ".join(f"{v:.2f}" for v in ver["verify_ms"]) + " ms")
-    try:
-        load_end = round(os.getloadavg()[0], 2)
-    except OSError:
-        load_end = float("nan")
-    info["load_avg_1min_at_end"] = load_end
-    info["loaded"] = bool(max(info["load_avg_1min_at_start"], load_end) > 1.5)
+    mark_load_at_end(info)
     if note:
         info["note"] = note
     section = {"command": HETERO_COMMAND,
@@ -344,17 +348,7 @@ def calibrate_heterogeneous(write, note=""):
                        "(split_clock_lab.modelled_round_s, modelled_verify_s)",
                "constants": c}
     if write:
-        try:
-            with open(CALIBRATION_PATH, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            doc = {}
-        doc.setdefault("schema", 1)
-        doc.setdefault("sections", {})[HETERO_SECTION] = section
-        with open(CALIBRATION_PATH, "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False, indent=1)
-            f.write("\n")
-        print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {HETERO_SECTION!r} 一节")
+        write_section(HETERO_SECTION, section)
     else:
         print("没有写文件（加 --write 才写）")
     return section
@@ -390,11 +384,7 @@ def calibrate_disaggregation(write, runs=DISAGG_RUNS):
              "kappa_dp": round(med([b["kappa_dp"] for b in bus]), 4),
              "pipe_bytes_per_s": med(pipe), "shm_bytes_per_s": med(shm)}
     print("中位数：" + "，".join(f"{k} = {v:.4g}" for k, v in const.items()))
-    try:
-        info["load_avg_1min_at_end"] = round(os.getloadavg()[0], 2)
-    except OSError:
-        info["load_avg_1min_at_end"] = float("nan")
-    info["loaded"] = bool(max(info["load_avg_1min_at_start"], info["load_avg_1min_at_end"]) > 1.5)
+    mark_load_at_end(info)
     section = {"command": COMMAND + f" (section {DISAGG_SECTION!r}: medians of {runs} runs)",
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": info, "model": "SmolLM2-135M float32, two spawned workers, one BLAS thread each",
@@ -404,13 +394,7 @@ def calibrate_disaggregation(write, runs=DISAGG_RUNS):
                        "received into the child's arrays)",
                "constants": const}
     if write:
-        with open(CALIBRATION_PATH, encoding="utf-8") as f:
-            doc = json.load(f)
-        doc.setdefault("sections", {})[DISAGG_SECTION] = section
-        with open(CALIBRATION_PATH, "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False, indent=1)
-            f.write("\n")
-        print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {DISAGG_SECTION!r} 一节")
+        write_section(DISAGG_SECTION, section)
     else:
         print("没有写文件（加 --write 才写）")
     return section
