@@ -96,6 +96,15 @@ def _exact_joint(target, prompt, T):
     return p1[:, None] * p2
 
 
+# 每个情形抽几次。检出力（算出来的，不是估的）：两种典型的错——不做拒绝（输出就是草稿的分布）、拒绝后从 p 重抽
+# （不用残差）——只看第一个 token 的边缘分布，它离目标的 χ² 距离 D 就已经给出非中心参数 λ = N·D 的下界（χ² 是
+# f-散度：边缘的不超过联合的）。自由度按最多的 35 算（临界值 66.6，p = 1e-3），N = 2000 时四个情形、两种错的 λ 最小
+# 100（"另一个模型"、T = 0.7、从 p 重抽），非中心 χ²₃₅(100) 超过 66.6 的机会 ≥ 0.9999（numpy 的 noncentral_chisquare
+# 抽 20 万次）；N = 3000（以前）时 λ ≥ 150，也是 ≥ 0.9999。少抽三分之一，这两种错照样几乎必被抓住；更小的偏差
+# 检出力按 λ ∝ N 降，那是少抽的代价。
+N_JOINT = 2000
+
+
 @pytest.mark.parametrize("draft_name,gamma,T", [("另一个模型", 2, 1.0), ("前 1 层", 1, 1.0), ("二元语法表", 3, 1.0),
                                                 ("另一个模型", 3, 0.7)])
 def test_speculative_joint_distribution_matches_target(tiny_models, draft_name, gamma, T):
@@ -104,7 +113,7 @@ def test_speculative_joint_distribution_matches_target(tiny_models, draft_name, 
     exact = _exact_joint(target, prompt, T)
     rng = np.random.default_rng(42)
     counts = np.zeros((6, 6))
-    for _ in range(3000):
+    for _ in range(N_JOINT):
         out, _ = speculative_generate(target, drafts[draft_name], prompt, 2, gamma, T, rng)
         counts[out[0], out[1]] += 1
     stat, dof, pval = chi2_gof(counts, exact)

@@ -336,7 +336,8 @@ def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
     tol = 1e-3
     P, cfg, tok = real_model("float32")
     assert cfg.dtype == "float32"
-    model = NumpyTransformer(P, cfg)
+    model = smollm2_lm("float32")[0]       # 会话共用的 float32 模型：就是这份 P 建的 TransformerLM（NumpyTransformer）
+    assert model.params is P and isinstance(model, NumpyTransformer)
     cache = model.new_cache(1, len(CHAT["ids"]) + 1)
     assert cache.k.dtype == np.float32 and cache.v.dtype == np.float32
     logits = model.forward(np.asarray([CHAT["ids"]]), cache)

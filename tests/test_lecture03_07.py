@@ -10,6 +10,7 @@ float64 的舍入：logits 之差 < 1e-12（02/06 对 Hugging Face 的 float64 �
 （恰在两个刻度正中的数）：float64 的相对差 1e-15 落在正中 1e-13 以内的概率，乘上几百万个数仍小于 1e-6。
 """
 import contextlib
+import copy
 import io
 import math
 import re
@@ -327,6 +328,23 @@ def test_demo3_rtn_and_gptq_matrices_are_the_labs_own(run):
         assert np.abs(gq[m] - ref).max() < 1e-6
 
 
+def _model_of(base, Pq, changed):
+    """
+    NumpyTransformer(Pq, cfg)，但只有 changed 那几层重新融合：其余的层和 base（Pq 以外都相同的会话共用模型）的融合权重
+    是同一批数组。构造时的融合是逐层、逐元素的，所以和整个重新构造逐位相同；前向照样是 transformer_lab 的整段前向。
+    （整个模型 float64 重新融合一遍约 1.5 秒，这里只融合一层。）
+    """
+    from transformer_lab import config_like
+    cfg = base.cfg
+    assert all(base.params["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in changed)
+    m = copy.copy(base)
+    m.params, m._layers = Pq, list(base._layers)
+    for li in changed:
+        one = dict(Pq, layers=[Pq["layers"][li]])
+        m._layers[li] = NumpyTransformer(one, config_like(cfg, n_layers=1))._layers[0]
+    return m
+
+
 def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits):
     """演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 整段重算一遍，KL 一样。"""
     mod, ctx, _, out, _ = run
@@ -334,7 +352,7 @@ def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits):
     P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
     Pq = mod.with_layers(P, mod.quantize_layers(ctx, "rtn"))
     ref = ref_logits[mod.N_SEQ:]                                           # 评估文本那一半
-    kl = kl_by_hand(ref, NumpyTransformer(Pq, cfg).forward(toks), start)
+    kl = kl_by_hand(ref, _model_of(ctx["model"], Pq, mod.STUDY_LAYERS).forward(toks), start)
     assert kl == pytest.approx(d3["kl"]["rtn"], rel=1e-9)              # float64 的两条路径（模块说明的容差）
     assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
     assert all(P["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in mod.STUDY_LAYERS)

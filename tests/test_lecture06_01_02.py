@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_console_blocks, script_results, script_stdout
+from conftest import load_script, script_console_blocks, script_demo_text, script_results, script_stdout
 
 S01 = load_script("lecture06/01_kv_cache_rollback.py")
 S02 = load_script("lecture06/02_rejection_sampling.py")
@@ -324,16 +324,15 @@ def test_sampling_matches_p_and_catches_the_bug(e4):
     assert oh["counts"][0] == N and oh["dof"] == 0
 
 
-def test_sampling_observation_figures_recomputed():
+def test_sampling_observation_figures_recomputed(e4):
     """
     演示 4 观察 1、3、4 引用的数，用独立的算法从计数重算，再和打印的句子比：Pearson χ² 自己写（只数 p > 0 的格子，
     这些情形的期望次数都 ≥ 1000，不用合并），p 值用闭式（自由度 3：erfc(√z) + 2√(z/π)·e^{−z}；自由度 1：erfc(√z)，
     z = χ²/2）；接受率用手算的 α（ALPHA_BY_HAND；朴素规则 Σ p·q 手算 = 0.25），标准误 √(α(1 − α)/N)。
+    计数和打印的句子都取自脚本自己的那次运行（e4、演示 4 那一段），不在进程里再抽一遍样。
     """
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        res = S02.demo4_sampling()
-    out = "".join(buf.getvalue().split())                    # 折行和空白都去掉再比（折行处可能吃掉一个空格）
+    res = e4
+    out = "".join(script_demo_text("lecture06/02_rejection_sampling.py", 4).split())   # 折行和空白都去掉再比
 
     def said(text):
         return "".join(text.split()) in out
