@@ -11,8 +11,9 @@ attention、o_proj、mlp、lm_head），不抄一层的代码。
 (1) dispatch_matmul：M = 2、3 行时一行一次（这个 BLAS 的小 M GEMM 比 M = 4 还慢）；
 (2) decode 的段一层只取一次 K/V、算一次注意力（槽矩阵 + 遮罩，paged attention 的形式），不再每个序列一次
     Python 循环：补齐的位置 exp(−inf) = 0，只多出精确的 0，舍入只随 BLAS 的求和顺序变（float64 下 < 1e-12）。
-主机的活（调度、建下标、postprocess、抽样）占一步不到 5%（bench 的 --profile 打印；贪心的行直接取 argmax 以后，
-批 64 的抽样从一步 ~12 ms 降到 ~0.7 ms），所以没有做 vLLM V1 那样的异步调度。
+主机的活（调度、建下标、postprocess、抽样；bench 的 --profile 打印它占一步多少）：贪心时不到 1%（一行直接取 argmax，
+批 64 的抽样从一步 ~12 ms 降到 ~0.7 ms）；T = 1 时一行是 [V] 的 float64 softmax + 累积和（~0.24 ms），批 16–64
+占一步 5.5–7.4%（--temperature 1）。vLLM V1 的异步调度能藏起来的最多就是这一份，这里没有做。
 【KV 块池】每层一个 K 和一个 V 数组 [n_blocks, block_size, n_kv_heads, head_dim]（模型的 dtype）；
 token 在块里的"槽"= 块表[位置 // block_size]·block_size + 位置 % block_size。
 【抽样】每个请求带着自己的种子、自己的 np.random.default_rng(seed)——这是"随机数由调用者传进来"这条约定的一个例外：
@@ -30,7 +31,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,18 +51,6 @@ __all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS
 # 在 SmolLM2 每个形状上的时间（权重从内存流过来，一个 BLAS 线程）：这台机器（AMD EPYC、OpenBLAS）上 M = 2、3 的
 # GEMM 比 M = 4 的还慢，一行一次快约 1.4 倍；M ≥ 4 时一次 GEMM 快。换一台机器要重量。
 ROWWISE_MAX_ROWS = 3
-# 抽样分给几个线程（引擎的 sample_threads）：一行的抽样（[V] 的 float64 softmax + 累积和）里 numpy 放开解释器锁，
-# 两个线程在两个核上各抽一半的行。行少时分线程的开销不值：至少这么多行才分。
-SAMPLE_SPLIT_MIN_ROWS = 8
-_SAMPLE_POOLS = {}                                   # 线程数 -> 共用的线程池（所有引擎共用，不随引擎一个个地建）
-
-
-def _sample_pool(n):
-    if n not in _SAMPLE_POOLS:
-        _SAMPLE_POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="cs349e-sample")
-    return _SAMPLE_POOLS[n]
-
-
 def sample_row(row, req):
     """
     给一个请求抽下一个 token（引擎里每个要抽样的行都走这里）-> int。先从请求自己的生成器取一个均匀数（T = 0 也取：
@@ -108,9 +96,8 @@ class ModelRunner:
 
     batch_decode_attention = True   # decode 的段一层一次取 K/V、算注意力（False：各算各的；bench 量这一项的效果用）
 
-    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False, sample_threads=1):
+    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False):
         self.cfg, self.block_size = cfg, block_size
-        self.sample_threads = sample_threads             # 抽样分给几个线程（见 run）
         if isinstance(params, NumpyTransformer):        # 一个现成的模型（省得再融合一遍权重）
             if params.cfg != cfg:
                 raise ValueError("给的模型的配置和 cfg 不同")
@@ -293,28 +280,16 @@ class ModelRunner:
         return out
 
     def run(self, chunks):
-        """
-        前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。
-        【抽样分线程】sample_threads > 1 且要抽的行 ≥ SAMPLE_SPLIT_MIN_ROWS 时，行按 0, n, 2n, … 分给 n 个线程
-        （sample_row）。每行只用它自己那个请求的生成器、只读 logits 的那一行，算的和一个线程时逐位相同，所以引擎 ==
-        单独生成照样成立；只是另一个核替主线程抽了一半（tests/bench_engine.py --profile --temperature 1 量它省了多少）。
-        """
+        """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。每个要抽的行：sample_row。"""
         logits = self.forward(chunks)
         t0 = time.perf_counter()
-        out, todo = [None] * len(chunks), []
-        for j, c in enumerate(chunks):
-            if c.sample:
-                todo.append((j, len(todo), c.req))      # (段, logits 的行, 请求)
-
-        def sample(part):
-            for j, k, req in part:
-                out[j] = sample_row(logits[k], req)
-
-        n = self.sample_threads
-        if n > 1 and len(todo) >= SAMPLE_SPLIT_MIN_ROWS:
-            list(_sample_pool(n).map(sample, [todo[i::n] for i in range(n)]))   # list()：线程里的异常在这里抛出
-        else:
-            sample(todo)
+        out, k = [], 0
+        for c in chunks:
+            if not c.sample:
+                out.append(None)
+                continue
+            out.append(sample_row(logits[k], c.req))
+            k += 1
         if self.timer is not None:
             self._tick("sample", t0)
         return out, logits
