@@ -37,9 +37,9 @@ decode 实例自己再算出第一个）。导入的请求在 decode 那边是�
   （种子 0）；两对 SLO（**假设**）：A：TTFT ≤ 1 s、TPOT ≤ 80 ms，B：TTFT ≤ 500 ms、TPOT ≤ 150 ms；goodput = 到达率网格
   （2、3、4 req/s）里达标率 ≥ 90% 的最高率（粗：只有 3 格）。
 
-【运行】python3 10_disaggregation_measured.py [--live]（默认：起 10 个 worker 进程，不装 SmolLM2；和种子 04 背靠背量：
-4.5–4.7 秒对 4.1–4.5 秒（1 分钟负载 1.3–1.8，机器上还有别人），空闲时待重测。--live 装 SmolLM2 float32 的 worker、
-墙钟，几分钟，打印的数随机器和负载变）
+【运行】python3 10_disaggregation_measured.py [--live]（默认：起 10 个 worker 进程，不装 SmolLM2；空闲的 2 核机器上
+和种子 04 背靠背三对：4.0 秒对 3.9 秒，比值中位数 1.02 倍。--live 装 SmolLM2 float32 的 worker、墙钟，约 2.6 分钟，
+打印的数随机器和负载变）
 
 【依赖】本目录的 worker_lab（worker 进程、measure_link、measure_bus）、router_lab（Router、PDRouter、serve_trace）、
 lockstep_lab（模型时钟、存下的 κ 和链路速率）、handoff_lab（KV 的字节）、runner_lab（一步的模型时间）、metrics_lab、

@@ -28,9 +28,9 @@ CS349E · 第 5 讲 · 11_heterogeneous_measured.py —— 种子 05 的拆法�
 - 种子 05 的模型：它自己的 round_time 和 tokens_per_round（按路径加载种子 05），草稿一步、目标一步换成这里量到的；
   它把验证 γ + 1 个位置当作一步（moe=False，"验证代价不变"），每轮两次 10 µs。
 
-【运行】python3 11_heterogeneous_measured.py [--live]（默认：约 2 秒，种子 04 背靠背 6.2–9.6 秒，负载约 5 时量的；
+【运行】python3 11_heterogeneous_measured.py [--live]（默认：空闲的 2 核机器上 1.1 秒，和种子 04（4.1 秒）背靠背三对，比值中位数 0.27 倍；
 只用模型时钟，每次打印一样。--live 起两个 worker 进程，三种协议、重叠关 / 开、三种链路各跑 3 次取中位数，墙钟的
-token/s 印在模型的旁边，约 30 秒，数随机器和负载变）
+token/s 印在模型的旁边，空闲时约 12 秒，数随机器和负载变）
 
 【依赖】numpy；本目录的 split_models_lab（模型配方、量代价）、overlap_spec_lab（重叠的参照生成器）、split_clock_lab
 （每轮的字节和时间）、runner_lab（load_calibration）、split_worker_lab（--live 的两个 worker）、种子 05（按路径加载）；
