@@ -142,17 +142,20 @@ class LLMEngine:
     （测试拿它和单独生成的比）；keep_hidden=True 时每个请求还记下 req.hidden：和 req.output 一一对应的 [d] 向量，
     抽出那个 token 的一行过了最后的 RMSNorm（不乘权重 g：g 已并进 lm_head，所以 lm_head(h) 就是那一行的 logits），
     同一次前向、不跑第二遍（第 6 讲 train_draft_heads.py 的训练数据；投机解码时不支持）；hash_fn 换掉前缀缓存的哈希（测试用一个很小的哈希强行碰撞）；max_step_history
-    （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【记录有界】）。
-    【边界】块数、块大小、两个预算、max_step_history（不是 None 时）不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。
+    （None = steps 留每一步，默认；n = 只留最近 n 步，一直开着的服务器用，见模块说明的【记录有界】）；sample_threads：
+    一步要抽的行够多时分给几个线程抽（runner_lab.ModelRunner.run；默认 1，抽出的 token 和线程数无关）。
+    【边界】块数、块大小、两个预算、sample_threads、max_step_history（不是 None 时）不是正整数；块池放不下一个用满模型上下文（max_seq）的请求：ValueError。
     """
 
     def __init__(self, params, cfg, num_blocks, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
                  enable_prefix_caching=True, *, speculative_config=None, batch_invariant=False, clock="model",
-                 keep_logits=False, hash_fn=chain_hash, runner=None, max_step_history=None, keep_hidden=False):
+                 keep_logits=False, hash_fn=chain_hash, runner=None, max_step_history=None, keep_hidden=False,
+                 sample_threads=1):
         knobs = [("num_blocks", num_blocks), ("block_size", block_size),
                  ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)]
         if max_step_history is not None:
             knobs.append(("max_step_history", max_step_history))
+        knobs.append(("sample_threads", sample_threads))
         for name, v in knobs:
             if not _is_int(v, 1):
                 raise ValueError(f"{name} 必须是 ≥ 1 的整数（收到 {v!r}）")
@@ -170,7 +173,7 @@ class LLMEngine:
         self.bm = BlockManager(self.num_blocks, self.block_size, enable_prefix_caching, hash_fn)
         self.scheduler = Scheduler(self.bm, int(max_num_batched_tokens), int(max_num_seqs))
         self.runner = runner if runner is not None else ModelRunner(params, cfg, self.num_blocks, self.block_size,
-                                                                    batch_invariant)
+                                                                    batch_invariant, int(sample_threads))
         if self.spec is not None and runner is None:
             self.runner = SpecRunner(self.runner, self.spec, self.num_blocks, self.block_size)
         self.draft_cfg = self.spec.draft.cfg if self.spec is not None and self.spec.paged else None

@@ -11,9 +11,12 @@ attention、o_proj、mlp、lm_head），不抄一层的代码。
 (1) dispatch_matmul：M = 2、3 行时一行一次（这个 BLAS 的小 M GEMM 比 M = 4 还慢）；
 (2) decode 的段一层只取一次 K/V、算一次注意力（槽矩阵 + 遮罩，paged attention 的形式），不再每个序列一次
     Python 循环：补齐的位置 exp(−inf) = 0，只多出精确的 0，舍入只随 BLAS 的求和顺序变（float64 下 < 1e-12）。
-主机的活（调度、建下标、postprocess、抽样；bench 的 --profile 打印它占一步多少）：贪心时不到 1%（一行直接取 argmax，
-批 64 的抽样从一步 ~12 ms 降到 ~0.7 ms）；T = 1 时一行是 [V] 的 float64 softmax + 累积和（~0.24 ms），批 16–64
-占一步 5.5–7.4%（--temperature 1）。vLLM V1 的异步调度能藏起来的最多就是这一份，这里没有做。
+【主机的活】（调度、建下标、postprocess、抽样；tests/bench_engine.py --profile 打印各占一步多少）调度 + 建下标 +
+postprocess 在批 64 时约 0.5 ms，不到一步的 0.3%：vLLM V1 的异步调度藏的就是这一份，这里不值得做。抽样：贪心的行
+直接取 argmax；T > 0 时一行是 [V] 的 float64 softmax + 累积和（约 0.23 ms，累积和是一条串行的加法链，占一半多），
+一个线程时批 16–64 占一步 5–6.7%（--temperature 1）。sample_threads=2 时另一个核抽一半的行、这个线程抽另一半
+（numpy 在累积和里放开解释器锁）：批 64 的抽样 14.6 → 8.7 ms，每个批都在一步的 5% 以下。默认 1：确定性的页面
+不需要它（抽到的 token 和线程数无关），worker 进程也不开（两个 worker 已经占了两个核）。
 【KV 块池】每层一个 K 和一个 V 数组 [n_blocks, block_size, n_kv_heads, head_dim]（模型的 dtype）；
 token 在块里的"槽"= 块表[位置 // block_size]·block_size + 位置 % block_size。
 【抽样】每个请求带着自己的种子、自己的 np.random.default_rng(seed)——这是"随机数由调用者传进来"这条约定的一个例外：
@@ -31,6 +34,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,16 +55,49 @@ __all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS
 # 在 SmolLM2 每个形状上的时间（权重从内存流过来，一个 BLAS 线程）：这台机器（AMD EPYC、OpenBLAS）上 M = 2、3 的
 # GEMM 比 M = 4 的还慢，一行一次快约 1.4 倍；M ≥ 4 时一次 GEMM 快。换一台机器要重量。
 ROWWISE_MAX_ROWS = 3
-def sample_row(row, req):
+# 抽样分给几个线程（引擎的 sample_threads）：一行的抽样（[V] 的 float64 softmax + 累积和）里 numpy 放开解释器锁，
+# 两个线程在两个核上各抽一半的行。行少时分线程的开销不值：至少这么多行才分。
+SAMPLE_SPLIT_MIN_ROWS = 8
+_SAMPLE_POOLS = {}                                   # 线程数 -> 共用的线程池（所有引擎共用，不随引擎一个个地建）
+
+
+def _sample_pool(n):
+    if n not in _SAMPLE_POOLS:
+        _SAMPLE_POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="cs349e-sample")
+    return _SAMPLE_POOLS[n]
+
+
+def sample_row(row, req, bufs=None):
     """
     给一个请求抽下一个 token（引擎里每个要抽样的行都走这里）-> int。先从请求自己的生成器取一个均匀数（T = 0 也取：
     生成器的状态和单独生成时一样），T = 0 直接取 argmax（并列取下标最小的：和 adjust 的 one-hot 上 CDF 反查抽到的一样，
     省掉两遍 [V] 的 float64 数组），否则 adjust（温度、请求自己的过滤器）后 CDF 反查。
+    【不分配内存的路】没有过滤器时（默认），bufs = (两个 [V] 的 float64 数组) 给了就在它们里面就地算：和
+    sample_inverse_cdf(adjust(row, T), u) 是同样的运算、同样的顺序（float64 的 logits / T → 减最大值 → exp → 除以和
+    → 累积和 → 反查），逐位相同（T = 1 时不除：x / 1.0 == x 在 IEEE 754 里是精确的）；只是不再每行新分配 6 个 [V] 的
+    数组（新分配的大数组要先经过缺页：单独量一行的抽样，这台机器上不复用内存时慢 ~3 倍）。
     """
     u = req.rng.random()
-    if req.temperature == 0:
+    T = req.temperature
+    if T == 0:
         return int(np.argmax(row))
-    return int(sample_inverse_cdf(adjust(row, req.temperature, **req.filters), u))
+    if bufs is None or any(v != _NO_FILTER[k] for k, v in req.filters.items()):
+        return int(sample_inverse_cdf(adjust(row, T, **req.filters), u))
+    if not T > 0:
+        raise ValueError(f"温度 T 必须 ≥ 0（T = 0 表示贪心），收到 {T}")
+    z, c = bufs
+    np.copyto(z, row)                                    # float32 -> float64 精确
+    if T != 1:
+        np.divide(z, T, out=z)                           # adjust 的 logits / T
+    np.subtract(z, z.max(axis=-1, keepdims=True), out=z)  # transformer_lab.softmax 的三步
+    np.exp(z, out=z)
+    np.divide(z, z.sum(axis=-1, keepdims=True), out=z)
+    np.cumsum(z, out=c)                                  # sample_inverse_cdf 的一维路径
+    j = int(np.searchsorted(c, float(u) * c[-1], side="right"))
+    return j if j < len(c) else int(np.flatnonzero(z > 0)[-1])
+
+
+_NO_FILTER = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}  # adjust 的三个过滤器都关着时的值（top_k = −1 也算关，走一般的路）
 
 
 def rowwise_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
@@ -96,8 +133,10 @@ class ModelRunner:
 
     batch_decode_attention = True   # decode 的段一层一次取 K/V、算注意力（False：各算各的；bench 量这一项的效果用）
 
-    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False):
+    def __init__(self, params, cfg, num_blocks, block_size, batch_invariant=False, sample_threads=1):
         self.cfg, self.block_size = cfg, block_size
+        self.sample_threads = sample_threads             # 抽样分给几个线程（见 run）
+        self._sample_bufs = []                           # 抽样用的 [V] 缓冲，每个线程一对（见 sample_row）
         if isinstance(params, NumpyTransformer):        # 一个现成的模型（省得再融合一遍权重）
             if params.cfg != cfg:
                 raise ValueError("给的模型的配置和 cfg 不同")
@@ -280,16 +319,34 @@ class ModelRunner:
         return out
 
     def run(self, chunks):
-        """前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。每个要抽的行：sample_row。"""
+        """
+        前向 + 抽样 -> (list：每段抽出的 token，不抽的段是 None；logits [k, V])。
+        【抽样分线程】sample_threads > 1 且要抽的行 ≥ SAMPLE_SPLIT_MIN_ROWS 时，行按 0, n, 2n, … 分给 n 个线程
+        （sample_row）。每行只用它自己那个请求的生成器、只读 logits 的那一行，算的和一个线程时逐位相同，所以引擎 ==
+        单独生成照样成立；只是另一个核替主线程抽了一半（tests/bench_engine.py --profile --temperature 1 量它省了多少）。
+        """
         logits = self.forward(chunks)
         t0 = time.perf_counter()
-        out, k = [], 0
-        for c in chunks:
-            if not c.sample:
-                out.append(None)
-                continue
-            out.append(sample_row(logits[k], c.req))
-            k += 1
+        out, todo = [None] * len(chunks), []
+        for j, c in enumerate(chunks):
+            if c.sample:
+                todo.append((j, len(todo), c.req))      # (段, logits 的行, 请求)
+
+        V = logits.shape[-1]
+        n = self.sample_threads if len(todo) >= SAMPLE_SPLIT_MIN_ROWS else 1
+        while len(self._sample_bufs) < n or (self._sample_bufs and self._sample_bufs[0][0].shape[0] != V):
+            if self._sample_bufs and self._sample_bufs[0][0].shape[0] != V:
+                self._sample_bufs = []
+            self._sample_bufs.append((np.empty(V), np.empty(V)))     # 每个线程一对，一直留着（见 sample_row）
+
+        def sample(i):
+            for j, k, req in todo[i::n]:
+                out[j] = sample_row(logits[k], req, self._sample_bufs[i])
+
+        others = [_sample_pool(n - 1).submit(sample, i) for i in range(1, n)]   # 别的线程抽第 1..n−1 份
+        sample(0)                                                                # 这个线程抽第 0 份
+        for f in others:
+            f.result()                                   # 等它们抽完；线程里的异常在这里抛出
         if self.timer is not None:
             self._tick("sample", t0)
         return out, logits

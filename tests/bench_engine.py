@@ -5,8 +5,8 @@
   python3 tests/bench_engine.py [--batches 1,2,4,8,16,32,64]
       decode 一步的时间随批怎么变、引擎自己的开销（调度、块的账、建下标数组、postprocess）占一步的多少。
   python3 tests/bench_engine.py --profile [--batches …] [--contexts 64,256]
-  （这两种都可以加 --temperature T，默认 0（贪心：一行的抽样就是一次 argmax）；T > 0 时一行的抽样是 [V] 的 float64
-   softmax + 累积和，批大时占一步的几个百分点）
+  （这两种都可以加 --temperature T（默认 0：贪心）和 --sample-threads N（默认 1；引擎的 sample_threads）：
+   T > 0 时一行的抽样是 [V] 的 softmax + 累积和，批大时占一步的几个百分点，两个线程各抽一半）
       一步的账（ledger）：每类算子（qkv、注意力、o、gate/up、down、lm_head、取 K/V、其余的逐元素运算、抽样、调度）
       量到的时间，旁边是账上的 FLOPs 和字节、达到的 GFLOP/s 和 GB/s，和同一个形状的矩阵乘单独跑（权重是模型自己
       那 30 层的矩阵、不够 96 MiB 时加几份拷贝，一个接一个地乘：从内存流过来，不在缓存里）的时间——那是这个算子
@@ -71,12 +71,12 @@ class TimingRunner:
         return [1 if c.sample else None for c in chunks], None
 
 
-TEMPERATURE = 0.0                                    # --temperature T（decode 的步；标定不用）
+TEMPERATURE, SAMPLE_THREADS = 0.0, 1                 # --temperature T、--sample-threads N（decode 的步；标定不用）
 
 
 def make_engine(model, cfg, n_seqs, ctx):
     nb = max(-(-cfg.max_seq // BLOCK), (n_seqs + 1) * -(-(ctx + 260 + REPEAT + 2) // BLOCK))
-    runner = TimingRunner(ModelRunner(model, cfg, nb, BLOCK))
+    runner = TimingRunner(ModelRunner(model, cfg, nb, BLOCK, sample_threads=SAMPLE_THREADS))
     budget = (n_seqs + 1) * (ctx + 1) + 512          # 占位的 prefill 一步做完（不跑模型，预算大也不花时间）
     eng = LLMEngine(None, cfg, nb, block_size=BLOCK, max_num_batched_tokens=budget, max_num_seqs=n_seqs + 1,
                     enable_prefix_caching=False, runner=runner, clock="wall")
@@ -476,14 +476,16 @@ def profile(model, cfg, batches, contexts):
                 print(line)
             step = timer.pop("step") / steps
             rest = step - sum(timer.values()) / steps
-            host = (timer.get("sample", 0) + timer.get("prepare", 0) + timer.get("engine", 0)) / steps
+            sched = (timer.get("prepare", 0) + timer.get("engine", 0)) / steps
+            host = sched + timer.get("sample", 0) / steps
             print(f"{'未计入':<10}{rest * 1e3:>8.2f}   （最快的一步 {step * 1e3:.1f} ms − 上面各项的最小值）")
-            print(f"主机的活（抽样 + 建下标 + 调度和 postprocess）占一步 {host / step:.1%}")
+            print(f"主机的活（抽样 + 建下标 + 调度和 postprocess）占一步 {host / step:.1%}，"
+                  f"其中建下标 + 调度和 postprocess {sched / step:.1%}（抽样 {SAMPLE_THREADS} 个线程）")
 
 
 def decode_table(model, cfg, batches):
     print(f"SmolLM2-135M {cfg.dtype}，一个 BLAS 线程，每个序列缓存 64 个 token；每个批量 {REPEAT} 步 decode 取最快；"
-          f"温度 {TEMPERATURE:g}")
+          f"温度 {TEMPERATURE:g}，抽样 {SAMPLE_THREADS} 个线程")
     print(f"{'批':>4}  {'一步 ms':>9}  {'token/s':>9}  {'× 批 1':>7}  {'开销 ms':>8}  {'开销占比':>8}  {'模型 ms':>8}")
     base, res = None, {}
     for B in batches:
@@ -513,9 +515,11 @@ def main(argv):
     batches = (1, 2, 4, 8, 16, 32, 64)
     if "--batches" in argv:
         batches = tuple(int(x) for x in argv[argv.index("--batches") + 1].split(","))
-    global TEMPERATURE
+    global TEMPERATURE, SAMPLE_THREADS
     if "--temperature" in argv:
         TEMPERATURE = float(argv[argv.index("--temperature") + 1])
+    if "--sample-threads" in argv:
+        SAMPLE_THREADS = int(argv[argv.index("--sample-threads") + 1])
     contexts = CONTEXTS
     if "--contexts" in argv:
         contexts = tuple(int(x) for x in argv[argv.index("--contexts") + 1].split(","))

@@ -388,3 +388,81 @@ def test_greedy_fast_path_takes_the_first_argmax_and_draws_one_uniform_like_samp
         ref.random()
         assert eng.requests[rid].rng.bit_generator.state == ref.bit_generator.state
 
+
+def test_sampling_split_across_threads_draws_exactly_what_one_thread_draws():
+    """sample_threads=2：一步里 ≥ runner_lab.SAMPLE_SPLIT_MIN_ROWS 行时两个线程各抽一半；每个请求的输出和一个线程时、
+    和它单独生成时都相同（T = 1，float64），生成器的状态也相同。"""
+    import runner_lab
+    R = np.random.default_rng(9)
+    prompts = [[int(t) for t in R.integers(0, CFG.vocab, size=k)] for k in range(3, 3 + 10)]
+    runs = []
+    for threads in (1, 2):
+        eng = LLMEngine(MODEL, CFG, 64, block_size=4, max_num_batched_tokens=256, max_num_seqs=10,
+                        sample_threads=threads)
+        ids = [eng.add_request(p, 5, 1.0, 60 + i) for i, p in enumerate(prompts)]
+        for _ in range(50):                              # 有界：10 个请求各 5 个 token，远用不了 50 步
+            if not eng.has_unfinished_requests():
+                break
+            eng.step()
+        assert not eng.has_unfinished_requests()
+        assert max(s["decodes"] for s in eng.steps) >= runner_lab.SAMPLE_SPLIT_MIN_ROWS, "要真的分线程"
+        runs.append([(eng.requests[r].output, eng.requests[r].rng.bit_generator.state) for r in ids])
+        assert_no_leak(eng)
+    assert runs[0] == runs[1]
+    for i, p in enumerate(prompts):
+        assert runs[1][i][0] == _solo(p, 5, 1.0, 60 + i), f"请求 {i}"
+
+
+def test_a_failing_threaded_sample_fails_the_step_cleanly(monkeypatch):
+    import runner_lab
+
+    def boom(row, req, bufs=None):
+        raise RuntimeError("抽样坏了")
+    eng = LLMEngine(MODEL, CFG, 64, block_size=4, max_num_seqs=10, sample_threads=2)
+    ids = [eng.add_request(p, 3, 1.0, i) for i, p in enumerate([[1, 2, 3]] * 10)]
+    monkeypatch.setattr(runner_lab, "sample_row", boom)
+    out = eng.step()
+    assert sorted(r for r, _, f in out if f == "error") == sorted(ids)
+    assert isinstance(eng.last_error, RuntimeError)
+    assert_no_leak(eng)
+    with pytest.raises(ValueError, match="sample_threads"):
+        LLMEngine(MODEL, CFG, 64, block_size=4, sample_threads=0)
+
+
+def test_buffered_sampling_is_bit_for_bit_the_adjust_path(monkeypatch):
+    """runner_lab.sample_row 给了缓冲时就地算：和 sample_inverse_cdf(adjust(row, T), u) 逐位相同——随机的行、
+    float32 和 float64、T = 1（不除）和别的温度、u 贴着 CDF 的台阶（u·总和 正好落在一个累积和上：side="right" 的规则）
+    和贴着 1。过滤器开着时走 adjust 的路。"""
+    import runner_lab
+
+    class Req:
+        def __init__(self, u, T, **filters):
+            self.rng = type("R", (), {"random": lambda s: u})()
+            self.temperature = T
+            self.filters = dict(runner_lab._NO_FILTER, **filters)
+
+    R = np.random.default_rng(11)
+    V = 257
+    bufs = (np.empty(V), np.empty(V))
+    n = 0
+    for dtype in (np.float32, np.float64):
+        for T in (1.0, 1, 0.7, 1.9, 1e-3):
+            for _ in range(40):
+                row = (R.standard_normal(V) * R.choice([0.5, 3.0, 30.0])).astype(dtype)
+                p = adjust(row, T)
+                c = np.cumsum(p)
+                us = [R.random(), 0.0, np.nextafter(1.0, 0.0), c[V // 2] / c[-1]]
+                for u in us:
+                    want = int(decode_lab.sample_inverse_cdf(p, u))
+                    assert runner_lab.sample_row(row, Req(u, T), bufs) == want, (dtype, T, u)
+                    n += 1
+    assert n == 2 * 5 * 40 * 4
+    # 过滤器开着：不碰缓冲，走 adjust（把缓冲换成不能写的数组，走了就地的路会抛错）
+    ro = np.zeros(V)
+    ro.flags.writeable = False
+    row = R.standard_normal(V)
+    want = int(decode_lab.sample_inverse_cdf(adjust(row, 1.0, top_k=3), 0.5))
+    assert runner_lab.sample_row(row, Req(0.5, 1.0, top_k=3), (ro, ro)) == want
+    # 没有过滤器时真的走就地的路（adjust 不被调用）
+    monkeypatch.setattr(runner_lab, "adjust", lambda *a, **k: (_ for _ in ()).throw(AssertionError("走了 adjust")))
+    assert runner_lab.sample_row(row, Req(0.5, 1.0), bufs) == int(decode_lab.sample_inverse_cdf(softmax(row), 0.5))
