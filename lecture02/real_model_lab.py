@@ -142,31 +142,42 @@ def load_gguf(path=None, dtype=np.float64, max_seq=None):
         raise ValueError(f"{os.path.basename(path)} 有 {g.n_parameters:,} 个参数，按 {dt.name} 装进来（权重 + 前向的融合副本）"
                          f"约要 {need / 1e9:.1f} GB，本机只剩 {avail / 1e9:.1f} GB：换 float32，或换一个小一点的模型")
 
-    def load(name, shape):
+    def load(name, shape):        # -> float32（gguf_lab 在 float32 里反量化：float64 的结果就是它的精确拷贝）
         if name not in g.tensors:
             raise ValueError(f"{os.path.basename(path)} 里没有张量 {name!r}：不是一个完整的 llama 模型文件")
-        w = g.load(name, dt)
+        w = g.load(name, np.float32)
         if w.shape != shape:
             raise ValueError(f"张量 {name!r} 的形状是 {w.shape}（numpy 顺序），按元数据应当是 {shape}")
         return w
 
+    def vec(name, n):
+        return load(name, (n,)).astype(dt, copy=False)
+
+    def mat(name, shape, heads=None):
+        """GGUF 的矩阵是 [out, in]，课程的是 [in, out]：在 float32 里（撤销 Q、K 的行重排、）转置，连续存放（矩阵乘快），
+        转 dtype 和转置一次做完——值和先转 float64 再转置逐位相同（float32 -> float64 是精确的），少一份大数组。"""
+        w = load(name, shape)
+        if heads is not None:
+            w = unpermute_rope_rows(w, heads)
+        return np.ascontiguousarray(w.T, dtype=dt)
+
     d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab
     nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    P = {"embed": load("token_embd.weight", (V, d)), "layers": []}
+    P = {"embed": load("token_embd.weight", (V, d)).astype(dt, copy=False), "layers": []}
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
-        P["layers"].append({        # GGUF 的矩阵是 [out, in]，课程的是 [in, out]：转置（连续存放，矩阵乘快）
-            "attn_norm": load(b + "attn_norm.weight", (d,)),
-            "wq": np.ascontiguousarray(unpermute_rope_rows(load(b + "attn_q.weight", (nq, d)), cfg.n_heads).T),
-            "wk": np.ascontiguousarray(unpermute_rope_rows(load(b + "attn_k.weight", (nkv, d)), cfg.n_kv_heads).T),
-            "wv": np.ascontiguousarray(load(b + "attn_v.weight", (nkv, d)).T),
-            "wo": np.ascontiguousarray(load(b + "attn_output.weight", (d, nq)).T),
-            "mlp_norm": load(b + "ffn_norm.weight", (d,)),
-            "w_gate": np.ascontiguousarray(load(b + "ffn_gate.weight", (ff, d)).T),
-            "w_up": np.ascontiguousarray(load(b + "ffn_up.weight", (ff, d)).T),
-            "w_down": np.ascontiguousarray(load(b + "ffn_down.weight", (d, ff)).T),
+        P["layers"].append({
+            "attn_norm": vec(b + "attn_norm.weight", d),
+            "wq": mat(b + "attn_q.weight", (nq, d), cfg.n_heads),
+            "wk": mat(b + "attn_k.weight", (nkv, d), cfg.n_kv_heads),
+            "wv": mat(b + "attn_v.weight", (nkv, d)),
+            "wo": mat(b + "attn_output.weight", (d, nq)),
+            "mlp_norm": vec(b + "ffn_norm.weight", d),
+            "w_gate": mat(b + "ffn_gate.weight", (ff, d)),
+            "w_up": mat(b + "ffn_up.weight", (ff, d)),
+            "w_down": mat(b + "ffn_down.weight", (d, ff)),
         })
-    P["final_norm"] = load("output_norm.weight", (d,))
-    P["lm_head"] = P["embed"].T if cfg.tied else np.ascontiguousarray(load("output.weight", (V, d)).T)
+    P["final_norm"] = vec("output_norm.weight", d)
+    P["lm_head"] = P["embed"].T if cfg.tied else mat("output.weight", (V, d))
     g.close()
     return P, cfg, tok
