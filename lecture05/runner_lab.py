@@ -47,7 +47,8 @@ for _sub in ("lecture01", "lecture02", "lecture06"):
 from transformer_lab import BYTES_PER_EL, NumpyTransformer, analytic_ops, sample_inverse_cdf  # noqa: E402
 from decode_lab import adjust  # noqa: E402
 
-__all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS", "chunk_counts", "step_counts",
+__all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS", "ROWWISE_BLOCK_COLS",
+           "ROWWISE_BLOCK_BYTES", "chunk_counts", "step_counts",
            "decode_op_ledger",
            "CPU_COST", "CALIBRATION_PATH", "load_calibration", "modelled_step_time"]
 
@@ -55,6 +56,9 @@ __all__ = ["ModelRunner", "rowwise_matmul", "dispatch_matmul", "ROWWISE_MAX_ROWS
 # 在 SmolLM2 每个形状上的时间（权重从内存流过来，一个 BLAS 线程）：这台机器（AMD EPYC、OpenBLAS）上 M = 2、3 的
 # GEMM 比 M = 4 的还慢，一行一次快约 1.4 倍；M ≥ 4 时一次 GEMM 快。换一台机器要重量。
 ROWWISE_MAX_ROWS = 3
+# 一行一次的矩阵乘里，比这大的权重矩阵按列分块乘（dispatch_matmul 的【推导】）：每块的列数、"大"的界（末级缓存的量级）
+ROWWISE_BLOCK_COLS = 1024
+ROWWISE_BLOCK_BYTES = 32 << 20
 # 抽样分给几个线程（引擎的 sample_threads）：一行的抽样（[V] 的 float64 softmax + 累积和）里 numpy 放开解释器锁，
 # 两个线程在两个核上各抽一半的行。行少时分线程的开销不值：至少这么多行才分。
 SAMPLE_SPLIT_MIN_ROWS = 8
@@ -112,10 +116,19 @@ def dispatch_matmul(a, w):  # [..., k] @ [k, m] -> [..., m]
     引擎的权重矩阵乘：行数 M ≤ ROWWISE_MAX_ROWS 时一行一次（[1, k] @ [k, m]），否则一次 GEMM。
 
     【推导】一行一次时每行各读一遍权重，但 M = 2、3 的 GEMM 在这个 BLAS 上走了慢的内核（量法见 ROWWISE_MAX_ROWS）。
+    一层的矩阵（float32 最大 7 MB）放得进 CPU 的末级缓存：第一行从内存读，后几行从缓存读。lm_head（[576, 49152]，
+    float32 113 MB）放不进：一行一次等于每行都从内存再流一遍，M = 2 就是两倍的时间。所以大于 ROWWISE_BLOCK_BYTES 的
+    矩阵按列分块（每块 ROWWISE_BLOCK_COLS 列，float32 约 2.4 MB），一块上把几行都乘完再换下一块：权重只从内存流一遍。
     结果和一次 GEMM 只差浮点舍入的顺序（float64 下引擎 == 单独生成的测试照样成立）；M = 1 时两者是同一次调用。
     """
     x = a.reshape(-1, a.shape[-1])
-    if 1 < len(x) <= ROWWISE_MAX_ROWS:
+    if 1 < len(x) <= ROWWISE_MAX_ROWS and w.nbytes > ROWWISE_BLOCK_BYTES:
+        out = np.empty((len(x), w.shape[1]), dtype=np.result_type(x, w))
+        for j in range(0, w.shape[1], ROWWISE_BLOCK_COLS):          # 一块列：第一行从内存读进缓存，后几行从缓存读
+            wj = w[:, j:j + ROWWISE_BLOCK_COLS]
+            for i in range(len(x)):
+                np.matmul(x[i:i + 1], wj, out=out[i:i + 1, j:j + ROWWISE_BLOCK_COLS])
+    elif 1 < len(x) <= ROWWISE_MAX_ROWS:
         out = np.concatenate([x[i:i + 1] @ w for i in range(len(x))])
     else:
         out = x @ w
