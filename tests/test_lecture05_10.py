@@ -94,8 +94,11 @@ def test_demo3_metrics_attainment_goodput_and_the_claims_recomputed(d3):
 
 
 def test_demo3_one_request_alone_pd_ttft_is_prefill_plus_transfer_and_runs_repeat_exactly():
-    """单独一个请求走 1P + 1D：TTFT = 它 prefill 一步的模型时间 + 字节 / 存下的共享内存速率；同一个部署跑两遍，每个时刻相同。"""
-    ws = S.deploy_workers(S.REPLAY)
+    """单独一个请求走 1P + 1D：TTFT = 它 prefill 一步的模型时间 + 字节 / 存下的共享内存速率；同一个部署跑两遍，每个时刻相同。
+    这两种部署只用 deploy_workers 的前两个 worker（整段的预算）：只起这两个。"""
+    from worker_lab import spawn_worker, wait_all
+    ws = wait_all([spawn_worker(S.REPLAY, max_num_batched_tokens=S.WHOLE, clock="model", **S.ENGINE_KW)
+                   for _ in range(2)])
     try:
         p = S.PROMPTS[0]
         m = S.run_deploy(S.DEPLOYS[2], ws, [(0.5, p, 3)])
