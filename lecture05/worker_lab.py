@@ -42,7 +42,8 @@ def build_engine(recipe, **engine_kw):
     """
     按配方建一个引擎 -> LLMEngine。("toy", 配置名, 种子)：TOY_CONFIGS 里的配置、init_params(cfg, 种子)；
     ("gguf", 路径, dtype)：real_model_lab.load_gguf；("gguf", 路径, dtype, K)：它的前 K 层（1 ≤ K < 层数），
-    参数只留 P["layers"][:K]、配置 n_layers = K（和 drafts_lab.early_exit_draft 的模型逐位相同）。引擎的块数 num_blocks 在 engine_kw 里（默认够放一个用满上下文的请求）。
+    参数只留 P["layers"][:K]、配置 n_layers = K（和 drafts_lab.early_exit_draft 的模型逐位相同）。
+    引擎的块数 num_blocks 在 engine_kw 里（默认够放一个用满上下文的请求）。
     【边界】配方不认识：ValueError。
     """
     for sub in ("lecture01", "lecture02", "lecture06"):
@@ -77,7 +78,8 @@ def build_engine(recipe, **engine_kw):
 
 
 def _first_layers(params, cfg, k):
-    """参数和配置只留前 k 层 -> (params, cfg)（共用词嵌入、最后的 RMSNorm 和 lm_head）。【边界】k 不在 1..层数−1：ValueError。"""
+    """参数和配置只留前 k 层 -> (params, cfg)（共用词嵌入、最后的 RMSNorm 和 lm_head）。
+    【边界】k 不在 1..层数−1：ValueError。"""
     from transformer_lab import config_like
     if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k < cfg.n_layers):
         raise ValueError(f"层数必须是 1..{cfg.n_layers - 1} 之间的整数（收到 {k!r}）")

@@ -244,6 +244,25 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(smollm2_workers):
     assert len(ws) == 2 and not any(w.proc.is_alive() for w in ws)
 
 
+def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts():
+    """("gguf", 路径, dtype, K)：K 不是 ≥ 1 的整数时 spawn_worker 不起进程就说不行；K 出界（≥ 层数）时 _first_layers 说。
+    K 合规矩时只留前 K 层：层的列表是原来的前 K 个（同一批数组），配置的 n_layers = K。"""
+    from worker_lab import _first_layers
+    before = len(mp.active_children())
+    for bad in (("gguf", "m.gguf", "float64", 0), ("gguf", "m.gguf", "float64", 1.0),
+                ("gguf", "m.gguf", "float64", True), ("gguf", "m.gguf")):
+        with pytest.raises(ValueError, match="层数"):
+            spawn_worker(bad)
+    assert len(mp.active_children()) == before
+    P = init_params(CFG, 1)
+    for k in (0, 2, 1.0):
+        with pytest.raises(ValueError, match="1..1"):
+            _first_layers(P, CFG, k)
+    P1, cfg1 = _first_layers(P, CFG, 1)
+    assert cfg1.n_layers == 1 and len(P1["layers"]) == 1 and P1["layers"][0] is P["layers"][0]
+    assert P1["embed"] is P["embed"] and P1["lm_head"] is P["lm_head"] and len(P["layers"]) == 2
+
+
 def test_a_killed_parent_leaves_no_worker_behind():
     """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。三个父进程同时起（省时间）。"""
     import subprocess
