@@ -218,8 +218,8 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(smollm2_workers):
     为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
     "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
     lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
-    两个 worker 在模块开头就 spawn 了（fixture smollm2_workers）；一个提示、3 个 token（第 1 个在 prefill 那边抽，
-    后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
+    两个 worker 在模块开头就 spawn 了（fixture smollm2_workers；装载时各到约 1.3 GB，VmHWM，之后约 0.6 GB）；一个提示、
+    3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm

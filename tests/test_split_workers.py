@@ -353,8 +353,8 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(smollm2_pair):
     为什么 3 层的目标就够：两个进程逐 token 等于进程内的参照，靠的是两边按同一个配方造出逐位相同的模型、随机数发生器的状态
     跟着消息走、q 和 p_n 以 float64 原样过去——和层数无关；其余都是真的：49,152 的词表、9 个 Q 头对 3 个 KV 头、共享的
     lm_head、float64。30 层的目标要多融合约 1 GB 的权重、每轮多算 27 层，证明的是同一件事。
-    这一对 worker 在模块开头就起了（fixture smollm2_pair）。内存：两个 worker 装载时各到约 1.2 GB（整个文件反量化，之后
-    只留词嵌入和几层），测试进程里的参照约 2.2 GB（会话共用）。"""
+    这一对 worker 在模块开头就起了（fixture smollm2_pair）。内存：两个 worker 各到约 1.6 GB（VmHWM；整个文件反量化的
+    参数留在 split_models_lab 的缓存里），测试进程里的参照约 2.2 GB（会话共用）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
