@@ -55,6 +55,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "lecture01"))
 import numpy as np  # noqa: E402
 
 from console import fmt_bytes, fmt_time, print_header, print_note, print_observations, print_table  # noqa: E402
+from console import save_results  # noqa: E402
 from goodput_lab import slo_attainment  # noqa: E402
 from handoff_lab import kv_bytes_per_token  # noqa: E402
 from hw_specs import IB_NDR, NVLINK4, PCIE5_X16  # noqa: E402
@@ -421,7 +422,8 @@ def demo4_routing(live=False):
 if __name__ == "__main__":
     if LIVE:
         _live_recipe()
-    demo1_handoff(LIVE)
-    demo2_bus(LIVE)
-    demo3_distserve(LIVE)
-    demo4_routing(LIVE)
+    r1 = demo1_handoff(LIVE)
+    r2 = demo2_bus(LIVE)
+    r3 = demo3_distserve(LIVE)
+    r4 = demo4_routing(LIVE)
+    save_results({"demo1": r1, "demo2": r2, "demo3": r3, "demo4": r4})       # 测试读这次运行的数（设了 CS349E_RESULTS 时）

@@ -349,10 +349,12 @@ class SplitPair:
     一个草稿 worker 和一个目标 worker，中间一条链路（管道），父进程和每个 worker 各一条控制管道。
     .draft_info、.target_info：{"pid", "vocab", "name", "blas_threads"}；.procs：两个进程（草稿、目标）。
     generate(...)：一个请求（参数同 split_speculative_generate）。close()、with：结束两个进程。
+    wait=False：起了两个进程就返回，不等它们建好模型（同 worker_lab.spawn_worker：调用的进程趁这段时间做别的事）；
+    wait_ready() 等它们（generate 第一次也会等），之后才有 draft_info、target_info。
     【边界】配方不是字符串：ValueError（不起进程）；一个 worker 在 timeout 秒里没回答或不在了：WorkerDied，两个都关掉。
     """
 
-    def __init__(self, draft_recipe, target_recipe, timeout=120.0):
+    def __init__(self, draft_recipe, target_recipe, timeout=120.0, *, wait=True):
         for what, r in (("draft_recipe", draft_recipe), ("target_recipe", target_recipe)):
             if not isinstance(r, str) or not r:
                 raise ValueError(f"{what} 必须是 split_models_lab.build_split_model 认识的配方字符串（收到 {r!r}）")
@@ -369,6 +371,14 @@ class SplitPair:
         for c in child + [ld, lt]:           # 父进程不留链路的两头：一个 worker 死了，另一个才收得到 EOF
             c.close()
         self.names = ["草稿 worker", "目标 worker"]
+        self.ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
+        """等两个 worker 建好模型（它们的第一个回答）-> self；已经等过：直接返回。"""
+        if self.ready:
+            return self
         try:
             self.draft_info = self._recv(0)
             self.target_info = self._recv(1)
@@ -379,6 +389,8 @@ class SplitPair:
             v = (self.draft_info["vocab"], self.target_info["vocab"])
             self.close()
             raise ValueError(f"草稿和目标的词表不一样大（{v[0]} 和 {v[1]}）：投机解码要同一个词表")
+        self.ready = True
+        return self
 
     def _dead(self):
         for i, p in enumerate(self.procs):
@@ -428,6 +440,7 @@ class SplitPair:
         prompt = _check_request(prompt, n_new, num_speculative_tokens, T, seed, protocol, overlap, link_delay_s,
                                 link_bytes_per_s)
         _stop_set(stop)
+        self.wait_ready()
         args = {"prompt": prompt, "n_new": int(n_new), "gamma": int(num_speculative_tokens), "T": float(T),
                 "seed": int(seed), "protocol": protocol, "overlap": overlap, "link_delay_s": float(link_delay_s),
                 "link_bytes_per_s": link_bytes_per_s, "stop": stop, "timed": bool(timed)}

@@ -1,27 +1,34 @@
 """lecture05/10_disaggregation_measured.py：演示返回的数字（真的 worker 进程；玩具模型和不装权重的 replay worker，模型时钟）。
-期望值从标定文件、公式和每个请求的 token 时刻在这里重算，不用脚本里算它们的那几行。"""
+期望值从标定文件、公式和每个请求的 token 时刻在这里重算，不用脚本里算它们的那几行。演示 1、3、4 的数读成对运行那一次
+存下的（conftest.script_results），核对的文字就是那次打印的，不在测试进程里再起 worker 跑一遍演示。"""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from conftest import load_script
+from conftest import load_script, script_demo_text, script_results
 from runner_lab import modelled_step_time, step_counts
 
-S = load_script("lecture05/10_disaggregation_measured.py")
+REL = "lecture05/10_disaggregation_measured.py"
+S = load_script(REL)
 with open(os.path.join(os.path.dirname(__file__), "..", "lecture05", "cpu_calibration.json"), encoding="utf-8") as _f:
     DIS = json.load(_f)["sections"]["disaggregation"]["constants"]
 SMOL_TOK = 2 * 30 * 3 * 64 * 4                       # SmolLM2：2 · 30 层 · 3 个 KV 头 · 64 · float32
 
 
 @pytest.fixture(scope="module")
-def d3():
-    return S.demo3_distserve()
+def res():
+    return script_results(REL)
 
 
-def test_demo1_nbytes_equals_the_formula_and_the_transfer_is_bytes_over_the_stored_rate(capsys):
-    r = S.demo1_handoff()
+@pytest.fixture(scope="module")
+def d3(res):
+    return res["demo3"]
+
+
+def test_demo1_nbytes_equals_the_formula_and_the_transfer_is_bytes_over_the_stored_rate(res):
+    r = res["demo1"]
     assert r["per_tok"] == 2 * 2 * 2 * 8 * 8
     pipe = {n: (nb, w) for v, n, nb, w in r["rows"] if v == "pipe"}
     shm = {n: (nb, w) for v, n, nb, w in r["rows"] if v == "shm"}
@@ -36,7 +43,7 @@ def test_demo1_nbytes_equals_the_formula_and_the_transfer_is_bytes_over_the_stor
     assert r["times"]["IB NDR 一个端口（05/03）"] == total / 50e9
     t_pre = modelled_step_time(step_counts(S.SMOL, [(1024, 0, True)]))   # 一步算完 1,024 个 token（预算 2,048）
     assert r["t_prefill"] == pytest.approx(t_pre, rel=1e-9)
-    out = capsys.readouterr().out
+    out = script_demo_text(REL, 1)
     assert f"{r['times']['管道（存下的速率）'] / t_pre * 100:.1f}%" in out
     slow = max(total / DIS["pipe_bytes_per_s"], total / DIS["shm_bytes_per_s"])
     assert f"慢 {slow / (total / 50e9):.0f} 倍" in out and f"只占它的 {slow / t_pre * 100:.1f}%" in out
@@ -87,8 +94,11 @@ def test_demo3_metrics_attainment_goodput_and_the_claims_recomputed(d3):
 
 
 def test_demo3_one_request_alone_pd_ttft_is_prefill_plus_transfer_and_runs_repeat_exactly():
-    """单独一个请求走 1P + 1D：TTFT = 它 prefill 一步的模型时间 + 字节 / 存下的共享内存速率；同一个部署跑两遍，每个时刻相同。"""
-    ws = S.deploy_workers(S.REPLAY)
+    """单独一个请求走 1P + 1D：TTFT = 它 prefill 一步的模型时间 + 字节 / 存下的共享内存速率；同一个部署跑两遍，每个时刻相同。
+    这两种部署只用 deploy_workers 的前两个 worker（整段的预算）：只起这两个。"""
+    from worker_lab import spawn_worker, wait_all
+    ws = wait_all([spawn_worker(S.REPLAY, max_num_batched_tokens=S.WHOLE, clock="model", **S.ENGINE_KW)
+                   for _ in range(2)])
     try:
         p = S.PROMPTS[0]
         m = S.run_deploy(S.DEPLOYS[2], ws, [(0.5, p, 3)])
@@ -101,8 +111,8 @@ def test_demo3_one_request_alone_pd_ttft_is_prefill_plus_transfer_and_runs_repea
             w.close()
 
 
-def test_demo4_hits_plus_prefill_is_the_prompt_and_prefix_beats_round_robin(capsys):
-    r = S.demo4_routing()
+def test_demo4_hits_plus_prefill_is_the_prompt_and_prefix_beats_round_robin(res):
+    r = res["demo4"]
     trace = S.shared_prefix_workload()
     total = sum(len(p) for _, p, _ in trace)
     m = {p: r[("model", p)] for p in ("round_robin", "least_loaded", "prefix")}

@@ -17,7 +17,7 @@ from engine_lab import LLMEngine
 from lockstep_lab import LockstepClock, bus_finish, load_bus, transfer_time
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
-from worker_lab import start_worker
+from worker_lab import start_workers
 
 CFG = LMConfig(max_seq=64)
 PARAMS = init_params(CFG, 1)
@@ -39,7 +39,7 @@ def alone_dts(prompt, n):
 
 @pytest.fixture(scope="module")
 def pair():
-    ws = [start_worker(RECIPE, **KW) for _ in range(2)]
+    ws = start_workers(RECIPE, 2, **KW)                 # 两个同时起
     yield ws
     for w in ws:
         w.close()
