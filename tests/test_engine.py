@@ -5,7 +5,7 @@
   logits 差 < 1e-12——任意到达顺序、预算小到每步 1 个 token、块池小到要挤出、前缀缓存开和关、T = 0 和 T = 1；
 - 不漏块：所有请求结束或中止之后，每一块都空闲、每个引用计数为 0；
 - 坏输入：ValueError。
-小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2，float64）。
+小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2 的前 6 层，float64）。
 """
 import itertools
 

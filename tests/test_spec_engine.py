@@ -8,7 +8,7 @@
 - prompt lookup、二元语法表、自适应 γ 各自对上 decode_lab / lookup_lab 的生成器；开关关掉的步是普通 decode；
 - 被拒绝的草稿用过的整块还回去；结束或中止之后每一块都空闲；
 - T = 0 的重放（SpecReplay）和真的投机引擎一步一步相同（同样的段、同样的 token、同样的模型时间）。
-小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2，float64，跳层草稿）。
+小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2 的前 6 层，float64，跳层草稿）。
 """
 import numpy as np
 import pytest
