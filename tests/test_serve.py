@@ -454,8 +454,19 @@ def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
 # 真实模型一次
 # ---------------------------------------------------------------------------
 def test_smollm2_answers_like_the_offline_engine():
-    model, cfg, tok = smollm2_lm("float64")              # 引擎和单独生成共用一份融合好的权重（test_engine 也用它）
+    """
+    SmolLM2（float64，30 层：要答得出 Paris）经服务器、T = 0、流式：文字 == 贪心的 token（停在第一个 <|im_end|>）按字节解码。
+    贪心的定义逐位核对：服务器生成的每个 token 都是它的前缀上模型的 argmax——提示 + 输出整段一次前向（不再一步一步
+    decode 出参考序列：30 层 float64 的 decode 一步要读 1 GB 权重；两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。
+    """
+    model, cfg, tok = smollm2_lm("float64")              # 引擎和核对共用一份融合好的权重（test_engine 也用它）
     eng = LLMEngine(model, cfg, 2 * (cfg.max_seq // BS), BS)
+    outs, release = {}, eng.release                      # 服务器结束一个请求就 release 它：先记下它的 token
+
+    def keep(rid):
+        outs[rid] = [int(t) for t in eng.requests[rid].output]
+        release(rid)
+    eng.release = keep
     h = serve.make_server(eng, tok, cfg.name)
     try:
         q = "What is the capital of France?"
@@ -463,11 +474,12 @@ def test_smollm2_answers_like_the_offline_engine():
                                                      "temperature": 0, "stream": True}, timeout=120)
     finally:
         h.close()
-    assert got == 200
-    want = autoregressive_generate(model, tok.chat(q), 12, 0.0, np.random.default_rng(0),
-                                   stop=[tok.im_end_id])
+    assert got == 200 and list(outs) == [0]
+    ids, prompt = outs[0], tok.chat(q)
+    top = model.full_logits(np.array([prompt + ids]))[0, len(prompt) - 1:-1].argmax(-1)
+    assert [int(t) for t in top] == ids
+    assert tok.im_end_id not in ids[:-1] and (ids[-1] == tok.im_end_id or len(ids) == 12)
     text = stream_text(resp, True)[1]
-    ids = [int(t) for t in want]
     assert text == tok.decode(ids[:-1] if ids[-1] == tok.im_end_id else ids)
     assert "Paris" in text
 
