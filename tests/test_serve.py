@@ -484,33 +484,73 @@ def test_smollm2_answers_like_the_offline_engine():
     assert "Paris" in text
 
 
-_CTRL_C_CHILD = r"""
-import importlib.util, sys
+_SIGNAL_CHILD = r"""
+import importlib.util, sys, threading
 sys.path[:0] = {paths!r}
 spec = importlib.util.spec_from_file_location("serve", {path!r})
 serve = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve)
 import test_serve
-serve.load_server = lambda host, port, *a, **k: test_serve.start(port=port)   # 小模型代替 SmolLM2
+from engine_lab import LLMEngine
+gate = threading.Event(); gate.set()
+def fake(host, port, *a, **k):                     # 小模型代替 SmolLM2：每步 50 ms，60 个 token 的请求要跑 3 s
+    eng = LLMEngine(None, test_serve.CFG, test_serve.NB, test_serve.BS,
+                    runner=test_serve.GatedRunner({{i: test_serve.byte_ids("z" * 60) for i in range(8)}}, gate, 0.05))
+    return serve.make_server(eng, test_serve.TOK, "tiny", port=port, idle_timeout=60, request_timeout=60)
+serve.load_server = fake
 sys.exit(serve.main(["--port", "0"]))
 """
 
 
-def test_ctrl_c_stops_the_command_line_server_cleanly():
-    """python3 serve.py 的 main：收到 SIGINT（Ctrl-C）时中止请求、等线程结束、退出码 0（模型换成小模型）。"""
+def post_stream(h, path, body, started, timeout=20):
+    """同 post（流式），但一边读一边看：第一个带文字的块到了就 started.set()（流真的开始了）。"""
+    conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=timeout)
+    try:
+        conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.getheader("Content-Type", "").startswith("text/event-stream")
+        lines = []
+        while True:
+            line = r.readline().decode("utf-8")
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("data: {") and any(c["text"] for c in json.loads(line[6:]).get("choices") or []):
+                started.set()
+    finally:
+        conn.close()
+    text = "".join(lines)
+    events = [line[6:].rstrip("\n") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and text.endswith("data: [DONE]\n\n")
+    return r.status, [json.loads(e) for e in events[:-1]]
+
+
+SIGNALS = ("SIGINT", "SIGTERM")
+_CHILDREN = {}          # 信号名 -> 早早启动、还没用过的子进程（见 _early_signal_children）
+_SIGNAL_RUNS = {}       # 信号名 -> _signal_run 的结果（这次 pytest 会话里每个信号只跑一次）
+
+
+def _spawn_signal_child():
+    """启动一个子进程：python3 serve.py 的 main，load_server 换成 _SIGNAL_CHILD 里的小引擎 -> Popen。"""
     import os
-    import re
-    import signal
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
-    code = _CTRL_C_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
-    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
+    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+
+
+def _signal_run(sig, p=None):
+    """一个子进程（p；None 就现在启动一个）：等它起来，先回答一个不流式的请求，再开一个空闲的 TCP 连接和一个
+    60 个 token 的流；流出了第一个字就发信号 sig。-> 这次运行看到的一切（dict）。"""
+    import re
+    import signal
+    p = p or _spawn_signal_child()
+    idle, res, out = None, {}, {}
     try:
-        line = b""
-        t = time.monotonic() + 60
+        line, t = b"", time.monotonic() + 60
         while b"/v1" not in line and time.monotonic() < t:
             line = p.stderr.readline()
             assert line, "服务器没有起来"
@@ -518,16 +558,69 @@ def test_ctrl_c_stops_the_command_line_server_cleanly():
 
         class H:
             pass
-        h = H()
-        h.port = port
-        got, resp = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 3})
-        assert got == 200
-        p.send_signal(signal.SIGINT)
-        rc = p.wait(30)
-        err = p.stderr.read().decode("utf-8")
+        H.port = port
+        out["plain"] = post(H, "/v1/completions", {"prompt": "q", "max_tokens": 3})
+        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        started = threading.Event()
+        th = threading.Thread(target=lambda: res.update(r=post_stream(H, "/v1/completions", {
+            "prompt": "q", "max_tokens": 60, "stream": True}, started)))
+        th.start()
+        assert started.wait(20), "流没有开始"                   # 第一个字到了（60 个 token 要 3 s）
+        t0 = time.monotonic()
+        p.send_signal(getattr(signal, sig))
+        out["rc"] = p.wait(20)
+        out["elapsed"] = time.monotonic() - t0
+        th.join(20)
+        out["err"] = p.stderr.read().decode("utf-8")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-        p.stderr.close()
-    assert rc == 0 and "停下" in err and "Traceback" not in err
+        if idle is not None:
+            idle.close()
+        _end(p)
+    out["stream"] = res["r"]
+    return out
+
+
+def _end(p):
+    if p.poll() is None:
+        p.kill()
+        p.wait(10)
+    p.stderr.close()
+
+
+def signal_runs():
+    """
+    SIGINT、SIGTERM 各一次 _signal_run，两个子进程同时跑，这次 pytest 会话里只跑一次：
+    test_ctrl_c_stops_the_command_line_server_cleanly 和 test_serve_hardening 的信号测试读同一份结果。
+    -> {"SIGINT": {...}, "SIGTERM": {...}}
+    """
+    if not _SIGNAL_RUNS:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(len(SIGNALS)) as ex:
+            futs = {sig: ex.submit(_signal_run, sig, _CHILDREN.pop(sig, None)) for sig in SIGNALS}
+            runs = {sig: f.result() for sig, f in futs.items()}
+        _SIGNAL_RUNS.update(runs)
+    return _SIGNAL_RUNS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _early_signal_children(request):
+    """
+    选中了 Ctrl-C 的测试（它在本文件最后）时，一开始就把两个子进程启动起来：每个启动要半秒多（Python、numpy、
+    各个 lab），和前面的测试同时进行，轮到它时已经在听了。本文件结束时还没用过的（测试没跑到）杀掉。
+    Popen 不开线程，所以不影响前面那些数线程的测试。
+    """
+    if not _SIGNAL_RUNS and any(it.name == "test_ctrl_c_stops_the_command_line_server_cleanly"
+                                for it in request.session.items):
+        for sig in SIGNALS:
+            _CHILDREN[sig] = _spawn_signal_child()
+    yield
+    while _CHILDREN:
+        _end(_CHILDREN.popitem()[1])
+
+
+def test_ctrl_c_stops_the_command_line_server_cleanly():
+    """python3 serve.py 的 main：收到 SIGINT（Ctrl-C）时中止请求、等线程结束、退出码 0（模型换成小引擎；
+    和 test_serve_hardening 的信号测试共用一次运行，见 signal_runs）。"""
+    r = signal_runs()["SIGINT"]
+    assert r["plain"][0] == 200 and r["plain"][1]["choices"][0]["text"] == "zzz"
+    assert r["rc"] == 0 and "停下" in r["err"] and "Traceback" not in r["err"]
