@@ -93,6 +93,15 @@ def server():
     h.close()
 
 
+@pytest.fixture(scope="module")
+def shared_server():
+    """本文件里只发会被拒绝（或只读）的请求的测试共用的一个服务器：那些请求到不了引擎，开一个新的和共用一个
+    回答一样；省下每个测试关一次服务器的时间（关机要等 serve_forever 的一次轮询）。"""
+    h = start()
+    yield h
+    h.close()
+
+
 # ---------------------------------------------------------------------------
 # 神谕
 # ---------------------------------------------------------------------------
@@ -255,18 +264,18 @@ BAD = [
 
 
 @pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_gets_its_status_and_names_the_field(server, path, body, status, param):
-    got, resp = post(server, path, body)
+def test_bad_input_gets_its_status_and_names_the_field(shared_server, path, body, status, param):
+    got, resp = post(shared_server, path, body)
     assert got == status
     err = resp["error"]
     assert err["param"] == param and param in err["message"]
     assert set(err) == {"message", "type", "param", "code"}
 
 
-def test_malformed_json_unknown_path_and_oversized_body(server):
-    got, resp = post(server, "/v1/completions", None, raw=b"{not json")
+def test_malformed_json_unknown_path_and_oversized_body(shared_server):
+    got, resp = post(shared_server, "/v1/completions", None, raw=b"{not json")
     assert got == 400 and "JSON" in resp["error"]["message"]
-    got, resp = post(server, "/v1/nothing", {"prompt": "x"})
+    got, resp = post(shared_server, "/v1/nothing", {"prompt": "x"})
     assert got == 404
     h = start(max_body=100)
     try:
@@ -292,13 +301,13 @@ def test_prompt_larger_than_the_kv_pool_is_400():
     assert e.value.status == 400 and e.value.param == "prompt" and "块池" in e.value.message
 
 
-def test_models_and_health(server):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+def test_models_and_health(shared_server):
+    conn = http.client.HTTPConnection("127.0.0.1", shared_server.port, timeout=10)
     conn.request("GET", "/v1/models")
     models = json.loads(conn.getresponse().read())
     conn.close()
     assert [m["id"] for m in models["data"]] == ["tiny"]
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", shared_server.port, timeout=10)
     conn.request("GET", "/health")
     assert json.loads(conn.getresponse().read()) == {"status": "ok"}
     conn.close()

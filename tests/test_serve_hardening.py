@@ -66,13 +66,31 @@ def is_error_body(b, status=None):
     return isinstance(b, dict) and set(b.get("error", {})) == {"message", "type", "param", "code"}
 
 
-@pytest.fixture
-def server(capsys):
+@pytest.fixture(scope="module")
+def _shared_server():
     logged = []
     h = start(warn=logged.append, **FAST)
     h.logged = logged
     yield h
     h.close()
+
+
+@pytest.fixture
+def server(_shared_server, capsys):
+    """
+    本文件里共用的一个服务器（用它的测试只发请求：不改它的设置、不关它；关机本身由自己开服务器的测试核对）。
+    省下每个测试关一次服务器的时间（要等 serve_forever 的一次轮询）。每个测试开始时清空 logged；结束时等到
+    没有连接还在回答、引擎里没有请求，再看 stderr：服务器从不打 traceback。
+    """
+    h = _shared_server
+    h.logged.clear()
+    yield h
+
+    def quiet():
+        with h.httpd.conns_lock:
+            busy = any(c.busy for c in h.httpd.conns)
+        return not busy and h.loop.n_live == 0
+    assert wait_until(quiet, 10)
     assert "Traceback" not in capsys.readouterr().err          # 服务器从不打 traceback
 
 
@@ -604,7 +622,7 @@ def test_negative_max_tokens_is_a_400_before_any_stream_starts(server, stream, n
     assert st == 400 and b["error"]["param"] == name and name in b["error"]["message"]
 
 
-def test_a_request_the_engine_refuses_is_a_400_even_when_streaming(server):
+def test_a_request_the_engine_refuses_is_a_400_even_when_streaming(capsys):
     """引擎的最后一道检查（这里：replay 引擎不给 logprobs）在发响应头之前：400，不是一个带错误事件的 200 流。"""
     h = start(scripted([byte_ids("x")]), **FAST)
     try:
@@ -612,6 +630,7 @@ def test_a_request_the_engine_refuses_is_a_400_even_when_streaming(server):
     finally:
         h.close()
     assert st == 400 and b["error"]["type"] == "invalid_request_error"
+    assert "Traceback" not in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------
