@@ -611,20 +611,25 @@ def signal_runs():
     return _SIGNAL_RUNS
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _early_signal_children(request):
+def early_signal_children(request, names):
     """
-    选中了 Ctrl-C 的测试（它在本文件最后）时，一开始就把两个子进程启动起来：每个启动要半秒多（Python、numpy、
-    各个 lab），和前面的测试同时进行，轮到它时已经在听了。本文件结束时还没用过的（测试没跑到）杀掉。
-    Popen 不开线程，所以不影响前面那些数线程的测试。
+    模块级 autouse 夹具的身体（本文件和 test_serve_hardening 各有一个）：这个模块里选中了读 signal_runs 的测试
+    （names）而且还没跑过时，模块一开始就把两个子进程启动起来。每个启动要半秒多（Python、numpy、各个 lab），和它前面
+    的测试同时进行，轮到它时已经在听了。Popen 不开线程，不影响那些数线程的测试。模块结束时还没用过的杀掉。
     """
-    if not _SIGNAL_RUNS and any(it.name == "test_ctrl_c_stops_the_command_line_server_cleanly"
-                                for it in request.session.items):
+    if not _SIGNAL_RUNS and not _CHILDREN and any(
+            getattr(it, "module", None) is request.module and getattr(it, "originalname", None) in names
+            for it in request.session.items):
         for sig in SIGNALS:
             _CHILDREN[sig] = _spawn_signal_child()
     yield
     while _CHILDREN:
         _end(_CHILDREN.popitem()[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _early_signal_children(request):
+    yield from early_signal_children(request, {"test_ctrl_c_stops_the_command_line_server_cleanly"})
 
 
 def test_ctrl_c_stops_the_command_line_server_cleanly():

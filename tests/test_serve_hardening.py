@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from test_serve import (BS, CFG, MODEL, MSG, NB, PARAMS, TOK, GatedRunner, byte_ids, post, record_releases,
-                        scripted, serve, signal_runs, start, stream_text, wait_until)
+                        early_signal_children, scripted, serve, signal_runs, start, stream_text, wait_until)
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -221,6 +221,12 @@ def test_close_is_prompt_even_with_an_idle_connection_open():
         assert not t.is_alive() and time.monotonic() - t0 < 5
     finally:
         s.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _early_signal_children(request):
+    """信号测试的两个子进程在本模块一开始就启动（见 test_serve.early_signal_children）。"""
+    yield from early_signal_children(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
