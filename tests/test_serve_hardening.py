@@ -80,7 +80,7 @@ def server(_shared_server, capsys):
     """
     本文件里共用的一个服务器（用它的测试只发请求：不改它的设置、不关它；关机本身由自己开服务器的测试核对）。
     省下每个测试关一次服务器的时间（要等 serve_forever 的一次轮询）。每个测试开始时清空 logged；结束时等到
-    没有连接还在回答、引擎里没有请求，再看 stderr：服务器从不打 traceback。
+    这个测试的连接都关完（连接线程都走完了 finish）、引擎里没有请求，再看 stderr：服务器从不打 traceback。
     """
     h = _shared_server
     h.logged.clear()
@@ -88,8 +88,8 @@ def server(_shared_server, capsys):
 
     def quiet():
         with h.httpd.conns_lock:
-            busy = any(c.busy for c in h.httpd.conns)
-        return not busy and h.loop.n_live == 0
+            n = len(h.httpd.conns)
+        return n == 0 and h.loop.n_live == 0
     assert wait_until(quiet, 10)
     assert "Traceback" not in capsys.readouterr().err          # 服务器从不打 traceback
 
