@@ -2,7 +2,7 @@
 distinct_lab（不同候选的验证规则、有损规则）和 tree_lab 的动态树（dynamic_tree_generate、dynamic_tree_expected）。
 
 精确的规则用枚举对照 p（期望值是 p 本身，不是被测的函数）；接受率对照手算；有损的规则对照手算的分布和 TV；
-动态树在 T = 0 对照目标自己的贪心解码（玩具，和 float64 的 SmolLM2）。
+动态树在 T = 0 对照目标自己的贪心解码（玩具，和 float64 的 SmolLM2 的前 6 层）。
 """
 import itertools
 import math
