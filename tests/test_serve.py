@@ -466,7 +466,7 @@ def test_smollm2_answers_like_the_offline_engine():
     """
     SmolLM2（float64，30 层：要答得出 Paris）经服务器、T = 0、流式：文字 == 贪心的 token（停在第一个 <|im_end|>）按字节解码。
     贪心的定义逐位核对：服务器生成的每个 token 都是它的前缀上模型的 argmax——提示 + 输出整段一次前向（不再一步一步
-    decode 出参考序列：30 层 float64 的 decode 一步要读 1 GB 权重；两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。
+    decode 出参考序列：30 层 float64 的 decode 一步要读约 1 GB 权重；两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。
     """
     model, cfg, tok = smollm2_lm("float64")              # 引擎和核对共用一份融合好的权重（test_engine 也用它）
     eng = LLMEngine(model, cfg, 2 * (cfg.max_seq // BS), BS)
