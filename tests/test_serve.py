@@ -93,6 +93,15 @@ def server():
     h.close()
 
 
+@pytest.fixture(scope="module")
+def shared_server():
+    """本文件里只发会被拒绝（或只读）的请求的测试共用的一个服务器：那些请求到不了引擎，开一个新的和共用一个
+    回答一样；省下每个测试关一次服务器的时间（关机要等 serve_forever 的一次轮询）。"""
+    h = start()
+    yield h
+    h.close()
+
+
 # ---------------------------------------------------------------------------
 # 神谕
 # ---------------------------------------------------------------------------
@@ -255,18 +264,18 @@ BAD = [
 
 
 @pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_gets_its_status_and_names_the_field(server, path, body, status, param):
-    got, resp = post(server, path, body)
+def test_bad_input_gets_its_status_and_names_the_field(shared_server, path, body, status, param):
+    got, resp = post(shared_server, path, body)
     assert got == status
     err = resp["error"]
     assert err["param"] == param and param in err["message"]
     assert set(err) == {"message", "type", "param", "code"}
 
 
-def test_malformed_json_unknown_path_and_oversized_body(server):
-    got, resp = post(server, "/v1/completions", None, raw=b"{not json")
+def test_malformed_json_unknown_path_and_oversized_body(shared_server):
+    got, resp = post(shared_server, "/v1/completions", None, raw=b"{not json")
     assert got == 400 and "JSON" in resp["error"]["message"]
-    got, resp = post(server, "/v1/nothing", {"prompt": "x"})
+    got, resp = post(shared_server, "/v1/nothing", {"prompt": "x"})
     assert got == 404
     h = start(max_body=100)
     try:
@@ -292,13 +301,13 @@ def test_prompt_larger_than_the_kv_pool_is_400():
     assert e.value.status == 400 and e.value.param == "prompt" and "块池" in e.value.message
 
 
-def test_models_and_health(server):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+def test_models_and_health(shared_server):
+    conn = http.client.HTTPConnection("127.0.0.1", shared_server.port, timeout=10)
     conn.request("GET", "/v1/models")
     models = json.loads(conn.getresponse().read())
     conn.close()
     assert [m["id"] for m in models["data"]] == ["tiny"]
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", shared_server.port, timeout=10)
     conn.request("GET", "/health")
     assert json.loads(conn.getresponse().read()) == {"status": "ok"}
     conn.close()
@@ -454,8 +463,19 @@ def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
 # 真实模型一次
 # ---------------------------------------------------------------------------
 def test_smollm2_answers_like_the_offline_engine():
-    model, cfg, tok = smollm2_lm("float64")              # 引擎和单独生成共用一份融合好的权重（test_engine 也用它）
+    """
+    SmolLM2（float64，30 层：要答得出 Paris）经服务器、T = 0、流式：文字 == 贪心的 token（停在第一个 <|im_end|>）按字节解码。
+    贪心的定义逐位核对：服务器生成的每个 token 都是它的前缀上模型的 argmax——提示 + 输出整段一次前向（不再一步一步
+    decode 出参考序列：30 层 float64 的 decode 一步要读约 1 GB 权重；两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。
+    """
+    model, cfg, tok = smollm2_lm("float64")              # 引擎和核对共用一份融合好的权重（test_engine 也用它）
     eng = LLMEngine(model, cfg, 2 * (cfg.max_seq // BS), BS)
+    outs, release = {}, eng.release                      # 服务器结束一个请求就 release 它：先记下它的 token
+
+    def keep(rid):
+        outs[rid] = [int(t) for t in eng.requests[rid].output]
+        release(rid)
+    eng.release = keep
     h = serve.make_server(eng, tok, cfg.name)
     try:
         q = "What is the capital of France?"
@@ -463,42 +483,83 @@ def test_smollm2_answers_like_the_offline_engine():
                                                      "temperature": 0, "stream": True}, timeout=120)
     finally:
         h.close()
-    assert got == 200
-    want = autoregressive_generate(model, tok.chat(q), 12, 0.0, np.random.default_rng(0),
-                                   stop=[tok.im_end_id])
+    assert got == 200 and list(outs) == [0]
+    ids, prompt = outs[0], tok.chat(q)
+    top = model.full_logits(np.array([prompt + ids]))[0, len(prompt) - 1:-1].argmax(-1)
+    assert [int(t) for t in top] == ids
+    assert tok.im_end_id not in ids[:-1] and (ids[-1] == tok.im_end_id or len(ids) == 12)
     text = stream_text(resp, True)[1]
-    ids = [int(t) for t in want]
     assert text == tok.decode(ids[:-1] if ids[-1] == tok.im_end_id else ids)
     assert "Paris" in text
 
 
-_CTRL_C_CHILD = r"""
-import importlib.util, sys
+_SIGNAL_CHILD = r"""
+import importlib.util, sys, threading
 sys.path[:0] = {paths!r}
 spec = importlib.util.spec_from_file_location("serve", {path!r})
 serve = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve)
 import test_serve
-serve.load_server = lambda host, port, *a, **k: test_serve.start(port=port)   # 小模型代替 SmolLM2
+from engine_lab import LLMEngine
+gate = threading.Event(); gate.set()
+def fake(host, port, *a, **k):                     # 小模型代替 SmolLM2：每步 50 ms，60 个 token 的请求要跑 3 s
+    eng = LLMEngine(None, test_serve.CFG, test_serve.NB, test_serve.BS,
+                    runner=test_serve.GatedRunner({{i: test_serve.byte_ids("z" * 60) for i in range(8)}}, gate, 0.05))
+    return serve.make_server(eng, test_serve.TOK, "tiny", port=port, idle_timeout=60, request_timeout=60)
+serve.load_server = fake
 sys.exit(serve.main(["--port", "0"]))
 """
 
 
-def test_ctrl_c_stops_the_command_line_server_cleanly():
-    """python3 serve.py 的 main：收到 SIGINT（Ctrl-C）时中止请求、等线程结束、退出码 0（模型换成小模型）。"""
+def post_stream(h, path, body, started, timeout=20):
+    """同 post（流式），但一边读一边看：第一个带文字的块到了就 started.set()（流真的开始了）。"""
+    conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=timeout)
+    try:
+        conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.getheader("Content-Type", "").startswith("text/event-stream")
+        lines = []
+        while True:
+            line = r.readline().decode("utf-8")
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("data: {") and any(c["text"] for c in json.loads(line[6:]).get("choices") or []):
+                started.set()
+    finally:
+        conn.close()
+    text = "".join(lines)
+    events = [line[6:].rstrip("\n") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and text.endswith("data: [DONE]\n\n")
+    return r.status, [json.loads(e) for e in events[:-1]]
+
+
+SIGNALS = ("SIGINT", "SIGTERM")
+_CHILDREN = {}          # 信号名 -> 早早启动、还没用过的子进程（见 _early_signal_children）
+_SIGNAL_RUNS = {}       # 信号名 -> _signal_run 的结果（这次 pytest 会话里每个信号只跑一次）
+
+
+def _spawn_signal_child():
+    """启动一个子进程：python3 serve.py 的 main，load_server 换成 _SIGNAL_CHILD 里的小引擎 -> Popen。"""
     import os
-    import re
-    import signal
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
-    code = _CTRL_C_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
-    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
+    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+
+
+def _signal_run(sig, p=None):
+    """一个子进程（p；None 就现在启动一个）：等它起来，先回答一个不流式的请求，再开一个空闲的 TCP 连接和一个
+    60 个 token 的流；流出了第一个字就发信号 sig。-> 这次运行看到的一切（dict）。"""
+    import re
+    import signal
+    p = p or _spawn_signal_child()
+    idle, res, out = None, {}, {}
     try:
-        line = b""
-        t = time.monotonic() + 60
+        line, t = b"", time.monotonic() + 60
         while b"/v1" not in line and time.monotonic() < t:
             line = p.stderr.readline()
             assert line, "服务器没有起来"
@@ -506,16 +567,74 @@ def test_ctrl_c_stops_the_command_line_server_cleanly():
 
         class H:
             pass
-        h = H()
-        h.port = port
-        got, resp = post(h, "/v1/completions", {"prompt": "q", "max_tokens": 3})
-        assert got == 200
-        p.send_signal(signal.SIGINT)
-        rc = p.wait(30)
-        err = p.stderr.read().decode("utf-8")
+        H.port = port
+        out["plain"] = post(H, "/v1/completions", {"prompt": "q", "max_tokens": 3})
+        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        started = threading.Event()
+        th = threading.Thread(target=lambda: res.update(r=post_stream(H, "/v1/completions", {
+            "prompt": "q", "max_tokens": 60, "stream": True}, started)))
+        th.start()
+        assert started.wait(20), "流没有开始"                   # 第一个字到了（60 个 token 要 3 s）
+        t0 = time.monotonic()
+        p.send_signal(getattr(signal, sig))
+        out["rc"] = p.wait(20)
+        out["elapsed"] = time.monotonic() - t0
+        th.join(20)
+        out["err"] = p.stderr.read().decode("utf-8")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-        p.stderr.close()
-    assert rc == 0 and "停下" in err and "Traceback" not in err
+        if idle is not None:
+            idle.close()
+        _end(p)
+    out["stream"] = res["r"]
+    return out
+
+
+def _end(p):
+    if p.poll() is None:
+        p.kill()
+        p.wait(10)
+    p.stderr.close()
+
+
+def signal_runs():
+    """
+    SIGINT、SIGTERM 各一次 _signal_run，两个子进程同时跑，这次 pytest 会话里只跑一次：
+    test_ctrl_c_stops_the_command_line_server_cleanly 和 test_serve_hardening 的信号测试读同一份结果。
+    -> {"SIGINT": {...}, "SIGTERM": {...}}
+    """
+    if not _SIGNAL_RUNS:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(len(SIGNALS)) as ex:
+            futs = {sig: ex.submit(_signal_run, sig, _CHILDREN.pop(sig, None)) for sig in SIGNALS}
+            runs = {sig: f.result() for sig, f in futs.items()}
+        _SIGNAL_RUNS.update(runs)
+    return _SIGNAL_RUNS
+
+
+def early_signal_children(request, names):
+    """
+    模块级 autouse 夹具的身体（本文件和 test_serve_hardening 各有一个）：这个模块里选中了读 signal_runs 的测试
+    （names）而且还没跑过时，模块一开始就把两个子进程启动起来。每个启动要半秒多（Python、numpy、各个 lab），和它前面
+    的测试同时进行，轮到它时已经在听了。Popen 不开线程，不影响那些数线程的测试。模块结束时还没用过的杀掉。
+    """
+    if not _SIGNAL_RUNS and not _CHILDREN and any(
+            getattr(it, "module", None) is request.module and getattr(it, "originalname", None) in names
+            for it in request.session.items):
+        for sig in SIGNALS:
+            _CHILDREN[sig] = _spawn_signal_child()
+    yield
+    while _CHILDREN:
+        _end(_CHILDREN.popitem()[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _early_signal_children(request):
+    yield from early_signal_children(request, {"test_ctrl_c_stops_the_command_line_server_cleanly"})
+
+
+def test_ctrl_c_stops_the_command_line_server_cleanly():
+    """python3 serve.py 的 main：收到 SIGINT（Ctrl-C）时中止请求、等线程结束、退出码 0（模型换成小引擎；
+    和 test_serve_hardening 的信号测试共用一次运行，见 signal_runs）。"""
+    r = signal_runs()["SIGINT"]
+    assert r["plain"][0] == 200 and r["plain"][1]["choices"][0]["text"] == "zzz"
+    assert r["rc"] == 0 and "停下" in r["err"] and "Traceback" not in r["err"]

@@ -7,21 +7,16 @@ top_p / top_k / min_p / logprobs 不再被悄悄忽略、不支持的字段只�
 """
 import http.client
 import json
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
 from test_serve import (BS, CFG, MODEL, MSG, NB, PARAMS, TOK, GatedRunner, byte_ids, post, record_releases,
-                        scripted, serve, start, stream_text, wait_until)
+                        early_signal_children, scripted, serve, signal_runs, start, stream_text, wait_until)
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -71,13 +66,31 @@ def is_error_body(b, status=None):
     return isinstance(b, dict) and set(b.get("error", {})) == {"message", "type", "param", "code"}
 
 
-@pytest.fixture
-def server(capsys):
+@pytest.fixture(scope="module")
+def _shared_server():
     logged = []
     h = start(warn=logged.append, **FAST)
     h.logged = logged
     yield h
     h.close()
+
+
+@pytest.fixture
+def server(_shared_server, capsys):
+    """
+    本文件里共用的一个服务器（用它的测试只发请求：不改它的设置、不关它；关机本身由自己开服务器的测试核对）。
+    省下每个测试关一次服务器的时间（要等 serve_forever 的一次轮询）。每个测试开始时清空 logged；结束时等到
+    这个测试的连接都关完（连接线程都走完了 finish）、引擎里没有请求，再看 stderr：服务器从不打 traceback。
+    """
+    h = _shared_server
+    h.logged.clear()
+    yield h
+
+    def quiet():
+        with h.httpd.conns_lock:
+            n = len(h.httpd.conns)
+        return n == 0 and h.loop.n_live == 0
+    assert wait_until(quiet, 10)
     assert "Traceback" not in capsys.readouterr().err          # 服务器从不打 traceback
 
 
@@ -210,65 +223,22 @@ def test_close_is_prompt_even_with_an_idle_connection_open():
         s.close()
 
 
-_CHILD = r"""
-import importlib.util, sys, threading
-sys.path[:0] = {paths!r}
-spec = importlib.util.spec_from_file_location("serve", {path!r})
-serve = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(serve)
-import test_serve
-from engine_lab import LLMEngine
-gate = threading.Event(); gate.set()
-def fake(host, port, *a, **k):                     # 小模型代替 SmolLM2：每步 20 ms，一个请求要跑好几秒
-    eng = LLMEngine(None, test_serve.CFG, test_serve.NB, test_serve.BS,
-                    runner=test_serve.GatedRunner({{i: test_serve.byte_ids("z" * 60) for i in range(8)}}, gate, 0.05))
-    return serve.make_server(eng, test_serve.TOK, "tiny", port=port, idle_timeout=60, request_timeout=60)
-serve.load_server = fake
-sys.exit(serve.main(["--port", "0"]))
-"""
+@pytest.fixture(scope="module", autouse=True)
+def _early_signal_children(request):
+    """信号测试的两个子进程在本模块一开始就启动（见 test_serve.early_signal_children）。"""
+    yield from early_signal_children(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly(sig):
     """回归：SIGTERM 直接杀掉进程，流没有错误事件、没有 [DONE]；SIGINT 时一个空闲的 TCP 连接让进程多活了 20 多秒。
-    现在两个信号一样：在跑的流收到错误事件和 [DONE]，空闲的连接被关掉，退出码 0，没有 traceback。"""
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
-    code = _CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
-    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    idle, res = None, {}
-    try:
-        line, t = b"", time.monotonic() + 60
-        while b"/v1" not in line and time.monotonic() < t:
-            line = p.stderr.readline()
-            assert line, "服务器没有起来"
-        port = int(re.search(rb"127\.0\.0\.1:(\d+)", line).group(1))
-        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
-
-        class H:
-            pass
-        H.port = port
-        th = threading.Thread(target=lambda: res.update(r=post(H, "/v1/completions", {
-            "prompt": "q", "max_tokens": 60, "stream": True}, timeout=20)))
-        th.start()
-        time.sleep(0.5)                                      # 流已经开始（60 个 token 要 3 s）
-        t0 = time.monotonic()
-        p.send_signal(getattr(signal, sig))
-        rc = p.wait(20)
-        elapsed = time.monotonic() - t0
-        th.join(20)
-        err = p.stderr.read().decode("utf-8")
-    finally:
-        if idle is not None:
-            idle.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-        p.stderr.close()
-    assert rc == 0 and "停下" in err and "Traceback" not in err
-    assert elapsed < 5
-    status, chunks = res["r"]                                # post 核对了流以 data: [DONE] 结尾
+    现在两个信号一样：在跑的流收到错误事件和 [DONE]，空闲的连接被关掉，退出码 0，没有 traceback。
+    子进程（python3 serve.py 的 main，小引擎一步 50 ms）由 test_serve.signal_runs 起：两个信号的两个子进程同时跑，
+    test_serve 的 Ctrl-C 测试读同一次运行；流出了第一个字才发信号（post_stream 边读边看）。"""
+    r = signal_runs()[sig]
+    assert r["rc"] == 0 and "停下" in r["err"] and "Traceback" not in r["err"]
+    assert r["elapsed"] < 5
+    status, chunks = r["stream"]                             # post_stream 核对了流以 data: [DONE] 结尾
     assert status == 200 and chunks[-1]["error"]["type"] == "server_error"
     assert any(c.get("choices") and c["choices"][0]["text"] for c in chunks[:-1])
 
@@ -658,7 +628,7 @@ def test_negative_max_tokens_is_a_400_before_any_stream_starts(server, stream, n
     assert st == 400 and b["error"]["param"] == name and name in b["error"]["message"]
 
 
-def test_a_request_the_engine_refuses_is_a_400_even_when_streaming(server):
+def test_a_request_the_engine_refuses_is_a_400_even_when_streaming(capsys):
     """引擎的最后一道检查（这里：replay 引擎不给 logprobs）在发响应头之前：400，不是一个带错误事件的 200 流。"""
     h = start(scripted([byte_ids("x")]), **FAST)
     try:
@@ -666,6 +636,7 @@ def test_a_request_the_engine_refuses_is_a_400_even_when_streaming(server):
     finally:
         h.close()
     assert st == 400 and b["error"]["type"] == "invalid_request_error"
+    assert "Traceback" not in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------
