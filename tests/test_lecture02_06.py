@@ -368,13 +368,21 @@ def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
     assert np.max(np.abs(logits[0, f32["pos"], f32["top5_ids"]] - np.asarray(f32["top5_logits"]))) < tol
 
 
-def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm, full_passes):
-    model, _ = lm
+@pytest.fixture(scope="module")
+def cached_decode(lm, mod):
+    """
+    带缓存一步一步的贪心 decode（演示 4 的提示，<|im_end|> 停）-> (选出的 id, 每步的 logits)，两个测试共用、只跑一次：
+    脚本的 greedy_with_skipped_slot，skip = 0——先喂整个提示，之后每步只喂上一步选出的 token，位置和缓存的槽都接着往后数。
+    """
+    model, tok = lm
+    ids, logits, _ = mod.greedy_with_skipped_slot(model, CHAT["ids"], 16, [tok.im_end_id], skip=0)
+    return ids, logits
+
+
+def test_kv_cache_decode_equals_full_pass_on_the_real_model(cached_decode, full_passes):
     prompt = CHAT["ids"]
-    cache = model.new_cache(1, len(prompt) + len(GREEDY))
-    got = [model.forward(np.asarray([prompt]), cache)[0, -1]]
-    for t in GREEDY[:-1]:                                    # 喂参考的贪心回答，一次一个 token
-        got.append(model.forward(np.asarray([[t]]), cache)[0, -1])
+    ids, got = cached_decode                                 # 喂的是选出的贪心回答，一次一个 token
+    assert ids == GREEDY
     full = full_passes["chat"][len(prompt) - 1:]             # prompt + GREEDY[:-1] 一次算完
     assert np.max(np.abs(np.asarray(got) - full)) < 1e-11
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
@@ -414,7 +422,7 @@ def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5):
     assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
 
 
-def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, lm, full_passes):
+def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, lm, full_passes, cached_decode):
     """
     回归：观察 3 原来说 llama3.np 的错（第一个 decode 步用位置 L + 1，缓存第 L 格空着）"贪心输出在第 5 个 token
     之后才和正确的模型分开（课程开发时量的，这里不重现）"，学生核对不了。现在脚本重现它：skip = 0 时同一个函数就是
@@ -426,7 +434,7 @@ def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, 
     L = len(prompt)
     assert prompt == CHAT["ids"]
     full = full_passes["chat"][L - 1:]                      # prompt + GREEDY[:-1] 一次算完
-    ok_ids, ok_logits, _ = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=0)
+    ok_ids, ok_logits = cached_decode                       # skip = 0（同一个提示：上面断言）
     assert ok_ids == GREEDY
     assert max(float(np.abs(a - b).max()) for a, b in zip(ok_logits, full)) < d5["bound"]
     bug_ids, bug_logits, cache = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=1)
