@@ -12,6 +12,7 @@ from decode_lab import (acceptance_rate, adjust, autoregressive_generate, NGramL
                         speculative_generate, speculative_step_probs, TransformerLM)
 from spec_math_lab import best_gamma, expected_tokens, ops_factor, truncated_geometric, walltime_speedup
 from stats_lab import chi2_gof, chi2_sf
+from context_memo import ContextMemoLM
 from sampler_cases import HAND_CASES, TINY, dist as _dist
 from transformer_lab import MATMUL_OPS, Counter, analytic_ops, config_like, init_params, sum_rows
 
@@ -77,6 +78,17 @@ def tiny_models():
     return target, {"另一个模型": other, "前 1 层": shallow, "二元语法表": bigram}
 
 
+@pytest.fixture(scope="module")
+def memo_models(tiny_models):
+    """
+    tiny_models 的同一组模型，transformer 换成按上下文记住 logits 的版本（tests/context_memo.py：带缓存的每一行 ==
+    一次算完这一行能看到的 token，同一个上下文只算一次；带缓存和一次算完的相等由 test_cached_rolled_back_decoding_
+    equals_full_logits 核对）。统计检验要抽几千次，这样前向只算几百次；抽样的每一步看到的分布和原模型的只差舍入。
+    """
+    target, drafts = tiny_models
+    return ContextMemoLM(target), {k: d if isinstance(d, NGramLM) else ContextMemoLM(d) for k, d in drafts.items()}
+
+
 def _tempered(logits, T):  # [..., V] -> [..., V]
     """
     温度 T > 0 下的分布，直接写出来（不调用 adjust）：exp(l/T) / Σ exp(l/T)，先减去每行的最大值防溢出。
@@ -107,8 +119,8 @@ N_JOINT = 2000
 
 @pytest.mark.parametrize("draft_name,gamma,T", [("另一个模型", 2, 1.0), ("前 1 层", 1, 1.0), ("二元语法表", 3, 1.0),
                                                 ("另一个模型", 3, 0.7)])
-def test_speculative_joint_distribution_matches_target(tiny_models, draft_name, gamma, T):
-    target, drafts = tiny_models
+def test_speculative_joint_distribution_matches_target(memo_models, draft_name, gamma, T):
+    target, drafts = memo_models
     prompt = [1, 4, 2]
     exact = _exact_joint(target, prompt, T)
     rng = np.random.default_rng(42)
@@ -120,9 +132,9 @@ def test_speculative_joint_distribution_matches_target(tiny_models, draft_name, 
     assert pval > 1e-3, (stat, dof, pval)
 
 
-def test_a_biased_sampler_is_caught_by_the_same_statistic(tiny_models):
+def test_a_biased_sampler_is_caught_by_the_same_statistic(memo_models):
     """回归保护：检验要有检出力——直接用草稿的分布抽样（不做拒绝）必须被判为不一致。"""
-    target, drafts = tiny_models
+    target, drafts = memo_models
     prompt = [1, 4, 2]
     exact = _exact_joint(target, prompt, 1.0)
     rng = np.random.default_rng(42)

@@ -16,6 +16,7 @@ from spec_math_lab import expected_tokens
 from stats_lab import chi2_gof
 from tree_lab import (multi_draft_acceptance, multi_draft_step_probs, multi_draft_verify,
                       tree_expected_tokens, tree_parents, tree_speculative_generate)
+from context_memo import ContextMemoLM
 from sampler_cases import HAND_CASES, TINY, dist as _dist
 from transformer_lab import LMConfig, config_like, init_params
 from kvcache_lab import KVCache
@@ -175,6 +176,17 @@ def wide_models():
     return _models(WIDE)
 
 
+@pytest.fixture(scope="module")
+def memo_models(tiny_models):
+    """
+    tiny_models 的同一组模型，transformer 换成按上下文记住 logits 的版本（tests/context_memo.py：带缓存、带树形遮罩的
+    每一行 == 一次算完这一行能看到的 token，同一个上下文只算一次；两者相等由 test_every_node_scored_in_generation_
+    equals_a_fresh_pass_over_its_path 逐行核对）。χ² 检验要抽上千次，这样前向只算几百次；分布只差舍入。
+    """
+    target, drafts = tiny_models
+    return ContextMemoLM(target), {k: d if isinstance(d, NGramLM) else ContextMemoLM(d) for k, d in drafts.items()}
+
+
 @pytest.mark.parametrize("branching", [(3, 2, 1, 1), (2,), (1, 1, 1), (2, 3)])
 @pytest.mark.parametrize("draft_name", ["另一个模型", "前 1 层", "二元语法表"])
 def test_greedy_tree_generation_equals_greedy_decoding(wide_models, branching, draft_name):
@@ -282,16 +294,16 @@ def _joint_counts(target, draft, branching, n_runs, seed):
 
 
 @pytest.mark.parametrize("draft_name,branching", [("另一个模型", (3, 2)), ("二元语法表", (2, 1))])
-def test_tree_joint_distribution_of_two_tokens_matches_target(tiny_models, draft_name, branching):
-    target, drafts = tiny_models
+def test_tree_joint_distribution_of_two_tokens_matches_target(memo_models, draft_name, branching):
+    target, drafts = memo_models
     counts = _joint_counts(target, drafts[draft_name], branching, 1000, 42)
     stat, dof, pval = chi2_gof(counts, _exact_joint(target, [1, 4, 2], 1.0))
     assert pval > 1e-3, (stat, dof, pval)
 
 
-def test_the_same_statistic_catches_a_wrong_residual(tiny_models, monkeypatch):
+def test_the_same_statistic_catches_a_wrong_residual(memo_models, monkeypatch):
     """检出力：把残差换成"拒绝后从 p_i 重抽"（常见的错误），同样的 χ² 检验必须判为不一致。"""
-    target, drafts = tiny_models
+    target, drafts = memo_models
     monkeypatch.setattr(tree_lab, "residual_distribution", lambda p, q: np.asarray(p, dtype=np.float64))
     counts = _joint_counts(target, drafts["另一个模型"], (3, 2), 1000, 42)
     stat, dof, pval = chi2_gof(counts, _exact_joint(target, [1, 4, 2], 1.0))

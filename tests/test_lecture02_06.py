@@ -67,6 +67,20 @@ def mod():
     return load_script(S6)
 
 
+@pytest.fixture(scope="module")
+def full_passes(lm):
+    """
+    float64 模型一次算完的 logits，几个测试共用（每段只算一次）-> {"chat": [16 + 7, V], "prose": [15, V], "code": [33, V]}。
+    "chat" 是聊天提示接上参考的贪心回答（去掉最后的 <|im_end|>）：前 16 行就是提示自己的 logits（因果遮罩：第 i 行只看
+    前 i + 1 个 token，后面接了什么不改变它，只差 float64 的舍入），最后 8 行（从提示的最后一行起）是回答每一步的 logits。
+    """
+    model, _ = lm
+    out = {"chat": model.forward(np.asarray([CHAT["ids"] + GREEDY[:-1]]))[0]}
+    for name in ("prose", "code"):
+        out[name] = model.forward(np.asarray([HF["inputs"][name]["ids"]]))[0]
+    return out
+
+
 def _run(path):
     """
     演示返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍演示。
@@ -227,9 +241,10 @@ def test_demo3_top5_equal_hf_reference(d3):
     assert d3["mass"] == pytest.approx(sum(hf_p), abs=1e-10)
 
 
-def test_demo3_entropy_from_an_independent_full_pass(d3, lm):
-    model, _ = lm
-    logits = NumpyTransformer.forward(model, np.asarray([d3["ids"]]))[0, -1]
+def test_demo3_entropy_from_an_independent_full_pass(d3, full_passes):
+    # 参考文本一次算完的第 12 行（提示就是它的前 12 个 token；因果遮罩：后面的 token 不改变这一行）
+    assert d3["ids"] == HF["inputs"]["prose"]["ids"][:12]
+    logits = full_passes["prose"][11]
     lp = logits - logits.max()
     lp = lp - math.log(np.exp(lp).sum())
     assert d3["entropy"] == pytest.approx(float(-(np.exp(lp) * lp).sum()), abs=1e-9)
@@ -312,10 +327,11 @@ def _with_qk(P, fn, cfg):
     return Q
 
 
-def test_rope_permutation_must_be_undone_exactly_once(f64, lm):
-    model, _ = lm                             # 会话共用的 float64 模型：就是 f64 这份参数建的 NumpyTransformer
-    for name, x in HF["inputs"].items():      # 对的装法：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
-        assert _hf_max_diff(model.forward(np.asarray([x["ids"]]))[0], x["rows"]) < 1e-10, name
+def test_rope_permutation_must_be_undone_exactly_once(full_passes):
+    # 对的装法（会话共用的 float64 模型，就是 f64 这份参数建的）：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
+    assert max(r["pos"] for r in CHAT["rows"]) < len(CHAT["ids"])      # 参考的行都在提示里（full_passes 的说明）
+    for name, x in HF["inputs"].items():
+        assert _hf_max_diff(full_passes[name], x["rows"]) < 1e-10, name
     # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）。
     # 错的两种用 float32 的副本算就够了：float32 离参考 < 1e-3（下一个测试），比 1.0 小得多
     P, cfg, _ = real_model("float32")
@@ -352,14 +368,22 @@ def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
     assert np.max(np.abs(logits[0, f32["pos"], f32["top5_ids"]] - np.asarray(f32["top5_logits"]))) < tol
 
 
-def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
-    model, _ = lm
+@pytest.fixture(scope="module")
+def cached_decode(lm, mod):
+    """
+    带缓存一步一步的贪心 decode（演示 4 的提示，<|im_end|> 停）-> (选出的 id, 每步的 logits)，两个测试共用、只跑一次：
+    脚本的 greedy_with_skipped_slot，skip = 0——先喂整个提示，之后每步只喂上一步选出的 token，位置和缓存的槽都接着往后数。
+    """
+    model, tok = lm
+    ids, logits, _ = mod.greedy_with_skipped_slot(model, CHAT["ids"], 16, [tok.im_end_id], skip=0)
+    return ids, logits
+
+
+def test_kv_cache_decode_equals_full_pass_on_the_real_model(cached_decode, full_passes):
     prompt = CHAT["ids"]
-    cache = model.new_cache(1, len(prompt) + len(GREEDY))
-    got = [model.forward(np.asarray([prompt]), cache)[0, -1]]
-    for t in GREEDY[:-1]:                                    # 喂参考的贪心回答，一次一个 token
-        got.append(model.forward(np.asarray([[t]]), cache)[0, -1])
-    full = model.forward(np.asarray([prompt + GREEDY[:-1]]))[0, len(prompt) - 1:]
+    ids, got = cached_decode                                 # 喂的是选出的贪心回答，一次一个 token
+    assert ids == GREEDY
+    full = full_passes["chat"][len(prompt) - 1:]             # prompt + GREEDY[:-1] 一次算完
     assert np.max(np.abs(np.asarray(got) - full)) < 1e-11
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
 
@@ -367,8 +391,10 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(lm):
 def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod):
     P, cfg, tok = f64
     target, _ = lm
-    # 草稿：跳过中间 10 层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）
-    draft = layer_subset(target, list(range(10)) + list(range(20, 30)), name="跳过中间 10 层")
+    # 草稿：目标的第一层和最后一层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）。T = 0 时输出 == 贪心
+    # 对任何草稿都成立，草稿是谁不改变要证明的事；两层的草稿每步比跳过中间 10 层的（20 层）便宜得多，而且最后一轮有拒绝
+    # （下面断言）：停止 token 是修正 token，停在被接受的草稿里的情形由下一个测试管
+    draft = layer_subset(target, [0, 29], name="第一层和最后一层")
     prompt = tok.chat("What is the capital of France?")
     # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
     # 上限和停止 token），不在进程里再生成一遍
@@ -378,20 +404,25 @@ def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod):
     spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
+    assert stats["accepted"][-1] < 3                       # 最后一轮有拒绝：<|im_end|> 是修正 token
 
 
-def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm):
-    """草稿就是目标模型本身（T = 0 时 α = 1，每轮 γ 个全接受 + 1 个额外的）、γ = 2：每轮 3 个 token，
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5):
+    """草稿是同一个模型的 float32 版（会话共用的，每步的代价约为 float64 目标的一半）：T = 0 时只看 argmax，这条路上
+    每步第一名比第二名的 logit 高 1 以上（演示 5 的 min_gap），float32 的误差 < 1e-3（test_float32_is_float32_...），
+    所以 argmax 处处和目标相同、α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，
     <|im_end|>（第 8 个）是第 3 轮被接受的第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿在这里总被拒绝，
     停止 token 总是修正 token，测不到这种情况。"""
     target, tok = lm
-    spec, stats = speculative_generate(target, target, tok.chat("What is the capital of France?"), 16, 2, 0.0,
+    assert d5["min_gap"] > 1.0
+    draft = smollm2_lm("float32")[0]
+    spec, stats = speculative_generate(target, draft, tok.chat("What is the capital of France?"), 16, 2, 0.0,
                                        np.random.default_rng(2), stop=[2])
     assert list(spec) == GREEDY
     assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
 
 
-def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, lm):
+def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, lm, full_passes, cached_decode):
     """
     回归：观察 3 原来说 llama3.np 的错（第一个 decode 步用位置 L + 1，缓存第 L 格空着）"贪心输出在第 5 个 token
     之后才和正确的模型分开（课程开发时量的，这里不重现）"，学生核对不了。现在脚本重现它：skip = 0 时同一个函数就是
@@ -401,8 +432,9 @@ def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, 
     model, tok = lm
     prompt = tok.chat(mod.QUESTION)
     L = len(prompt)
-    full = model.forward(np.asarray([prompt + GREEDY[:-1]]))[0, L - 1:]
-    ok_ids, ok_logits, _ = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=0)
+    assert prompt == CHAT["ids"]
+    full = full_passes["chat"][L - 1:]                      # prompt + GREEDY[:-1] 一次算完
+    ok_ids, ok_logits = cached_decode                       # skip = 0（同一个提示：上面断言）
     assert ok_ids == GREEDY
     assert max(float(np.abs(a - b).max()) for a, b in zip(ok_logits, full)) < d5["bound"]
     bug_ids, bug_logits, cache = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=1)

@@ -3,7 +3,9 @@
 这里用独立的算法（新开一次前向、自己写的 Pearson χ²、闭式）核对，并核对观察里说的大小关系。
 """
 import ast
+import contextlib
 import inspect
+import io
 import math
 
 import numpy as np
@@ -408,9 +410,17 @@ def test_05_best_gamma(s05, capsys):
         assert max(_speedup(0.8, k, b, 512, T, D) for k in range(1, 17)) < 1
 
 
-def test_05_long_context_keeps_paying(s05, capsys):
-    r = s05.demo4_context()
-    capsys.readouterr()
+@pytest.fixture(scope="module")
+def demo4(s05):
+    """演示 4 返回的数和它打印的文字：两个测试共用，只跑一次（它要把每个上下文、批大小、γ 都算一遍）。"""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        r = s05.demo4_context()
+    return r, buf.getvalue()
+
+
+def test_05_long_context_keeps_paying(s05, demo4):
+    r = demo4[0]
     short = [c for c in s05.CONTEXTS if r[(c, 0.8)]["break_even"] is not None]
     long_ = [c for c in s05.CONTEXTS if r[(c, 0.8)]["break_even"] is None]
     assert short == [128, 512, 1024] and long_ == [2048, 4096, 8192]
@@ -426,11 +436,10 @@ def test_05_long_context_keeps_paying(s05, capsys):
         assert r[c]["bmax"] == int((640e9 - w) // ((327680 + 131072) * c))
 
 
-def test_05_each_side_at_its_own_largest_batch(s05, capsys):
+def test_05_each_side_at_its_own_largest_batch(s05, demo4):
     """issue 19 第 14 条：普通 decode 不放草稿，上下文 2048 时装 743 个序列（投机解码 513）；各用自己的最大批时，
     长上下文的整批吞吐只多 1.08–1.38 倍（不是同一批时的 1.18–1.52 倍），每个用户的延迟改善 1.56–2.00 倍。"""
-    r = s05.demo4_context()
-    out = unwrap(capsys.readouterr().out)
+    r, out = demo4[0], unwrap(demo4[1])
     T, D = s05.TARGET, s05.DRAFT
     w_t, w_both = 2 * 70_553_706_496, 2 * (70_553_706_496 + 8_030_261_248)
     thr, lat = {}, {}

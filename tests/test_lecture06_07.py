@@ -295,9 +295,18 @@ def test_07_full_real_loop_figures(s07, models, costs, full2):
     assert round((8 + 8 + 1) / sum(a ** i for i in range(9)), 2) == 2.72     # 定理 3.11，ĉ = 1
 
 
-def test_07_full_estimator_bias_on_the_real_runs(s07, costs, full2):
+@pytest.fixture(scope="module")
+def full3(s07, costs, full2):
+    """演示 3 全尺寸（脚本的大小，传进演示 2 那次运行的格子）返回的数和打印的文字：在进程里只跑一次，两个测试共用。"""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        out = s07.demo3_estimator_bias(costs, full2)
+    return out, buf.getvalue()
+
+
+def test_07_full_estimator_bias_on_the_real_runs(full3, costs, full2):
     """演示 3 全尺寸：04 的估计的均值和标准差对照精确分布；真跑的两种估计之比 1.3%、16 格全部低。"""
-    out = _quiet(s07.demo3_estimator_bias, costs, full2)
+    out = full3[0]
     a = costs["只用前 3 层"]["alpha"]
     for (g, n), r in out["rows"].items():
         if g != 8:
@@ -404,7 +413,7 @@ def test_07_demo2_is_seed04s_demo3_run(full2):
         assert (f"{r['e']:.2f}", f"{r['eq1']:.2f}") == tuple(f"{x:.2f}" for x in printed[key]), key
 
 
-def test_07_seed04_table_counts(s07, costs, full2):
+def test_07_seed04_table_counts(full3):
     """
     issue 26 第 18 条：04 演示 3 观察 2 说"有高有低，没有系统偏差"。演示 2 重算的 04 那 16 格里（按印出的两位小数）
     11 格低、3 格高、2 格打平；不舍入 11 格低、5 格高；双侧符号检验 p = 2·(C(14,0)+…+C(14,3)) / 2^14 = 940 / 16384。
@@ -413,13 +422,11 @@ def test_07_seed04_table_counts(s07, costs, full2):
     printed = _seed04_demo3_printed()
     lo = sum(m < e for m, e in printed.values())
     hi = sum(m > e for m, e in printed.values())
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        out = s07.demo3_estimator_bias(costs, full2)
+    out, printed_text = full3
     assert out["seed04_counts"] == (lo, hi, 16 - lo - hi) == (11, 3, 2)
     assert out["seed04_counts_exact"] == (11, 5)
     assert out["seed04_sign_p"] == pytest.approx(940 / 16384, rel=1e-12)
-    text = unwrap(buf.getvalue())
+    text = unwrap(printed_text)
     flat = text.replace(" ", "")                                      # 折行处的空格不算（console 可能在空格处折行）
     assert "04演示3观察2说实测和式(1)\"有高有低，没有系统偏差\"" in flat
     assert "16格里11格实测低于式(1)、3格高、2格打平" in flat and "不舍入是11格低、5格高" in flat

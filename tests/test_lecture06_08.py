@@ -3,13 +3,11 @@
 （speculative_generate_adaptive 的固定 γ 跑同样的种子、自己数每轮起点、按混合的定义手算 β、种子 04 自己的 measured_alpha、
 定理 3.8 的闭式）重新算一遍，并核对观察里说的大小关系。
 """
-import contextlib
-import io
 
 import numpy as np
 import pytest
 
-from conftest import load_script, script_results, script_stdout
+from conftest import load_script, script_demo_text, script_results, script_stdout
 
 from decode_lab import autoregressive_generate, TransformerLM  # noqa: E402
 from correlated_lab import regime_models  # noqa: E402
@@ -318,11 +316,9 @@ def test_demo4_obs2_one_draw_cannot_show_it_replicates_do(s08, demos):
     assert -m / (sd / np.sqrt(10)) > 3                                # 十组合起来：高估是显著的
 
 
-def test_demo4_obs2_text(s08):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        s08.demo4_prompt_lookup()
-    text = "".join(buf.getvalue().split())
+def test_demo4_obs2_text():
+    # 演示 4 打印的那一段：取自脚本自己的运行（conftest.script_run_pair，整个会话只跑一次），不在进程里再跑一遍演示 4
+    text = "".join(script_demo_text("lecture06/08_correlated_acceptance.py", 4).split())
     for want in ("每轮 1.44 个 token（100 轮，标准误 0.17）", "只差 0.5 个标准误：这一次抽样分不出式 (1) 是否高估",
                  "平均比式 (1) 低 7.6%（标准误 1.3%），10 组里 10 组式 (1) 偏高"):
         assert "".join(want.split()) in text, want

@@ -1,0 +1,70 @@
+"""
+统计检验用的"按上下文记住 logits"的模型：同一个 TransformerLM，但带缓存的 forward 每一行的 logits 取自把这一行能看到的
+token 当普通序列一次算完的结果，同一个上下文只算一次。
+
+为什么可以：模型的 logits 只取决于它看到的 token。带缓存（含回滚、树形遮罩、只留被接受的路径）的 decode 和一次算完只差
+float64 的舍入（< 1e-12），这由 test_decode_lab.test_cached_rolled_back_decoding_equals_full_logits 和
+test_decode_lab_trees.test_every_node_scored_in_generation_equals_a_fresh_pass_over_its_path 逐行核对。所以投机解码的
+输出分布和用原模型时一样；χ² 检验要抽几千次，提示固定、词表 6 个 token 时上下文却只有几百种，这样只算几百次前向。
+缓存只记位置和 token（影子列表）；K/V 照样分配（KVCache 的边界检查不变），但不再读写。
+"""
+import numpy as np
+
+from decode_lab import TransformerLM
+from kvcache_lab import KVCache
+
+
+class _TokenCache(KVCache):
+    """KVCache 加一个影子列表：第 i 个位置是哪个 token（rollback 只改 pos；keep 把留下的 token 跟着挪）。"""
+
+    def __init__(self, cfg, batch, max_len=None):
+        super().__init__(cfg, batch, max_len)
+        self.shadow = [None] * self.max_len
+
+    def keep(self, start, offsets):
+        kept = [self.shadow[start + int(o)] for o in np.asarray(offsets, dtype=np.int64).ravel()]
+        super().keep(start, offsets)
+        self.shadow[start:start + len(kept)] = kept
+
+
+class ContextMemoLM(TransformerLM):
+    """base 的参数和配置；forward(toks, cache, …) 的每一行 = full_logits(这一行能看到的 token)[-1]（按上下文记住）。"""
+
+    def __init__(self, base):
+        super().__init__(base.params, base.cfg, base.name)
+        self._rows = {}            # 上下文（token 元组）-> 它之后下一个 token 的 logits
+        self.n_passes = 0          # 真正算了几次一次算完的前向
+
+    def new_cache(self, batch=1, max_len=None):
+        return _TokenCache(self.cfg, batch, max_len)
+
+    def _row(self, ctx):
+        key = tuple(ctx)
+        if key not in self._rows:
+            rows = super().forward(np.asarray([ctx]))[0]      # 因果：第 j 行就是前 j + 1 个 token 之后的 logits
+            self.n_passes += 1
+            for j in range(len(ctx)):
+                self._rows.setdefault(key[:j + 1], rows[j])
+        return self._rows[key]
+
+    def forward(self, toks, cache=None, counter=None, attn_mask=None, positions=None):
+        if cache is None or counter is not None:
+            return super().forward(toks, cache, counter, attn_mask, positions)
+        toks = np.asarray(toks)
+        if toks.ndim != 2 or toks.shape[0] != 1 or not isinstance(cache, _TokenCache):
+            raise ValueError("ContextMemoLM 只接受批为 1、用自己 new_cache 建的缓存")
+        n, p0 = toks.shape[1], cache.pos
+        if p0 + n > cache.max_len:
+            raise ValueError(f"序列长度 {p0 + n} 超过 KV cache 的长度 {cache.max_len}")
+        new = [int(t) for t in toks[0]]
+        ctx_all = cache.shadow[:p0] + new
+        out = []
+        for i in range(n):
+            if attn_mask is None:
+                ctx = ctx_all[:p0 + i + 1]
+            else:
+                ctx = [t for t, v in zip(ctx_all, np.asarray(attn_mask)[i]) if v]
+            out.append(self._row(ctx))
+        cache.shadow[p0:p0 + n] = new
+        cache.pos = p0 + n
+        return np.asarray(out)[None]
