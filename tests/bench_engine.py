@@ -20,6 +20,7 @@
       玩具模型的代价，calibrate_heterogeneous）；只量它：--calibrate heterogeneous [--write] [--note "一句话"]。
       之后再量解耦的一节（calibrate_disaggregation：两个 worker 进程的共享总线 κ_dd、κ_dp，管道和共享内存的速率，
       各 3 次的中位数），--write 时写进 "disaggregation"；只量它：--calibrate disaggregation [--write]。
+      只量引擎一步的一节（引擎的分派改了以后重新标定它，另外两节不动）：--calibrate engine_step [--write]。
 
 每一步取 3 次里最快的一次。decode 的步之前那些 prefill 不跑模型（TimingRunner 直接给一个占位的 token，K/V 留着
 零）：量的是一步的时间，不看 token 的值，这样批 64、上下文 256 也不用先 prefill 一万六千个 token。
@@ -256,7 +257,7 @@ def write_section(name, section):
     print(f"写进了 {os.path.relpath(CALIBRATION_PATH, ROOT)} 的 {name!r} 一节")
 
 
-def calibrate(model, cfg, write):
+def calibrate(model, cfg, write, command=COMMAND):
     info = machine_info()
     points = []
     print(f"标定：{info['cpu']}，numpy {info['numpy']}，BLAS {info['blas']}，"
@@ -286,7 +287,7 @@ def calibrate(model, cfg, write):
     print("拟合：" + "，".join(f"{k} = {cost[k]:.4g}" for k in COST_KEYS))
     print(f"最大 |残差| = {worst:.1%}（目标 ≤ {GOAL_FIT:.0%}：{'达到' if worst <= GOAL_FIT else '没达到'}）")
     mark_load_at_end(info)
-    section = {"command": COMMAND, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    section = {"command": command, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "machine": info, "model": f"SmolLM2-135M {cfg.dtype}",
                "form": "tokens > rowwise_rows: max(t_f, t_w) + (1 - overlap) * min(t_f, t_w); tokens <= rowwise_rows: "
                        "(bytes - kv_bytes) / gemv_bytes_per_s * (1 + (tokens - 1) * reread); plus kv_bytes / "
@@ -523,7 +524,8 @@ def main(argv):
     contexts = CONTEXTS
     if "--contexts" in argv:
         contexts = tuple(int(x) for x in argv[argv.index("--contexts") + 1].split(","))
-    if "--calibrate" in argv and DISAGG_SECTION not in argv:   # 异构的一节（玩具模型和链路，不读 SmolLM2）；只要这一节：加 heterogeneous
+    only_engine = SECTION in argv                      # --calibrate engine_step：只量引擎一步的一节
+    if "--calibrate" in argv and DISAGG_SECTION not in argv and not only_engine:   # 异构的一节（玩具模型和链路，不读 SmolLM2）；只要这一节：加 heterogeneous
         note = argv[argv.index("--note") + 1] if "--note" in argv[:-1] else ""
         calibrate_heterogeneous("--write" in argv, note)
         if HETERO_SECTION in argv:
@@ -532,8 +534,10 @@ def main(argv):
     model = NumpyTransformer(P, cfg)
     if "--calibrate" in argv:
         if DISAGG_SECTION not in argv:                 # 只要解耦的一节：--calibrate disaggregation [--write]
-            calibrate(model, cfg, "--write" in argv)
-        calibrate_disaggregation("--write" in argv)
+            calibrate(model, cfg, "--write" in argv,
+                      command=f"python3 tests/bench_engine.py --calibrate {SECTION} --write" if only_engine else COMMAND)
+        if not only_engine:
+            calibrate_disaggregation("--write" in argv)
     elif "--profile" in argv:
         profile(model, cfg, batches, contexts)
     else:
