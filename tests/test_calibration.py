@@ -126,3 +126,21 @@ def test_08_time_ledger_prints_every_op_with_its_ledger(capsys, monkeypatch):
     for op in ("qkv", "o_proj", "gate_up", "down", "lm_head", "attention"):
         line = next(l for l in out.splitlines() if l.split() and l.split()[0] == op)
         assert float(line.split()[1]) >= 0 and f"{led[op][0] / 1e9:.3f}" in line
+
+
+def test_calibrate_engine_step_measures_only_that_section(monkeypatch):
+    """--calibrate engine_step：只调 calibrate（记下的命令是这一条），异构和解耦两节不量；不带它时三节都量。
+    （量的函数和模型都换成假的：只看 main 的分派。）"""
+    calls = []
+    monkeypatch.setattr(be, "calibrate", lambda model, cfg, write, command=be.COMMAND: calls.append(("engine", write, command)))
+    monkeypatch.setattr(be, "calibrate_heterogeneous", lambda write, note="": calls.append(("hetero", write)))
+    monkeypatch.setattr(be, "calibrate_disaggregation", lambda write: calls.append(("disagg", write)))
+    import real_model_lab
+    import transformer_lab
+    monkeypatch.setattr(real_model_lab, "load_gguf", lambda dtype=None: (None, None, None))
+    monkeypatch.setattr(transformer_lab, "NumpyTransformer", lambda P, cfg: None)
+    be.main(["--calibrate", "engine_step", "--write"])
+    assert calls == [("engine", True, "python3 tests/bench_engine.py --calibrate engine_step --write")]
+    calls.clear()
+    be.main(["--calibrate"])
+    assert calls == [("hetero", False), ("engine", False, be.COMMAND), ("disagg", False)]
