@@ -20,7 +20,8 @@ from greedy_lab import greedy_rounds, lookup_rounds  # noqa: E402
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
 from transformer_lab import config_like  # noqa: E402
 import spec_math_lab  # noqa: E402
-from smollm2_models import smollm2_lm  # noqa: E402
+from smollm2_models import new_token_logits, smollm2_lm, with_layers  # noqa: E402
+from quant_lab import LAYER_MATRICES, quantize_matrix  # noqa: E402
 
 S = "lecture06/10_real_model_spec_decode.py"
 
@@ -198,23 +199,6 @@ def test_greedy_texts_and_target_agreement(run):
     assert [len(new) for _, new in ctx["texts"][:2]] == list(s.N_NEW[:2])
 
 
-def _to_f64(P, shared):
-    """float32 的数组转成 float64（结构不变）。shared：{id: (原数组, float64)}，两个量化草稿共用的、没量化的数组
-    （词嵌入、lm_head、RMSNorm：quantize_params 原样传过去的同一个对象）只转一次。"""
-    if isinstance(P, dict):
-        return {k: _to_f64(v, shared) for k, v in P.items()}
-    if isinstance(P, list):
-        return [_to_f64(v, shared) for v in P]
-    if not (isinstance(P, np.ndarray) and P.dtype == np.float32):
-        return P
-    hit = shared.get(id(P))
-    if hit is None or hit[0] is not P:
-        return P.astype(np.float64)
-    if hit[1] is None:
-        shared[id(P)] = hit = (P, P.astype(np.float64))
-    return hit[1]
-
-
 def _staged_rows(target64, texts, a, n, k):
     """
     float64 的目标、跳层草稿（跳过第 a..a+n−1 层）、前 k 层草稿（a ≤ k）在每段文本的新 token 处的 logits
@@ -223,6 +207,7 @@ def _staged_rows(target64, texts, a, n, k):
     （forward 每层先对残差流 x 调一次 rms_scale、最后再调一次：第 2i 次调用的输入是第 i 层之前的 x），其余的层从那里
     接着算（layer_subset 的另一段，embed 换成交回记下的 x；位置、遮罩、每个矩阵乘的形状都和整段前向一样）。
     以前三个模型各从头前向一遍（30 + 26 + 26 层，外加 3 次 lm_head）；现在 26 + 4 + 14 层：少算约三分之一。
+    lm_head 只乘新 token 的那几行（tests/smollm2_models.new_token_logits）。
     记下的位置错了，接着算出的 logits 就是另一个模型的：下面的 err < 1e-2 立刻不成立，不会悄悄地放过。
     """
     L = target64.cfg.n_layers
@@ -238,17 +223,33 @@ def _staged_rows(target64, texts, a, n, k):
 
     out = {"目标": [], "跳层": [], "提前退出": []}
     for prompt, new in texts:
-        seq = np.array([list(prompt) + list(new)])
-        cut = slice(len(prompt) - 1, len(prompt) - 1 + len(new))
         seen.clear()
-        out["提前退出"].append(front.full_logits(seq)[0, cut])
+        out["提前退出"].append(new_token_logits(front, prompt, new))
         assert len(seen) == 2 * k + 1
-        out["目标"].append(tail(k, seen[-1]).full_logits(seq)[0, cut])
-        out["跳层"].append(tail(a + n, seen[2 * a]).full_logits(seq)[0, cut])
+        out["目标"].append(new_token_logits(tail(k, seen[-1]), prompt, new))
+        out["跳层"].append(new_token_logits(tail(a + n, seen[2 * a]), prompt, new))
     return out
 
 
 SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
+
+
+def _requantized_f64(target64, P32, scheme):
+    """
+    脚本的量化草稿（drafts_lab.requantized_draft：每层 7 个矩阵 quant_lab.quantize_matrix 就近舍入、转成 float32）
+    的 float64 版 -> TransformerLM：同样逐矩阵量化、转成 float32（脚本算的就是这份权重），再原样转成 float64；RMSNorm
+    的权重同样原样转。量化本身逐元素、不经过 BLAS。没量化的词嵌入、lm_head、最后的 RMSNorm：float32 的文件权重和
+    float64 的逐位相同（下面断言），所以和 float64 的目标共用它的融合（tests/smollm2_models.with_layers：只融合这 30 层，
+    不再建一份 float32 的草稿、不再融合 V × d 的 lm_head）。
+    """
+    P64 = target64.params
+    for k in ("embed", "lm_head", "final_norm"):
+        assert np.array_equal(P32[k], P64[k]), k
+    layers = {}
+    for i, L in enumerate(P32["layers"]):
+        layers[i] = {k: (quantize_matrix(v, scheme)[0].astype(np.float32) if k in LAYER_MATRICES else v)
+                     .astype(np.float64) for k, v in L.items()}
+    return with_layers(target64, layers)
 
 
 def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt):
@@ -256,25 +257,15 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt):
     脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
     精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
     α T = 1 打印 3 位小数。这里用 float64 重算同样的模型（目标和层草稿：文件的 float64 权重；量化的草稿：把 float32 的
-    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS），量出这台机器上 float32 离 float64 的最大距离 err。
+    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS，见 _requantized_f64），量出这台机器上 float32 离 float64 的
+    最大距离 err。
     【假设】别的机器的 float32 离 float64 也是这个量级（同样的单位舍入、同样长的点积，只是求和顺序不同），
     两个 float32 结果最多差 2·err。要求：排名 ≤ 8 的位置上，别的 token 的 logit 离文本的 token 的 logit 都超过
     2 × SAFETY × err（排名在任何机器上都一样）；α T = 1 在 ± SAFETY × 它的 float32–float64 差以内舍入到同一个 3 位小数。
     """
     s, ctx, out = run
     target64, _, _ = f64
-    from drafts_lab import requantized_draft
-    from transformer_lab import config_like as _cl
-
-    def rows(model):
-        res = []
-        for prompt, new in ctx["texts"]:
-            seq = np.array([list(prompt) + list(new)])
-            res.append(model.full_logits(seq)[0, len(prompt) - 1:len(prompt) - 1 + len(new)].astype(np.float64))
-        return res
-
     a, n = s.SKIP
-    L = ctx["cfg"].n_layers
     staged = _staged_rows(target64, ctx["texts"], a, n, s.EXIT_K)
     pairs = [("目标", ctx["target_logits"], staged["目标"])]     # 目标的 float32 logits：脚本自己算的（ctx）
     for label, keep in ((ctx["skip_label"], "跳层"), (f"只用前 {s.EXIT_K} 层", "提前退出")):
@@ -282,15 +273,12 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt):
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
     pairs += [("INT8 的自己", "int8", None), ("INT4-g32 的自己", "int4-g32", None)]
-    P = ctx["P"]
-    shared = {id(a): (a, None) for a in [P["embed"], P["lm_head"], P["final_norm"]]
-              + [L[k] for L in P["layers"] for k in ("attn_norm", "mlp_norm")]}
     for label, m32, m64 in pairs:
         if isinstance(m32, str):                    # 量化的草稿：float32 的量化权重，原样转成 float64
-            d32, _ = requantized_draft(ctx["P"], ctx["cfg"], m32)
             l32 = [x.astype(np.float64) for x in ctx["quant_logits"][label]]    # 脚本那次运行的 float32 logits
-            l64 = rows(TransformerLM(_to_f64(d32.params, shared), _cl(d32.cfg, dtype="float64")))
-            del d32
+            d64 = _requantized_f64(target64, ctx["P"], m32)
+            l64 = [new_token_logits(d64, prompt, new) for prompt, new in ctx["texts"]]
+            del d64
         else:                                       # 已经算好的 float32 logits（目标：脚本的；层草稿：rebuilt）
             l32, l64 = [x.astype(np.float64) for x in m32], m64
         err = max(float(np.abs(x - y).max()) for x, y in zip(l32, l64))
