@@ -45,21 +45,31 @@ def with_layers(base, changed):
 def new_token_logits(model, prompt, new):
     """
     model 在 prompt + new 这一段上一次前向、只在预测 new 的那几个位置（len(prompt) − 1 起 len(new) 个）算 lm_head
-    -> [len(new), V]。前向和 model.full_logits 完全一样（每层都算整段），只是 lm_head 不乘提示里用不上的那些行：
-    lm_head 对每个位置是独立的一次矩阵乘（[n, d] @ [d, V] 的行互不相干），所以留下的行和整段算完再切出来的一样，
-    只差 BLAS 分块的舍入。SmolLM2 的 lm_head 每个位置 2.8e7 次乘加，约是 30 层的四分之一。
+    -> [len(new), V]（logits_at 的一条序列的写法）。
     """
     import numpy as np
-    cut = slice(len(prompt) - 1, len(prompt) - 1 + len(new))
+    return logits_at(model, np.array([list(prompt) + list(new)]), slice(len(prompt) - 1, len(prompt) - 1 + len(new)))[0]
+
+
+def logits_at(model, toks, cut):
+    """
+    model 在 toks [B, n] 上一次前向、只在 cut（一个 slice）那几个位置算 lm_head -> [B, cut 的位置数, V]。
+    前向和 model.forward(toks) 完全一样（每层都算整段），只是 lm_head 不乘用不上的那些行：lm_head 对每个位置是独立的
+    一次矩阵乘（[n, d] @ [d, V] 的行互不相干），所以留下的行和整段算完再切出来的一样，只差 BLAS 分块的舍入。
+    SmolLM2 的 lm_head 每个位置 2.8e7 次乘加，约是 30 层的四分之一。
+    """
+    import numpy as np
+    toks = np.asarray(toks)
+    want = len(range(*cut.indices(toks.shape[1])))
     own = vars(model).get("lm_head")                 # 实例上已经换过的 lm_head（一般没有：用类的方法）
     head = model.lm_head
     model.lm_head = lambda h: head(h[:, cut])
     try:
-        out = model.full_logits(np.array([list(prompt) + list(new)]))
+        out = model.forward(toks)
     finally:
         if own is None:
             del model.lm_head
         else:
             model.lm_head = own
-    assert out.shape[1] == len(new)
-    return out[0]
+    assert out.shape[:2] == (toks.shape[0], want)
+    return out

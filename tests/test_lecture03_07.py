@@ -10,7 +10,6 @@ float64 的舍入：logits 之差 < 1e-12（02/06 对 Hugging Face 的 float64 �
 （恰在两个刻度正中的数）：float64 的相对差 1e-15 落在正中 1e-13 以内的概率，乘上几百万个数仍小于 1e-6。
 """
 import contextlib
-import copy
 import io
 import math
 import re
@@ -19,10 +18,9 @@ import numpy as np
 import pytest
 
 import conftest
-from smollm2_models import smollm2_lm
+from smollm2_models import logits_at, smollm2_lm, with_layers
 from kvcache_lab import KVCache
 from quant_lab import INPUT_OF, LAYER_MATRICES, gptq_quantize, kv_quantizer, layer_inputs, quantize_matrix
-from transformer_lab import NumpyTransformer
 
 S = "lecture03/07_real_model_quantization.py"
 S06 = "lecture03/06_activation_and_kv_quantization.py"
@@ -35,8 +33,8 @@ def run():
     ctx（模型、文本、激活）在进程里用脚本的 setup() 重建，模型用整个会话共用的那一份 float64（conftest.real_model）。
     setup() 里的抽样换成那次运行抽到的文本（省掉 2·N_SEQ 条逐 token 的 decode）：换进来之前核对调用的参数；
     文本就是这个模型按 TEXT_SEED 抽的，由 test_text_is_drawn_in_float64_far_from_every_tie 逐个 token 重新反查核对
-    （另一个前向的 logits、自己写的 softmax 和 CDF）。setup() 里 capture 在评估文本上算出的 logits 记下来，
-    给 capture_ref（同一个函数、同样的输入，不再算第二遍）。
+    （另一个前向的 logits、自己写的 softmax 和 CDF）。setup() 里 capture 在校准、评估文本上算出的 logits 记下来：
+    评估的给 capture_ref，两段一起给文本的核对（同一个函数、同样的输入，不再算第二遍）。
     """
     conftest.smollm2_path()
     mod = conftest.load_script(S)
@@ -58,8 +56,10 @@ def run():
 
     def capture_and_keep(P, cfg, toks, *a, **k):
         got = capture(P, cfg, toks, *a, **k)
-        if not a and not k and np.array_equal(toks, res["eval_toks"]):
-            seen["eval_logits"] = got[0]
+        if not a and not k:
+            for name in ("calib", "eval"):
+                if np.array_equal(toks, res[name + "_toks"]):
+                    seen[name + "_logits"] = got[0]
         return got
     mod.load_gguf = lambda dtype: conftest.real_model(np.dtype(dtype).name)
     mod.TransformerLM = same_model
@@ -68,7 +68,7 @@ def run():
         ctx = mod.setup()
         toy = mod.toy_setup()
     mod.capture = capture
-    ctx["_eval_logits"] = seen["eval_logits"]
+    ctx["_eval_logits"], ctx["_calib_logits"] = seen["eval_logits"], seen["calib_logits"]
     out = {k: res[k] for k in ("d1", "d2", "d3", "d4", "d5")}
     return mod, ctx, toy, out, conftest.script_raw_stdout(S)
 
@@ -76,11 +76,11 @@ def run():
 @pytest.fixture(scope="module")
 def ref_forward(run):
     """
-    原模型在校准 + 评估文本（2·N_SEQ 条）上一次前向 -> (logits, 写满的 KV 缓存)：transformer_lab 的前向（ctx["model"]，
-    和脚本的 capture 不是同一条路），几个测试共用这一次。
+    原模型在评估文本（N_SEQ 条）上一次前向 -> (logits, 写满的 KV 缓存)：transformer_lab 的前向（ctx["model"]，
+    和脚本的 capture 不是同一条路），几个测试共用这一次。（校准文本不用它：抽样的核对用 capture 的 logits，见 run。）
     """
     _, ctx, *_ = run
-    toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
+    toks = ctx["eval_toks"]
     cache = ctx["model"].new_cache(*toks.shape)
     return ctx["model"].forward(toks, cache), cache
 
@@ -155,8 +155,9 @@ def sampling_margins(mod, ctx, logits):
     """
     每一次抽样（2·N_SEQ 条 × N_NEW 个新 token）的 u·总和 离它落进的 CDF 区间两端最近的距离 -> [条, 新 token]。
 
-    自己重算：整段文本一次 float64 前向（logits：ref_logits）、自己写的 softmax（温度 TEMP）和累积和；u 照 decode_lab.sample_from_prompts 的
-    顺序从同一个种子取（每步每条一个）。同时核对抽到的 token 就是 u 落进的那个区间。
+    自己重算：整段文本一次 float64 前向（logits：capture 的前向，不是抽样时带缓存逐个 token 的 decode）、自己写的
+    softmax（温度 TEMP）和累积和；u 照 decode_lab.sample_from_prompts 的顺序从同一个种子取（每步每条一个）。同时核对
+    抽到的 token 就是 u 落进的那个区间。
     """
     toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
     start = ctx["start"]
@@ -173,7 +174,7 @@ def sampling_margins(mod, ctx, logits):
     return np.minimum(x - lo, hi - x)
 
 
-def test_text_is_drawn_in_float64_far_from_every_tie(run, ref_logits):
+def test_text_is_drawn_in_float64_far_from_every_tie(run):
     """
     文本不随 BLAS 变：温度 1 的抽样是 CDF 反查，u·总和 离区间的端点比 logits 的舍入能挪动的远，就抽到同一个 token。
     float64 的 logits 在不同的实现之间差 < 1e-12（模块说明的容差），概率、累积和跟着差 < 1e-11；最近的一次抽样离端点
@@ -182,7 +183,9 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run, ref_logits):
     """
     mod, ctx, _, _, _ = run
     assert ctx["cfg"].dtype == mod.DTYPE == "float64"
-    m = sampling_margins(mod, ctx, ref_logits)
+    logits = np.concatenate([ctx["_calib_logits"], ctx["_eval_logits"]])       # capture 的前向（run 记下的）
+    assert logits.shape[:2] == (2 * mod.N_SEQ, ctx["start"] + mod.N_NEW)
+    m = sampling_margins(mod, ctx, logits)
     assert m.min() > 1e-9
     s, t = np.unravel_index(np.argmin(m), m.shape)
     figure = f"{m.min():.1e}".replace("e-0", "e-")
@@ -330,29 +333,31 @@ def test_demo3_rtn_and_gptq_matrices_are_the_labs_own(run):
 
 def _model_of(base, Pq, changed):
     """
-    NumpyTransformer(Pq, cfg)，但只有 changed 那几层重新融合：其余的层和 base（Pq 以外都相同的会话共用模型）的融合权重
-    是同一批数组。构造时的融合是逐层、逐元素的，所以和整个重新构造逐位相同；前向照样是 transformer_lab 的整段前向。
-    （整个模型 float64 重新融合一遍约 1.5 秒，这里只融合一层。）
+    NumpyTransformer(Pq, cfg)，但只有 changed 那几层重新融合（tests/smollm2_models.with_layers）：其余的层、词嵌入和
+    lm_head 和 base（Pq 以外都相同的会话共用模型）的融合权重是同一批数组。构造时的融合是逐层、逐元素的，所以和整个重新
+    构造逐位相同；前向照样是 transformer_lab 的整段前向。（整个模型 float64 重新融合一遍约 1.5 秒，这里只融合一层。）
     """
-    from transformer_lab import config_like
     cfg = base.cfg
     assert all(base.params["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in changed)
-    m = copy.copy(base)
-    m.params, m._layers = Pq, list(base._layers)
-    for li in changed:
-        one = dict(Pq, layers=[Pq["layers"][li]])
-        m._layers[li] = NumpyTransformer(one, config_like(cfg, n_layers=1))._layers[0]
+    assert all(base.params[k] is Pq[k] for k in ("embed", "lm_head", "final_norm"))
+    m = with_layers(base, {li: Pq["layers"][li] for li in changed})
+    m.params = Pq
     return m
 
 
 def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits):
-    """演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 整段重算一遍，KL 一样。"""
+    """
+    演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 整段重算一遍，KL 一样。lm_head 只乘 KL 用到的
+    那几个位置（提示的最后一个到倒数第二个：smollm2_models.logits_at），每层照样整段算。
+    """
     mod, ctx, _, out, _ = run
     d3 = out["d3"]
     P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
     Pq = mod.with_layers(P, mod.quantize_layers(ctx, "rtn"))
-    ref = ref_logits[mod.N_SEQ:]                                           # 评估文本那一半
-    kl = kl_by_hand(ref, _model_of(ctx["model"], Pq, mod.STUDY_LAYERS).forward(toks), start)
+    ref = ref_logits                                                       # 评估文本
+    q = logits_at(_model_of(ctx["model"], Pq, mod.STUDY_LAYERS), toks, slice(start - 1, toks.shape[1] - 1))
+    lp, lq = log_softmax(ref[:, start - 1:-1]), log_softmax(q)
+    kl = (np.exp(lp) * (lp - lq)).sum(-1).mean()
     assert kl == pytest.approx(d3["kl"]["rtn"], rel=1e-9)              # float64 的两条路径（模块说明的容差）
     assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
     assert all(P["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in mod.STUDY_LAYERS)
@@ -457,13 +462,12 @@ def test_demo4_curve_by_hand_and_toy_curve_is_06s(run):
 def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture_ref, ref_forward):
     """transformer_lab 的缓存里 K 的列是重排过的；每个头的通道统计和列的顺序无关，应当和 capture 的一样。"""
     mod, ctx, _, out, _ = run
-    ev = slice(mod.N_SEQ, 2 * mod.N_SEQ)                 # 共用的那次前向里评估文本的几条
-    logits, cache = ref_forward[0][ev], ref_forward[1]
+    logits, cache = ref_forward                          # 共用的那次前向（评估文本）
     d5 = out["d5"]
     for li in (0, 11, 29):
         for h in range(ctx["cfg"].n_kv_heads):
-            assert d5["k_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.k[li, ev, h]), rel=1e-9)
-            assert d5["v_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.v[li, ev, h]), rel=1e-9)
+            assert d5["k_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.k[li, :, h]), rel=1e-9)
+            assert d5["v_ratio"][li, h] == pytest.approx(ratio_by_sorting(cache.v[li, :, h]), rel=1e-9)
     assert np.median(d5["k_ratio"]) > 1.5 * np.median(d5["v_ratio"])
     assert d5["k_gt_v"] == int((d5["k_ratio"] > d5["v_ratio"]).sum())
     # 原模型取 capture 的 logits：和 transformer_lab 的前向只差 float64 的舍入（logits 差 < 1e-12，KL 是它的平方量级）
