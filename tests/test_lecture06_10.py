@@ -3,11 +3,12 @@
 
 - float64 的真实循环：T = 0 的投机解码（跳层草稿：真实权重的前 8 层当目标；prompt lookup：整个目标）输出 == 贪心（整段一次前向
   逐位 argmax 核对），精确的轮次（greedy_lab）== 循环的每一轮。
-- 脚本的数（脚本自己那次运行存下的：演示返回的数和 ctx 里模型以外的部分，console.save_results）用另一条路径重算：草稿按 params 新建（不用 layer_subset），
+- 脚本的数（脚本自己那次运行存下的：演示返回的数和 ctx 里模型以外的部分，console.save_results）用另一条路径重算：草稿按测试自己的层号取层（不用 layer_subset），
   排名用 argsort，轮次、打乱、相关、式 (1)、定理 3.8、每 token 的字节数都用测试自己写的式子。
 - --time 的路径能跑（n = 2，计时的模型是真实权重的 4 层）；打印的观察引用的就是返回的数。
 """
 import contextlib
+import copy
 import io
 
 import numpy as np
@@ -193,10 +194,20 @@ def _eq1(a, g):
 
 
 def _plain_draft(ctx, keep):
-    P, cfg = ctx["P"], ctx["cfg"]
-    pk = dict(P)
-    pk["layers"] = [P["layers"][i] for i in keep]
-    return TransformerLM(pk, config_like(cfg, n_layers=len(keep)))
+    """
+    只有第 keep 层（按给的顺序）的模型 -> TransformerLM，层号由测试自己给，不经过 drafts_lab.layer_subset。
+    融合好的矩阵取自会话共用的 float32 目标（就是 ctx["P"] 建的 TransformerLM，run 断言）：构造时的融合逐层独立，
+    所以这和 TransformerLM(只留这几层的 params, n_layers = len(keep)) 逐位相同（按 params 新建和共用融合权重逐位相同，
+    test_greedy_lab.test_layer_subset_drafts_equal_models_built_from_params 核对）；两个 26 层的 float32 草稿各重新
+    融合一遍要多 1–2 秒。
+    """
+    P, cfg, target = ctx["P"], ctx["cfg"], ctx["target"]
+    assert target.params is P and target.cfg.n_layers == cfg.n_layers
+    d = copy.copy(target)
+    d.params = dict(P, layers=[P["layers"][i] for i in keep])
+    d._layers = [target._layers[i] for i in keep]
+    d.cfg = config_like(cfg, n_layers=len(keep))
+    return d
 
 
 def _softmax(x):
@@ -207,7 +218,7 @@ def _softmax(x):
 
 @pytest.fixture(scope="module")
 def rebuilt(run):
-    """跳层和提前退出的草稿按 params 新建，在同样的文本上算 logits（不经过 layer_subset 和脚本的 _per_text）。"""
+    """跳层和提前退出的草稿按测试自己的层号取层（_plain_draft），在同样的文本上算 logits（不经过 layer_subset 和脚本的 _per_text）。"""
     s, ctx, _ = run
     a, n = s.SKIP
     L = ctx["cfg"].n_layers
