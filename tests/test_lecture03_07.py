@@ -110,8 +110,13 @@ def ratio_by_sorting(x):
 
 
 def log_softmax(z):
+    """
+    z − logsumexp(z)，logsumexp = max + log Σ exp(z − max)（numpy 的求和是两两相加：舍入 ~1e-16，比逐个 np.logaddexp
+    累加准——那样 49152 项累加的舍入 ~5e-13——也快 6 倍）。
+    """
     z = np.asarray(z, dtype=np.float64)
-    return z - np.logaddexp.reduce(z, axis=-1)[..., None]
+    m = z.max(axis=-1, keepdims=True)
+    return z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
 
 
 def squash(text):
@@ -153,6 +158,7 @@ def test_t7_quantile_by_numerical_integration():
 
 def sampling_margins(mod, ctx, logits):
     """
+    logits：2·N_SEQ 条文本上预测新 token 的那几个位置（第 start − 1 个到倒数第二个）的 logits [条, N_NEW, V]。
     每一次抽样（2·N_SEQ 条 × N_NEW 个新 token）的 u·总和 离它落进的 CDF 区间两端最近的距离 -> [条, 新 token]。
 
     自己重算：整段文本一次 float64 前向（logits：capture 的前向，不是抽样时带缓存逐个 token 的 decode）、自己写的
@@ -161,7 +167,8 @@ def sampling_margins(mod, ctx, logits):
     """
     toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
     start = ctx["start"]
-    z = logits[:, start - 1:-1].astype(np.float64) / mod.TEMP
+    assert logits.shape[:2] == (toks.shape[0], mod.N_NEW)
+    z = logits.astype(np.float64) / mod.TEMP
     p = np.exp(z - z.max(-1, keepdims=True))
     c = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
     rng = np.random.default_rng(mod.TEXT_SEED)
@@ -183,9 +190,10 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
     """
     mod, ctx, _, _, _ = run
     assert ctx["cfg"].dtype == mod.DTYPE == "float64"
-    logits = np.concatenate([ctx["_calib_logits"], ctx["_eval_logits"]])       # capture 的前向（run 记下的）
-    assert logits.shape[:2] == (2 * mod.N_SEQ, ctx["start"] + mod.N_NEW)
-    m = sampling_margins(mod, ctx, logits)
+    start = ctx["start"]
+    for x in (ctx["_calib_logits"], ctx["_eval_logits"]):                       # capture 的前向（run 记下的）
+        assert x.shape[:2] == (mod.N_SEQ, start + mod.N_NEW)
+    m = sampling_margins(mod, ctx, np.concatenate([x[:, start - 1:-1] for x in (ctx["_calib_logits"], ctx["_eval_logits"])]))
     assert m.min() > 1e-9
     s, t = np.unravel_index(np.argmin(m), m.shape)
     figure = f"{m.min():.1e}".replace("e-0", "e-")
