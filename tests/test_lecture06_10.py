@@ -10,6 +10,7 @@
 import contextlib
 import copy
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -132,10 +133,16 @@ def test_float64_prompt_lookup_on_the_copy_prompt_equals_greedy_and_exact_rounds
     logits = staged64["目标"][2]
     assert _top_gap(logits) > 1e-6
     n_new = 24
+    runs = ((4, None), (s.ADAPT[0], s.ADAPT[1]))
+
+    def lookup(g, gmax):
+        return speculative_generate_adaptive(target, PromptLookup(s.LOOKUP_N), list(prompt), n_new, g, 0.0,
+                                             np.random.default_rng(0), gamma_max=gmax, stop=s.STOP)
+
+    with ThreadPoolExecutor(max_workers=2) as ex:   # 两次生成互不相干（各自的会话和缓存），各占一个核
+        outs = list(ex.map(lambda r: lookup(*r), runs))
     greedy = None                                   # 第一次的输出按定义核对是贪心；第二次必须和它逐个相同
-    for g, gmax in ((4, None), (s.ADAPT[0], s.ADAPT[1])):
-        out, st = speculative_generate_adaptive(target, PromptLookup(s.LOOKUP_N), list(prompt), n_new, g, 0.0,
-                                                np.random.default_rng(0), gamma_max=gmax, stop=s.STOP)
+    for (g, gmax), (out, st) in zip(runs, outs):
         if greedy is None:
             greedy = [int(x) for x in out]
             assert greedy == [int(x) for x in text[:len(greedy)]]
@@ -324,15 +331,18 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt, staged64):
         pairs.append((label, rebuilt[label], staged[keep]))   # 层草稿的 float32 logits：rebuilt 按 params 新建的那个算的
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
-    pairs += [("INT8 的自己", "int8", None), ("INT4-g32 的自己", "int4-g32", None)]
+    def quantized_rows(scheme):                     # 量化的草稿：float32 的量化权重，原样转成 float64
+        d64 = _requantized_f64(target64, ctx["P"], scheme)
+        return [new_token_logits(d64, prompt, new) for prompt, new in ctx["texts"]]
+
+    quant = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))
+    # 两个草稿互不相干，各在一个线程里量化、融合、前向（numpy 算的时候放开 GIL；测试进程的 BLAS 只用一个线程，两核机器上
+    # 另一个核这时空着）：空闲的机器上墙钟约省三分之一，结果和一个接一个算逐位相同（每个线程算的是同样的运算）
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        q64 = dict(zip([label for label, _ in quant], ex.map(quantized_rows, [scheme for _, scheme in quant])))
+    pairs += [(label, ctx["quant_logits"][label], q64[label]) for label, _ in quant]   # 脚本那次运行的 float32 logits
     for label, m32, m64 in pairs:
-        if isinstance(m32, str):                    # 量化的草稿：float32 的量化权重，原样转成 float64
-            l32 = [x.astype(np.float64) for x in ctx["quant_logits"][label]]    # 脚本那次运行的 float32 logits
-            d64 = _requantized_f64(target64, ctx["P"], m32)
-            l64 = [new_token_logits(d64, prompt, new) for prompt, new in ctx["texts"]]
-            del d64
-        else:                                       # 已经算好的 float32 logits（目标：脚本的；层草稿：rebuilt）
-            l32, l64 = [x.astype(np.float64) for x in m32], m64
+        l32, l64 = [x.astype(np.float64) for x in m32], m64   # float32 的 logits（目标、量化草稿：脚本的；层草稿：rebuilt）
         err = max(float(np.abs(x - y).max()) for x, y in zip(l32, l64))
         assert 0 < err < 1e-2
         for x64, t in zip(l64, toks):
