@@ -13,6 +13,7 @@ import contextlib
 import io
 import math
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -35,6 +36,8 @@ def run():
     文本就是这个模型按 TEXT_SEED 抽的，由 test_text_is_drawn_in_float64_far_from_every_tie 逐个 token 重新反查核对
     （另一个前向的 logits、自己写的 softmax 和 CDF）。setup() 里 capture 在校准、评估文本上算出的 logits 记下来：
     评估的给 capture_ref，两段一起给文本的核对（同一个函数、同样的输入，不再算第二遍）。
+    setup() 先后对校准、评估文本各调一次 capture：第一次调用时，评估文本的那一次（同一个函数、同样的参数）就在另一个线程里
+    开始算（测试进程的 BLAS 只用一个线程，两核机器上另一个核这时空着），第二次调用取它的结果。
     """
     conftest.smollm2_path()
     mod = conftest.load_script(S)
@@ -51,12 +54,20 @@ def run():
         assert rng.bit_generator.state == np.random.default_rng(mod.TEXT_SEED).bit_generator.state
         assert np.array_equal(printed[:, :len(prompts[0])], np.tile(prompts[0], (n, 1)))
         return printed[:, len(prompts[0]):]
-    seen = {}
+    seen, ahead = {}, {}
     capture = mod.capture
+    pool = ThreadPoolExecutor(max_workers=1)
 
     def capture_and_keep(P, cfg, toks, *a, **k):
-        got = capture(P, cfg, toks, *a, **k)
-        if not a and not k:
+        plain = not a and not k
+        if plain and np.array_equal(toks, res["calib_toks"]) and not ahead:
+            ahead["eval"] = (P, cfg, pool.submit(capture, P, cfg, res["eval_toks"]))
+        if plain and "eval" in ahead and np.array_equal(toks, res["eval_toks"]) \
+                and ahead["eval"][0] is P and ahead["eval"][1] is cfg:
+            got = ahead.pop("eval")[2].result()
+        else:
+            got = capture(P, cfg, toks, *a, **k)
+        if plain:
             for name in ("calib", "eval"):
                 if np.array_equal(toks, res[name + "_toks"]):
                     seen[name + "_logits"] = got[0]
@@ -68,6 +79,8 @@ def run():
         ctx = mod.setup()
         toy = mod.toy_setup()
     mod.capture = capture
+    pool.shutdown()
+    assert not ahead                                    # 提前算的那次就是 setup() 要的
     ctx["_eval_logits"], ctx["_calib_logits"] = seen["eval_logits"], seen["calib_logits"]
     out = {k: res[k] for k in ("d1", "d2", "d3", "d4", "d5")}
     return mod, ctx, toy, out, conftest.script_raw_stdout(S)
