@@ -9,7 +9,7 @@ attention、o_proj、mlp、lm_head），不抄一层的代码。
 【快在哪里（tests/bench_engine.py --profile 量的账）】一步的时间几乎全在权重矩阵乘里，其余的是注意力和取 K/V。
 三处改动，各自保持 float64 下引擎 == 单独生成（tests/test_engine*.py、test_dispatch_matmul.py），批不变模式不动：
 (1) dispatch_matmul：M = 2、3 行时一行一次（这个 BLAS 的小 M GEMM 比 M = 4 还慢）；
-(1') 其中放不进缓存的 lm_head 按列分块、一块上把几行乘完（权重只从内存流一遍）：空闲时量的 lm_head 一步
+(1') 其中放不进缓存的 lm_head 按列分块、一块上把几行乘完（权重只从内存流一遍）：一次空闲时的 --profile，lm_head
     M = 2 从 7.7 降到 5.6 ms，M = 3 从 11.4 降到 7.4 ms；
 (2) decode 的段一层只取一次 K/V、算一次注意力（槽矩阵 + 遮罩，paged attention 的形式），不再每个序列一次
     Python 循环：补齐的位置 exp(−inf) = 0，只多出精确的 0，舍入只随 BLAS 的求和顺序变（float64 下 < 1e-12）。
