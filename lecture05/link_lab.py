@@ -17,11 +17,31 @@ import time
 
 import numpy as np
 
-__all__ = ["Link", "measure_round_trip", "one_way_s", "ID_BYTES", "COUNT_BYTES", "RNG_STATE_BYTES"]
+__all__ = ["Link", "measure_round_trip", "one_way_s", "ID_BYTES", "COUNT_BYTES", "RNG_STATE_BYTES", "TapeRng",
+           "rng_from_state"]
 
 ID_BYTES = 4            # 一个 token id：int32
 COUNT_BYTES = 4         # 接受的个数
 RNG_STATE_BYTES = 32    # PCG64 的状态：128 位的状态 + 128 位的增量
+
+
+class TapeRng:
+    """包着一个 Generator：记下最后一次 random() 之前的状态（split_worker_lab 的 lazy_q 在拒绝时把最后一个均匀数
+    连同这个状态送回草稿那边）。"""
+
+    def __init__(self, rng):
+        self.rng, self.before = rng, None
+
+    def random(self):
+        self.before = self.rng.bit_generator.state
+        return self.rng.random()
+
+
+def rng_from_state(state):
+    """从链路上收到的 bit_generator.state 重建一个 Generator（随机数发生器的状态跟着消息走）。"""
+    g = np.random.default_rng()
+    g.bit_generator.state = state
+    return g
 
 
 class Link:

@@ -63,7 +63,7 @@ from decode_lab import _check_generation, _finish, _stop_set, _stopped, adjust, 
 from transformer_lab import sample_inverse_cdf  # noqa: E402
 
 __all__ = ["overlap_speculative_generate", "overlap_output_distribution", "target_joint_distribution",
-           "MUTATIONS"]
+           "overlap_streams", "MUTATIONS"]
 
 MUTATIONS = (None, "stale", "bonus", "keep_y")
 ENUM_MAX_VOCAB, ENUM_MAX_NEW = 4, 3
@@ -109,9 +109,15 @@ class _MemoRows:
 # ---------------------------------------------------------------------------
 # 原语：抽样（两条随机数流）或重放（枚举）
 # ---------------------------------------------------------------------------
+def overlap_streams(seed):
+    """重叠时的两条随机数流 -> (草稿的, 目标的)：SeedSequence(seed).spawn(2) 的第 0、1 条（split_worker_lab 的两个 worker 也用它）。"""
+    sd, st = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(sd), np.random.default_rng(st)
+
+
 class _Sampler:
     def __init__(self, seed):
-        self.rng_d, self.rng_t = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
+        self.rng_d, self.rng_t = overlap_streams(seed)
 
     def draw_draft(self, dist):
         return int(sample_inverse_cdf(dist, self.rng_d.random()))

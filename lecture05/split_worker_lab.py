@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 from decode_lab import (_check_generation, _finish, _stop_set, _stopped, adjust, residual_distribution,  # noqa: E402
                         verify_chain)
 from distinct_lab import topk_candidates, topk_draft_verify  # noqa: E402
-from link_lab import Link, _check_link  # noqa: E402
+from link_lab import Link, TapeRng, _check_link, rng_from_state  # noqa: E402
+from overlap_spec_lab import overlap_streams  # noqa: E402
 from split_clock_lab import PROTOCOLS  # noqa: E402
 from transformer_lab import sample_inverse_cdf  # noqa: E402
 from worker_lab import BLAS_VARS, WorkerDied  # noqa: E402
@@ -72,29 +73,6 @@ def _point_mass_token(row, T, overlap):
     return int(topk_candidates(_log_softmax(row), 1)[0])
 
 
-class _Tape:
-    """包着一个 Generator：记下最后一次 random() 之前的状态（lazy_q 在拒绝时把最后一个均匀数留给草稿那边）。"""
-
-    def __init__(self, rng):
-        self.rng, self.before = rng, None
-
-    def random(self):
-        self.before = self.rng.bit_generator.state
-        return self.rng.random()
-
-
-def _rng_from(state):
-    g = np.random.default_rng()
-    g.bit_generator.state = state
-    return g
-
-
-def _overlap_streams(seed):
-    """重叠时的两条随机数流 -> (草稿的, 目标的)：SeedSequence(seed).spawn(2) 的第 0、1 条（同 overlap_spec_lab）。"""
-    sd, st = np.random.SeedSequence(seed).spawn(2)
-    return np.random.default_rng(sd), np.random.default_rng(st)
-
-
 def _draft_request(model, link, ctrl, a):
     """草稿那边跑一个请求（它决定什么时候结束）-> (新 token 的 list, 统计)。"""
     gamma, T, protocol, overlap = a["gamma"], a["T"], a["protocol"], a["overlap"]
@@ -102,7 +80,7 @@ def _draft_request(model, link, ctrl, a):
     seq = _check_generation(a["prompt"], a["n_new"], [model], 2 * gamma if overlap else gamma)   # 预先草稿多 γ 个
     n0, n_new = len(seq), a["n_new"]
     sess = model.session()
-    rng = _overlap_streams(a["seed"])[0] if overlap else np.random.default_rng(a["seed"])
+    rng = overlap_streams(a["seed"])[0] if overlap else np.random.default_rng(a["seed"])
     t_wait, rounds, accepted, pending = 0.0, 0, [], []
 
     def draft_chain(base):                  # base：已确定的序列（+ 还在验证的草稿）-> (γ 个草稿, 它们的 q)
@@ -149,7 +127,7 @@ def _draft_request(model, link, ctrl, a):
         accepted.append(n)
         if state is not None:
             if overlap:
-                t_rng = _rng_from(state)
+                t_rng = rng_from_state(state)
             else:
                 rng.bit_generator.state = state
         if tok is None:                     # lazy_q 的拒绝：p_n 过来了，这边抽修正 token
@@ -214,7 +192,7 @@ class _TargetState:
         self.sess = model.session()
         self.t_verify = 0.0
         if a["overlap"]:
-            self.rng = _overlap_streams(a["seed"])[1]
+            self.rng = overlap_streams(a["seed"])[1]
         elif a["protocol"] == "point_mass":
             self.rng = np.random.default_rng(a["seed"])
         else:
@@ -232,7 +210,7 @@ class _TargetState:
                 pending, state = pending[:1], pending[1]
         drafts = [int(x) for x in drafts]
         if state is not None:
-            self.rng = _rng_from(state) if self.rng is None else self.rng
+            self.rng = rng_from_state(state) if self.rng is None else self.rng
             self.rng.bit_generator.state = state
         self.seq += pending
         L = len(self.seq)
@@ -254,7 +232,7 @@ class _TargetState:
             else:                           # lazy_q：只有 q_i(x_i)，放进全 0 的行里（verify_chain 只读这一格）；
                 qs = np.zeros((gamma, ps.shape[-1]))                # 点质量重叠：q = one-hot（同 overlap_spec_lab）
                 qs[np.arange(gamma), drafts] = 1.0 if protocol == "point_mass" else qpart
-            tape = _Tape(rng)
+            tape = TapeRng(rng)
             n, tok = verify_chain(ps, qs, drafts, tape)
             if n == gamma and overlap:      # 重叠、全部接受：额外的 token 不抽（预先草稿的第一个对着 p_{γ+1} 验证）
                 rng.bit_generator.state = tape.before

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
+from proc_util import exited
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, start_workers, wait_all
@@ -30,24 +31,6 @@ N_NEW = 8
 
 def solo(prompt, n, T, seed):
     return [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
-
-
-def exited(pid):
-    """pid 这个进程已经退出了吗：不在了，或者退出了、只剩进程表里的一项等父进程收（僵尸：Linux 的 /proc/pid/status 里
-    State 是 Z 或 X）。父进程被杀以后 worker 归 PID 1 收，有的容器里 PID 1 隔一两秒才收一次：那段时间 os.kill(pid, 0)
-    还成功，可 worker 早已不跑了。没有 /proc 的系统只看 os.kill。"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            state = next((line.split()[1] for line in f if line.startswith("State:")), "?")
-    except FileNotFoundError:
-        return os.path.isdir("/proc/self")           # 有 /proc、这一项刚没了：退出了；没有 /proc：看不出，算还在
-    except OSError:
-        return False
-    return state in ("Z", "X")
 
 
 def shm_names():

@@ -21,6 +21,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
+from proc_util import exited
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -72,24 +73,6 @@ def pair(smollm2_pair):
     assert not any(q.is_alive() for q in p.procs)
     real = set(smollm2_pair.procs) if smollm2_pair is not None else set()    # 真实模型那一对：它的测试自己关、自己查
     assert not set(mp.active_children()) - real, "没有留下子进程"
-
-
-def exited(pid):
-    """pid 这个进程已经退出了吗：不在了，或者退出了、只剩进程表里的一项等父进程收（僵尸：Linux 的 /proc/pid/status 里
-    State 是 Z 或 X）。父进程被杀以后 worker 归 PID 1 收，有的容器里 PID 1 隔一两秒才收一次：那段时间 os.kill(pid, 0)
-    还成功，可 worker 早已不跑了。没有 /proc 的系统只看 os.kill。"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            state = next((line.split()[1] for line in f if line.startswith("State:")), "?")
-    except FileNotFoundError:
-        return os.path.isdir("/proc/self")           # 有 /proc、这一项刚没了：退出了；没有 /proc：看不出，算还在
-    except OSError:
-        return False
-    return state in ("Z", "X")
 
 
 def run(pair, protocol, gamma, T, seed, **kw):
