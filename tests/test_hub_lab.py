@@ -303,13 +303,20 @@ def run_without_model(rel, tmp_path, *args, **env_extra):
     return subprocess.run([sys.executable, os.path.join(ROOT, rel), *args], env=env, capture_output=True, timeout=300)
 
 
+def runs_without_model(rel, tmp_path, arg_lists, **env_extra):
+    """几次 run_without_model 同时跑（两核机器上一核一个，互不相干），按 arg_lists 的顺序返回结果。"""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=len(arg_lists)) as ex:
+        return list(ex.map(lambda args: run_without_model(rel, tmp_path, *args, **env_extra), arg_lists))
+
+
 @pytest.mark.parametrize("rel", sorted(TIME_ONLY_MODEL))
 def test_a_script_that_needs_the_model_only_behind_a_flag_runs_without_it_and_the_flag_prints_the_ways_out(rel, tmp_path):
     """默认运行不碰模型文件（没有文件也照常打印）；--time / --live 要模型：拿不到文件时只打印出路、退出码 1、没有调用栈。"""
     missing = str(tmp_path / "no-such.gguf")
-    r = run_without_model(rel, tmp_path, CS349E_GGUF=missing)
+    r, r_flag = runs_without_model(rel, tmp_path, [(), (TIME_ONLY_MODEL[rel],)], CS349E_GGUF=missing)
     assert r.returncode == 0 and r.stdout and not r.stderr, r.stderr.decode("utf-8")
-    r = run_without_model(rel, tmp_path, TIME_ONLY_MODEL[rel], CS349E_GGUF=missing)
+    r = r_flag
     err = r.stderr.decode("utf-8")
     assert r.returncode == 1 and "Traceback" not in err and "环境变量 CS349E_GGUF=" in err, err
 
