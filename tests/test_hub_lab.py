@@ -321,10 +321,27 @@ def test_a_script_that_needs_the_model_only_behind_a_flag_runs_without_it_and_th
     assert r.returncode == 1 and "Traceback" not in err and "环境变量 CS349E_GGUF=" in err, err
 
 
+_NO_FILE = {}
+
+
+def no_file_run(rel, tmp_path_factory):
+    """
+    CS349E_GGUF 指向不存在的文件时 rel 的运行结果。第一次被要到时把 REAL_SCRIPTS 全部跑掉，两个两个同时跑（两核），
+    各自的结果各自核对（下面的测试按脚本参数化）；它们共用一个空的缓存目录（拿不到文件的脚本不往里写模型）。
+    """
+    if not _NO_FILE:
+        from concurrent.futures import ThreadPoolExecutor
+        base = tmp_path_factory.mktemp("no-file")
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            runs = ex.map(lambda r: run_without_model(r, base, CS349E_GGUF=str(base / "no-such.gguf")), REAL_SCRIPTS)
+            _NO_FILE.update(zip(REAL_SCRIPTS, runs))
+    return _NO_FILE[rel]
+
+
 @pytest.mark.parametrize("rel", REAL_SCRIPTS)
-def test_a_real_model_script_without_the_file_prints_no_traceback(rel, tmp_path):
+def test_a_real_model_script_without_the_file_prints_no_traceback(rel, tmp_path_factory):
     """回归：CS349E_GGUF 指向不存在的文件时，脚本先打印十几行调用栈再打印出路。现在只有出路，退出码 1，stdout 为空。"""
-    r = run_without_model(rel, tmp_path, CS349E_GGUF=str(tmp_path / "no-such.gguf"))
+    r = no_file_run(rel, tmp_path_factory)
     err = r.stderr.decode("utf-8")
     assert r.returncode == 1 and r.stdout == b"", err
     assert "Traceback" not in err and err.startswith("环境变量 CS349E_GGUF="), err
