@@ -364,6 +364,6 @@ if __name__ == "__main__":
     TARGET, DRAFTS = build_seed04_models()
     COSTS = demo1_costs(TARGET, DRAFTS)
     REAL = demo2_real_loop(TARGET, DRAFTS, COSTS)
-    demo3_estimator_bias(COSTS, REAL)
+    BIAS = demo3_estimator_bias(COSTS, REAL)
     FLOP = demo4_flop_ratio(TARGET, DRAFTS)
-    save_results({"d1": COSTS, "d2": REAL, "d4": FLOP})   # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数
+    save_results({"d1": COSTS, "d2": REAL, "d3": BIAS, "d4": FLOP})   # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数

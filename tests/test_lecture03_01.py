@@ -2,13 +2,11 @@
 第 3 讲 01_weight_quantization.py：每个演示返回的数，用不经过 quant_lab 的独立实现（整数量化、E4M3 的码表、MXFP4）
 和闭式公式（位数 = 元素位 + scale 位 / 一个 scale 管的数；均匀舍入误差 间隔² / 12）核对。
 """
-import contextlib
-import io
 
 import numpy as np
 import pytest
 
-from conftest import load_script, script_results
+from conftest import load_script, script_demo_text, script_results
 from indep_formats import E2M1_GRID, E2M1_LSB, e4m3_grid, nearest_even
 from quant_lab import LAYER_MATRICES, QCFG
 from transformer_lab import init_params
@@ -71,6 +69,26 @@ def rel(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
+_MATS, _QUANT = {}, {}
+
+
+def _mat(mod, which):
+    """演示 2、3 的矩阵：big = 演示 2 的大矩阵，clean = 它的前 OUT_COLS 列，row = clean 的离群输入通道放大 OUTLIER_GAIN 倍。"""
+    if which not in _MATS:
+        big = mod.big_matrix()
+        row = big[:, :mod.OUT_COLS].copy()
+        row[mod.OUTLIER_ROW] *= mod.OUTLIER_GAIN
+        _MATS.update(big=big, clean=big[:, :mod.OUT_COLS], row=row)
+    return _MATS[which]
+
+
+def _indep(mod, which, scheme):
+    """independent(_mat(mod, which), scheme)，整个模块每个 (矩阵, 方案) 只算一次：几个测试核对的是同一个量化结果。"""
+    if (which, scheme) not in _QUANT:
+        _QUANT[(which, scheme)] = independent(_mat(mod, which), scheme)
+    return _QUANT[(which, scheme)]
+
+
 # ---------------------------------------------------------------------------
 def test_demo1_errors_match_independent_quantizers(run):
     mod, out = run
@@ -111,11 +129,11 @@ def test_demo1_observations_hold(run):
 def test_demo2_llama_sized_matrix(run):
     mod, out = run
     r = out["demo2_llama_sized"]
-    w = mod.big_matrix()
+    w = _mat(mod, "big")
     assert w.shape[0] == 4096                              # Llama-3.1-8B 的 d_model
     for scheme in mod.BIG_SCHEMES:
         assert r[scheme]["bits"] == bits_closed_form(scheme, 4096)
-        assert r[scheme]["rel_err"] == pytest.approx(rel(independent(w, scheme), w), rel=1e-9), scheme
+        assert r[scheme]["rel_err"] == pytest.approx(rel(_indep(mod, "big", scheme), w), rel=1e-9), scheme
         if r[scheme]["estimate"] is not None:
             assert r[scheme]["estimate"] == pytest.approx(r[scheme]["rel_err"], rel=0.02)
     q = {s: r[s]["rel_err"] for s in mod.BIG_SCHEMES}
@@ -130,16 +148,14 @@ def test_demo2_llama_sized_matrix(run):
 def test_demo3_outlier_channels(run):
     mod, out = run
     r = out["demo3_outliers"]
-    w = mod.big_matrix()[:, :mod.OUT_COLS]
-    wr = w.copy()
-    wr[mod.OUTLIER_ROW] *= mod.OUTLIER_GAIN
+    w, wr = _mat(mod, "clean"), _mat(mod, "row")
     keep = np.ones(w.shape, dtype=bool)
     keep[mod.OUTLIER_ROW] = False
     for scheme, x in r.items():
-        assert x["clean"] == pytest.approx(rel(independent(w, scheme), w), rel=1e-9)
-        assert x["row_rest"] == pytest.approx(rel(independent(wr, scheme)[keep], wr[keep]), rel=1e-9)
+        a = _indep(mod, "clean", scheme)
+        assert x["clean"] == pytest.approx(rel(a, w), rel=1e-9)
+        assert x["row_rest"] == pytest.approx(rel(_indep(mod, "row", scheme)[keep], wr[keep]), rel=1e-9)
         assert x["col_ratio"] == 1.0                              # 一列有自己的 scale，其余列的量化逐位不变
-        a = independent(w, scheme)
         assert x["row_ratio"] == pytest.approx(x["row_rest"] / rel(a[keep], w[keep]), rel=1e-9)
     assert r["int4"]["row_ratio"] > 2 and r["int8"]["row_ratio"] > 2
     assert r["int4-g32"]["row_ratio"] < r["int4-g128"]["row_ratio"] < 1.3
@@ -154,12 +170,11 @@ def test_demo3_fp8_tolerance_is_a_ratio_not_accuracy(run):
     """
     mod, out = run
     r = out["demo3_outliers"]
-    w = mod.big_matrix()[:, :mod.OUT_COLS].copy()
-    w[mod.OUTLIER_ROW] *= mod.OUTLIER_GAIN
+    w = _mat(mod, "row")
     keep = np.ones(w.shape, dtype=bool)
     keep[mod.OUTLIER_ROW] = False
-    e_int8 = rel(int_sym(w, 8)[keep], w[keep])
-    e_fp8 = rel(fp8_channel(w)[keep], w[keep])
+    e_int8 = rel(_indep(mod, "row", "int8")[keep], w[keep])           # int_sym(w, 8)
+    e_fp8 = rel(_indep(mod, "row", "fp8-e4m3")[keep], w[keep])        # fp8_channel(w)
     assert e_int8 < e_fp8                                      # 0.0224 < 0.0265
     assert r["int8"]["row_rest"] == pytest.approx(e_int8, rel=1e-9)
     assert r["fp8-e4m3"]["row_rest"] == pytest.approx(e_fp8, rel=1e-9)
@@ -172,12 +187,12 @@ def test_demo2_mxfp4_gap_is_grid_plus_power_of_two_scale(run):
     int4-g32 略差），再加 E8M0 只能取 2 的幂的 scale（误差又大一截）。全部用独立实现在演示 2 的矩阵上算。
     """
     mod, out = run
-    w = mod.big_matrix()
+    w = _mat(mod, "big")
     n_in, n_out = w.shape
     b = w.T.reshape(-1, 32)
     s = (np.abs(b).max(axis=1, keepdims=True) / 6).astype(np.float16).astype(np.float64)
     e2m1_fp16 = (nearest_even(b / s, E2M1_GRID, E2M1_LSB) * s).reshape(n_out, n_in).T
-    e_grid, e_g32, e_mx = rel(e2m1_fp16, w), rel(int_sym(w, 4, 32), w), rel(mxfp4(w), w)
+    e_grid, e_g32, e_mx = rel(e2m1_fp16, w), rel(_indep(mod, "big", "int4-g32"), w), rel(_indep(mod, "big", "mxfp4"), w)
     assert e_g32 < e_grid < e_mx
     assert e_grid - e_g32 < e_mx - e_grid                          # 格子那一份小，scale 那一份大
     assert out["demo2_llama_sized"]["mxfp4"]["rel_err"] == pytest.approx(e_mx, rel=1e-9)
@@ -188,11 +203,9 @@ def test_demo2_page_decimal_sizes_and_chart(run):
     issue 9：演示 2 的矩阵大小用十进制 MB（不是 MiB），图里每个方案各占一行、看得见（issue 26：散点图把两个方案挤在一行），
     观察 4 引的 4 位 / 8 位误差范围和表里一致。
     """
-    mod, _ = run
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        r = mod.demo2_llama_sized()
-    text = buf.getvalue()
+    mod, out = run
+    r = out["demo2_llama_sized"]
+    text = script_demo_text(S, 2)                  # 脚本自己那次运行印的演示 2（原样），不在进程里再跑一遍
     assert "MiB" not in text
     n_in, n_out = mod.BIG_SHAPE
     for scheme in mod.BIG_SCHEMES:

@@ -3,13 +3,10 @@
 （np.float16 的 scale），整个模型的 logits 用 quant_lab.layer_inputs 的朴素前向（脚本用 NumpyTransformer），
 KL 用自己写的公式；GPTQ 的"每个矩阵都更好"用 gptq_quantize 逐个重算；位数用闭式公式。
 """
-import contextlib
-import io
-
 import numpy as np
 import pytest
 
-from conftest import load_script, script_results, unwrap
+from conftest import load_script, script_demo_text, script_results, unwrap
 from numfmt import quantize_mx, quantize_nvfp4
 from quant_lab import INPUT_OF, LAYER_MATRICES, QCFG, awq_quantize, gptq_quantize, layer_inputs
 
@@ -49,13 +46,30 @@ def rel(x, w, wq):
     return np.linalg.norm(x @ (wq - w)) / np.linalg.norm(x @ w)
 
 
+_LOGP, _MEMO = {}, {}
+
+
+def log_probs(P, toks):
+    """朴素前向的 log softmax（除最后一个位置）-> [n_seq, len − 1, vocab]；同一组 (P, toks) 对象整个模块只前向一次
+    （缓存里留着 P、toks 本身，所以 id 不会被别的对象重用）。"""
+    key = (id(P), id(toks))
+    if key not in _LOGP:
+        z = layer_inputs(P, QCFG, toks)[0][:, :-1]
+        z = z - z.max(-1, keepdims=True)
+        _LOGP[key] = (P, toks, z - np.log(np.exp(z).sum(-1, keepdims=True)))
+    return _LOGP[key][2]
+
+
+def memo(key, make):
+    """make() 的结果，每个 key 整个模块只算一次：几个测试核对同一组量化权重（同一个函数、同一个输入）时共用。"""
+    if key not in _MEMO:
+        _MEMO[key] = make()
+    return _MEMO[key]
+
+
 def kl_positions(P, Pq, toks):
     """每个位置的 KL(p_原 ‖ p_量化)（朴素前向，不经过 quant_lab.compare_logits）-> [n_seq, len − 1]。"""
-    def lsm(z):
-        z = z - z.max(-1, keepdims=True)
-        return z - np.log(np.exp(z).sum(-1, keepdims=True))
-    lp = lsm(layer_inputs(P, QCFG, toks)[0][:, :-1])
-    lq = lsm(layer_inputs(Pq, QCFG, toks)[0][:, :-1])
+    lp, lq = log_probs(P, toks), log_probs(Pq, toks)
     return (np.exp(lp) * (lp - lq)).sum(-1)
 
 
@@ -69,6 +83,16 @@ def rtn_params(P, quant):
     return Pq
 
 
+def rtn_int(ctx, name, qmax):
+    """ctx（base / sal）的每个矩阵用本文件的 int_group(·, qmax) 就近舍入，整个模块只做一次。"""
+    return memo(("rtn", name, qmax), lambda: rtn_params(ctx["P"], lambda w: int_group(w, qmax)))
+
+
+def gptq_of(ctx, name, scheme):
+    """ctx 的每个矩阵用 gptq_quantize(·, 校准激活, scheme) 量化，整个模块只做一次。"""
+    return memo(("gptq", name, scheme), lambda: calibrated_params(ctx, lambda w, x: gptq_quantize(w, x, scheme)))
+
+
 def test_demo1_rtn_errors_and_gptq_count(run):
     _, ev, out = run
     d1, base = out["demo1_output_error"], ev["base"]
@@ -79,10 +103,11 @@ def test_demo1_rtn_errors_and_gptq_count(run):
             assert d1["per_matrix"][(s, "rtn", m)] == pytest.approx(want, rel=1e-12)
     # GPTQ：INT4-g32 的 28 个矩阵逐个重算
     cuts = []
-    for L, C, A in zip(P["layers"], base["calib"], base["held"]):
+    Pg, Pr = gptq_of(base, "base", "int4-g32"), rtn_int(base, "base", 7)
+    for L, Lg, Lr, A in zip(P["layers"], Pg["layers"], Pr["layers"], base["held"]):
         for m in LAYER_MATRICES:
-            x, xh = C[INPUT_OF[m]], A[INPUT_OF[m]]
-            cuts.append(1 - rel(xh, L[m], gptq_quantize(L[m], x, "int4-g32")) / rel(xh, L[m], int_group(L[m], 7)))
+            xh = A[INPUT_OF[m]]
+            cuts.append(1 - rel(xh, L[m], Lg[m]) / rel(xh, L[m], Lr[m]))
     r = d1["int4-g32"]
     assert r["gptq_better"] == sum(c > 0 for c in cuts) == 28 == r["n"]
     assert r["gptq_cut"] == pytest.approx((min(cuts), max(cuts)), rel=1e-9)
@@ -96,8 +121,8 @@ def test_demo2_kl_by_a_second_forward(run):
     _, ev, out = run
     d2, base = out["demo2_model_quality"], ev["base"]
     P, toks = base["P"], base["toks"]
-    k4 = kl_of(P, rtn_params(P, lambda w: int_group(w, 7)), toks)
-    k3 = kl_of(P, rtn_params(P, lambda w: int_group(w, 3)), toks)
+    k4 = kl_of(P, rtn_int(base, "base", 7), toks)
+    k3 = kl_of(P, rtn_int(base, "base", 3), toks)
     assert d2[("int4-g32", "rtn")]["kl"] == pytest.approx(k4, rel=1e-9)
     assert d2[("int3-g32", "rtn")]["kl"] == pytest.approx(k3, rel=1e-9)
     for s in ("int4-g32", "int3-g32"):
@@ -121,7 +146,7 @@ def test_demo3_salient_variant(run):
             spreads.append(m.max() / np.median(m))
     assert d3["spread_base"] == pytest.approx((min(spreads), max(spreads)))
     assert d3["spread_base"][1] < 2.5 and d3["spread_sal"][0] > 9
-    ks = kl_of(sal["P"], rtn_params(sal["P"], lambda w: int_group(w, 7)), base["toks"])
+    ks = kl_of(sal["P"], rtn_int(sal, "sal", 7), base["toks"])
     assert d3[("显著通道版", "rtn")]["kl"] == pytest.approx(ks, rel=1e-9)
     assert d3["rtn_kl_ratio"] == pytest.approx(ks / d3[("QCFG", "rtn")]["kl"])
     assert d3["awq_kl_cut"] > 0.5 and d3["awq_kl_cut"] > d3["gptq_kl_cut"]
@@ -162,7 +187,7 @@ def calibrated_params(ctx, quant):
 def test_calibrated_model_kls_by_a_second_forward(run):
     _, ev, out = run
     base, sal = ev["base"], ev["sal"]
-    k_g = kl_of(base["P"], calibrated_params(base, lambda w, x: gptq_quantize(w, x, "int4-g32")), base["toks"])
+    k_g = kl_of(base["P"], gptq_of(base, "base", "int4-g32"), base["toks"])
     assert out["demo2_model_quality"][("int4-g32", "gptq")]["kl"] == pytest.approx(k_g, rel=1e-9)
     k_a = kl_of(sal["P"], calibrated_params(sal, lambda w, x: awq_quantize(w, x, "int4-g32")), base["toks"])
     d3 = out["demo3_salient_channels"]
@@ -206,14 +231,14 @@ def test_demo1_awq_and_int3_gptq_figures_independently(run, awq_ref):
     d1, base = out["demo1_output_error"], ev["base"]
     P = base["P"]
     for s, qmax in (("int4-g32", 7), ("int3-g32", 3)):
-        Pa = awq_ref[("base", qmax)]
+        Pa, Pr, Pg = awq_ref[("base", qmax)], rtn_int(base, "base", qmax), gptq_of(base, "base", s)
         rtn, awq, gq = [], [], []
         for m in LAYER_MATRICES:                      # 和脚本一样按矩阵种类、再按层排
-            for L, La, C, A in zip(P["layers"], Pa["layers"], base["calib"], base["held"]):
+            for L, La, Lr, Lg, A in zip(P["layers"], Pa["layers"], Pr["layers"], Pg["layers"], base["held"]):
                 xh = A[INPUT_OF[m]]
-                rtn.append(rel(xh, L[m], int_group(L[m], qmax)))
+                rtn.append(rel(xh, L[m], Lr[m]))
                 awq.append(rel(xh, L[m], La[m]))
-                gq.append(rel(xh, L[m], gptq_quantize(L[m], C[INPUT_OF[m]], s)))
+                gq.append(rel(xh, L[m], Lg[m]))
         rtn, awq, gq = map(np.array, (rtn, awq, gq))
         r = d1[s]
         assert r["awq_worse"] == int((awq > rtn).sum())
@@ -234,9 +259,9 @@ def test_demo2_remaining_kls_by_a_second_forward(run, awq_ref):
         k_a = kl_of(P, awq_ref[("base", qmax)], toks)
         assert d2[(s, "awq")]["kl"] == pytest.approx(k_a, rel=1e-9)
         assert d2[s]["awq_kl_cut"] == pytest.approx(1 - k_a / d2[(s, "rtn")]["kl"])
-    k_g3 = kl_of(P, calibrated_params(base, lambda w, x: gptq_quantize(w, x, "int3-g32")), toks)
+    k_g3 = kl_of(P, gptq_of(base, "base", "int3-g32"), toks)
     assert d2[("int3-g32", "gptq")]["kl"] == pytest.approx(k_g3, rel=1e-9)
-    k4 = kl_of(P, rtn_params(P, lambda w: int_group(w, 7)), toks)
+    k4 = kl_of(P, rtn_int(base, "base", 7), toks)
     assert d2["int3_gptq_over_int4_rtn"] == pytest.approx(k_g3 / k4, rel=1e-9)
 
 
@@ -254,8 +279,8 @@ def test_demo3_awq_search_and_salient_gptq_independently(run, awq_ref):
         assert d3[name + "_a"] == a and np.allclose(d3[name + "_curve"], errs, rtol=1e-9, atol=0)
         assert d3[name + "_s_ratio"] == pytest.approx((m.max() / m.min()) ** a)
         assert d3[name + "_calib_cut"] == pytest.approx(1 - errs.min() / errs[0], rel=1e-9)
-    k_sr = kl_of(sal["P"], rtn_params(sal["P"], lambda w: int_group(w, 7)), base["toks"])
-    k_sg = kl_of(sal["P"], calibrated_params(sal, lambda w, x: gptq_quantize(w, x, "int4-g32")), base["toks"])
+    k_sr = kl_of(sal["P"], rtn_int(sal, "sal", 7), base["toks"])
+    k_sg = kl_of(sal["P"], gptq_of(sal, "sal", "int4-g32"), base["toks"])
     assert d3["gptq_kl_cut"] == pytest.approx(1 - k_sg / k_sr, rel=1e-9)
     k_sa = kl_of(sal["P"], awq_ref[("sal", 7)], base["toks"])
     assert d3["awq_kl_cut"] == pytest.approx(1 - k_sa / k_sr, rel=1e-9)
@@ -267,7 +292,7 @@ def test_demo4_zero_point_kl_by_a_second_forward(run):
     d4, base = out["demo4_formats"], ev["base"]
     P, toks = base["P"], base["toks"]
     k_z = kl_of(P, rtn_params(P, asym_group), toks)
-    k_s = kl_of(P, rtn_params(P, lambda w: int_group(w, 7)), toks)
+    k_s = kl_of(P, rtn_int(base, "base", 7), toks)
     assert d4["int4-g32-zp"]["kl"] == pytest.approx(k_z, rel=1e-9)
     assert d4["zp_kl_cut"] == pytest.approx(1 - k_z / k_s, rel=1e-9)
 
@@ -278,13 +303,17 @@ def kl_per_seq(P, Pq, toks):
 
 
 def t_quantile(df, p):
-    """Student t 的 p 分位数：密度在 [0, x] 上数值积分（梯形，20 万格）再二分。"""
+    """
+    Student t 的 p 分位数：密度在 [0, x] 上数值积分（梯形，2 万格）再二分（40 次）。
+    2 万格够：梯形的误差 ≤ x·h²·max|f″| / 12，x ≈ 2.4 时 h ≈ 1.2e-4、|f″| < 0.5，cdf 差不到 1e-9，分位数差不到 1e-7；
+    二分 40 次后区间宽 20 / 2⁴⁰ ≈ 2e-11。两者都远小于下面核对的 1e-3 和两位小数的舍入余量（2.3646 离 2.365 还差 4e-4）。
+    """
     import math
     c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
     lo, hi = 0.0, 20.0
-    for _ in range(60):
+    for _ in range(40):
         x = (lo + hi) / 2
-        t = np.linspace(0, x, 200_001)
+        t = np.linspace(0, x, 20_001)
         f = c * (1 + t ** 2 / df) ** (-(df + 1) / 2)
         cdf = 0.5 + float(np.sum((f[1:] + f[:-1]) / 2) * (t[1] - t[0]))
         lo, hi = (x, hi) if cdf < p else (lo, x)
@@ -303,7 +332,7 @@ def test_demo2_awq_kl_gain_is_not_significant_over_8_sequences(run, awq_ref):
     assert t7 == pytest.approx(2.3646, abs=1e-3) and mod.T7_975 == round(t7, 2)
     z = {}
     for s, qmax in (("int4-g32", 7), ("int3-g32", 3)):
-        d = kl_per_seq(P, awq_ref[("base", qmax)], toks) - kl_per_seq(P, rtn_params(P, lambda w: int_group(w, qmax)), toks)
+        d = kl_per_seq(P, awq_ref[("base", qmax)], toks) - kl_per_seq(P, rtn_int(base, "base", qmax), toks)
         assert d.size == 8
         se = d.std(ddof=1) / np.sqrt(8)
         mean, se_s, z_s = d2[(s, "awq")]["kl_diff"]
@@ -312,9 +341,7 @@ def test_demo2_awq_kl_gain_is_not_significant_over_8_sequences(run, awq_ref):
         assert abs(z_s) == pytest.approx(z[s], rel=1e-6)
     assert f"{1e3 * d2[('int4-g32', 'awq')]['kl_diff'][0]:+.2f}" == "-0.28" and round(z["int4-g32"], 1) == 1.5
     assert z["int4-g32"] < 2 < t7 < z["int3-g32"] < 3
-    with contextlib.redirect_stdout(io.StringIO()) as buf:
-        mod.demo2_model_quality(ev)
-    text = unwrap(buf.getvalue())
+    text = unwrap(script_demo_text(S, 2))          # 脚本自己那次运行印的演示 2
     assert "-0.28 ± 0.19" in text and "少 2%，1.5 个标准误：在 5% 的界之下" in text
     assert "少 5%，2.4 个标准误，刚过 5% 的界" in text
 
@@ -324,11 +351,8 @@ def test_demo3_chart_y_ticks_are_1_2_5(run):
     回归（issue 26 第 21 项）：α 扫描图的对数 y 轴只含一个 10 的幂，刻度是 0.0561 / 0.01 / 0.00919（两端的原值）。
     现在是范围里的 1、2、5 × 10^k，从上到下递减，而且都在数据范围里。
     """
-    mod, ev, _ = run
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        d3 = mod.demo3_salient_channels(ev)
-    lines = buf.getvalue().splitlines()
+    d3 = run[2]["demo3_salient_channels"]
+    lines = script_demo_text(S, 3).splitlines()   # 脚本自己那次运行印的演示 3 和它返回的数
     top = lines.index("第 0 层 wq 的校准误差（相对，平方）")
     axis = next(i for i in range(top + 1, len(lines)) if lines[i].lstrip().startswith("++"))
     labels = [line.split("+")[0].strip() for line in lines[top + 1:axis] if "+" in line]

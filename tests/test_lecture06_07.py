@@ -297,11 +297,9 @@ def test_07_full_real_loop_figures(s07, models, costs, full2):
 
 @pytest.fixture(scope="module")
 def full3(s07, costs, full2):
-    """演示 3 全尺寸（脚本的大小，传进演示 2 那次运行的格子）返回的数和打印的文字：在进程里只跑一次，两个测试共用。"""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        out = s07.demo3_estimator_bias(costs, full2)
-    return out, buf.getvalue()
+    """演示 3 全尺寸（脚本的大小，传进演示 2 那次运行的格子）返回的数和打印的文字：取自脚本自己的运行
+    （console.save_results 存下的数、它印的演示 3），不在进程里再跑一遍；两个测试共用。"""
+    return script_results(S07)["d3"], _printed_demo(3)
 
 
 def test_07_full_estimator_bias_on_the_real_runs(full3, costs, full2):

@@ -32,8 +32,9 @@ def s1():
 
 @pytest.fixture(scope="module")
 def s2():
-    return _run(S2, "demo1_symmetric_int", "demo2_clipping", "demo3_granularity_outlier", "demo4_mxfp4",
-                "demo5_bits_per_value")
+    """02 的模块和演示返回的数：数取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的）。"""
+    from conftest import script_results
+    return load_script(S2), script_results(S2)
 
 
 # ---------------------------------------------------------------------------
@@ -345,12 +346,29 @@ def _nvfp4_independent(w):
     return _unblock(_nearest(b / s, E2M1_GRID, E2M1_EVEN) * s, w)
 
 
+_MX_REFS = {}
+
+
+def _mx_refs(mod):
+    """
+    演示 4 / 6 的矩阵和它不经过 numfmt 的参照（MXFP4 的 w'，NVFP4、E2M1-g32 的相对误差），整个模块只算一次：
+    三个测试核对同一个矩阵上的同一组参照，算一次和各算一遍证明的是同一件事。
+    """
+    if not _MX_REFS:
+        w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+        rel = lambda q: np.linalg.norm(q - w) / np.linalg.norm(w)    # noqa: E731
+        _MX_REFS.update(w=w, mx=_mxfp4_independent(w), nv=rel(_nvfp4_independent(w)),
+                        e2=rel(_e2m1_fp16_independent(w)))
+    return _MX_REFS
+
+
 def test_02_mxfp4_block_and_matrix(s2):
     mod, out = s2
     r = out["demo4_mxfp4"]
-    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    refs = _mx_refs(mod)
+    w = refs["w"]
     assert r["X"] == 2.0 ** (math.floor(math.log2(r["amax"])) - 2) == 2.0 ** r["e_shared"]
-    mx = _mxfp4_independent(w)
+    mx = refs["mx"]
     assert np.array_equal(mx, quantize_mx(w, FP4_E2M1, 32)[0])
     e = np.linalg.norm(mx - w) / np.linalg.norm(w)
     assert r["schemes"]["MXFP4"]["rel_err"] == pytest.approx(e, rel=1e-12)
@@ -362,9 +380,7 @@ def test_02_mxfp4_block_and_matrix(s2):
     assert 0.12 < r["saturated_block_frac"] < 0.26
     assert r["block_worst_is_max"]
     # 观察 2：网格单独比（同样每 32 个一个 FP16 scale）E2M1 比 INT4 略差；NVFP4（块 16、E4M3 scale）同样 4.5 位更准
-    rel = lambda q: np.linalg.norm(q - w) / np.linalg.norm(w)    # noqa: E731
-    e2 = rel(_e2m1_fp16_independent(w))
-    nv = rel(_nvfp4_independent(w))
+    e2, nv = refs["e2"], refs["nv"]
     g32 = np.linalg.norm(quantize_int(w, 4, "group", 32)[0] - w) / np.linalg.norm(w)
     assert r["schemes"]["E2M1-g32（FP16 scale）"]["rel_err"] == pytest.approx(e2, rel=1e-12)
     assert r["schemes"]["NVFP4（E4M3 scale / 16）"]["rel_err"] == pytest.approx(nv, rel=1e-12)
@@ -380,12 +396,13 @@ def test_02_mx_power_of_two_scale_is_not_what_the_hardware_requires(s2):
     """
     from conftest import script_stdout
     mod, res = s2
-    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    refs = _mx_refs(mod)
+    w = refs["w"]
     r = res["demo4_mxfp4"]["schemes"]
     nv, mx = r["NVFP4（E4M3 scale / 16）"], r["MXFP4"]
     rel = lambda q: np.linalg.norm(q - w) / np.linalg.norm(w)    # noqa: E731
-    assert nv["rel_err"] == pytest.approx(rel(_nvfp4_independent(w)), rel=1e-12)
-    assert mx["rel_err"] == pytest.approx(rel(_mxfp4_independent(w)), rel=1e-12)
+    assert nv["rel_err"] == pytest.approx(refs["nv"], rel=1e-12)
+    assert mx["rel_err"] == pytest.approx(rel(refs["mx"]), rel=1e-12)
     assert (mx["bits"], nv["bits"]) == (4 + 8 / 32, 4 + 8 / 16)
     assert nv["rel_err"] < mx["rel_err"]
     out = script_stdout(S2)
@@ -420,8 +437,8 @@ def test_01_overflow_thresholds_of_bf16_and_fp16(s1):
 # 02 演示 6：GGUF 的块格式（独立实现：np.float16 存 d / m，公式照 llama.cpp 的参考量化，不经过 numfmt）
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def s2_gguf():
-    return _run(S2, "demo6_gguf_blocks")
+def s2_gguf(s2):
+    return s2
 
 
 def _f16(x):
@@ -464,7 +481,8 @@ def test_02_gguf_errors_and_bits_independent(s2_gguf):
     mod, out = s2_gguf
     r = out["demo6_gguf_blocks"]
     res = r["schemes"]
-    w = np.random.default_rng(mod.SEED).standard_normal((mod.N_IN_MX, mod.N_OUT_MX))
+    refs = _mx_refs(mod)
+    w = refs["w"]
     rel = lambda a, ref: np.linalg.norm(a - ref) / np.linalg.norm(ref)   # noqa: E731
     for kind in ("Q4_0", "Q4_1", "Q8_0"):
         for name, mat in (("rel_err", w), ("rel_err_half", np.abs(w))):
@@ -477,7 +495,7 @@ def test_02_gguf_errors_and_bits_independent(s2_gguf):
     assert res["INT4-g32（对称）"]["bits"] == 4.5 and res["MXFP4"]["bits"] == 4.25
     g32 = rel(quantize_int(w, 4, "group", 32)[0], w)
     assert res["INT4-g32（对称）"]["rel_err"] == pytest.approx(g32, rel=1e-12)
-    assert res["MXFP4"]["rel_err"] == pytest.approx(rel(_mxfp4_independent(w), w), rel=1e-12)
+    assert res["MXFP4"]["rel_err"] == pytest.approx(rel(refs["mx"], w), rel=1e-12)
     # Q4_0 的另一侧只到 +7：截掉的比例（x / d ≥ 7.5，d = x_max / −8）
     b = w.T.reshape(-1, 32)
     xmax = b[np.arange(len(b)), np.abs(b).argmax(axis=1)][:, None]
