@@ -214,6 +214,25 @@ def _rms_scale(x, eps_d):  # [..., d] -> [..., d]
     return x / np.sqrt(np.add.reduce(x * x, axis=-1, keepdims=True) + eps_d)
 
 
+def _scaled_rows(s, w, dt):  # [k], [k, m] -> 连续存放的 s[:, None] * w，dtype dt
+    """
+    lm_head 并进最后的 RMSNorm 权重：s[:, None] * w，结果按行连续存放（矩阵乘快）。
+
+    绑定词嵌入时 w 是 embed.T（一个转置的视图）：整块乘再转成连续的要两趟、还要一份 V × d 的临时数组；这里按 4096 列一段
+    直接乘进连续的结果里，一趟、不多分配。每个数都是同一次乘法 s_i · w_ij，和整块乘逐位相同。
+    """
+    out = np.empty(w.shape, dtype=np.result_type(s, w))
+    for j in range(0, w.shape[1], 4096):
+        np.multiply(s[:, None], w[:, j:j + 4096], out=out[:, j:j + 4096])
+    return np.asarray(out, dtype=dt)
+
+
+def _scale_into(g, w):  # [k, 1], [k, m] -> g * w（w 是刚拼好的、没有别人用的数组：类型够时就地乘）
+    if np.result_type(g, w) != w.dtype:
+        return g * w
+    return np.multiply(g, w, out=w)
+
+
 class NumpyTransformer:
     """
     Llama 形状的 numpy 模型：params（init_params 的 dict）+ cfg。
@@ -245,14 +264,19 @@ class NumpyTransformer:
 
         self._layers = []
         sd = math.sqrt(cfg.d_model)
+        # 乘法都写进刚拼好的数组里（out=）：每个数的运算和写成 g1 * concat(...) 一样，只是不再多分配一份同样大的临时数组
+        # （float64 的 SmolLM2 有 1 GB 权重，构造时间大半是分配和写内存）
         for L in params["layers"]:
             g1, g2 = sd * L["attn_norm"][:, None], sd * L["mlp_norm"][:, None]
-            wq = rope_cols(L["wq"], cfg.n_heads) / math.sqrt(hd)
+            wq = rope_cols(L["wq"], cfg.n_heads)
+            wq /= math.sqrt(hd)
             wk = rope_cols(L["wk"], cfg.n_kv_heads)
-            wqkv = np.ascontiguousarray(g1 * np.concatenate([wq, wk, L["wv"]], axis=1), dtype=dt)
-            wgu = np.ascontiguousarray(g2 * np.concatenate([L["w_gate"], L["w_up"]], axis=1), dtype=dt)
-            self._layers.append((wqkv, np.asarray(L["wo"], dtype=dt), wgu, np.asarray(L["w_down"], dtype=dt)))
-        self._head = np.ascontiguousarray(sd * params["final_norm"][:, None] * params["lm_head"], dtype=dt)
+            wqkv = np.concatenate([wq, wk, L["wv"]], axis=1)
+            wgu = np.concatenate([L["w_gate"], L["w_up"]], axis=1)
+            wqkv, wgu = _scale_into(g1, wqkv), _scale_into(g2, wgu)
+            self._layers.append((np.asarray(wqkv, dtype=dt), np.asarray(L["wo"], dtype=dt),
+                                 np.asarray(wgu, dtype=dt), np.asarray(L["w_down"], dtype=dt)))
+        self._head = _scaled_rows(sd * params["final_norm"], params["lm_head"], dt)
         self._embed = np.asarray(params["embed"], dtype=dt)
         inv_freq = cfg.rope_theta ** (-np.arange(half) / half)
         ang = np.arange(cfg.max_seq)[:, None] * inv_freq[None, :]      # [max_seq, hd/2]，角度按 float64 算
