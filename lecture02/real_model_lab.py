@@ -34,9 +34,9 @@ if _HERE not in sys.path:
 from bpe_lab import BPETokenizer  # noqa: E402
 from gguf_lab import read_gguf  # noqa: E402
 from hub_lab import gguf_path  # noqa: E402
-from transformer_lab import LMConfig  # noqa: E402
+from transformer_lab import LMConfig, config_like  # noqa: E402
 
-__all__ = ["load_gguf", "gguf_config", "unpermute_rope_rows", "permute_rope_rows", "DEFAULT_MAX_SEQ"]
+__all__ = ["load_gguf", "as_dtype", "gguf_config", "unpermute_rope_rows", "permute_rope_rows", "DEFAULT_MAX_SEQ"]
 
 DEFAULT_MAX_SEQ = 2048     # KV cache 的长度上限（文件的上下文是 8192）；见模块说明
 
@@ -181,3 +181,23 @@ def load_gguf(path=None, dtype=np.float64, max_seq=None):
     P["lm_head"] = P["embed"].T if cfg.tied else mat("output.weight", (V, d))
     g.close()
     return P, cfg, tok
+
+
+def as_dtype(loaded, dtype):
+    """
+    load_gguf 的结果换一种 dtype -> (params, cfg, tokenizer)：和 load_gguf(同一个文件, dtype) 逐位相同，只是不再读文件、
+    不再反量化（float64 的 SmolLM2 装一次约 1–2 秒；换类型只是一次转换）。分词器是同一个对象。
+    【为什么逐位相同】load_gguf 在 float32 里反量化每个张量（F32、F16、Q8_0、Q4_0、Q4_1 都是），float64 的参数是这些
+    float32 数的精确拷贝：float32 -> float64 -> float32 和 float64 -> float32 -> float64 都不丢一位。
+    只对 load_gguf 装出来的参数成立（自己算出来的 float64 参数转 float32 是舍入）。lm_head 和词嵌入共享时仍是它的转置视图。
+    """
+    P, cfg, tok = loaded
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype 只能是 np.float64 或 np.float32（收到 {dtype!r}）")
+    if dt.name == cfg.dtype:
+        return loaded
+    Q = {"embed": P["embed"].astype(dt), "final_norm": P["final_norm"].astype(dt),
+         "layers": [{k: w.astype(dt) for k, w in L.items()} for L in P["layers"]]}
+    Q["lm_head"] = Q["embed"].T if cfg.tied else P["lm_head"].astype(dt)
+    return Q, config_like(cfg, dtype=dt.name), tok

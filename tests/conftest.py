@@ -175,12 +175,16 @@ def smollm2_path():
 
 
 def real_model(dtype="float64"):
-    """装好的真实模型 -> (params, cfg, tokenizer)，每种 dtype 整个会话只装一次（float64 约 2 GB）。"""
+    """
+    装好的真实模型 -> (params, cfg, tokenizer)，每种 dtype 整个会话只装一次（float64 约 2 GB）。
+    另一种 dtype 已经装过时用 real_model_lab.as_dtype 转过来（和 load_gguf 逐位相同，见它的说明；分词器共用）。
+    """
     import numpy as np
-    from real_model_lab import load_gguf
+    from real_model_lab import as_dtype, load_gguf
     path = real_model_path()
     if dtype not in _REAL:
-        _REAL[dtype] = load_gguf(path, dtype=np.dtype(dtype))
+        other = [v for k, v in _REAL.items() if k in ("float64", "float32")]
+        _REAL[dtype] = as_dtype(other[0], np.dtype(dtype)) if other else load_gguf(path, dtype=np.dtype(dtype))
     return _REAL[dtype]
 
 

@@ -10,7 +10,7 @@ import pytest
 from bpe_lab import bytes_to_unicode
 from decode_lab import TransformerLM, autoregressive_generate, sample_from_prompts, speculative_generate
 from gguf_writer import build_gguf
-from real_model_lab import gguf_config, load_gguf, permute_rope_rows, unpermute_rope_rows
+from real_model_lab import as_dtype, gguf_config, load_gguf, permute_rope_rows, unpermute_rope_rows
 from transformer_lab import LMConfig, NumpyTransformer, init_params
 from gguf_lab import read_gguf
 
@@ -226,3 +226,26 @@ def test_sample_from_prompts_draws_like_the_one_by_one_sampler(toy):
     a = sample_from_prompts(target, [[1, 70]], 1, 15, 1.0, np.random.default_rng(7))[0]
     b = autoregressive_generate(target, [1, 70], 15, 1.0, np.random.default_rng(7))
     assert np.abs(a - b).max() == 0
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_as_dtype_is_the_other_load_bit_for_bit(tmp_path, tied):
+    """
+    real_model_lab.as_dtype（测试会话用它从一份装好的模型得到另一种 dtype，不再读文件）：和直接按那种 dtype 装的逐位相同，
+    两个方向都是；配置只差 dtype；共享的 lm_head 仍是词嵌入的转置视图；分词器是同一个。
+    """
+    path = _write(tmp_path, _params(tied), tied=tied)
+    loads = {dt: load_gguf(path, dtype=np.dtype(dt)) for dt in ("float64", "float32")}
+    for src, dst in (("float64", "float32"), ("float32", "float64")):
+        P, cfg, tok = as_dtype(loads[src], np.dtype(dst))
+        Pw, cfgw, _ = loads[dst]
+        assert cfg == cfgw and tok is loads[src][2]
+        pairs = [(P["embed"], Pw["embed"]), (P["final_norm"], Pw["final_norm"]), (P["lm_head"], Pw["lm_head"])]
+        pairs += [(L[k], Lw[k]) for L, Lw in zip(P["layers"], Pw["layers"]) for k in Lw]
+        assert len(P["layers"]) == len(Pw["layers"]) and all(set(L) == set(Lw) for L, Lw in zip(P["layers"], Pw["layers"]))
+        for got, want in pairs:
+            assert got.dtype == np.dtype(dst) and got.shape == want.shape and np.array_equal(got, want)
+        assert np.shares_memory(P["lm_head"], P["embed"]) is tied
+    assert as_dtype(loads["float32"], np.float32) is loads["float32"]
+    with pytest.raises(ValueError, match="dtype"):
+        as_dtype(loads["float32"], np.float16)
