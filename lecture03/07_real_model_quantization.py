@@ -306,13 +306,16 @@ def demo2_activation_outliers(ctx, toy):
 # ---------------------------------------------------------------------------
 # 演示 3：就近舍入 vs GPTQ vs AWQ
 # ---------------------------------------------------------------------------
-def quantize_layers(ctx, method, scheme="int4-g32"):
-    """用 method 量化 STUDY_LAYERS 的 7 个矩阵（校准激活）-> {层: {矩阵: w'（模型的 dtype）}}。"""
+def quantize_layers(ctx, method, scheme="int4-g32", matrices=LAYER_MATRICES):
+    """
+    用 method 量化 STUDY_LAYERS 的 7 个矩阵（校准激活）-> {层: {矩阵: w'（模型的 dtype）}}。
+    matrices：只量化这几个（默认全部 7 个；测试只核对其中几个时用）。
+    """
     P, dt = ctx["P"], np.dtype(ctx["cfg"].dtype)
     out = {}
     for li in STUDY_LAYERS:
         A, L, new, factors = ctx["calib"][li], P["layers"][li], {}, {}
-        for m in LAYER_MATRICES:
+        for m in matrices:
             x = A[INPUT_OF[m]].astype(np.float64)
             w = L[m].astype(np.float64)
             if method == "rtn":

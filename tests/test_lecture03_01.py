@@ -83,9 +83,18 @@ def _mat(mod, which):
 
 
 def _indep(mod, which, scheme):
-    """independent(_mat(mod, which), scheme)，整个模块每个 (矩阵, 方案) 只算一次：几个测试核对的是同一个量化结果。"""
+    """
+    independent(_mat(mod, which), scheme)，整个模块每个 (矩阵, 方案) 只算一次：几个测试核对的是同一个量化结果。
+    clean 是 big 的前 OUT_COLS 列：这里每种方案的 scale 都只管一列里的数（每列、每列每 g 个、每列每 32 个一块），
+    列和列互不相干，所以直接取 big 的量化结果的前 OUT_COLS 列（逐位相同，不再量化一遍）。
+    """
     if (which, scheme) not in _QUANT:
-        _QUANT[(which, scheme)] = independent(_mat(mod, which), scheme)
+        if which == "clean":
+            q = _indep(mod, "big", scheme)
+            assert np.array_equal(independent(_mat(mod, "big")[:, :8], scheme), q[:, :8])    # 列互不相干：抽 8 列核对
+            _QUANT[(which, scheme)] = q[:, :mod.OUT_COLS]
+        else:
+            _QUANT[(which, scheme)] = independent(_mat(mod, which), scheme)
     return _QUANT[(which, scheme)]
 
 

@@ -27,10 +27,11 @@ def fp16(x):
 
 
 def int_group(w, qmax, g=32):
-    n_in, n_out = w.shape
-    b = w.T.reshape(n_out, n_in // g, g)
+    """w [..., 输入维, 输出维]（前面可以有批维：每个矩阵各自量化）：沿输入维每 g 个一组，scale = fp16(max|w| / qmax)。"""
+    *lead, n_in, n_out = w.shape
+    b = np.swapaxes(w, -1, -2).reshape(*lead, n_out, n_in // g, g)
     s = fp16(np.abs(b).max(axis=-1, keepdims=True) / qmax)
-    return (np.clip(np.round(b / s), -qmax, qmax) * s).reshape(n_out, n_in).T
+    return np.swapaxes((np.clip(np.round(b / s), -qmax, qmax) * s).reshape(*lead, n_out, n_in), -1, -2)
 
 
 def asym_group(w, g=32):
@@ -197,20 +198,22 @@ def test_calibrated_model_kls_by_a_second_forward(run):
 
 def awq_indep(w, x, qmax, grid=20):
     """
-    AWQ 的第二种写法（不经过 quant_lab）：s = mean|x|^a / √(max·min)，a = 0, 1/grid, …；校准误差直接用 X 算
-    （lab 用 Gram 矩阵），量化用本文件的 int_group -> (w', 选中的 a, 每个 a 的相对误差的平方)。
+    AWQ 的第二种写法（不经过 quant_lab）：s = mean|x|^a / √(max·min)，a = 0, 1/grid, …；校准误差用 X 的 QR 分解算
+    （lab 用 Gram 矩阵）：X = QR、Q 的列正交，所以 ‖X·Wq − X·W‖ = ‖R·(Wq − W)‖、‖X·W‖ = ‖R·W‖，R 只有输入维那么多行
+    （X 有 512 行）；量化用本文件的 int_group -> (w', 选中的 a, 每个 a 的相对误差的平方)。
+    grid 个 a 摞成一批一起量化、一起乘 R（逐元素的运算和一个一个算相同）。
     """
     m = np.abs(x).mean(0)
-    y = x @ w
-    errs, outs = [], []
+    r = np.linalg.qr(x, mode="r")
+    scales = []
     for k in range(grid):
         s = m ** (k / grid)
-        s = s / np.sqrt(s.max() * s.min())
-        wq = int_group(w * s[:, None], qmax) / s[:, None]
-        errs.append(np.linalg.norm(x @ wq - y) ** 2 / np.linalg.norm(y) ** 2)
-        outs.append(wq)
+        scales.append(s / np.sqrt(s.max() * s.min()))
+    S = np.stack(scales)[:, :, None]                         # [grid, 输入维, 1]
+    outs = int_group(w * S, qmax) / S                        # [grid, 输入维, 输出维]
+    errs = np.array([np.linalg.norm(e) ** 2 for e in r @ (outs - w)]) / np.linalg.norm(r @ w) ** 2
     k = int(np.argmin(errs))
-    return outs[k], k / grid, np.array(errs)
+    return outs[k], k / grid, errs
 
 
 def awq_params(ctx, qmax):

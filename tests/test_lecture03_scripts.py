@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_raw_stdout, script_results, unwrap
+from conftest import load_script, script_demo_text, script_raw_stdout, script_results, unwrap
 from indep_formats import E2M1_GRID, E2M1_LSB, e4m3_grid, nearest_even
 from decode_lab import TransformerLM
 from hw_specs import H100
@@ -18,6 +18,7 @@ from quant_lab import LAYER_MATRICES, QCFG, quantize_params, sample_tokens
 from transformer_lab import init_params, softmax
 
 GIB = 2 ** 30
+S04 = "lecture03/04_moe_experts.py"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,13 @@ def s03():
 
 @pytest.fixture(scope="module")
 def s04():
-    return load_script("lecture03/04_moe_experts.py")
+    return load_script(S04)
+
+
+@pytest.fixture(scope="module")
+def r04():
+    """04 的三个演示返回的数：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍。"""
+    return script_results(S04)
 
 
 @pytest.fixture(scope="module")
@@ -467,8 +474,8 @@ def test_touched_experts_by_hand_enumeration(s04):
         assert sum(c * w for c, w in counts.items()) / total == pytest.approx(expected_touched_experts(E, k, n), rel=1e-12)
 
 
-def test_demo1_formula_vs_simulation(s04, capsys):
-    d = s04.demo1_touched_experts()
+def test_demo1_formula_vs_simulation(s04, r04):
+    d = r04["demo1"]
     assert d["max_z"] < 4 and d["max_flat_diff"] < 0.01
     for m in (GPT_OSS_120B, GPT_OSS_20B):
         for n in s04.N_TOKENS:
@@ -483,12 +490,12 @@ def test_demo1_formula_vs_simulation(s04, capsys):
     # 回归：列头写"n·k"，格子里却是 min(n·k, E)（120b 在 n = 64 印 128、20b 在 n = 16 印 32）
     assert d[(GPT_OSS_120B.name, 64)]["naive"] == min(64 * 4, 128) == 128
     assert d[(GPT_OSS_20B.name, 16)]["naive"] == min(16 * 4, 32) == 32
-    head = [ln for ln in capsys.readouterr().out.splitlines() if ln.lstrip().startswith("n ")][0]
+    head = [ln for ln in script_demo_text(S04, 1).splitlines() if ln.lstrip().startswith("n ")][0]
     assert head.count("min(n·k, E)") == 2 and " n·k " not in head
 
 
-def test_demo2_published_counts(s04, capsys):
-    d = s04.demo2_params()
+def test_demo2_published_counts(r04):
+    d = r04["demo2"]
     big, small = d[GPT_OSS_120B.name], d[GPT_OSS_20B.name]
     assert big["total"] == 116_829_156_672 == GPT_OSS_120B.params()
     assert big["active"] == GPT_OSS_120B.active_params() and round(big["active"] / 1e9, 2) == 5.13
@@ -509,8 +516,8 @@ def test_demo2_published_counts(s04, capsys):
         assert d[m.name]["active"] == m.active_params()                  # 各部分的激活列加起来
 
 
-def test_demo3_moe_decode_bytes(s04, capsys):
-    d = s04.demo3_decode_bytes()
+def test_demo3_moe_decode_bytes(r04):
+    d = r04["demo3"]
     m = GPT_OSS_120B
     L, e = m.n_layers, m.expert_params()
     e_bytes = 3 * m.d_model * m.d_ff * 4.25 / 8 + (e - 3 * m.d_model * m.d_ff) * 2
@@ -534,13 +541,13 @@ def test_demo3_moe_decode_bytes(s04, capsys):
     assert d["t_token_compute"] == pytest.approx(2 * m.matmul_params() / 989.4e12)
 
 
-def test_demo3_moe_with_kv_cache_and_memory(s04, capsys):
+def test_demo3_moe_with_kv_cache_and_memory(r04):
     """
     issue 8 第 4 条：B ≥ 1845 是上下文 0 的数。用闭式重算第二张表：gpt-oss-120b 每个位置看的位置数
     a(c) = 18·min(c, 128) + 18·c（一半的层是 128 的滑动窗口），每序列 KV = 2·a·8·64·2 字节，
     每 token FLOPs = 2·matmul + 4·64·64·a；显存 80 GB 减去 checkpoint 放 KV。
     """
-    d = s04.demo3_decode_bytes()
+    d = r04["demo3"]
     m = GPT_OSS_120B
     M, P, BW = m.matmul_params(), 989.4e12, 3.35e12
     room = 80e9 - 60.8 * GIB                        # 模型卡的 checkpoint 大小（60.8 GiB，取到 0.05 GiB）
@@ -590,9 +597,9 @@ def test_demo3_moe_with_kv_cache_and_memory(s04, capsys):
     assert 64 <= d["max_ctx_compute_and_fit"] < 128
 
 
-def test_demo3_batch1_vs_dense_bf16(s04, capsys):
+def test_demo3_batch1_vs_dense_bf16(r04):
     """issue 8 第 5 条：5.13B 参数的稠密 BF16 模型读 ≈ 10.3 GB ≈ 3.1 ms；gpt-oss 的 1.49 ms 来自 MXFP4 的专家。"""
-    d = s04.demo3_decode_bytes()
+    d = r04["demo3"]
     m = GPT_OSS_120B
     assert d["dense_bf16_bytes"] == 2 * 5_132_849_472
     assert d["dense_bf16_time"] == pytest.approx(2 * 5_132_849_472 / 3.35e12) and 3.0e-3 < d["dense_bf16_time"] < 3.1e-3

@@ -293,11 +293,18 @@ E2M1_EVEN = np.array([True, False, True, False, True, False, True, False])   # �
 
 
 def _nearest(v, grid, even):
-    """|v| 在非负网格 grid 上就近取（平局取尾数为偶的那个），超出最大值的饱和；保留符号。不经过 numfmt。"""
+    """
+    |v| 在非负网格 grid 上就近取（平局取尾数为偶的那个），超出最大值的饱和；保留符号。不经过 numfmt。
+    逐个网格值比一遍（不靠网格排好序）：离得更近的换上；一样近时换成尾数为偶的（一维上最多两个一样近）。
+    """
     a = np.minimum(np.abs(v), grid[-1])
-    d = np.abs(a[..., None] - grid)
-    cand = d == d.min(axis=-1, keepdims=True)
-    pick = np.where(cand.sum(-1) > 1, np.argmax(cand & even, axis=-1), np.argmax(cand, axis=-1))
+    best = np.full(a.shape, np.inf)
+    pick = np.zeros(a.shape, dtype=np.intp)
+    for j, g in enumerate(grid):
+        d = np.abs(a - g)
+        take = (d < best) | ((d == best) & even[j])
+        best = np.where(take, d, best)
+        pick[take] = j
     return np.sign(v) * grid[pick]
 
 
