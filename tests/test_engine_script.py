@@ -16,13 +16,31 @@ from bpe_lab import BPETokenizer
 
 S8 = "lecture05/08_numpy_engine.py"
 _CTX = {}
+_TOKS = {}
+
+
+def gguf_tokenizer(path, g=None):
+    """
+    GGUF 文件 path 的分词器（只读元数据，不装权重）：每个文件这次测试会话只建一次（本文件和 test_serve_hardening
+    共用）。g：已经打开的 read_gguf(path)（省得再读一遍元数据）。
+    """
+    if path not in _TOKS:
+        own = g is None
+        g = read_gguf(path) if own else g
+        try:
+            _TOKS[path] = BPETokenizer.from_gguf_metadata(g.metadata)
+        finally:
+            if own:
+                g.close()
+    return _TOKS[path]
 
 
 def ctx():
     if "mod" not in _CTX:
-        g = read_gguf(smollm2_path())
+        path = smollm2_path()
+        g = read_gguf(path)
         _CTX["cfg"] = gguf_config(g, np.float32)
-        _CTX["tok"] = BPETokenizer.from_gguf_metadata(g.metadata)
+        _CTX["tok"] = gguf_tokenizer(path, g)
         g.close()
         _CTX["mod"] = load_script(S8)
     return _CTX["mod"], _CTX["cfg"], _CTX["tok"]
