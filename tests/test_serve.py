@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_script
-from smollm2_models import smollm2_lm
+from smollm2_models import new_token_logits, smollm2_lm
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import TransformerLM, autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -486,7 +486,7 @@ def test_smollm2_answers_like_the_offline_engine():
         h.close()
     assert got == 200 and list(outs) == [0]
     ids, prompt = outs[0], tok.chat(q)
-    top = model.full_logits(np.array([prompt + ids]))[0, len(prompt) - 1:-1].argmax(-1)
+    top = new_token_logits(model, prompt, ids).argmax(-1)   # 整段一次前向，lm_head 只乘输出的那几个位置
     assert [int(t) for t in top] == ids
     assert tok.im_end_id not in ids[:-1] and (ids[-1] == tok.im_end_id or len(ids) == 12)
     text = stream_text(resp, True)[1]
