@@ -255,7 +255,7 @@ def test_batch_invariant_mode_is_bitwise_in_float32():
 def test_smollm2_engine_equals_each_request_alone():
     """
     真实模型一次：SmolLM2（float64）两个请求一起跑（预算 4：提示分块 prefill、和 decode 混在一步），token 等于单独生成的。
-    用它的前 6 层（共用会话里那份融合好的权重，和 test_serve 是同一份）：一起跑 == 单独跑只看分块、混批、分页的
+    用它的前 6 层（共用会话里那份融合好的 float64 权重，tests/smollm2_models.py）：一起跑 == 单独跑只看分块、混批、分页的
     KV 和每个请求自己的随机数，每一层走的是同一段代码，和层数无关；词表（49152）、分词器、GQA、RoPE 的 θ 都是真的。
     """
     full, _, tok = smollm2_lm("float64")
