@@ -58,13 +58,8 @@ def requests_at(rate):
 
 
 def test_cfg_is_the_smollm2_file_in_float32():
-    from gguf_lab import read_gguf
-    from real_model_lab import gguf_config
-    g = read_gguf(smollm2_path())
-    try:
-        real = gguf_config(g, np.float32)
-    finally:
-        g.close()
+    from test_engine_script import gguf_info
+    real = gguf_info(smollm2_path(), "cfg32")                # real_model_lab.gguf_config（会话里只读一次元数据）
     assert config_like(real, name=S.CFG.name) == S.CFG
 
 

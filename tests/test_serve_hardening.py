@@ -345,8 +345,8 @@ def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing_and_never_on_the
 
 def test_token_bound_is_a_lower_bound_on_the_real_tokenizer():
     from conftest import real_model_path
-    from test_engine_script import gguf_tokenizer
-    tok = gguf_tokenizer(real_model_path())                  # 会话里只建一次（test_engine_script 也用它）
+    from test_engine_script import gguf_info
+    tok = gguf_info(real_model_path(), "tok")                # 会话里只建一次（test_engine_script 也用它）
     tbytes = serve.token_bytes_table(tok)
     ours, theirs = serve.TokenBound(tok, tbytes), serve.TokenBound(tok, tbytes)
     ours.min_tokens = None                                     # 本模块自己的下界（分词器没有 min_tokens 时用）
