@@ -168,7 +168,8 @@ def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
         eng = LLMEngine(params, cfg, S.N_BLOCKS, S.BLOCK, S.BUDGET, S.MAX_SEQS, clock="wall")
         engines.append(eng)
         return serve.make_server(eng, tok, "tiny")
-    sums = S.demo3_live(start, n=4, rates=(20.0, math.inf))
+    # 一个有限的率（按泊松到达的时刻真的等着发）和 inf（一次全发）：率取 200 req/s，4 个请求的到达只跨几十毫秒
+    sums = S.demo3_live(start, n=4, rates=(200.0, math.inf))
     # 每个率一个新服务器（新引擎）：第二个率不会命中第一个率留下的前缀缓存（同样的提示重发过去会全部命中）
     assert len(engines) == 2 and all(e.bm.hits == 0 for e in engines)
     out = capsys.readouterr().out
