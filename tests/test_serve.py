@@ -9,6 +9,7 @@ lecture05/serve.py（OpenAI 兼容的服务器）：在 127.0.0.1 的临时端�
 - 真实模型一次（SmolLM2，float32：serve.py 默认的 dtype）。
 每个等待都有次数和时间的上限。
 """
+import atexit
 import http.client
 import json
 import socket
@@ -542,6 +543,7 @@ def post_stream(h, path, body, started, timeout=20):
 SIGNALS = ("SIGINT", "SIGTERM")
 HARNESS = "signal-run"  # 后台跑信号测试的线程名的开头（数线程的测试不数它们：它们不是服务器的线程）
 _SIGNAL_BG = []         # 这次 pytest 会话里唯一的一个 Background（两个信号的运行），见 signal_runs
+_LIVE = set()           # 启动了、还没收尾的子进程（测试进程提前结束时 _kill_live 结束它们，不留孤儿）
 
 
 class Background:
@@ -574,8 +576,10 @@ def _spawn_signal_child():
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
     code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
-    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    _LIVE.add(p)
+    return p
 
 
 def _signal_run(sig):
@@ -621,6 +625,13 @@ def _end(p):
         p.kill()
         p.wait(10)
     p.stderr.close()
+    _LIVE.discard(p)
+
+
+@atexit.register
+def _kill_live():
+    for p in list(_LIVE):
+        _end(p)
 
 
 def _both_signal_runs():
@@ -659,11 +670,15 @@ def early_signal_runs(request, names):
     """
     if selected(request, names):
         start_signal_runs()
+    yield
+    if _SIGNAL_BG:                                       # 模块结束（含 -x 提前停）：等它跑完，不留子进程
+        _SIGNAL_BG[0].thread.join(120)
+    _kill_live()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _early_signal_runs(request):
-    early_signal_runs(request, {"test_ctrl_c_stops_the_command_line_server_cleanly"})
+    yield from early_signal_runs(request, {"test_ctrl_c_stops_the_command_line_server_cleanly"})
 
 
 def test_ctrl_c_stops_the_command_line_server_cleanly():

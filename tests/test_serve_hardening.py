@@ -251,7 +251,7 @@ def test_close_is_prompt_even_with_an_idle_connection_open():
 @pytest.fixture(scope="module", autouse=True)
 def _early_signal_runs(request):
     """信号测试的两次运行在本模块一开始就在后台开始（见 test_serve.early_signal_runs）。"""
-    early_signal_runs(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
+    yield from early_signal_runs(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
