@@ -42,6 +42,7 @@ import json  # noqa: E402
 import queue  # noqa: E402
 import re  # noqa: E402
 import select  # noqa: E402
+import selectors  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
@@ -75,6 +76,10 @@ _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")      # 只认 ASCII 数字（str.is
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
           408: "invalid_request_error", 411: "invalid_request_error", 413: "request_too_large", 500: "server_error",
           503: "server_error"}
+
+
+# 同标准库 socketserver 的选择：有 poll 用 poll（select 只收编号 < 1024 的文件描述符）
+_Selector = selectors.PollSelector if hasattr(selectors, "PollSelector") else selectors.SelectSelector
 
 
 class _ClientGone(Exception):
@@ -426,6 +431,41 @@ class Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(max_connections)
         self.max_connections, self.closing = max_connections, False
         self.conns, self.conns_lock = set(), threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()    # shutdown() 往这里写一个字节，叫醒 serve_forever
+        self._stop_asked, self._stopped = False, threading.Event()
+
+    def serve_forever(self, poll_interval=0.5):
+        """同标准库的 socketserver.serve_forever，另外听一个唤醒用的 socket：shutdown() 立刻叫醒这个循环
+        （标准库的循环要等到下一次轮询才看见关机请求，最多 poll_interval 秒）。"""
+        self._stopped.clear()
+        try:
+            with _Selector() as sel:
+                sel.register(self, selectors.EVENT_READ)
+                sel.register(self._wake_r, selectors.EVENT_READ)
+                while not self._stop_asked:
+                    ready = sel.select(poll_interval)
+                    if self._stop_asked:
+                        break
+                    if any(key.fileobj is self for key, _ in ready):
+                        self._handle_request_noblock()
+                    self.service_actions()
+        finally:
+            self._stop_asked = False
+            self._stopped.set()
+
+    def shutdown(self):
+        """让 serve_forever 停下，等它结束（同标准库：必须在 serve_forever 跑在另一个线程里时调）。"""
+        self._stop_asked = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+        self._stopped.wait()
+
+    def server_close(self):
+        super().server_close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def track(self, handler, on):
         with self.conns_lock:
@@ -468,8 +508,7 @@ class ServerHandle:
         self.httpd, self.loop = httpd, loop
         self.port = httpd.server_address[1]
         self.url = f"http://{httpd.server_address[0]}:{self.port}"
-        self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       name="http-server", daemon=True)
+        self.thread = threading.Thread(target=httpd.serve_forever, name="http-server", daemon=True)
 
     def close(self, grace=2.0):
         """不再收连接；引擎停下（在跑的请求：流式收到错误事件和 [DONE]，不流式 503）；正在回答的连接最多等 grace 秒

@@ -255,7 +255,7 @@ def test_batch_invariant_mode_is_bitwise_in_float32():
 def test_smollm2_engine_equals_each_request_alone():
     """
     真实模型一次：SmolLM2（float64）两个请求一起跑（预算 4：提示分块 prefill、和 decode 混在一步），token 等于单独生成的。
-    用它的前 6 层（共用会话里那份融合好的权重，和 test_serve 是同一份）：一起跑 == 单独跑只看分块、混批、分页的
+    用它的前 6 层（共用会话里那份融合好的 float64 权重，tests/smollm2_models.py）：一起跑 == 单独跑只看分块、混批、分页的
     KV 和每个请求自己的随机数，每一层走的是同一段代码，和层数无关；词表（49152）、分词器、GQA、RoPE 的 θ 都是真的。
     """
     full, _, tok = smollm2_lm("float64")
@@ -332,12 +332,16 @@ def test_engine_goodput_falls_when_the_slo_tightens(monkeypatch):
     monkeypatch.setattr(runner_lab, "CPU_COST", {"flops_per_s": 53e9, "bytes_per_s": 10.4e9, "step_s": 2e-3,
                                                  "seq_s": 0.5e-3})
 
-    def serve(rate):
-        arr = poisson_arrivals(rate, 12, seed=3)
-        streams = {i: [0] * 8 for i in range(12)}
-        eng = LLMEngine.replay(streams, CFG, 40, block_size=4, max_num_batched_tokens=32)
-        ids = run_trace(eng, [(float(t), [1] * 20, 8, {}) for t in arr])
-        return [eng.requests[i] for i in ids]
+    runs = {}
+
+    def serve(rate):                                        # 结果只取决于 rate：三次找 goodput 共用每个率的一次重放
+        if rate not in runs:
+            arr = poisson_arrivals(rate, 12, seed=3)
+            streams = {i: [0] * 8 for i in range(12)}
+            eng = LLMEngine.replay(streams, CFG, 40, block_size=4, max_num_batched_tokens=32)
+            ids = run_trace(eng, [(float(t), [1] * 20, 8, {}) for t in arr])
+            runs[rate] = [eng.requests[i] for i in ids]
+        return runs[rate]
     rates = [4.0 ** k for k in range(1, 7)]                 # 4 … 4096 个请求每秒
     loose = engine_goodput(serve, rates, ttft_slo=1e9, tpot_slo=1e9)
     assert loose["goodput"] == rates[-1]

@@ -16,14 +16,30 @@ from bpe_lab import BPETokenizer
 
 S8 = "lecture05/08_numpy_engine.py"
 _CTX = {}
+_GGUF = {}
+
+
+def gguf_info(path, what):
+    """
+    GGUF 文件 path 的元数据给出的东西（不装权重）：what = "cfg32"（real_model_lab.gguf_config，float32）或 "tok"
+    （分词器）。每个文件这次测试会话只读一次、分词器只建一次：本文件、test_lecture05_09 和 test_serve_hardening 共用。
+    """
+    if (path, what) not in _GGUF:
+        g = read_gguf(path)
+        try:
+            _GGUF[(path, "cfg32")] = gguf_config(g, np.float32)
+            if what == "tok":
+                _GGUF[(path, "tok")] = BPETokenizer.from_gguf_metadata(g.metadata)
+        finally:
+            g.close()
+    return _GGUF[(path, what)]
 
 
 def ctx():
     if "mod" not in _CTX:
-        g = read_gguf(smollm2_path())
-        _CTX["cfg"] = gguf_config(g, np.float32)
-        _CTX["tok"] = BPETokenizer.from_gguf_metadata(g.metadata)
-        g.close()
+        path = smollm2_path()
+        _CTX["tok"] = gguf_info(path, "tok")                 # 先建分词器：同一次读文件也记下 cfg32
+        _CTX["cfg"] = gguf_info(path, "cfg32")
         _CTX["mod"] = load_script(S8)
     return _CTX["mod"], _CTX["cfg"], _CTX["tok"]
 

@@ -16,6 +16,24 @@ W_8B = 2 * (8_030_261_248 - 128256 * 4096)           # decode 每步读的 BF16 
 ROOM = 80e9 - 2 * 8_030_261_248                      # H100 减去 BF16 权重
 
 
+_DEMOS = {}
+
+
+def demo_numbers(name):
+    """
+    07 的演示 name（"demo1_allocators" 等）在本进程里跑一次（不打印）返回的数：这次测试会话里每个演示只跑一次，
+    本文件和 test_serving_lab_paged 共用。
+    """
+    if name not in _DEMOS:
+        import contextlib
+        import io
+        if "mod" not in _DEMOS:
+            _DEMOS["mod"] = load_script("lecture05/07_paged_kv_cache.py")
+        with contextlib.redirect_stdout(io.StringIO()):
+            _DEMOS[name] = getattr(_DEMOS["mod"], name)()
+    return _DEMOS[name]
+
+
 @pytest.fixture(scope="module")
 def s07():
     return load_script("lecture05/07_paged_kv_cache.py")
@@ -29,9 +47,8 @@ def test_capacity_closed_form(s07):
     assert np.array_equal(s07.OUTS, 64 + np.floor(np.random.default_rng(2).random(600) * 448).astype(int))
 
 
-def test_demo1_allocators(s07, capsys):
-    r = s07.demo1_allocators()
-    capsys.readouterr()
+def test_demo1_allocators(s07):
+    r = demo_numbers("demo1_allocators")
     cap, mx, pg = (r["runs"][k] for k in r["runs"])
     # 按上限预留：一次正好 ⌊容量 / 8192⌋ 个，利用率 = 平均存着的 token / 8192
     assert cap["max_running"] == cap["mean_running"] == 487_819 // 8192 == 59
@@ -52,9 +69,8 @@ def test_demo1_allocators(s07, capsys):
     assert r["mean_out"] == pytest.approx(float(s07.OUTS.mean())) and r["mean_prompt"] > 5 * r["mean_out"]
 
 
-def test_demo2_prefix_sharing(s07, capsys):
-    r = s07.demo2_prefix_sharing()
-    capsys.readouterr()
+def test_demo2_prefix_sharing():
+    r = demo_numbers("demo2_prefix_sharing")
     assert r["full_blocks"] == 1500 // 16 == 93 and r["copied"] == 1500 - 93 * 16 == 12
     assert r["per_request_bytes"] == 93 * 16 * 131072
     sh = r["shared"]
@@ -65,9 +81,8 @@ def test_demo2_prefix_sharing(s07, capsys):
     assert r["base"]["saved_tokens"] == 0
 
 
-def test_demo3_fp8_tpot_on_the_roofline(s07, capsys):
-    r = s07.demo3_fp8_kv()
-    capsys.readouterr()
+def test_demo3_fp8_tpot_on_the_roofline():
+    r = demo_numbers("demo3_fp8_kv")
     bf, f8 = r["bf16"], r["fp8"]
     for v, kv_tok in ((bf, 131072), (f8, 65536)):
         # 受带宽限制：每步读权重 + 批里所有序列的 KV

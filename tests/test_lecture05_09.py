@@ -58,13 +58,8 @@ def requests_at(rate):
 
 
 def test_cfg_is_the_smollm2_file_in_float32():
-    from gguf_lab import read_gguf
-    from real_model_lab import gguf_config
-    g = read_gguf(smollm2_path())
-    try:
-        real = gguf_config(g, np.float32)
-    finally:
-        g.close()
+    from test_engine_script import gguf_info
+    real = gguf_info(smollm2_path(), "cfg32")                # real_model_lab.gguf_config（会话里只读一次元数据）
     assert config_like(real, name=S.CFG.name) == S.CFG
 
 
@@ -173,7 +168,8 @@ def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
         eng = LLMEngine(params, cfg, S.N_BLOCKS, S.BLOCK, S.BUDGET, S.MAX_SEQS, clock="wall")
         engines.append(eng)
         return serve.make_server(eng, tok, "tiny")
-    sums = S.demo3_live(start, n=4, rates=(20.0, math.inf))
+    # 一个有限的率（按泊松到达的时刻真的等着发）和 inf（一次全发）：率取 200 req/s，4 个请求的到达只跨几十毫秒
+    sums = S.demo3_live(start, n=4, rates=(200.0, math.inf))
     # 每个率一个新服务器（新引擎）：第二个率不会命中第一个率留下的前缀缓存（同样的提示重发过去会全部命中）
     assert len(engines) == 2 and all(e.bm.hits == 0 for e in engines)
     out = capsys.readouterr().out

@@ -247,43 +247,38 @@ def _independent_batching(out_lens, slots, continuous, prompt=1024):
     """
     演示 3 的第二条代码路径：不调第 5 讲的实验模块，直接用 8B 在 H100 上 decode 一步的 roofline 闭式
     max(FLOPs / P, 字节 / BW) 一步一步推，返回 (每个请求的完成时刻, 按 token 加权的步时间, 每步平均)。
+    【做法】先定每个请求从第几步开始：静态批是前一批最长的那个做完的下一步；连续批是一个位置空出来的下一步，
+    先来的先进（一堆位置的空出时刻，每次取最早的）。请求 i 从第 a_i 步起出 L_i 个 token，出第 k 个那步之前已经有
+    k 个：所以第 s 步有 n(s) 个请求、上下文共 n(s)·prompt + Σ(s − a_i)，两个都按步累加（差分数组）；步时间整列算出，
+    完成时刻 = 它最后一步（a_i + L_i − 1）结束时的累计时间。
     """
+    import heapq
     w = 2 * (8_030_261_248 - 128256 * 4096)                 # 每步读的 BF16 权重（不含输入词嵌入）
     matmul, attn, kv_pos = 7_504_658_432, 4 * 32 * 128 * 32, 131072
-
-    def step(n, ctx_sum):
-        return max((2 * matmul * n + attn * ctx_sum) / 989.4e12, (w + kv_pos * ctx_sum) / 3.35e12)
-
-    out_lens = np.asarray(out_lens)
-    finish = np.zeros(len(out_lens))
-    t, tok_time, n_tok, n_steps = 0.0, 0.0, 0, 0
+    lens = np.asarray(out_lens).astype(np.int64)
+    start = np.empty(len(lens), dtype=np.int64)
     if not continuous:
-        for g in range(0, len(out_lens), slots):
-            lens = out_lens[g:g + slots]
-            for k in range(int(lens.max())):
-                n = int((lens > k).sum())
-                dt = step(n, n * (prompt + k))
-                t += dt
-                tok_time, n_tok, n_steps = tok_time + dt * n, n_tok + n, n_steps + 1
-                finish[g:g + slots][lens == k + 1] = t
+        s = 0
+        for g in range(0, len(lens), slots):
+            start[g:g + slots] = s
+            s += int(lens[g:g + slots].max())
     else:
-        nxt, slot_req, slot_gen = 0, [], []
-        while nxt < len(out_lens) or slot_req:
-            while nxt < len(out_lens) and len(slot_req) < slots:
-                slot_req.append(nxt)
-                slot_gen.append(0)
-                nxt += 1
-            n = len(slot_req)
-            dt = step(n, n * prompt + sum(slot_gen))
-            t += dt
-            tok_time, n_tok, n_steps = tok_time + dt * n, n_tok + n, n_steps + 1
-            slot_gen = [k + 1 for k in slot_gen]
-            keep = [i for i in range(n) if slot_gen[i] < out_lens[slot_req[i]]]
-            for i in range(n):
-                if i not in keep:
-                    finish[slot_req[i]] = t
-            slot_req, slot_gen = [slot_req[i] for i in keep], [slot_gen[i] for i in keep]
-    return finish, tok_time / n_tok, t / n_steps
+        free = [0] * slots                                   # 每个位置空出来的那一步
+        for i, n_out in enumerate(lens):
+            start[i] = heapq.heappop(free)
+            heapq.heappush(free, int(start[i] + n_out))
+    end = start + lens                                       # 请求 i 在第 start … end − 1 步
+    n_steps = int(end.max())
+    n, a_sum = np.zeros(n_steps + 1), np.zeros(n_steps + 1)
+    np.add.at(n, start, 1)
+    np.add.at(n, end, -1)
+    np.add.at(a_sum, start, start)
+    np.add.at(a_sum, end, -start)
+    n, a_sum = np.cumsum(n)[:-1], np.cumsum(a_sum)[:-1]
+    ctx = n * prompt + (n * np.arange(n_steps) - a_sum)      # 提示 + 每个请求已经出的 token
+    dt = np.maximum((2 * matmul * n + attn * ctx) / 989.4e12, (w + kv_pos * ctx) / 3.35e12)
+    t = np.cumsum(dt)
+    return t[end - 1], (dt * n).sum() / n.sum(), t[-1] / n_steps
 
 
 def test_01_continuous_batching_cuts_completion_time(s01, capsys):

@@ -6,9 +6,10 @@ lecture05/serve.py（OpenAI 兼容的服务器）：在 127.0.0.1 的临时端�
   的 token 按字节一次解码；流式的块拼起来 == 同一段文字；usage 的数对；
 - 汉字切在几个 token 里：流里没有 U+FFFD；结束时不完整的字节：一个 U+FFFD，流式和不流式一样；停止串不进文字、不提前漏出；
 - 坏输入：状态码和点名字段；客户端中途断开：请求中止、块全回块池；超过排队上限：503，其余照常；关机后没有线程剩下；
-- 真实模型一次（SmolLM2，float64）。
+- 真实模型一次（SmolLM2，float32：serve.py 默认的 dtype）。
 每个等待都有次数和时间的上限。
 """
+import atexit
 import http.client
 import json
 import socket
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_script
-from smollm2_models import smollm2_lm
+from smollm2_models import new_token_logits, smollm2_lm
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import TransformerLM, autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -455,7 +456,8 @@ def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
     assert not t.is_alive()
     status, chunks = res["r"]
     assert status == 200 and chunks[-1]["error"]["type"] == "server_error"     # 流里最后是一个错误事件
-    assert wait_until(lambda: set(threading.enumerate()) <= before, 5)
+    others = lambda: {th for th in threading.enumerate() if not th.name.startswith(HARNESS)}  # noqa: E731
+    assert wait_until(lambda: others() <= before, 5)        # 不数后台跑信号测试的线程：它们不是这个服务器的
     assert eng.num_free_blocks == NB
 
 
@@ -464,11 +466,13 @@ def test_shutdown_with_a_request_in_flight_leaves_no_thread_running():
 # ---------------------------------------------------------------------------
 def test_smollm2_answers_like_the_offline_engine():
     """
-    SmolLM2（float64，30 层：要答得出 Paris）经服务器、T = 0、流式：文字 == 贪心的 token（停在第一个 <|im_end|>）按字节解码。
-    贪心的定义逐位核对：服务器生成的每个 token 都是它的前缀上模型的 argmax——提示 + 输出整段一次前向（不再一步一步
-    decode 出参考序列：30 层 float64 的 decode 一步要读约 1 GB 权重；两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。
+    SmolLM2（float32，serve.py 默认的 dtype；30 层：要答得出 Paris）经服务器、T = 0、流式：文字 == 贪心的 token
+    （停在第一个 <|im_end|>）按字节解码。贪心的定义逐位核对：服务器生成的每个 token 都是它的前缀上模型的 argmax——
+    提示 + 输出整段一次前向（不再一步一步 decode 出参考序列）。两条前向（服务器的增量 decode、这里的整段）只差
+    float32 的舍入：粗估按线性累加，30 层 × 每个点积 576 项 × 2^-24 × |logit| ≤ 35 ≈ 0.04；所以还断言每个位置
+    第一名比第二名高出 0.1 以上（并列不会因为走哪条路而翻转），且 |logit| ≤ 35。
     """
-    model, cfg, tok = smollm2_lm("float64")              # 引擎和核对共用一份融合好的权重（test_engine 也用它）
+    model, cfg, tok = smollm2_lm("float32")              # 会话共用的 float32 模型（tests/smollm2_models.py）
     eng = LLMEngine(model, cfg, 2 * (cfg.max_seq // BS), BS)
     outs, release = {}, eng.release                      # 服务器结束一个请求就 release 它：先记下它的 token
 
@@ -485,8 +489,10 @@ def test_smollm2_answers_like_the_offline_engine():
         h.close()
     assert got == 200 and list(outs) == [0]
     ids, prompt = outs[0], tok.chat(q)
-    top = model.full_logits(np.array([prompt + ids]))[0, len(prompt) - 1:-1].argmax(-1)
-    assert [int(t) for t in top] == ids
+    logits = new_token_logits(model, prompt, ids)          # 整段一次前向，lm_head 只乘输出的那几个位置
+    assert [int(t) for t in logits.argmax(-1)] == ids
+    two = np.sort(logits, axis=-1)[:, -2:]
+    assert np.all(two[:, 1] - two[:, 0] > 0.1) and np.abs(logits).max() <= 35
     assert tok.im_end_id not in ids[:-1] and (ids[-1] == tok.im_end_id or len(ids) == 12)
     text = stream_text(resp, True)[1]
     assert text == tok.decode(ids[:-1] if ids[-1] == tok.im_end_id else ids)
@@ -535,8 +541,31 @@ def post_stream(h, path, body, started, timeout=20):
 
 
 SIGNALS = ("SIGINT", "SIGTERM")
-_CHILDREN = {}          # 信号名 -> 早早启动、还没用过的子进程（见 _early_signal_children）
-_SIGNAL_RUNS = {}       # 信号名 -> _signal_run 的结果（这次 pytest 会话里每个信号只跑一次）
+HARNESS = "signal-run"  # 后台跑信号测试的线程名的开头（数线程的测试不数它们：它们不是服务器的线程）
+_SIGNAL_BG = []         # 这次 pytest 会话里唯一的一个 Background（两个信号的运行），见 signal_runs
+_LIVE = set()           # 启动了、还没收尾的子进程（测试进程提前结束时 _kill_live 结束它们，不留孤儿）
+
+
+class Background:
+    """fn() 在一个后台线程里跑，测试进程接着跑别的测试；result() 等它跑完 -> 它的返回值（它抛的异常在这里重新抛）。"""
+
+    def __init__(self, fn, name):
+        self.out = {}
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            self.out["value"] = fn()
+        except BaseException as e:                       # noqa: BLE001  交给 result() 的调用者
+            self.out["error"] = e
+
+    def result(self, timeout=180):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"后台的 {self.thread.name} 没有在 {timeout} 秒内跑完"
+        if "error" in self.out:
+            raise self.out["error"]
+        return self.out["value"]
 
 
 def _spawn_signal_child():
@@ -547,16 +576,18 @@ def _spawn_signal_child():
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
     code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
-    return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    _LIVE.add(p)
+    return p
 
 
-def _signal_run(sig, p=None):
-    """一个子进程（p；None 就现在启动一个）：等它起来，先回答一个不流式的请求，再开一个空闲的 TCP 连接和一个
-    60 个 token 的流；流出了第一个字就发信号 sig。-> 这次运行看到的一切（dict）。"""
+def _signal_run(sig):
+    """启动一个子进程，等它起来，先回答一个不流式的请求，再开一个空闲的 TCP 连接和一个 60 个 token 的流；
+    流出了第一个字就发信号 sig。-> 这次运行看到的一切（dict）。"""
     import re
     import signal
-    p = p or _spawn_signal_child()
+    p = _spawn_signal_child()
     idle, res, out = None, {}, {}
     try:
         line, t = b"", time.monotonic() + 60
@@ -572,7 +603,7 @@ def _signal_run(sig, p=None):
         idle = socket.create_connection(("127.0.0.1", port), timeout=10)
         started = threading.Event()
         th = threading.Thread(target=lambda: res.update(r=post_stream(H, "/v1/completions", {
-            "prompt": "q", "max_tokens": 60, "stream": True}, started)))
+            "prompt": "q", "max_tokens": 60, "stream": True}, started)), name=f"{HARNESS}-stream-{sig}")
         th.start()
         assert started.wait(20), "流没有开始"                   # 第一个字到了（60 个 token 要 3 s）
         t0 = time.monotonic()
@@ -594,42 +625,60 @@ def _end(p):
         p.kill()
         p.wait(10)
     p.stderr.close()
+    _LIVE.discard(p)
+
+
+@atexit.register
+def _kill_live():
+    for p in list(_LIVE):
+        _end(p)
+
+
+def _both_signal_runs():
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(SIGNALS), thread_name_prefix=HARNESS) as ex:
+        futs = {sig: ex.submit(_signal_run, sig) for sig in SIGNALS}
+        return {sig: f.result() for sig, f in futs.items()}
+
+
+def start_signal_runs():
+    """SIGINT、SIGTERM 各一次 _signal_run（两个子进程同时跑）在后台开始，这次 pytest 会话里只开始一次。"""
+    if not _SIGNAL_BG:
+        _SIGNAL_BG.append(Background(_both_signal_runs, HARNESS))
 
 
 def signal_runs():
     """
-    SIGINT、SIGTERM 各一次 _signal_run，两个子进程同时跑，这次 pytest 会话里只跑一次：
-    test_ctrl_c_stops_the_command_line_server_cleanly 和 test_serve_hardening 的信号测试读同一份结果。
-    -> {"SIGINT": {...}, "SIGTERM": {...}}
+    两个信号的运行的结果（还没开始就现在开始，等它们跑完）：test_ctrl_c_stops_the_command_line_server_cleanly 和
+    test_serve_hardening 的信号测试读同一份。-> {"SIGINT": {...}, "SIGTERM": {...}}
     """
-    if not _SIGNAL_RUNS:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(len(SIGNALS)) as ex:
-            futs = {sig: ex.submit(_signal_run, sig, _CHILDREN.pop(sig, None)) for sig in SIGNALS}
-            runs = {sig: f.result() for sig, f in futs.items()}
-        _SIGNAL_RUNS.update(runs)
-    return _SIGNAL_RUNS
+    start_signal_runs()
+    return _SIGNAL_BG[0].result()
 
 
-def early_signal_children(request, names):
+def selected(request, names):
+    """这个模块里有没有选中的、名字在 names 里的测试（-k、--deselect 去掉的不算）。"""
+    return any(getattr(it, "module", None) is request.module and getattr(it, "originalname", None) in names
+               for it in request.session.items)
+
+
+def early_signal_runs(request, names):
     """
-    模块级 autouse 夹具的身体（本文件和 test_serve_hardening 各有一个）：这个模块里选中了读 signal_runs 的测试
-    （names）而且还没跑过时，模块一开始就把两个子进程启动起来。每个启动要半秒多（Python、numpy、各个 lab），和它前面
-    的测试同时进行，轮到它时已经在听了。Popen 不开线程，不影响那些数线程的测试。模块结束时还没用过的杀掉。
+    模块级 autouse 夹具的身体（本文件和 test_serve_hardening 各有一个）：这个模块里选中了读 signal_runs 的测试（names）
+    时，模块一开始就在后台开始两个信号的运行。子进程启动要半秒多（Python、numpy、各个 lab），每次运行再等几个 50 ms 的
+    步：都和它前面的测试同时进行，轮到读结果的测试时多半已经跑完了。
     """
-    if not _SIGNAL_RUNS and not _CHILDREN and any(
-            getattr(it, "module", None) is request.module and getattr(it, "originalname", None) in names
-            for it in request.session.items):
-        for sig in SIGNALS:
-            _CHILDREN[sig] = _spawn_signal_child()
+    if selected(request, names):
+        start_signal_runs()
     yield
-    while _CHILDREN:
-        _end(_CHILDREN.popitem()[1])
+    if _SIGNAL_BG:                                       # 模块结束（含 -x 提前停）：等它跑完，不留子进程
+        _SIGNAL_BG[0].thread.join(120)
+    _kill_live()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _early_signal_children(request):
-    yield from early_signal_children(request, {"test_ctrl_c_stops_the_command_line_server_cleanly"})
+def _early_signal_runs(request):
+    yield from early_signal_runs(request, {"test_ctrl_c_stops_the_command_line_server_cleanly"})
 
 
 def test_ctrl_c_stops_the_command_line_server_cleanly():

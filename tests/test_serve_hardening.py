@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from test_serve import (BS, CFG, MODEL, MSG, NB, PARAMS, TOK, GatedRunner, byte_ids, post, record_releases,
-                        early_signal_children, scripted, serve, signal_runs, start, stream_text, wait_until)
+                        early_signal_runs, scripted, serve, signal_runs, start, stream_text, wait_until)
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -75,14 +75,9 @@ def _shared_server():
     h.close()
 
 
-@pytest.fixture
-def server(_shared_server, capsys):
-    """
-    本文件里共用的一个服务器（用它的测试只发请求：不改它的设置、不关它；关机本身由自己开服务器的测试核对）。
-    省下每个测试关一次服务器的时间（要等 serve_forever 的一次轮询）。每个测试开始时清空 logged；结束时等到
-    这个测试的连接都关完（连接线程都走完了 finish）、引擎里没有请求，再看 stderr：服务器从不打 traceback。
-    """
-    h = _shared_server
+def _use(h, capsys):
+    """用一个共用的服务器跑一个测试：开始时清空 logged；结束时等到这个测试的连接都关完（连接线程都走完了 finish）、
+    引擎里没有请求，再看 stderr：服务器从不打 traceback。"""
     h.logged.clear()
     yield h
 
@@ -92,6 +87,35 @@ def server(_shared_server, capsys):
         return n == 0 and h.loop.n_live == 0
     assert wait_until(quiet, 10)
     assert "Traceback" not in capsys.readouterr().err          # 服务器从不打 traceback
+
+
+@pytest.fixture
+def server(_shared_server, capsys):
+    """
+    本文件里共用的一个服务器（用它的测试只发请求：不改它的设置、不关它；关机本身由自己开服务器的测试核对）。
+    省下每个测试开一次、关一次服务器的时间。见 _use。
+    """
+    yield from _use(_shared_server, capsys)
+
+
+# 只收超时探针的服务器的超时（秒）：探针等的就是这个超时，短一点测试就短；别的测试用 FAST 的 0.3 s，免得一个
+# 慢一点才发完的正常请求被当成超时。探针一次发完它要发的字节，到得早晚和这个超时无关。
+PROBE_TIMEOUT = 0.05
+
+
+@pytest.fixture(scope="module")
+def _probe_server():
+    logged = []
+    h = start(warn=logged.append, **dict(FAST, idle_timeout=PROBE_TIMEOUT, request_timeout=PROBE_TIMEOUT))
+    h.logged = logged
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def probe_server(_probe_server, capsys):
+    """超时是 PROBE_TIMEOUT 的共用服务器（同 server，见 _use）。"""
+    yield from _use(_probe_server, capsys)
 
 
 # ---------------------------------------------------------------------------
@@ -174,19 +198,20 @@ def test_content_length_that_is_not_ascii_digits_is_a_400(server, value):
 # ---------------------------------------------------------------------------
 # 5：超时、连接上限、关机不被客户端拖住
 # ---------------------------------------------------------------------------
-def test_a_body_that_never_arrives_gets_a_408_within_the_request_timeout(server):
+def test_a_body_that_never_arrives_gets_a_408_within_the_request_timeout(probe_server):
     """回归：Content-Length 100、只发 2 个字节、连接不放：连接线程一直等（没有超时）。"""
     t0 = time.monotonic()
-    st, b = raw(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", timeout=5)
+    st, b = raw(probe_server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}",
+                timeout=5)
     assert st == 408 and is_error_body(b) and "2 of 100" in b["error"]["message"]
     assert time.monotonic() - t0 < 3
 
 
-def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(server):
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(probe_server):
+    s = socket.create_connection(("127.0.0.1", probe_server.port), timeout=5)
     try:
         t0 = time.monotonic()
-        assert s.recv(1) == b""                              # 服务器关了它（idle_timeout 0.3 s）
+        assert s.recv(1) == b""                              # 服务器关了它（idle_timeout = PROBE_TIMEOUT）
         assert time.monotonic() - t0 < 3
     finally:
         s.close()
@@ -224,16 +249,16 @@ def test_close_is_prompt_even_with_an_idle_connection_open():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _early_signal_children(request):
-    """信号测试的两个子进程在本模块一开始就启动（见 test_serve.early_signal_children）。"""
-    yield from early_signal_children(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
+def _early_signal_runs(request):
+    """信号测试的两次运行在本模块一开始就在后台开始（见 test_serve.early_signal_runs）。"""
+    yield from early_signal_runs(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly(sig):
     """回归：SIGTERM 直接杀掉进程，流没有错误事件、没有 [DONE]；SIGINT 时一个空闲的 TCP 连接让进程多活了 20 多秒。
     现在两个信号一样：在跑的流收到错误事件和 [DONE]，空闲的连接被关掉，退出码 0，没有 traceback。
-    子进程（python3 serve.py 的 main，小引擎一步 50 ms）由 test_serve.signal_runs 起：两个信号的两个子进程同时跑，
+    子进程（python3 serve.py 的 main，小引擎一步 50 ms）由 test_serve.signal_runs 在后台起：两个信号的两个子进程同时跑，
     test_serve 的 Ctrl-C 测试读同一次运行；流出了第一个字才发信号（post_stream 边读边看）。"""
     r = signal_runs()[sig]
     assert r["rc"] == 0 and "停下" in r["err"] and "Traceback" not in r["err"]
@@ -246,29 +271,49 @@ def test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly(sig
 # ---------------------------------------------------------------------------
 # 7：断开的客户端，流式和不流式
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_disconnects_is_aborted_promptly_in_both_modes(stream):
-    """回归：不流式的客户端走了，请求照样跑完（50 ms 一步、400 个 token：多跑了 20 s）；流式的也只在 0.5 s 没有新
-    token 时才看一眼。这里 token 一直来、流式的文字被一个停止串的开头留着（没有写，写不出错）：两种都要在几步里中止。"""
+def _disconnect_run(stream):
+    """一个客户端发一个 60 个 token 的请求（stream 流式或不流式），读到 5 个 token 后断开 -> 看到的一切（dict）。
+    一步 20 ms、poll_s 0.1 s：token 一直来，队列从不空 0.1 s；停止串的开头把流式的文字留着（没有写，写不出错）。"""
     gate = threading.Event()
     gate.set()
     eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("a" * 60)}, gate, delay=0.02))
     released = record_releases(eng)
-    h = serve.make_server(eng, TOK, "tiny", **dict(FAST, poll_s=0.1))     # 一步 20 ms：队列从不空 0.1 s
+    h = serve.make_server(eng, TOK, "tiny", **dict(FAST, poll_s=0.1))
+    out = {}
     try:
         s = socket.create_connection(("127.0.0.1", h.port), timeout=10)
         body = json.dumps({"prompt": "q", "max_tokens": 60, "stream": stream, "stop": ["a" * 70]}).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode()
                   + b"\r\n\r\n" + body)
-        assert wait_until(lambda: any(len(r.output) >= 5 for r in list(eng.requests)), 10)
+        out["flowing"] = wait_until(lambda: any(len(r.output) >= 5 for r in list(eng.requests)), 10)
         s.close()
         t0 = time.monotonic()
-        assert wait_until(lambda: released, 10)
-        assert time.monotonic() - t0 < 0.6                   # 30 步要 0.6 s 以上：几步之内就中止了
-        assert released[0][1] == "abort" and released[0][2] < 40
-        assert wait_until(lambda: eng.num_free_blocks == NB and h.loop.n_live == 0)
+        out["aborted"] = wait_until(lambda: released, 10)
+        out["seconds"] = time.monotonic() - t0
+        out["released"] = list(released)
+        out["clean"] = wait_until(lambda: eng.num_free_blocks == NB and h.loop.n_live == 0)
     finally:
         h.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def disconnect_runs():
+    """两种模式的 _disconnect_run 同时跑（各自一个服务器和引擎，时间几乎全是等）-> {stream: 结果}。"""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as ex:
+        return dict(zip((False, True), ex.map(_disconnect_run, (False, True))))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_disconnects_is_aborted_promptly_in_both_modes(disconnect_runs, stream):
+    """回归：不流式的客户端走了，请求照样跑完（50 ms 一步、400 个 token：多跑了 20 s）；流式的也只在 0.5 s 没有新
+    token 时才看一眼。这里 token 一直来、流式的文字被一个停止串的开头留着（没有写，写不出错）：两种都要在几步里中止。"""
+    r = disconnect_runs[stream]
+    assert r["flowing"] and r["aborted"]
+    assert r["seconds"] < 0.6                                # 30 步要 0.6 s 以上：几步之内就中止了
+    assert r["released"][0][1] == "abort" and r["released"][0][2] < 40
+    assert r["clean"]
 
 
 # ---------------------------------------------------------------------------
@@ -299,9 +344,9 @@ def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing_and_never_on_the
 
 
 def test_token_bound_is_a_lower_bound_on_the_real_tokenizer():
-    import gguf_lab
     from conftest import real_model_path
-    tok = BPETokenizer.from_gguf_metadata(gguf_lab.read_gguf(real_model_path()).metadata)
+    from test_engine_script import gguf_info
+    tok = gguf_info(real_model_path(), "tok")                # 会话里只建一次（test_engine_script 也用它）
     tbytes = serve.token_bytes_table(tok)
     ours, theirs = serve.TokenBound(tok, tbytes), serve.TokenBound(tok, tbytes)
     ours.min_tokens = None                                     # 本模块自己的下界（分词器没有 min_tokens 时用）

@@ -239,11 +239,9 @@ def test_demo2_prefix_sharing_figures_match_the_reference():
     第 5 讲 07 演示 2 打印的数（平均并发 122 → 198，1.62 倍；最多并发 206；每个请求的上下文 3910；平均省下 38.4 GB）
     用独立实现重算一遍：同样 600 个请求、1500 个 token 的系统提示、487,819 个 token 位置 = 30,488 块 × 16。
     """
-    import contextlib
-    import io
+    from test_lecture05_07 import demo_numbers
     s07 = load_script("lecture05/07_paged_kv_cache.py")
-    with contextlib.redirect_stdout(io.StringIO()):
-        r = s07.demo2_prefix_sharing()
+    r = demo_numbers("demo2_prefix_sharing")                   # 07 的演示 2 在这次会话里只跑一次（test_lecture05_07 也读它）
     P, O = (s07.PROMPTS + 1500).tolist(), s07.OUTS.tolist()
     total = 487_819 // 16
     base = _reference_paged(P, O, total, 16, 0, 0.01)
