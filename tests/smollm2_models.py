@@ -1,6 +1,6 @@
 """
 测试共用的 SmolLM2 模型：conftest.real_model 整个会话只装一次参数；这里在它上面每种 dtype 只建一次
-decode_lab.TransformerLM（建的时候融合权重：float64 约 1 GB、1–2 秒），test_engine 和 test_serve 共用同一个。
+decode_lab.TransformerLM（建的时候融合权重：float64 约 1 GB，不到 1 秒），所有用它的测试文件共用同一个。
 """
 from conftest import real_model
 
