@@ -13,7 +13,7 @@ import pytest
 
 import distinct_lab as dl
 from decode_lab import autoregressive_generate
-from drafts_lab import build_seed04_models
+from seed04_models import seed04_models
 from stats_lab import chi2_gof
 from tree_lab import dynamic_tree_expected, dynamic_tree_generate
 
@@ -237,7 +237,8 @@ def test_mean_ci_by_hand():
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def toy():
-    return build_seed04_models()
+    """种子 04 的目标和四个草稿（drafts_lab.build_seed04_models；会话里共用一份，tests/seed04_models.py）。"""
+    return seed04_models()
 
 
 def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy):
