@@ -1,8 +1,8 @@
 """
 第 6 讲 11_spec_decode_in_engine.py（引擎里的投机解码）：
 
-- 演示 1（玩具，进程里跑）：每个请求 T = 0 == 贪心、== speculative_generate，T = 1 == speculative_generate；
-  几个请求同一步验证；χ² 的计数用测试自己的精确分布重算；
+- 演示 1（玩具；读脚本自己那次运行存下的数，conftest.script_results，不在测试进程里再跑一遍）：每个请求 T = 0 == 贪心、
+  == speculative_generate，T = 1 == speculative_generate；几个请求同一步验证；χ² 的计数用测试自己的精确分布重算；
 - 06/05 的算法（analytic_break_even）：验证一步的 FLOPs 用账本（lm_head 算在每个位置上）自己算，不用 chunk_counts；
 - 演示 2、3 打印的数（从 test_scripts 已经跑过的输出里读，不再跑一遍）：观察里的"不划算的到达率"是吞吐表里第一个
   投机比普通低的那一行；goodput 是达标 ≥ 90% 的最高那一行；还回的块 ≤ 作废的位置。
@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import load_script, script_stdout
+from conftest import load_script, script_results, script_stdout
 from decode_lab import TransformerLM, adjust
 from runner_lab import CPU_COST
 from transformer_lab import LMConfig, analytic_ops, init_params
@@ -25,10 +25,9 @@ def mod():
     return load_script(S)
 
 
-def test_demo1_every_request_is_exact_and_the_counts_fit_the_exact_joint(mod, capsys, monkeypatch):
-    monkeypatch.setattr(mod, "N_CHI", 600)            # 脚本用 3000 次；这里少抽，χ² 照样用测试自己的式子重算
-    out = mod.demo1_exact()
-    capsys.readouterr()
+def test_demo1_every_request_is_exact_and_the_counts_fit_the_exact_joint(mod):
+    """脚本那次运行的演示 1 返回的数（它打印的就是这些）；联合分布和 χ² 用测试自己的式子重算。"""
+    out = script_results(S)["d1"]
     assert out["greedy"] == out["same0"] == out["same1"] == out["n"] == mod.N_REQ1
     assert out["together"] >= 2
     target = TransformerLM(init_params(mod.SMALL, 5), mod.SMALL)
