@@ -8,7 +8,7 @@
 - prompt lookup、二元语法表、自适应 γ 各自对上 decode_lab / lookup_lab 的生成器；开关关掉的步是普通 decode；
 - 被拒绝的草稿用过的整块还回去；结束或中止之后每一块都空闲；
 - T = 0 的重放（SpecReplay）和真的投机引擎一步一步相同（同样的段、同样的 token、同样的模型时间）。
-小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2 的前 6 层，float64，跳层草稿）。
+小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2 的前 3 层，float64，跳层草稿）。
 """
 import numpy as np
 import pytest
@@ -278,15 +278,16 @@ def test_bad_speculative_config_raises():
 def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
     """
     真实模型（float64）：跳层自草稿，T = 1，两个请求一起验证 == speculative_generate，每轮接受的个数也相同。
-    目标是 SmolLM2 的前 6 层（共用会话里那份融合好的权重），草稿跳过它的第 3–4 层。只用前几层证明的是同一件事：
+    目标是 SmolLM2 的前 3 层（共用会话里那份融合好的权重），草稿跳过它的第 1 层。只用前几层证明的是同一件事：
     引擎 == speculative_generate 只看两边是不是同样用随机数、同样验证、同样管两个模型的缓存，每一层走的是同一段代码，
     和层数无关；真实模型比玩具多的（49152 的词表、分词器和对话模板、GQA、RoPE 的 θ）都还在。这两个提示下拒绝和
-    γ 个全部接受都有（最后一行断言它）。
+    γ 个全部接受都有（最后一行断言它）。时间几乎全在前向的次数上（每次都把 226 MB 的 float64 lm_head 读一遍），
+    3 层比 6 层约省三分之一。
     """
     full, _, tok = smollm2_lm("float64")
-    model = layer_subset(full, range(6), name="SmolLM2 的前 6 层")
+    model = layer_subset(full, range(3), name="SmolLM2 的前 3 层")
     cfg = model.cfg
-    draft = layer_skip_draft(model, 3, 2)
+    draft = layer_skip_draft(model, 1, 1)
     prompts = [tok.chat("Name a primary color."), tok.chat("Say hello in Spanish.")]
     eng = LLMEngine(model, cfg, -(-cfg.max_seq // 16), speculative_config=spec_cfg(draft=draft, gamma=2))
     reqs = run_all(eng, prompts, 3, 1.0, seed=4, stop=2)
