@@ -279,16 +279,23 @@ def test_dynamic_tree_expected_matches_the_loop_round_by_round_at_T0(toy):
 
 
 def test_dynamic_tree_at_T1_samples_p_and_its_mean_matches_the_expectation(toy):
-    """一轮（n_new = 1）跑 300 次：第一个 token 的 χ² 对目标的 p 不拒绝；平均接受深度 + 1 在期望的 4 个标准误以内。"""
+    """
+    一轮（n_new = 1）跑 300 次：第一个 token 的 χ² 对目标的 p 不拒绝；平均接受深度 + 1 在期望的 4 个标准误以内。
+    300 次抽样里两个模型换成按上下文记住 logits 的版本（tests/context_memo.py：带缓存、带树形遮罩的每一行 == 一次算完
+    这一行能看到的 token；同一个上下文只算一次），抽样看到的分布只差舍入；树的遮罩和位置对不对由上面 T = 0 的两个测试
+    （原模型）和 SmolLM2 的那个核对。p 和期望值用原模型算。
+    """
+    from context_memo import ContextMemoLM
+    from decode_lab import adjust
     target, drafts = toy
     prompt = [2, 7, 1, 8]
     draft = drafts["INT4 量化的自己"]
-    from decode_lab import adjust
     p = adjust(target.full_logits(np.asarray([prompt]))[0, -1], 1.0)
     E = dynamic_tree_expected(target, draft, prompt, [0], 1, (6,), (1.0,), top_k=3, depth=2)[0, 0, 0]
+    mt, md = ContextMemoLM(target), ContextMemoLM(draft)
     first, made = np.zeros(p.size), []
     for s in range(300):
-        out, st = dynamic_tree_generate(target, draft, prompt, 1, 6, 1.0, np.random.default_rng(s), top_k=3, depth=2)
+        out, st = dynamic_tree_generate(mt, md, prompt, 1, 6, 1.0, np.random.default_rng(s), top_k=3, depth=2)
         first[out[0]] += 1
         made.append(st["accepted"][0] + 1)
     assert chi2_gof(first, p)[2] > 1e-3
