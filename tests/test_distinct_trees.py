@@ -241,10 +241,16 @@ def toy():
     return seed04_models()
 
 
-def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy):
+@pytest.fixture(scope="module")
+def toy_greedy(toy):
+    """种子 04 的目标在提示 [3, 1, 4, 1, 5] 上自己的贪心解码（30 个 token）：下面两个测试共用这一份。"""
+    return autoregressive_generate(toy[0], [3, 1, 4, 1, 5], 30, 0.0, np.random.default_rng(0))
+
+
+def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy, toy_greedy):
     target, drafts = toy
     prompt = [3, 1, 4, 1, 5]
-    greedy = autoregressive_generate(target, prompt, 30, 0.0, np.random.default_rng(0))
+    greedy = toy_greedy
     for name in ("INT4 量化的自己", "二元语法表"):
         for budget, top_k, depth in ((1, 10, 6), (5, 3, 2), (40, 10, 6)):
             out, st = dynamic_tree_generate(target, drafts[name], prompt, 30, budget, 0.0, np.random.default_rng(1),
@@ -254,11 +260,10 @@ def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy):
             assert all(a <= depth + 1 for a in st["accepted"])
 
 
-def test_dynamic_tree_stops_like_greedy(toy):
+def test_dynamic_tree_stops_like_greedy(toy, toy_greedy):
     target, drafts = toy
     prompt = [3, 1, 4, 1, 5]
-    greedy = autoregressive_generate(target, prompt, 30, 0.0, np.random.default_rng(0))
-    stop = int(greedy[7])
+    stop = int(toy_greedy[7])
     want = autoregressive_generate(target, prompt, 30, 0.0, np.random.default_rng(0), stop=stop)
     out, _ = dynamic_tree_generate(target, drafts["只用前 3 层"], prompt, 30, 16, 0.0, np.random.default_rng(0),
                                    stop=stop)
