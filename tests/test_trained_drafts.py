@@ -276,18 +276,33 @@ def _assert_same(got, want):
         assert abs(got.get(k, 0.0) - v) < EXACT, (k, got.get(k, 0.0), v)
 
 
+class _MemoHead(tl.DraftHead):
+    """DraftHead，eagle_step 按 (特征的字节, token) 记住结果：它是输入的纯函数，同样的输入给同一个结果。"""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._steps = {}
+
+    def eagle_step(self, f, tok):
+        key = (np.asarray(f).tobytes(), int(tok))
+        if key not in self._steps:
+            self._steps[key] = super().eagle_step(f, tok)
+        return self._steps[key]
+
+
 @pytest.fixture(scope="module")
 def memo_toy(toy):
     """
     toy 的同一组草稿（同样的参数），接在按上下文记住 logits 和特征的目标上（tests/context_memo.py 的 FeatureMemoLM：
     带缓存的每一行 == 一次算完这一行能看到的 token，同一个上下文只算一次）。精确枚举把生成器重跑上千遍（随机数的每种
-    结局一遍），前向只算几十次；logits 和特征与带缓存的只差舍入（< 1e-14，远小于 EXACT）。带缓存的路径（回滚、树形遮罩、
+    结局一遍），前向只算几十次（EAGLE 草稿的一步也按输入记住，_MemoHead）；logits 和特征与带缓存的只差舍入
+    （< 1e-14，远小于 EXACT）。带缓存的路径（回滚、树形遮罩、
     只留被接受的路径）在原模型上由 test_greedy_medusa_and_eagle_equal_greedy_decoding 逐 token 核对。
     """
     mm = FeatureMemoLM(toy["model"])
     return {"model": mm, "medusa": tl.DraftHead("medusa", mm, toy["medusa"].params),
-            "eagle": tl.DraftHead("eagle", mm, toy["eagle"].params),
-            "eagle_trim": tl.DraftHead("eagle", mm, toy["eagle_trim"].params, vocab_ids=[0, 2, 3])}
+            "eagle": _MemoHead("eagle", mm, toy["eagle"].params),
+            "eagle_trim": _MemoHead("eagle", mm, toy["eagle_trim"].params, vocab_ids=[0, 2, 3])}
 
 
 @pytest.mark.parametrize("widths", [(1, 1), (2, 1)])
