@@ -51,6 +51,17 @@ def run_all(eng, prompts, n, T, seed, stop=None):
     return [eng.requests[i] for i in ids]
 
 
+_GREEDY = {}
+
+
+def greedy_tokens(p, n):
+    """MODEL 在提示 p 上自己的贪心解码的前 n 个 token（list）：只看提示和 n，几个测试共用一份。"""
+    key = (tuple(p), n)
+    if key not in _GREEDY:
+        _GREEDY[key] = [int(t) for t in autoregressive_generate(MODEL, p, n, 0.0, np.random.default_rng(0))]
+    return _GREEDY[key]
+
+
 _REFS = {}
 
 
@@ -64,9 +75,7 @@ def reference(i, p, T):
         want, st = speculative_generate(MODEL, DRAFT, p, N_NEW, GAMMA, T, np.random.default_rng(3 + i))
         want = [int(t) for t in want]
         ref = MODEL.full_logits([(p + want)[:-1]])[0, len(p) - 1:]
-        greedy = ([int(t) for t in autoregressive_generate(MODEL, p, N_NEW, 0.0, np.random.default_rng(0))]
-                  if T == 0 else None)
-        _REFS[key] = (want, st, ref, greedy)
+        _REFS[key] = (want, st, ref, greedy_tokens(p, N_NEW) if T == 0 else None)
     return _REFS[key]
 
 
@@ -184,7 +193,7 @@ def test_switch_turns_speculation_off_at_the_batch_size_and_greedy_is_kept():
                     speculative_config=spec_cfg(disable_by_batch_size=3))
     reqs = run_all(eng, PROMPTS, N_NEW, 0.0, seed=0)
     for p, req in zip(PROMPTS, reqs):
-        assert req.output == [int(t) for t in autoregressive_generate(MODEL, p, N_NEW, 0.0, np.random.default_rng(0))]
+        assert req.output == greedy_tokens(p, N_NEW)
     on = [s["spec"] for s in eng.steps]
     assert not all(on) and any(on)
     for s in eng.steps:                                # 关着的步：每个序列 1 个 token（没有草稿位置）
@@ -236,8 +245,7 @@ def test_t0_replay_equals_the_real_speculative_engine_step_by_step(method):
     kw = dict(block_size=4, max_num_batched_tokens=24, max_num_seqs=5, speculative_config=sc)
     real = LLMEngine(MODEL, CFG, 30, **kw)
     reqs = run_all(real, prompts, N_NEW, 0.0, seed=0)
-    streams = {r.id: [int(t) for t in autoregressive_generate(MODEL, p, N_NEW + 3, 0.0, np.random.default_rng(0))]
-               for r, p in zip(reqs, prompts)}          # γ 个多出来的：最后一轮验证到 max_tokens 之后
+    streams = {r.id: greedy_tokens(p, N_NEW + 3) for r, p in zip(reqs, prompts)}   # γ 个多出来的：验证到 max_tokens 之后
     agree = None
     if method == "draft":
         agree = {}
