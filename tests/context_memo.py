@@ -7,6 +7,7 @@ float64 的舍入（< 1e-12），这由 test_decode_lab.test_cached_rolled_back_
 test_decode_lab_trees.test_every_node_scored_in_generation_equals_a_fresh_pass_over_its_path 逐行核对。所以投机解码的
 输出分布和用原模型时一样；χ² 检验要抽几千次，提示固定、词表 6 个 token 时上下文却只有几百种，这样只算几百次前向。
 缓存只记位置和 token（影子列表）；K/V 照样分配（KVCache 的边界检查不变），但不再读写。
+FeatureMemoLM 另外记住特征（lm_head 的输入），给要目标特征的生成器（feature_decode_lab）用。
 """
 import numpy as np
 
@@ -68,3 +69,48 @@ class ContextMemoLM(TransformerLM):
         cache.shadow[p0:p0 + n] = new
         cache.pos = p0 + n
         return np.asarray(out)[None]
+
+
+class FeatureMemoLM(ContextMemoLM):
+    """
+    ContextMemoLM，另外按上下文记住特征（lm_head 的输入，同一次一次算完的前向截下来的）：带缓存的 forward 在
+    matmul_hook 设了时，把返回的这几行的特征交给它（op = "lm_head"，形状 [1, n, d]）——trained_draft_lab.
+    forward_with_features 就是这样拿特征的，所以 Medusa / EAGLE 的生成器拿到的 logits 和特征都是一次算完的那一行。
+    """
+
+    def __init__(self, base):
+        super().__init__(base)
+        self._feats = {}           # 上下文 -> 它最后一行的特征
+        self._last = []            # 这次 forward 返回的各行的特征
+
+    def _row(self, ctx):
+        key = tuple(ctx)
+        if key not in self._rows:
+            box = {}
+
+            def grab(op, li, x):
+                if op == "lm_head":
+                    box["f"] = x
+                return x
+            self.matmul_hook = grab
+            rows = TransformerLM.forward(self, np.asarray([ctx]))[0]
+            self.matmul_hook = None
+            self.n_passes += 1
+            for j in range(len(ctx)):
+                self._rows.setdefault(key[:j + 1], rows[j])
+                self._feats.setdefault(key[:j + 1], box["f"][0, j])
+        self._last.append(self._feats[key])
+        return self._rows[key]
+
+    def forward(self, toks, cache=None, counter=None, attn_mask=None, positions=None):
+        hook = self.matmul_hook
+        if cache is None or counter is not None:
+            return super().forward(toks, cache, counter, attn_mask, positions)
+        self.matmul_hook, self._last = None, []
+        try:
+            out = super().forward(toks, cache, counter, attn_mask, positions)
+        finally:
+            self.matmul_hook = hook
+        if hook is not None:
+            hook("lm_head", -1, np.asarray(self._last)[None])
+        return out

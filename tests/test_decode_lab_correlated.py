@@ -376,7 +376,12 @@ def test_prompt_lookup_rounds_without_a_match_are_plain_steps(tiny):
 
 
 def test_adaptive_output_distribution_matches_target_on_first_two_tokens(tiny):
-    """T = 1：prompt lookup 草稿下前两个 token 的联合分布 = 目标的精确分布（卡方检验，种子固定）。"""
+    """
+    T = 1：prompt lookup 草稿下前两个 token 的联合分布 = 目标的精确分布（卡方检验，种子固定）。
+    抽样的 1000 次里，照抄的目标底下那个 transformer 换成按上下文记住 logits 的版本（tests/context_memo.py：带缓存、
+    回滚的每一行 == 一次算完这一行能看到的 token，同一个上下文只算一次）：抽样看到的分布只差舍入；精确分布用原模型算。
+    """
+    from context_memo import ContextMemoLM
     target = CopyingLM(tiny, 0.7)
     prompt = [1, 2, 3, 1]
     V = TINY.vocab
@@ -384,10 +389,11 @@ def test_adaptive_output_distribution_matches_target_on_first_two_tokens(tiny):
     joint = np.zeros((V, V))
     for x in range(V):
         joint[x] = p1[x] * adjust(target.full_logits(np.array([prompt + [x]]))[0, -1], 1.0)
+    memo = CopyingLM(ContextMemoLM(tiny), 0.7)
     rng = np.random.default_rng(9)
     counts = np.zeros((V, V))
     for _ in range(1000):
-        out, _ = speculative_generate_adaptive(target, PromptLookup(2), prompt, 2, 3, 1.0, rng)
+        out, _ = speculative_generate_adaptive(memo, PromptLookup(2), prompt, 2, 3, 1.0, rng)
         counts[out[0], out[1]] += 1
     e = joint.ravel() * counts.sum()
     big = e >= 5

@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script
 from decode_lab import alphas_on_text, NGramLM
 from spec_math_lab import alpha_for_speedup, expected_rounds, simulate_rounds
-from drafts_lab import build_seed04_models
 from quant_lab import QCFG, sample_tokens
+from seed04_models import seed04_models, seed04_script, seed04_script_models
 
 
 # ---------------------------------------------------------------------------
@@ -116,8 +115,8 @@ def test_simulate_rounds_rejects_bad_arguments():
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def both():
-    s04 = load_script("lecture06/04_spec_decode_speedup.py")
-    return s04, s04.build_models(), build_seed04_models()
+    """种子脚本、它自己的 build_models 建的、drafts_lab 建的（两份都在会话里共用，tests/seed04_models.py）。"""
+    return seed04_script(), seed04_script_models(), seed04_models()
 
 
 def _same_params(a, b):

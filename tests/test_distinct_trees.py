@@ -13,7 +13,7 @@ import pytest
 
 import distinct_lab as dl
 from decode_lab import autoregressive_generate
-from drafts_lab import build_seed04_models
+from seed04_models import seed04_models
 from stats_lab import chi2_gof
 from tree_lab import dynamic_tree_expected, dynamic_tree_generate
 
@@ -237,13 +237,20 @@ def test_mean_ci_by_hand():
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def toy():
-    return build_seed04_models()
+    """种子 04 的目标和四个草稿（drafts_lab.build_seed04_models；会话里共用一份，tests/seed04_models.py）。"""
+    return seed04_models()
 
 
-def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy):
+@pytest.fixture(scope="module")
+def toy_greedy(toy):
+    """种子 04 的目标在提示 [3, 1, 4, 1, 5] 上自己的贪心解码（30 个 token）：下面两个测试共用这一份。"""
+    return autoregressive_generate(toy[0], [3, 1, 4, 1, 5], 30, 0.0, np.random.default_rng(0))
+
+
+def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy, toy_greedy):
     target, drafts = toy
     prompt = [3, 1, 4, 1, 5]
-    greedy = autoregressive_generate(target, prompt, 30, 0.0, np.random.default_rng(0))
+    greedy = toy_greedy
     for name in ("INT4 量化的自己", "二元语法表"):
         for budget, top_k, depth in ((1, 10, 6), (5, 3, 2), (40, 10, 6)):
             out, st = dynamic_tree_generate(target, drafts[name], prompt, 30, budget, 0.0, np.random.default_rng(1),
@@ -253,11 +260,10 @@ def test_dynamic_tree_at_T0_is_greedy_and_stays_within_the_budget(toy):
             assert all(a <= depth + 1 for a in st["accepted"])
 
 
-def test_dynamic_tree_stops_like_greedy(toy):
+def test_dynamic_tree_stops_like_greedy(toy, toy_greedy):
     target, drafts = toy
     prompt = [3, 1, 4, 1, 5]
-    greedy = autoregressive_generate(target, prompt, 30, 0.0, np.random.default_rng(0))
-    stop = int(greedy[7])
+    stop = int(toy_greedy[7])
     want = autoregressive_generate(target, prompt, 30, 0.0, np.random.default_rng(0), stop=stop)
     out, _ = dynamic_tree_generate(target, drafts["只用前 3 层"], prompt, 30, 16, 0.0, np.random.default_rng(0),
                                    stop=stop)
@@ -278,16 +284,23 @@ def test_dynamic_tree_expected_matches_the_loop_round_by_round_at_T0(toy):
 
 
 def test_dynamic_tree_at_T1_samples_p_and_its_mean_matches_the_expectation(toy):
-    """一轮（n_new = 1）跑 300 次：第一个 token 的 χ² 对目标的 p 不拒绝；平均接受深度 + 1 在期望的 4 个标准误以内。"""
+    """
+    一轮（n_new = 1）跑 300 次：第一个 token 的 χ² 对目标的 p 不拒绝；平均接受深度 + 1 在期望的 4 个标准误以内。
+    300 次抽样里两个模型换成按上下文记住 logits 的版本（tests/context_memo.py：带缓存、带树形遮罩的每一行 == 一次算完
+    这一行能看到的 token；同一个上下文只算一次），抽样看到的分布只差舍入；树的遮罩和位置对不对由上面 T = 0 的两个测试
+    （原模型）和 SmolLM2 的那个核对。p 和期望值用原模型算。
+    """
+    from context_memo import ContextMemoLM
+    from decode_lab import adjust
     target, drafts = toy
     prompt = [2, 7, 1, 8]
     draft = drafts["INT4 量化的自己"]
-    from decode_lab import adjust
     p = adjust(target.full_logits(np.asarray([prompt]))[0, -1], 1.0)
     E = dynamic_tree_expected(target, draft, prompt, [0], 1, (6,), (1.0,), top_k=3, depth=2)[0, 0, 0]
+    mt, md = ContextMemoLM(target), ContextMemoLM(draft)
     first, made = np.zeros(p.size), []
     for s in range(300):
-        out, st = dynamic_tree_generate(target, draft, prompt, 1, 6, 1.0, np.random.default_rng(s), top_k=3, depth=2)
+        out, st = dynamic_tree_generate(mt, md, prompt, 1, 6, 1.0, np.random.default_rng(s), top_k=3, depth=2)
         first[out[0]] += 1
         made.append(st["accepted"][0] + 1)
     assert chi2_gof(first, p)[2] > 1e-3
@@ -322,19 +335,21 @@ def test_dynamic_tree_on_smollm2_float64_is_greedy_token_for_token():
     SmolLM2 的前 6 层（float64；共用会话里那份融合好的权重）当目标，跳过它的第 3–4 层当草稿：动态树的输出 == 目标的贪心。
     只用前几层证明的是同一件事：树 == 贪心只看验证对不对（树形遮罩、位置、两边缓存只留被接受的路径、点质量规则），
     每一层走的是同一段代码，和层数无关；真实模型比玩具多的（49152 的词表、分词器和对话模板、GQA、RoPE 的 θ）都还在。
-    6 层时这段提示走几轮，全部拒绝（接受 0 个）和整条接受（depth + 1 个）都有（最后一行断言它）；一轮的时间大半是
-    lm_head（49152 行），30 层时每轮贵好几倍。
+    6 层时这段提示的 6 个 token 走 3 轮，全部拒绝（接受 0 个）和整条接受（depth + 1 个）都有（最后一行断言它）。
+    时间几乎全在前向的次数上：每次前向都把 lm_head（49152 × 576 的 float64，226 MB）整个读一遍，树里几个节点差不多；
+    每一轮是草稿 depth 次加目标 1 次，30 层时每轮贵好几倍。
     """
-    from smollm2_models import smollm2_lm
+    from smollm2_models import new_token_logits, smollm2_lm
     from drafts_lab import layer_skip_draft, layer_subset
     full, _, tok = smollm2_lm("float64")
     target = layer_subset(full, range(6), name="SmolLM2 的前 6 层")
     draft = layer_skip_draft(target, 3, 2)
-    prompt = tok.chat("Write a short paragraph about the ocean.")
-    out, st = dynamic_tree_generate(target, draft, prompt, 10, 12, 0.0, np.random.default_rng(0), top_k=4, depth=3)
+    prompt = tok.chat("Name a primary color.")
+    out, st = dynamic_tree_generate(target, draft, prompt, 6, 12, 0.0, np.random.default_rng(0), top_k=4, depth=2)
     # 贪心的定义：每个 token 都是它的前缀上目标的 argmax——整段一次前向逐位核对（不用一步一步 decode 出参考序列；
-    # float64 的两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）
-    top = target.full_logits(np.array([list(prompt) + [int(t) for t in out]]))[0, len(prompt) - 1:-1].argmax(-1)
-    assert len(out) == 10 and np.array_equal(out, top)
-    assert max(st["nodes"]) <= 12 and st["target_calls"] < 10
-    assert min(st["accepted"]) == 0 and max(st["accepted"]) == 3 + 1
+    # float64 的两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。lm_head 只乘预测新 token 的那几行
+    # （smollm2_models.new_token_logits；每一行独立，和整段算完再切出来的一样）。
+    top = new_token_logits(target, prompt, [int(t) for t in out]).argmax(-1)
+    assert len(out) == 6 and np.array_equal(out, top)
+    assert max(st["nodes"]) <= 12 and st["target_calls"] < 6
+    assert min(st["accepted"]) == 0 and max(st["accepted"]) == 2 + 1

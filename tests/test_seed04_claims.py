@@ -202,12 +202,12 @@ def test_demo3_neighbouring_positions_are_nearly_uncorrelated(demo3):
     """
     演示 3 观察 2："这个随机模型里相邻位置的难度几乎不相关"。在种子量 α 的同一批文本上（目标自己采样的 8 × 64 个
     token），每个位置的 β = Σ min(p, q)（softmax 在这里直接写出来），相邻两个位置 β 的相关系数 |r| < 0.15
-    （实际 0.02–0.08）；β 的平均值就是种子打印的 α（舍入到 3 位）。
+    （实际 0.02–0.08）；β 的平均值就是种子打印的 α（舍入到 3 位）。模型是种子自己的 build_models 建的（会话里共用一份，
+    tests/seed04_models.py）。
     """
-    from conftest import load_script
     from quant_lab import QCFG, sample_tokens
-    s04 = load_script(SEED)
-    target, drafts = s04.build_models()
+    from seed04_models import seed04_script_models
+    target, drafts = seed04_script_models()
     toks = sample_tokens(target.params, QCFG, n_seq=8, length=64, seed=0)
 
     def probs(lg):

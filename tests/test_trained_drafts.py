@@ -20,6 +20,7 @@ import distinct_lab
 import feature_decode_lab as fd
 import trained_draft_lab as tl
 from conftest import ROOT, smollm2_path
+from context_memo import FeatureMemoLM
 from decode_lab import TransformerLM, autoregressive_generate, sample_from_prompts
 from engine_lab import LLMEngine
 from sampler_cases import TINY
@@ -275,23 +276,52 @@ def _assert_same(got, want):
         assert abs(got.get(k, 0.0) - v) < EXACT, (k, got.get(k, 0.0), v)
 
 
+class _MemoHead(tl.DraftHead):
+    """DraftHead，eagle_step 按 (特征的字节, token) 记住结果：它是输入的纯函数，同样的输入给同一个结果。"""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._steps = {}
+
+    def eagle_step(self, f, tok):
+        key = (np.asarray(f).tobytes(), int(tok))
+        if key not in self._steps:
+            self._steps[key] = super().eagle_step(f, tok)
+        return self._steps[key]
+
+
+@pytest.fixture(scope="module")
+def memo_toy(toy):
+    """
+    toy 的同一组草稿（同样的参数），接在按上下文记住 logits 和特征的目标上（tests/context_memo.py 的 FeatureMemoLM：
+    带缓存的每一行 == 一次算完这一行能看到的 token，同一个上下文只算一次）。精确枚举把生成器重跑上千遍（随机数的每种
+    结局一遍），前向只算几十次（EAGLE 草稿的一步也按输入记住，_MemoHead）；logits 和特征与带缓存的只差舍入
+    （< 1e-14，远小于 EXACT）。带缓存的路径（回滚、树形遮罩、
+    只留被接受的路径）在原模型上由 test_greedy_medusa_and_eagle_equal_greedy_decoding 逐 token 核对。
+    """
+    mm = FeatureMemoLM(toy["model"])
+    return {"model": mm, "medusa": tl.DraftHead("medusa", mm, toy["medusa"].params),
+            "eagle": _MemoHead("eagle", mm, toy["eagle"].params),
+            "eagle_trim": _MemoHead("eagle", mm, toy["eagle_trim"].params, vocab_ids=[0, 2, 3])}
+
+
 @pytest.mark.parametrize("widths", [(1, 1), (2, 1)])
-def test_medusa_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy, widths, monkeypatch):
-    m, prompt = toy["model"], [1, 2]
-    got = _enumerate(lambda rng: fd.medusa_generate(m, toy["medusa"], prompt, 3, 1.0, rng, widths=widths)[0],
+def test_medusa_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy, memo_toy, widths, monkeypatch):
+    mm, prompt = memo_toy["model"], [1, 2]
+    got = _enumerate(lambda rng: fd.medusa_generate(mm, memo_toy["medusa"], prompt, 3, 1.0, rng, widths=widths)[0],
                      monkeypatch)
-    _assert_same(got, _target_joint(m, prompt, 3))
+    _assert_same(got, _target_joint(toy["model"], prompt, 3))
 
 
 @pytest.mark.parametrize("name, gamma", [("eagle", 1), ("eagle_trim", 2)])
-def test_eagle_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy, name, gamma, monkeypatch):
+def test_eagle_output_distribution_at_T1_is_the_target_by_exact_enumeration(toy, memo_toy, name, gamma, monkeypatch):
     """eagle_trim 的草稿词表没有 token 1（q = 0）：目标照样能输出 1，分布不变。γ = 2 时第二个草稿用草稿自己预测的特征。"""
-    m, prompt = toy["model"], [3]
-    got = _enumerate(lambda rng: fd.eagle_generate(m, toy[name], prompt, 3, gamma, 1.0, rng)[0], monkeypatch)
-    _assert_same(got, _target_joint(m, prompt, 3))
+    mm, prompt = memo_toy["model"], [3]
+    got = _enumerate(lambda rng: fd.eagle_generate(mm, memo_toy[name], prompt, 3, gamma, 1.0, rng)[0], monkeypatch)
+    _assert_same(got, _target_joint(toy["model"], prompt, 3))
 
 
-def test_enumeration_catches_a_generator_that_skips_the_residual(toy, monkeypatch):
+def test_enumeration_catches_a_generator_that_skips_the_residual(toy, memo_toy, monkeypatch):
     """枚举器自己能失败：把 verify_chain 换成拒绝之后从 p（不是残差）抽的版本，分布就不是目标的。"""
     def bad_verify(ps, qs, drafts, rng):
         n = 0
@@ -299,9 +329,9 @@ def test_enumeration_catches_a_generator_that_skips_the_residual(toy, monkeypatc
             n += 1
         return n, int(fd.sample_inverse_cdf(ps[n], rng.random()))
     monkeypatch.setattr(fd, "verify_chain", bad_verify)
-    m, prompt = toy["model"], [3]
-    got = _enumerate(lambda rng: fd.eagle_generate(m, toy["eagle"], prompt, 2, 2, 1.0, rng)[0], monkeypatch)
-    want = _target_joint(m, prompt, 2)
+    mm, prompt = memo_toy["model"], [3]
+    got = _enumerate(lambda rng: fd.eagle_generate(mm, memo_toy["eagle"], prompt, 2, 2, 1.0, rng)[0], monkeypatch)
+    want = _target_joint(toy["model"], prompt, 2)
     assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
 
 
