@@ -1,14 +1,19 @@
 """
-测试共用的种子 04 的玩具模型：drafts_lab.build_seed04_models 和种子脚本自己的 build_models 整个测试会话各只建一次。
-两份逐个参数相同由 test_decode_lab_papers.test_build_seed04_models_gives_seed04s_exact_models 核对。
+测试共用的种子 04 的玩具模型（QCFG 的目标和四个草稿）：同一个构造函数整个测试会话只调一次。
 
-建一次约 0.3 秒，几乎全花在二元语法表要拟合的、从目标采样的 64 × 128 个 token（quant_lab.sample_tokens）上。两个构造
-各自调用 sample_tokens；这里让两次调用经过同一个按参数记住结果的包装（_remembering）：参数（P 按每个数组的内容、dtype
-和形状，cfg，其余参数）完全相同时第二次直接拿第一次的 token。sample_tokens 只由参数决定（np.random.default_rng(seed)，
-不碰全局状态），所以拿到的和重新采样的逐位相同；参数有任何不同（例如另一个种子）就照样重新采样，上面那个核对照样变红。
+几个测试文件各自要 drafts_lab.build_seed04_models() 或种子 04 自己的 build_models()；两者逐个参数相同由
+test_decode_lab_papers.test_build_seed04_models_gives_seed04s_exact_models 核对。构造一次约 0.3 秒，几乎全花在给二元语法表
+从目标采样的 64 × 128 个 token（quant_lab.sample_tokens，一次前向一个 token）上。
 
-模型建好以后不再变（TransformerLM / NGramLM 的前向不改自己的参数）；用它们的测试不改参数。drafts 的 dict 每次给一份新的，
-往里加减草稿不影响别的测试。
+- built_by(builder)：按定义它的源文件和名字记（conftest.load_script 每次加载编号脚本都得到新的函数对象，04 的 build_models
+  在两个测试文件里加载两次，也还是同一个）。构造是确定的（init_params 的种子 0、采样的种子 1），所以共用一份。
+- 构造时它的 sample_tokens 经过一个按参数记住结果的包装（_remembering）：参数（P 按每个数组的内容、dtype 和形状，cfg，
+  其余参数）完全相同时，第二个构造直接拿第一个采样的 token。两个构造调用的是同一个 quant_lab.sample_tokens，它只由参数
+  决定（np.random.default_rng(seed)，不碰全局状态），所以拿到的和重新采样的逐位相同；参数有任何不同（例如另一个种子）
+  就照样重新采样，上面那个核对照样变红。
+
+模型建好以后不再变（TransformerLM / NGramLM 的前向不改自己的参数）；用它们的测试不改参数。built_by 给的 drafts 是共用的
+dict，不能往里加减；seed04_models / seed04_script_models 每次给一份新的 dict。
 """
 import hashlib
 
@@ -42,33 +47,38 @@ def _remembering(real):
     return sample_tokens
 
 
-def seed04_models():
-    """drafts_lab.build_seed04_models() -> (target, drafts)，整个会话只建一次。"""
-    if "lab" not in _BUILT:
-        import drafts_lab
-        real = drafts_lab.sample_tokens
-        drafts_lab.sample_tokens = _remembering(real)
+def built_by(builder):
+    """builder() 的结果（(target, drafts)），同一个构造函数整个会话只调一次；构造时它模块里的 sample_tokens 换成包装。"""
+    key = (builder.__code__.co_filename, builder.__qualname__)
+    if key not in _BUILT:
+        g = builder.__globals__
+        real = g.get("sample_tokens")
+        if real is not None:
+            g["sample_tokens"] = _remembering(real)
         try:
-            _BUILT["lab"] = drafts_lab.build_seed04_models()
+            _BUILT[key] = builder()
         finally:
-            drafts_lab.sample_tokens = real
-    target, drafts = _BUILT["lab"]
+            if real is not None:
+                g["sample_tokens"] = real
+    return _BUILT[key]
+
+
+def seed04_models():
+    """drafts_lab.build_seed04_models() -> (target, drafts)，整个会话只建一次（drafts 是新的 dict）。"""
+    from drafts_lab import build_seed04_models
+    target, drafts = built_by(build_seed04_models)
     return target, dict(drafts)
 
 
 def seed04_script():
-    """种子 04 脚本（按路径加载、不运行；这份模块只在这里用，它的 sample_tokens 换成 _remembering 包装的）-> 模块。"""
+    """种子 04 脚本（按路径加载、不运行）-> 模块，整个会话只加载一次。"""
     if "script" not in _BUILT:
         from conftest import load_script
-        mod = load_script(SEED04)
-        mod.sample_tokens = _remembering(mod.sample_tokens)
-        _BUILT["script"] = mod
+        _BUILT["script"] = load_script(SEED04)
     return _BUILT["script"]
 
 
 def seed04_script_models():
-    """种子 04 脚本自己的 build_models() -> (target, drafts)，整个会话只建一次。"""
-    if "script_models" not in _BUILT:
-        _BUILT["script_models"] = seed04_script().build_models()
-    target, drafts = _BUILT["script_models"]
+    """种子 04 脚本自己的 build_models() -> (target, drafts)，整个会话只建一次（drafts 是新的 dict）。"""
+    target, drafts = built_by(seed04_script().build_models)
     return target, dict(drafts)
