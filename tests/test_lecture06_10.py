@@ -3,8 +3,8 @@
 
 - float64 的真实循环：T = 0 的投机解码（跳层草稿：真实权重的前 8 层当目标；prompt lookup：整个目标）输出 == 贪心（整段一次前向
   逐位 argmax 核对），精确的轮次（greedy_lab）== 循环的每一轮。
-- 脚本的数（脚本自己那次运行存下的：演示返回的数和 ctx 里模型以外的部分，console.save_results）用另一条路径重算：草稿按测试自己的层号取层（不用 layer_subset），
-  排名用 argsort，轮次、打乱、相关、式 (1)、定理 3.8、每 token 的字节数都用测试自己写的式子。
+- 脚本的数（脚本自己那次运行存下的：演示返回的数和 ctx 里模型以外的部分，console.save_results）用另一条路径重算：层草稿按测试自己的
+  层号取层（不用 layer_subset）用 float64 重算，排名用 argsort，轮次、打乱、相关、式 (1)、定理 3.8、每 token 的字节数都用测试自己写的式子。
 - --time 的路径能跑（n = 2，计时的模型是真实权重的 4 层）；打印的观察引用的就是返回的数。
 """
 import contextlib
@@ -105,9 +105,7 @@ def test_float64_loop_equals_greedy_and_exact_rounds_layer_skip(f64):
     n_new, gamma = 14, 3
     out, st = speculative_generate(target, draft, prompt, n_new, gamma, 0.0, np.random.default_rng(0), stop=s.STOP)
     greedy = [int(x) for x in out]
-    seq = np.array([prompt + greedy])
-    cut = slice(len(prompt) - 1, len(prompt) - 1 + len(greedy))
-    lt, ld = target.full_logits(seq)[0, cut], draft.full_logits(seq)[0, cut]
+    lt, ld = new_token_logits(target, prompt, greedy), new_token_logits(draft, prompt, greedy)   # lm_head 只乘要的那几行
     assert _greedy_by_teacher_forcing(lt, greedy, n_new, s.STOP)
     assert min(_top_gap(lt), _top_gap(ld)) > 1e-6
     agree = ld.argmax(-1) == np.array(greedy)
@@ -200,19 +198,18 @@ def _eq1(a, g):
     return sum(a ** i for i in range(g + 1))
 
 
-def _plain_draft(ctx, keep):
+def _plain_draft(model, keep):
     """
-    只有第 keep 层（按给的顺序）的模型 -> TransformerLM，层号由测试自己给，不经过 drafts_lab.layer_subset。
-    融合好的矩阵取自会话共用的 float32 目标（就是 ctx["P"] 建的 TransformerLM，run 断言）：构造时的融合逐层独立，
-    所以这和 TransformerLM(只留这几层的 params, n_layers = len(keep)) 逐位相同（按 params 新建和共用融合权重逐位相同，
-    test_greedy_lab.test_layer_subset_drafts_equal_models_built_from_params 核对）；两个 26 层的 float32 草稿各重新
-    融合一遍要多 1–2 秒。
+    只有 model 的第 keep 层（按给的顺序）的模型 -> TransformerLM，层号由测试自己给，不经过 drafts_lab.layer_subset。
+    融合好的矩阵取自 model：构造时的融合逐层独立，所以这和 TransformerLM(只留这几层的 params, n_layers = len(keep))
+    逐位相同（按 params 新建和共用融合权重逐位相同，test_greedy_lab.test_layer_subset_drafts_equal_models_built_from_params
+    核对）；float64 的草稿各重新融合一遍要多好几秒。
     """
-    P, cfg, target = ctx["P"], ctx["cfg"], ctx["target"]
-    assert target.params is P and target.cfg.n_layers == cfg.n_layers
-    d = copy.copy(target)
+    P, cfg = model.params, model.cfg
+    assert len(P["layers"]) == len(model._layers) == cfg.n_layers
+    d = copy.copy(model)
     d.params = dict(P, layers=[P["layers"][i] for i in keep])
-    d._layers = [target._layers[i] for i in keep]
+    d._layers = [model._layers[i] for i in keep]
     d.cfg = config_like(cfg, n_layers=len(keep))
     return d
 
@@ -221,24 +218,6 @@ def _softmax(x):
     x = np.asarray(x, dtype=np.float64)
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
-
-
-@pytest.fixture(scope="module")
-def rebuilt(run):
-    """跳层和提前退出的草稿按测试自己的层号取层（_plain_draft），在同样的文本上算 logits（不经过 layer_subset 和脚本的 _per_text）。"""
-    s, ctx, _ = run
-    a, n = s.SKIP
-    L = ctx["cfg"].n_layers
-    out = {}
-    for label, keep in ((ctx["skip_label"], list(range(a)) + list(range(a + n, L))),
-                        (f"只用前 {s.EXIT_K} 层", list(range(s.EXIT_K)))):
-        d = _plain_draft(ctx, keep)
-        rows = []
-        for prompt, new in ctx["texts"]:
-            seq = np.array([list(prompt) + list(new)])
-            rows.append(d.full_logits(seq)[0, len(prompt) - 1:len(prompt) - 1 + len(new)])
-        out[label] = rows
-    return out
 
 
 def test_greedy_texts_and_target_agreement(run):
@@ -256,9 +235,11 @@ def _staged_rows(target64, texts, a, n, k):
     """
     float64 的目标、跳层草稿（跳过第 a..a+n−1 层）、前 k 层草稿（a ≤ k）在每段文本的新 token 处的 logits
     -> {"目标": [...], "跳层": [...], "提前退出": [...]}。三个模型的前 a 层一样、目标和前 k 层草稿的前 k 层一样：
-    前 k 层只前向一遍（layer_subset(target64, range(k))，它的输出就是提前退出的 logits），记下第 a 层和第 k 层之前的残差流
+    前 k 层只前向一遍（_plain_draft(target64, range(k))，它的输出就是提前退出的 logits），记下第 a 层和第 k 层之前的残差流
     （forward 每层先对残差流 x 调一次 rms_scale、最后再调一次：第 2i 次调用的输入是第 i 层之前的 x），其余的层从那里
-    接着算（layer_subset 的另一段，embed 换成交回记下的 x；位置、遮罩、每个矩阵乘的形状都和整段前向一样）。
+    接着算（_plain_draft 取的另一段，embed 换成交回记下的 x；位置、遮罩、每个矩阵乘的形状都和整段前向一样）。
+    层号都由测试自己给（_plain_draft），不经过脚本造草稿用的 drafts_lab.layer_subset：脚本取错了层，它的 float32 logits
+    就离这里的 float64 很远（test_float32_decisions_hold_on_any_blas 的 err < 1e-2），α 也对不上（test_alphas_…）。
     以前三个模型各从头前向一遍（30 + 26 + 26 层，外加 3 次 lm_head）；现在 26 + 4 + 14 层：少算约三分之一。
     lm_head 只乘新 token 的那几行（tests/smollm2_models.new_token_logits）。
     记下的位置错了，接着算出的 logits 就是另一个模型的：下面的 err < 1e-2 立刻不成立，不会悄悄地放过。
@@ -267,13 +248,13 @@ def _staged_rows(target64, texts, a, n, k):
     assert 1 <= a <= k < L
 
     def tail(first, x):
-        sub = layer_subset(target64, range(first, L))
+        sub = _plain_draft(target64, range(first, L))
         sub.embed = lambda toks: x
         return sub
 
     def one_text(text):
         prompt, new = text
-        front, seen = layer_subset(target64, range(k)), []      # 每段文本自己的一份（下面在两个线程里算）
+        front, seen = _plain_draft(target64, range(k)), []      # 每段文本自己的一份（下面在两个线程里算）
         base = front.rms_scale
         front.rms_scale = lambda x: seen.append(x) or base(x)
         exit_ = new_token_logits(front, prompt, new)
@@ -315,7 +296,7 @@ def _requantized_f64(target64, P32, scheme):
     return with_layers(target64, layers)
 
 
-def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt, staged64):
+def test_float32_decisions_hold_on_any_blas(run, f64, staged64):
     """
     脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
     精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
@@ -331,7 +312,7 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt, staged64):
     staged = staged64
     pairs = [("目标", ctx["target_logits"], staged["目标"])]     # 目标的 float32 logits：脚本自己算的（ctx）
     for label, keep in ((ctx["skip_label"], "跳层"), (f"只用前 {s.EXIT_K} 层", "提前退出")):
-        pairs.append((label, rebuilt[label], staged[keep]))   # 层草稿的 float32 logits：rebuilt 按 params 新建的那个算的
+        pairs.append((label, ctx["layer_logits"][label], staged[keep]))   # 层草稿的 float32 logits：脚本那次运行的
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
     def quantized_rows(scheme):                     # 量化的草稿：float32 的量化权重，原样转成 float64
@@ -345,7 +326,7 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt, staged64):
         q64 = dict(zip([label for label, _ in quant], ex.map(quantized_rows, [scheme for _, scheme in quant])))
     pairs += [(label, ctx["quant_logits"][label], q64[label]) for label, _ in quant]   # 脚本那次运行的 float32 logits
     for label, m32, m64 in pairs:
-        l32, l64 = [x.astype(np.float64) for x in m32], m64   # float32 的 logits（目标、量化草稿：脚本的；层草稿：rebuilt）
+        l32, l64 = [x.astype(np.float64) for x in m32], m64   # float32 的 logits（都是脚本那次运行算的）
         err = max(float(np.abs(x - y).max()) for x, y in zip(l32, l64))
         assert 0 < err < 1e-2
         for x64, t in zip(l64, toks):
@@ -372,14 +353,22 @@ def test_float32_decisions_hold_on_any_blas(run, f64, rebuilt, staged64):
     assert len(checked) == 5
 
 
-def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, rebuilt):
+def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, staged64):
+    """
+    两个层草稿的 α：T = 0、T = 1 都由脚本那次运行的 float32 logits（ctx["layer_logits"]）按测试自己的式子重算；
+    这些 logits 确实是"按层号取的那几层"的：测试自己取层（_plain_draft）的 float64 模型（staged64）逐位 argmax 算出的
+    α T = 0 和脚本打印的一样（float32 和 float64 的排名处处相同，test_float32_decisions_hold_on_any_blas 核对余量）。
+    """
     s, ctx, out = run
     al = out["d1"]["alphas"]
-    for label, rows in rebuilt.items():
+    own = {ctx["skip_label"]: staged64["跳层"], f"只用前 {s.EXIT_K} 层": staged64["提前退出"]}
+    assert sorted(ctx["layer_logits"]) == sorted(own)
+    for label, rows in ctx["layer_logits"].items():
         a0 = np.mean(np.concatenate([r.argmax(-1) == np.array(new) for r, (_, new) in zip(rows, ctx["texts"])]))
         b1 = np.concatenate([np.minimum(_softmax(lp), _softmax(lq)).sum(-1)
                              for lq, lp in zip(rows, ctx["target_logits"])])
-        assert al[label][0] == pytest.approx(a0, abs=1e-12)
+        a0_64 = np.mean(np.concatenate([r.argmax(-1) == np.array(new) for r, (_, new) in zip(own[label], ctx["texts"])]))
+        assert al[label][0] == pytest.approx(a0, abs=1e-12) and al[label][0] == pytest.approx(a0_64, abs=1e-12)
         assert al[label][1] == pytest.approx(float(b1.mean()), abs=1e-9)
     assert al[ctx["skip_label"]][0] > al[f"只用前 {s.EXIT_K} 层"][0]        # 观察 2 的大小关系
     for n, v in al.items():
@@ -491,11 +480,35 @@ def test_prompt_lookup_rounds_by_hand(run):
     assert copy["per_call"] > 3 * prose["per_call"]
 
 
-def test_tree_figures_from_argsort_ranks(run, rebuilt):
+def _top_order(lq, k):
+    """
+    每行 logits 从大到小的前 k 个 token（并列时 token id 小的在前）-> [行数, k]：就是 np.argsort(-lq, kind="stable") 的
+    前 k 列，只是不给整个词表排序：先用 np.partition 找到第 k 大的值，≥ 它的才可能进前 k（并列的全留下），只给这几个
+    候选（按 id 从小到大）做稳定的 argsort。
+    """
+    neg = -np.asarray(lq)
+    kth = np.partition(neg, k - 1, axis=1)[:, k - 1]
+    rows = []
+    for row, t in zip(neg, kth):
+        cand = np.flatnonzero(row <= t)
+        rows.append(cand[np.argsort(row[cand], kind="stable")][:k])
+    return np.array(rows)
+
+
+def test_top_order_is_the_stable_argsorts_head():
+    """_top_order 和整行的稳定 argsort 的前 k 列逐个相同，并列（包括跨过第 k 个的并列）也一样。"""
+    rng = np.random.default_rng(0)
+    lq = rng.integers(0, 6, size=(40, 50)).astype(np.float32)        # 很多并列
+    for k in (1, 3, 8):
+        np.testing.assert_array_equal(_top_order(lq, k), np.argsort(-lq, axis=1, kind="stable")[:, :k])
+
+
+def test_tree_figures_from_argsort_ranks(run):
     s, ctx, out = run
     label = ctx["skip_label"]
-    # 每段文本的排序只做一次（和树的形状无关；以前每棵树都对整个词表重新 argsort 一遍）
-    orders = [np.argsort(-lq, axis=1, kind="stable") for lq in rebuilt[label]]
+    # 每段文本的前几名只排一次（和树的形状无关）；树最宽 8，只要稳定 argsort 的前 8 列（_top_order）
+    w_max = max(max(w) for w in s.TREES)
+    orders = [_top_order(lq, w_max) for lq in ctx["layer_logits"][label]]
     for widths in s.TREES:
         vals = []
         for order, (_, new) in zip(orders, ctx["texts"]):
@@ -541,6 +554,7 @@ def test_cost_coefficients_and_theorem_3_8(run):
 
 
 TIME_LAYERS = (0, 1, 2, 29)       # --time 的测试里计时的目标：真实模型的这 4 层（跳层草稿跳过第 1–2 层）
+TIME_VOCAB = 2048                 # 计时的模型的 lm_head 只留词表的前这么多列（见 test_time_path_runs）
 
 
 def test_time_path_runs(run, monkeypatch):
@@ -548,12 +562,16 @@ def test_time_path_runs(run, monkeypatch):
     --time：每种做法重复 k 次；中位数、范围、同一遍里的比值都由返回的时间重算；预测按式子。
     计时只跑一遍，经过 main(["--time", "2"])：演示 1–6 照常（脚本自己的运行已经跑过它们：这里换成记下调用、交回那次运行的数），
     然后命令行的 n 交给演示 7（这里让它重复 3 次，核对中位数和范围），它返回的数就是下面核对的。
-    计时的目标换成真实模型的 TIME_LAYERS 那 4 层（layer_subset），跳层草稿照样从它跳层：这里核对的是计时的算术（中位数、
-    范围、比值、预测）和观察引用的数，和模型有几层无关（预测的 ĉ 取自 ctx 的运算量，不看计时的模型）；30 层的目标
-    3 × 2 × 3 次生成要多花约 3 秒。
+    计时的目标换成真实模型的 TIME_LAYERS 那 4 层（layer_subset），lm_head 只留前 TIME_VOCAB 列（词嵌入不变：提示的
+    token 照样查得到；模型只会说出 id < TIME_VOCAB 的 token，停止 token 在里面），跳层草稿照样从它跳层：这里核对的是
+    计时的算术（中位数、范围、比值、预测）和观察引用的数，和模型有几层、词表多大无关（预测的 ĉ 取自 ctx 的运算量，
+    不看计时的模型；观察按返回的数选句子，下面两种分支都核对）。30 层的目标 3 × 2 × 3 次生成要多花约 3 秒；整个词表的
+    lm_head 每一行的乘加是这 4 层的两倍（生成的每次前向、预填充的每个提示位置都算它），还要多花约半秒。
     """
     s, ctx, out = run
-    small = layer_subset(ctx["target"], TIME_LAYERS)
+    small = layer_subset(ctx["target"], TIME_LAYERS)          # 一份浅拷贝：换它的 _head 不动目标
+    small._head = np.ascontiguousarray(small._head[:, :TIME_VOCAB])
+    assert s.STOP < TIME_VOCAB
     monkeypatch.setitem(ctx, "target", small)
     monkeypatch.setitem(ctx, "skip", layer_skip_draft(small, 1, 2))
     said = []
