@@ -231,10 +231,10 @@ def test_greedy_texts_and_target_agreement(run):
     assert [len(new) for _, new in ctx["texts"][:2]] == list(s.N_NEW[:2])
 
 
-def _staged_rows(target64, texts, a, n, k):
+def _staged_text(target64, text, a, n, k):
     """
-    float64 的目标、跳层草稿（跳过第 a..a+n−1 层）、前 k 层草稿（a ≤ k）在每段文本的新 token 处的 logits
-    -> {"目标": [...], "跳层": [...], "提前退出": [...]}。三个模型的前 a 层一样、目标和前 k 层草稿的前 k 层一样：
+    float64 的目标、跳层草稿（跳过第 a..a+n−1 层）、前 k 层草稿（a ≤ k）在一段文本的新 token 处的 logits
+    -> (目标, 跳层, 提前退出)。三个模型的前 a 层一样、目标和前 k 层草稿的前 k 层一样：
     前 k 层只前向一遍（_plain_draft(target64, range(k))，它的输出就是提前退出的 logits），记下第 a 层和第 k 层之前的残差流
     （forward 每层先对残差流 x 调一次 rms_scale、最后再调一次：第 2i 次调用的输入是第 i 层之前的 x），其余的层从那里
     接着算（_plain_draft 取的另一段，embed 换成交回记下的 x；位置、遮罩、每个矩阵乘的形状都和整段前向一样）。
@@ -252,27 +252,14 @@ def _staged_rows(target64, texts, a, n, k):
         sub.embed = lambda toks: x
         return sub
 
-    def one_text(text):
-        prompt, new = text
-        front, seen = _plain_draft(target64, range(k)), []      # 每段文本自己的一份（下面在两个线程里算）
-        base = front.rms_scale
-        front.rms_scale = lambda x: seen.append(x) or base(x)
-        exit_ = new_token_logits(front, prompt, new)
-        assert len(seen) == 2 * k + 1
-        return (new_token_logits(tail(k, seen[-1]), prompt, new), new_token_logits(tail(a + n, seen[2 * a]), prompt, new),
-                exit_)
-
-    with ThreadPoolExecutor(max_workers=2) as ex:   # 三段文本互不相干：两个线程（另一个核这时空着），结果逐位相同
-        rows = list(ex.map(one_text, texts))
-    out = {name: [r[i] for r in rows] for i, name in enumerate(("目标", "跳层", "提前退出"))}
-    return out
-
-
-@pytest.fixture(scope="module")
-def staged64(run, f64):
-    """float64 的目标、跳层草稿、提前退出草稿在脚本的三段文本上预测新 token 的 logits（_staged_rows），两个测试共用。"""
-    s, ctx, _ = run
-    return _staged_rows(f64[0], ctx["texts"], *s.SKIP, s.EXIT_K)
+    prompt, new = text
+    front, seen = _plain_draft(target64, range(k)), []      # 每段文本自己的一份（几段文本在不同的线程里算）
+    base = front.rms_scale
+    front.rms_scale = lambda x: seen.append(x) or base(x)
+    exit_ = new_token_logits(front, prompt, new)
+    assert len(seen) == 2 * k + 1
+    return (new_token_logits(tail(k, seen[-1]), prompt, new), new_token_logits(tail(a + n, seen[2 * a]), prompt, new),
+            exit_)
 
 
 SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
@@ -296,7 +283,32 @@ def _requantized_f64(target64, P32, scheme):
     return with_layers(target64, layers)
 
 
-def test_float32_decisions_hold_on_any_blas(run, f64, staged64):
+QUANT = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))    # 脚本的两个量化草稿：标签、方案
+
+
+@pytest.fixture(scope="module")
+def staged64(run, f64):
+    """
+    float64 的模型在脚本的三段文本上预测新 token 的 logits -> {"目标" / "跳层" / "提前退出"（_staged_text）、
+    两个量化草稿的标签（_requantized_f64）: 每段文本一个 [新 token 数, V]}，几个测试共用。
+    这些活互不相干，放进同一个两个线程的池子（numpy 算的时候放开 GIL；测试进程的 BLAS 只用一个线程，两核机器上
+    另一个核这时空着），结果和一个接一个算逐位相同（每个线程算的是同样的运算）：先量化、融合两个草稿（各约 1 秒），
+    再算三段文本的分段前向，两个量化草稿造好了再各按文本分成三份前向（每份一个浅拷贝：new_token_logits 临时换掉
+    模型的 lm_head）。活分得细，两个核一直都有活干。
+    """
+    s, ctx, _ = run
+    target64, texts = f64[0], ctx["texts"]
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        built = {label: ex.submit(_requantized_f64, target64, ctx["P"], scheme) for label, scheme in QUANT}
+        staged = [ex.submit(_staged_text, target64, t, *s.SKIP, s.EXIT_K) for t in texts]
+        quant = {label: [ex.submit(lambda m, t: new_token_logits(copy.copy(m), *t), f.result(), t) for t in texts]
+                 for label, f in built.items()}
+        out = {name: [f.result()[i] for f in staged] for i, name in enumerate(("目标", "跳层", "提前退出"))}
+        out.update({label: [f.result() for f in fs] for label, fs in quant.items()})
+    return out
+
+
+def test_float32_decisions_hold_on_any_blas(run, staged64):
     """
     脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
     精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
@@ -308,23 +320,14 @@ def test_float32_decisions_hold_on_any_blas(run, f64, staged64):
     2 × SAFETY × err（排名在任何机器上都一样）；α T = 1 在 ± SAFETY × 它的 float32–float64 差以内舍入到同一个 3 位小数。
     """
     s, ctx, out = run
-    target64, _, _ = f64
     staged = staged64
     pairs = [("目标", ctx["target_logits"], staged["目标"])]     # 目标的 float32 logits：脚本自己算的（ctx）
     for label, keep in ((ctx["skip_label"], "跳层"), (f"只用前 {s.EXIT_K} 层", "提前退出")):
         pairs.append((label, ctx["layer_logits"][label], staged[keep]))   # 层草稿的 float32 logits：脚本那次运行的
     toks = [np.asarray(new) for _, new in ctx["texts"]]
     checked = []
-    def quantized_rows(scheme):                     # 量化的草稿：float32 的量化权重，原样转成 float64
-        d64 = _requantized_f64(target64, ctx["P"], scheme)
-        return [new_token_logits(d64, prompt, new) for prompt, new in ctx["texts"]]
-
-    quant = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))
-    # 两个草稿互不相干，各在一个线程里量化、融合、前向（numpy 算的时候放开 GIL；测试进程的 BLAS 只用一个线程，两核机器上
-    # 另一个核这时空着）：空闲的机器上墙钟约省三分之一，结果和一个接一个算逐位相同（每个线程算的是同样的运算）
-    with ThreadPoolExecutor(max_workers=2) as ex:
-        q64 = dict(zip([label for label, _ in quant], ex.map(quantized_rows, [scheme for _, scheme in quant])))
-    pairs += [(label, ctx["quant_logits"][label], q64[label]) for label, _ in quant]   # 脚本那次运行的 float32 logits
+    # 量化的草稿：float32 的量化权重原样转成 float64（staged64 里算好的）；float32 的 logits 是脚本那次运行的
+    pairs += [(label, ctx["quant_logits"][label], staged[label]) for label, _ in QUANT]
     for label, m32, m64 in pairs:
         l32, l64 = [x.astype(np.float64) for x in m32], m64   # float32 的 logits（都是脚本那次运行算的）
         err = max(float(np.abs(x - y).max()) for x, y in zip(l32, l64))
