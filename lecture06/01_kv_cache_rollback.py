@@ -357,4 +357,5 @@ if __name__ == "__main__":
     R1 = demo1_rollback(TARGET)
     R2 = demo2_one_round(TARGET)
     R3 = demo3_generation(TARGET)
-    save_results({"r1": R1, "r2": R2, "r3": R3})   # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下演示返回的数
+    # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下演示返回的数
+    save_results({"r1": R1, "r2": R2, "r3": R3})

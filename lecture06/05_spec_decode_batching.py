@@ -295,4 +295,5 @@ if __name__ == "__main__":
     demo2_speedup()
     D3 = demo3_best_gamma()
     D4 = demo4_context()
-    save_results({"d3": D3, "d4": D4})     # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下演示返回的数
+    # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下演示返回的数
+    save_results({"d3": D3, "d4": D4})

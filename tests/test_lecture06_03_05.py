@@ -27,8 +27,9 @@ def s03():
 @pytest.fixture(scope="module")
 def models03(s03):
     """
-    03 的模型：03 的 build_models 和种子 04 的逐句相同、用到的名字也是同一批对象（test_03_build_models_is_the_same_as_seed04），
-    所以直接用整个会话共用的那份 04 的构造（tests/seed04_models.py：采样二元语法表的 64 × 128 个 token 只做一次）。
+    03 的模型：03 的 build_models 和种子 04 的逐句相同、用到的名字也是同一批对象
+    （test_03_build_models_is_the_same_as_seed04），所以直接用整个会话共用的那份 04 的构造
+    （tests/seed04_models.py：采样二元语法表的 64 × 128 个 token 只做一次）。
     """
     return built_by(load_script("lecture06/04_spec_decode_speedup.py").build_models)
 

@@ -21,9 +21,9 @@ from decode_lab import TransformerLM, speculative_generate  # noqa: E402
 from drafts_lab import layer_skip_draft, layer_subset  # noqa: E402
 from greedy_lab import greedy_rounds, lookup_rounds  # noqa: E402
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
-from transformer_lab import config_like  # noqa: E402
+from transformer_lab import NumpyTransformer, config_like  # noqa: E402
 import spec_math_lab  # noqa: E402
-from smollm2_models import new_token_logits, smollm2_lm, with_layers  # noqa: E402
+from smollm2_models import new_token_logits, smollm2_lm  # noqa: E402
 from quant_lab import LAYER_MATRICES, quantize_matrix  # noqa: E402
 
 S = "lecture06/10_real_model_spec_decode.py"
@@ -270,22 +270,36 @@ def _staged_text(target64, text, a, n, k):
 SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
 
 
-def _requantized_f64(target64, P32, scheme):
+def _requantized_layers_f64(target64, P32, scheme, first, stop):
     """
     脚本的量化草稿（drafts_lab.requantized_draft：每层 7 个矩阵 quant_lab.quantize_matrix 就近舍入、转成 float32）
-    的 float64 版 -> TransformerLM：同样逐矩阵量化、转成 float32（脚本算的就是这份权重），再原样转成 float64；RMSNorm
-    的权重同样原样转。量化本身逐元素、不经过 BLAS。没量化的词嵌入、lm_head、最后的 RMSNorm：float32 的文件权重和
-    float64 的逐位相同（下面断言），所以和 float64 的目标共用它的融合（tests/smollm2_models.with_layers：只融合这 30 层，
-    不再建一份 float32 的草稿、不再融合 V × d 的 lm_head）。
+    第 first..stop−1 层的 float64 版，融合好的 -> list（NumpyTransformer 的 _layers 那样）：同样逐矩阵量化、转成 float32
+    （脚本算的就是这份权重），再原样转成 float64；RMSNorm 的权重同样原样转。量化本身逐元素、不经过 BLAS。
+    融合（transformer_lab.NumpyTransformer 的【为了快做的等价变换】）逐层独立：这几层放进一个只有它们的模型里融合
+    （词嵌入、lm_head 用 1 列的占位，同 tests/smollm2_models.with_layers），和整个模型一起融合逐位相同。
+    只留融合好的矩阵，没融合的 float64 层用完就丢：两个 30 层的草稿同时在内存里时少占约 1.7 GB。
+    """
+    layers = [{k: (quantize_matrix(v, scheme)[0].astype(np.float32) if k in LAYER_MATRICES else v).astype(np.float64)
+               for k, v in P32["layers"][i].items()} for i in range(first, stop)]
+    d = target64.cfg.d_model
+    stub = {"embed": np.zeros((1, d)), "lm_head": np.zeros((d, 1)), "final_norm": np.ones(d)}
+    return NumpyTransformer(dict(stub, layers=layers), config_like(target64.cfg, n_layers=len(layers)))._layers
+
+
+def _with_fused_layers(target64, P32, fused):
+    """
+    float64 的目标换上全部 30 层融合好的量化层（_requantized_layers_f64）-> 浅拷贝。没量化的词嵌入、lm_head、最后的
+    RMSNorm：float32 的文件权重和 float64 的逐位相同（下面断言），所以和目标共用它的融合（不再融合 V × d 的 lm_head）。
+    没融合的层参数不留（params["layers"] 全是 None：前向只在记账时读它们，这里不记账；读到了就报错，不会悄悄用错）。
     """
     P64 = target64.params
     for k in ("embed", "lm_head", "final_norm"):
         assert np.array_equal(P32[k], P64[k]), k
-    layers = {}
-    for i, L in enumerate(P32["layers"]):
-        layers[i] = {k: (quantize_matrix(v, scheme)[0].astype(np.float32) if k in LAYER_MATRICES else v)
-                     .astype(np.float64) for k, v in L.items()}
-    return with_layers(target64, layers)
+    assert len(fused) == target64.cfg.n_layers
+    m = copy.copy(target64)
+    m._layers = list(fused)
+    m.params = dict(P64, layers=[None] * len(fused))
+    return m
 
 
 QUANT = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))    # 脚本的两个量化草稿：标签、方案
@@ -295,19 +309,23 @@ QUANT = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))    # �
 def staged64(run, f64):
     """
     float64 的模型在脚本的三段文本上预测新 token 的 logits -> {"目标" / "跳层" / "提前退出"（_staged_text）、
-    两个量化草稿的标签（_requantized_f64）: 每段文本一个 [新 token 数, V]}，几个测试共用。
+    两个量化草稿的标签（_requantized_layers_f64）: 每段文本一个 [新 token 数, V]}，几个测试共用。
     这些活互不相干，放进同一个两个线程的池子（numpy 算的时候放开 GIL；测试进程的 BLAS 只用一个线程，两核机器上
-    另一个核这时空着），结果和一个接一个算逐位相同（每个线程算的是同样的运算）：先量化、融合两个草稿（各约 1 秒），
-    再算三段文本的分段前向，两个量化草稿造好了再各按文本分成三份前向（每份一个浅拷贝：new_token_logits 临时换掉
-    模型的 lm_head）。活分得细，两个核一直都有活干。
+    另一个核这时空着），结果和一个接一个算逐位相同（每个线程算的是同样的运算）：先量化、融合两个草稿（每个草稿的
+    前一半层和后一半层各是一份活，各约半秒），再算三段文本的分段前向，两个量化草稿造好了再各按文本分成三份前向
+    （每份一个浅拷贝：new_token_logits 临时换掉模型的 lm_head）。活分得细，两个核一直都有活干。
     """
     s, ctx, _ = run
-    target64, texts = f64[0], ctx["texts"]
+    target64, texts, P32 = f64[0], ctx["texts"], ctx["P"]
+    L = target64.cfg.n_layers
     with ThreadPoolExecutor(max_workers=2) as ex:
-        built = {label: ex.submit(_requantized_f64, target64, ctx["P"], scheme) for label, scheme in QUANT}
+        halves = {label: [ex.submit(_requantized_layers_f64, target64, P32, scheme, a, b)
+                          for a, b in ((0, L // 2), (L // 2, L))] for label, scheme in QUANT}
         staged = [ex.submit(_staged_text, target64, t, *s.SKIP, s.EXIT_K) for t in texts]
-        quant = {label: [ex.submit(lambda m, t: new_token_logits(copy.copy(m), *t), f.result(), t) for t in texts]
-                 for label, f in built.items()}
+        quant = {}
+        for label, fs in halves.items():
+            m = _with_fused_layers(target64, P32, [layer for f in fs for layer in f.result()])
+            quant[label] = [ex.submit(lambda m, t: new_token_logits(copy.copy(m), *t), m, t) for t in texts]
         out = {name: [f.result()[i] for f in staged] for i, name in enumerate(("目标", "跳层", "提前退出"))}
         out.update({label: [f.result() for f in fs] for label, fs in quant.items()})
     return out
@@ -318,7 +336,7 @@ def test_float32_decisions_hold_on_any_blas(run, staged64):
     脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
     精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
     α T = 1 打印 3 位小数。这里用 float64 重算同样的模型（目标和层草稿：文件的 float64 权重；量化的草稿：把 float32 的
-    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS，见 _requantized_f64），量出这台机器上 float32 离 float64 的
+    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS，见 _requantized_layers_f64），量出这台机器上 float32 离 float64 的
     最大距离 err。
     【假设】别的机器的 float32 离 float64 也是这个量级（同样的单位舍入、同样长的点积，只是求和顺序不同），
     两个 float32 结果最多差 2·err。要求：排名 ≤ 8 的位置上，别的 token 的 logit 离文本的 token 的 logit 都超过
