@@ -154,8 +154,10 @@ def context():
         del draft
     skip = layer_skip_draft(target, *SKIP)
     early = early_exit_draft(target, EXIT_K)
+    ctx["layer_logits"] = {}                     # 层草稿的 logits（给测试：同上）
     for label, d in ((f"跳过 {SKIP[1]} 层", skip), (f"只用前 {EXIT_K} 层", early)):
-        _measure(label, _per_text(d, ctx["texts"]), ctx)
+        ctx["layer_logits"][label] = _per_text(d, ctx["texts"])
+        _measure(label, ctx["layer_logits"][label], ctx)
         ctx["costs"][label] = (matrix_bytes(d.params), matrix_bytes(d.params, bits=8.0) / flops_t, 16.0)
     # n 元语法：留一法（评估第 i 段时用另外两段拟合）
     ng_logits = []

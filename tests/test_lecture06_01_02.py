@@ -34,19 +34,20 @@ def target():
     return S01.build_target()
 
 
+# 演示 1–3 返回的数：取自 01 脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的），不在进程里再跑一遍
 @pytest.fixture(scope="module")
-def r1(target):
-    return quiet(S01.demo1_rollback, target)
-
-
-@pytest.fixture(scope="module")
-def r2(target):
-    return quiet(S01.demo2_one_round, target)
+def r1():
+    return script_results("lecture06/01_kv_cache_rollback.py")["r1"]
 
 
 @pytest.fixture(scope="module")
-def r3(target):
-    return quiet(S01.demo3_generation, target)
+def r2():
+    return script_results("lecture06/01_kv_cache_rollback.py")["r2"]
+
+
+@pytest.fixture(scope="module")
+def r3():
+    return script_results("lecture06/01_kv_cache_rollback.py")["r3"]
 
 
 def test_constants_match_independent_counts():

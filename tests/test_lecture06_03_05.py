@@ -3,15 +3,14 @@
 这里用独立的算法（新开一次前向、自己写的 Pearson χ²、闭式）核对，并核对观察里说的大小关系。
 """
 import ast
-import contextlib
 import inspect
-import io
 import math
 
 import numpy as np
 import pytest
 
-from conftest import load_script, script_results, script_stdout, unwrap
+from conftest import load_script, script_demo_text, script_results, script_stdout, unwrap
+from seed04_models import built_by
 
 from spec_math_lab import expected_tokens  # noqa: E402
 from transformer_lab import softmax  # noqa: E402
@@ -27,7 +26,12 @@ def s03():
 
 @pytest.fixture(scope="module")
 def models03(s03):
-    return s03.build_models()
+    """
+    03 的模型：03 的 build_models 和种子 04 的逐句相同、用到的名字也是同一批对象
+    （test_03_build_models_is_the_same_as_seed04），所以直接用整个会话共用的那份 04 的构造
+    （tests/seed04_models.py：采样二元语法表的 64 × 128 个 token 只做一次）。
+    """
+    return built_by(load_script("lecture06/04_spec_decode_speedup.py").build_models)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +47,20 @@ def _body_without_docstring(src):
 
 
 def test_03_build_models_is_the_same_as_seed04(s03):
-    """03 和种子 04 用同一个 build_models（04 说它"重新写一遍"了 03 的模型构造）。"""
+    """
+    03 和种子 04 用同一个 build_models（04 说它"重新写一遍"了 03 的模型构造）：函数体逐句相同，函数体里用到的
+    每个模块级名字（TransformerLM、quantize_params、sample_tokens……）在两个脚本里也是同一个对象——所以两个构造的结果
+    逐位相同，models03 用 04 的那份。
+    """
     s04 = load_script("lecture06/04_spec_decode_speedup.py")
     assert _body_without_docstring(inspect.getsource(s03.build_models)) == \
         _body_without_docstring(inspect.getsource(s04.build_models))
+    names = {n.id for n in ast.walk(ast.parse(inspect.getsource(s03.build_models))) if isinstance(n, ast.Name)}
+    globals_used = sorted(n for n in names if n in vars(s03) or n in vars(s04))
+    assert {"TransformerLM", "quantize_params", "sample_tokens", "NGramLM", "init_params", "config_like",
+            "QCFG"} <= set(globals_used)
+    for n in globals_used:
+        assert getattr(s03, n) is getattr(s04, n), n
 
 
 def test_03_exact_joint_matches_a_fresh_pass(s03, models03, r1):
@@ -393,9 +407,11 @@ def test_05_chart_curves_stay_visible(s05, capsys):
         assert f"（B = 1：{a:.2f}× 对 {b:.2f}×）" in "".join(out)              # 图上的注引的两个数
 
 
-def test_05_best_gamma(s05, capsys):
-    r = s05.demo3_best_gamma()
-    capsys.readouterr()
+S05 = "lecture06/05_spec_decode_batching.py"
+
+
+def test_05_best_gamma(s05):
+    r = script_results(S05)["d3"]       # 演示 3 返回的数：脚本自己那次运行存下的（console.save_results）
     T, D = s05.TARGET, s05.DRAFT
     for (a, b), (g, s) in r["best"].items():
         sps = [_speedup(a, k, b, 512, T, D) for k in range(1, 17)]
@@ -412,11 +428,11 @@ def test_05_best_gamma(s05, capsys):
 
 @pytest.fixture(scope="module")
 def demo4(s05):
-    """演示 4 返回的数和它打印的文字：两个测试共用，只跑一次（它要把每个上下文、批大小、γ 都算一遍）。"""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        r = s05.demo4_context()
-    return r, buf.getvalue()
+    """
+    演示 4 返回的数和它打印的文字：取自脚本自己的运行（test_scripts 跑的那一次，console.save_results 存下的数、
+    它印的演示 4），不在进程里再跑一遍（它要把每个上下文、批大小、γ 都算一遍）。
+    """
+    return script_results(S05)["d4"], script_demo_text(S05, 4)
 
 
 def test_05_long_context_keeps_paying(s05, demo4):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import load_script
+from seed04_models import built_by
 from decode_lab import NGramLM
 
 
@@ -73,7 +74,7 @@ def test_06_best_gamma_by_brute_force(s06, r1):
 @pytest.fixture(scope="module")
 def r2(s06):
     s04 = load_script("lecture06/04_spec_decode_speedup.py")
-    target, drafts = s04.build_models()
+    target, drafts = built_by(s04.build_models)        # 04 自己的构造（整个会话只建一次：tests/seed04_models.py）
     return s04, target, drafts, _quiet(s06.demo2_table3, target, drafts)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import load_script, script_demo_text, script_raw_stdout, script_results, unwrap
 from decode_lab import autoregressive_generate, speculative_generate
-from drafts_lab import build_seed04_models
+from seed04_models import built_by
 from quant_lab import QCFG, sample_tokens
 from transformer_lab import config_like
 from ledger_lab import Counter, MATMUL_OPS
@@ -37,7 +37,11 @@ def s07():
 
 @pytest.fixture(scope="module")
 def models():
-    return build_seed04_models()
+    """
+    种子 04 自己的 build_models（07 脚本用的 drafts_lab.build_seed04_models 和它逐个数组相同：
+    test_lecture06_09.test_builder_matches_seed04_construction）；整个会话只建一次（tests/seed04_models.py）。
+    """
+    return built_by(load_script("lecture06/04_spec_decode_speedup.py").build_models)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import load_script, script_results, script_stdout
+from seed04_models import built_by
 from decode_lab import acceptance_beta, adjust, NGramLM, residual_distribution
 from spec_math_lab import expected_tokens
 
@@ -23,7 +24,7 @@ def quiet(fn, *args):
 
 @pytest.fixture(scope="module")
 def models():
-    return S09.build_seed04_models()
+    return built_by(S09.build_seed04_models)          # 整个会话只建一次（tests/seed04_models.py）
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def r4():
 
 def test_builder_matches_seed04_construction(models):
     target, drafts = models
-    t04, d04 = S04.build_models()
+    t04, d04 = built_by(S04.build_models)
     assert list(drafts) == list(d04)
     pairs = [(target, t04)] + [(drafts[n], d04[n]) for n in d04]
     for a, b in pairs:
