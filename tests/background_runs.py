@@ -1,0 +1,123 @@
+"""
+测试要的子进程（脚本加 --time 跑一次、没有模型文件时跑一次、在子进程里读 BLAS 的线程数……），提前在后台跑。
+
+测试文件在被导入时（pytest 收集的时候）用 submit 把它要的子进程排进队，一个后台线程按排队的顺序一次跑一个：
+测试进程自己只占一个核，两核机器的另一个核在跑别的测试时常常空着，子进程就在那时跑完。测试用 result 取结果：
+已经跑完的直接拿；正在跑的等它；还没轮到的当场在前台跑（不排在别人后面等）。
+
+不留下进程：每个子进程有时间上限（到时间杀掉，result 抛 subprocess.TimeoutExpired）；测试进程退出时（atexit），还在跑的
+杀掉，还没轮到的不再启动，tempdir 给的临时目录删掉。没有一个测试要到的子进程（例如 -k 只选了别的测试）最多白跑一次。
+"""
+import atexit
+import collections
+import shutil
+import subprocess
+import tempfile
+import threading
+
+_LOCK = threading.Lock()
+_WAKE = threading.Condition(_LOCK)
+_JOBS = {}                      # key -> _Job
+_QUEUE = collections.deque()    # 还没开始的 key，按排队的顺序
+_WORKER = []
+_CLOSED = []
+_DIRS = []
+
+
+class _Job:
+    def __init__(self, argv, env, cwd, timeout):
+        self.argv, self.env, self.cwd, self.timeout = list(argv), env, cwd, timeout
+        self.state = "queued"           # queued -> running -> done
+        self.proc = None
+        self.outcome = None             # subprocess.CompletedProcess，或者跑的时候出的异常
+        self.done = threading.Event()
+
+
+def submit(key, argv, *, env=None, cwd=None, timeout=300):
+    """把一个子进程排进后台的队（同一个 key 只排一次）。env、cwd 同 subprocess.run；timeout：秒。"""
+    with _LOCK:
+        if key in _JOBS or _CLOSED:
+            return
+        _JOBS[key] = _Job(argv, env, cwd, timeout)
+        _QUEUE.append(key)
+        if not _WORKER:
+            t = threading.Thread(target=_work, name="background_runs", daemon=True)
+            _WORKER.append(t)
+            t.start()
+        _WAKE.notify()
+
+
+def result(key):
+    """排过队的子进程的结果 -> subprocess.CompletedProcess（stdout、stderr 是字节）。还没轮到就在这里跑。"""
+    with _LOCK:
+        job = _JOBS[key]
+        mine = job.state == "queued"
+        if mine:
+            _QUEUE.remove(key)
+            job.state = "running"
+    if mine:
+        _run(job)
+    job.done.wait()
+    if isinstance(job.outcome, BaseException):
+        raise job.outcome
+    return job.outcome
+
+
+def tempdir(prefix="cs349e_bg_"):
+    """一个新的临时目录（测试进程退出时删掉）：给排队的子进程当缓存目录之类用。"""
+    d = tempfile.mkdtemp(prefix=prefix)
+    _DIRS.append(d)
+    return d
+
+
+def _run(job):
+    try:
+        with _LOCK:
+            if _CLOSED:
+                raise RuntimeError("测试进程正在退出，不再启动子进程")
+            job.proc = subprocess.Popen(job.argv, env=job.env, cwd=job.cwd, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = job.proc.communicate(timeout=job.timeout)
+        except subprocess.TimeoutExpired:
+            job.proc.kill()
+            out, err = job.proc.communicate()
+            raise subprocess.TimeoutExpired(job.argv, job.timeout, out, err) from None
+        job.outcome = subprocess.CompletedProcess(job.argv, job.proc.returncode, out, err)
+    except BaseException as e:          # 结果里带着异常，由要结果的测试抛出
+        job.outcome = e
+    finally:
+        job.state = "done"
+        job.done.set()
+
+
+def _work():
+    while True:
+        with _LOCK:
+            while not _QUEUE and not _CLOSED:
+                _WAKE.wait()
+            if _CLOSED:
+                return
+            job = _JOBS[_QUEUE.popleft()]
+            job.state = "running"
+        _run(job)
+
+
+@atexit.register
+def _close():
+    with _LOCK:
+        _CLOSED.append(True)
+        _QUEUE.clear()
+        _WAKE.notify_all()
+        procs = [j.proc for j in _JOBS.values() if j.proc is not None]
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for d in _DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+    # 排着队、从没启动的 job 不会有人等（测试进程已经在退出）
+    for j in _JOBS.values():
+        if j.state == "queued":
+            j.outcome = RuntimeError("没有启动")
+            j.done.set()
