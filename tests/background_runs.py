@@ -3,7 +3,8 @@
 
 测试文件在被导入时（pytest 收集的时候）用 submit 把它要的子进程排进队，一个后台线程按排队的顺序一次跑一个：
 测试进程自己只占一个核，两核机器的另一个核在跑别的测试时常常空着，子进程就在那时跑完。测试用 result 取结果：
-已经跑完的直接拿；正在跑的等它；还没轮到的当场在前台跑（不排在别人后面等）。
+已经跑完的直接拿；还没轮到的当场在前台跑（不排在别人后面等）；正在后台跑的，等它的同时在前台跑队里的下一个
+（两个核都用上；队按测试要的顺序排，下一个很快也要用到）。
 
 不留下进程：每个子进程有时间上限（到时间杀掉，result 抛 subprocess.TimeoutExpired）；测试进程退出时（atexit），还在跑的
 杀掉，还没轮到的不再启动，tempdir 给的临时目录删掉。没有一个测试要到的子进程（例如 -k 只选了别的测试）最多白跑一次。
@@ -57,7 +58,15 @@ def result(key):
             job.state = "running"
     if mine:
         _run(job)
-    job.done.wait()
+    while not job.done.is_set():        # 它在后台跑着：这个进程闲着，先帮着跑队里下一个（测试很快也要它）
+        with _LOCK:
+            other = _JOBS[_QUEUE.popleft()] if _QUEUE and not _CLOSED else None
+            if other is not None:
+                other.state = "running"
+        if other is None:
+            job.done.wait()
+        else:
+            _run(other)
     if isinstance(job.outcome, BaseException):
         raise job.outcome
     return job.outcome
