@@ -9,6 +9,7 @@ float32 从头到尾是 float32；带缓存的 decode == 一次算完；带停�
 这些测试需要模型文件（conftest.smollm2_path：拿不到时跳过，CS349E_REQUIRE_MODEL=1 时失败），float64 的模型整个
 测试会话只装一次（conftest.real_model）。
 """
+import copy
 import json
 import math
 import os
@@ -19,13 +20,12 @@ import pytest
 import conftest
 from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
 from decode_lab import speculative_generate
-from drafts_lab import layer_subset
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
 from smollm2_models import smollm2_lm
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
-from transformer_lab import NumpyTransformer
+from transformer_lab import NumpyTransformer, config_like
 
 S6 = "lecture02/06_real_model.py"
 with open(os.path.join(conftest.ROOT, "tests", "fixtures", "smollm2_hf_reference.json"), encoding="utf-8") as _f:
@@ -327,19 +327,27 @@ def _with_qk(P, fn, cfg):
     return Q
 
 
+ROPE_LAYERS = 2       # 错的装法在前几层就看得出（下面的测试）；少建、少算 28 层
+
+
 def test_rope_permutation_must_be_undone_exactly_once(full_passes):
     # 对的装法（会话共用的 float64 模型，就是 f64 这份参数建的）：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
     assert max(r["pos"] for r in CHAT["rows"]) < len(CHAT["ids"])      # 参考的行都在提示里（full_passes 的说明）
     for name, x in HF["inputs"].items():
         assert _hf_max_diff(full_passes[name], x["rows"]) < 1e-10, name
-    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）。
-    # 错的两种用 float32 的副本算就够了：float32 离参考 < 1e-3（下一个测试），比 1.0 小得多
+    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 差得很远。看前 ROPE_LAYERS 层就够了：装法只决定
+    # 每层 wq、wk 的行序，错的装法从第 1 层的注意力起就算错；和同样几层、撤销正好一次的模型（同一份参数按同样的层数
+    # 新建：就是上面对参考到 1e-10 的那种装法，只是层数少）比，参考的那几行差 1.0 以上（这里量到的是 7 左右；30 层的
+    # 完整模型对参考差 10 以上）。两边都用 float32 的副本：float32 的舍入在 1e-3 以内（下一个测试），比 1.0 小得多
     P, cfg, _ = real_model("float32")
     toks = np.asarray([CHAT["ids"]])
+    rows = [r["pos"] for r in CHAT["rows"]]
+    cfg_k = config_like(cfg, n_layers=ROPE_LAYERS)
+    P_k = dict(P, layers=P["layers"][:ROPE_LAYERS])
+    right = NumpyTransformer(P_k, cfg_k).forward(toks)[0, rows]
     for fn in (permute_rope_rows, unpermute_rope_rows):
-        wrong = _hf_max_diff(NumpyTransformer(_with_qk(P, fn, cfg), cfg).forward(toks)[0].astype(np.float64),
-                             CHAT["rows"])
-        assert wrong > 1.0, fn.__name__
+        wrong = NumpyTransformer(_with_qk(P_k, fn, cfg), cfg_k).forward(toks)[0, rows]
+        assert float(np.max(np.abs(wrong - right))) > 1.0, fn.__name__
 
 
 def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
@@ -388,23 +396,40 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(cached_decode, full_
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod):
+def _never_drafts(model, stop):
+    """一个从不提议停止 token 的草稿：model 的浅拷贝（同样的权重），前向的 logits 里 stop 那一列换成 −∞（别的不变）。"""
+    def forward(*args, **kw):
+        out = np.array(model.forward(*args, **kw))
+        out[..., stop] = -np.inf
+        return out
+    draft = copy.copy(model)
+    draft.forward = forward
+    return draft
+
+
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5):
+    """
+    T = 0 时输出 == 贪心对任何草稿都成立，草稿是谁不改变要证明的事；这里要的是停止 token 作为修正 token 出现（被拒绝
+    之后由目标抽出），停在被接受的草稿里的情形由下一个测试管。草稿：会话共用的 float32 模型（下一个测试说明了它的
+    argmax 在这条路上处处和目标相同），但从不提议 <|im_end|>：前 7 个 token 它全猜对，第 8 个它提议别的、被拒绝，
+    修正 token 就是 <|im_end|>。γ = 2 时轮次是确定的：3 + 3 + (1 个被接受 + 修正)，目标只前向 3 次（原来用两层的草稿，
+    一个都猜不对，目标要前向 8 次）。
+    """
     P, cfg, tok = f64
     target, _ = lm
-    # 草稿：目标的第一层和最后一层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）。T = 0 时输出 == 贪心
-    # 对任何草稿都成立，草稿是谁不改变要证明的事；两层的草稿每步比跳过中间 10 层的（20 层）便宜得多，而且最后一轮有拒绝
-    # （下面断言）：停止 token 是修正 token，停在被接受的草稿里的情形由下一个测试管
-    draft = layer_subset(target, [0, 29], name="第一层和最后一层")
+    assert d5["min_gap"] > 1.0
+    draft = _never_drafts(smollm2_lm("float32")[0], tok.im_end_id)
     prompt = tok.chat("What is the capital of France?")
     # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
     # 上限和停止 token），不在进程里再生成一遍
     assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
     assert tok.im_end_id == 2
     greedy = d4["ids"]
-    spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
+    spec, stats = speculative_generate(target, draft, prompt, 16, 2, 0.0, np.random.default_rng(1), stop=[2])
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
-    assert stats["accepted"][-1] < 3                       # 最后一轮有拒绝：<|im_end|> 是修正 token
+    assert stats["accepted"][-1] < 2                       # 最后一轮有拒绝：<|im_end|> 是修正 token
+    assert stats == {"target_calls": 3, "accepted": [2, 2, 1]}
 
 
 def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5):
