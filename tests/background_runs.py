@@ -11,8 +11,12 @@
 """
 import atexit
 import collections
+import glob
+import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -130,3 +134,48 @@ def _close():
         if j.state == "queued":
             j.outcome = RuntimeError("没有启动")
             j.done.set()
+
+
+# ---------------------------------------------------------------------------
+# 仓库里每个 .py 的语法树：test_scripts（Python 3.9 的语法、编号脚本的 docstring）和 test_lab_layout（实验模块的
+# docstring）都要把文件解析一遍，合起来一秒多。改成一个子进程解析一次，两个文件共用：哪个测试文件先被导入就由它排队。
+# 子进程对每个文件（argv 给的相对路径）做 ast.parse(源码, feature_version=(3, 9))，记下 SyntaxError 的消息（没有就是
+# None）和模块的 docstring（ast.get_docstring），整个 dict 用 JSON 打印出来；断言在各个测试里，一个文件一个。
+# ---------------------------------------------------------------------------
+PARSE_CHILD = r"""
+import ast, json, os, sys
+out = {}
+for rel in sys.argv[2:]:
+    with open(os.path.join(sys.argv[1], rel), encoding="utf-8") as f:
+        src = f.read()
+    try:
+        tree = ast.parse(src, feature_version=(3, 9))
+    except SyntaxError as e:
+        out[rel] = {"error": f"{type(e).__name__}: {e}", "doc": None}
+    else:
+        out[rel] = {"error": None, "doc": ast.get_docstring(tree)}
+print(json.dumps(out, ensure_ascii=False))
+"""
+_PARSED = {}
+
+
+def python_files(root):
+    """root 下所有的 .py（相对路径，排好序；不含隐藏目录里的）。"""
+    files = glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
+    return sorted(os.path.relpath(p, root) for p in files if "/." not in p)
+
+
+def submit_parse(root):
+    """把"解析 root 下每个 .py"排进队（只排一次）。"""
+    submit(("ast.parse 3.9", root), [sys.executable, "-c", PARSE_CHILD, root, *python_files(root)],
+           env=dict(os.environ, PYTHONIOENCODING="utf-8"), timeout=300)
+
+
+def parsed(root, rel):
+    """-> {"error": 用 Python 3.9 的语法解析 rel 时的 SyntaxError 消息或 None, "doc": 模块的 docstring 或 None}。"""
+    if root not in _PARSED:
+        submit_parse(root)
+        r = result(("ast.parse 3.9", root))
+        assert r.returncode == 0, r.stderr.decode("utf-8", "replace")
+        _PARSED[root] = json.loads(r.stdout.decode("utf-8"))
+    return _PARSED[root][rel]
