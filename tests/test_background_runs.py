@@ -1,0 +1,45 @@
+"""
+tests/background_runs.py（测试提前在后台跑的子进程）：结果和直接跑一样；到时间的杀掉；测试进程退出时不留下进程。
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import background_runs
+from conftest import ROOT
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_a_queued_run_gives_what_subprocess_run_gives():
+    argv = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"]
+    background_runs.submit(("test_background_runs", "echo"), argv)
+    r = background_runs.result(("test_background_runs", "echo"))
+    assert (r.returncode, r.stdout.split(), r.stderr.split()) == (3, [b"out"], [b"err"])
+
+
+def test_a_run_past_its_time_limit_is_killed_and_raises():
+    key = ("test_background_runs", "sleeper")
+    background_runs.submit(key, SLEEPER, timeout=0.2)
+    t0 = time.perf_counter()
+    with pytest.raises(subprocess.TimeoutExpired):
+        background_runs.result(key)
+    assert time.perf_counter() - t0 < 30
+    assert background_runs._JOBS[key].proc.poll() is not None          # 已经结束（被杀掉），不是还在睡
+
+
+def test_exit_kills_a_running_child_and_starts_no_queued_one(tmp_path):
+    """一个进程排了两个会睡 60 秒的子进程就退出：正在跑的那个被杀掉，排队的那个从没启动。"""
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import background_runs as b;"
+            "b.submit(1, [sys.executable, '-c', 'import time; time.sleep(60)']);"
+            "b.submit(2, [sys.executable, '-c', 'import time; time.sleep(60)']);"
+            "time.sleep(0.3); print(b._JOBS[1].proc.pid, b._JOBS[2].proc)")
+    r = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "tests")], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr.decode("utf-8", "replace")
+    pid, second = r.stdout.split()
+    assert second == b"None"
+    with pytest.raises(ProcessLookupError):         # 子进程已经被杀掉并回收
+        os.kill(int(pid), 0)
