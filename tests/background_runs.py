@@ -8,6 +8,8 @@
 
 不留下进程：每个子进程有时间上限（到时间杀掉，result 抛 subprocess.TimeoutExpired）；测试进程退出时（atexit），还在跑的
 杀掉，还没轮到的不再启动，tempdir 给的临时目录删掉。没有一个测试要到的子进程（例如 -k 只选了别的测试）最多白跑一次。
+后台线程在，测试进程就别 fork（Python 3.12 起多线程的进程 fork 有 DeprecationWarning，pytest.ini 把警告当错误）：
+子进程都用 subprocess（不经过 os.fork），测试里的 multiprocessing 都用 spawn。
 """
 import atexit
 import collections
