@@ -43,3 +43,12 @@ def test_exit_kills_a_running_child_and_starts_no_queued_one(tmp_path):
     pid, second = r.stdout.split()
     assert second == b"None"
     assert exited(int(pid))                         # 子进程已经被杀掉（不是还在睡）
+
+
+def test_a_run_submitted_now_starts_at_once_beside_the_queue():
+    """now=True 的不排队：submit 一返回它就已经在自己的线程里启动了（不在队里，不等后台线程轮到它）。"""
+    key = ("test_background_runs", "now")
+    background_runs.submit(key, [sys.executable, "-c", "print(7)"], now=True)
+    assert background_runs._JOBS[key].state != "queued" and key not in background_runs._QUEUE
+    r = background_runs.result(key)
+    assert r.returncode == 0 and r.stdout.split() == [b"7"]
