@@ -40,12 +40,19 @@ class _Job:
         self.done = threading.Event()
 
 
-def submit(key, argv, *, env=None, cwd=None, timeout=300):
-    """把一个子进程排进后台的队（同一个 key 只排一次）。env、cwd 同 subprocess.run；timeout：秒。"""
+def submit(key, argv, *, env=None, cwd=None, timeout=300, now=False):
+    """
+    把一个子进程排进后台的队（同一个 key 只排一次）。env、cwd 同 subprocess.run；timeout：秒。
+    now=True：不排队，马上在它自己的线程里启动。给大部分时间在等（不占 CPU）的子进程用，例如等一个连不上的下载。
+    """
     with _LOCK:
         if key in _JOBS or _CLOSED:
             return
-        _JOBS[key] = _Job(argv, env, cwd, timeout)
+        _JOBS[key] = job = _Job(argv, env, cwd, timeout)
+        if now:
+            job.state = "running"
+            threading.Thread(target=_run, args=(job,), name="background_runs_now", daemon=True).start()
+            return
         _QUEUE.append(key)
         if not _WORKER:
             t = threading.Thread(target=_work, name="background_runs", daemon=True)
