@@ -108,6 +108,11 @@ def _run(job):
         job.outcome = subprocess.CompletedProcess(job.argv, job.proc.returncode, out, err)
     except BaseException as e:          # 结果里带着异常，由要结果的测试抛出
         job.outcome = e
+        if not isinstance(e, Exception):            # Ctrl-C 之类：子进程杀掉，照样往上抛
+            if job.proc is not None and job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+            raise
     finally:
         job.state = "done"
         job.done.set()
