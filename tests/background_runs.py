@@ -3,8 +3,9 @@
 
 测试文件在被导入时（pytest 收集的时候）用 submit 把它要的子进程排进队，一个后台线程按排队的顺序一次跑一个：
 测试进程自己只占一个核，两核机器的另一个核在跑别的测试时常常空着，子进程就在那时跑完。测试用 result 取结果：
-已经跑完的直接拿；还没轮到的当场在前台跑（不排在别人后面等）；正在后台跑的，等它的同时在前台跑队里的下一个
-（两个核都用上；队按测试要的顺序排，下一个很快也要用到）。
+已经跑完的直接拿；还没轮到的当场在前台跑（不排在别人后面等）；正在后台跑的，等它的同时在前台跑队里同一组
+（key 的第一项相同，通常是同一个测试文件排的）的下一个：两个核都用上，而且这个文件接下来就要它。别的组的不帮着跑：
+它们原本可以在空着的核上白白跑完，拿到前台来就要测试等。key 是一个元组，第一项是组名。
 
 不留下进程：每个子进程有时间上限（到时间杀掉，result 抛 subprocess.TimeoutExpired）；测试进程退出时（atexit），还在跑的
 杀掉，还没轮到的不再启动，tempdir 给的临时目录删掉。没有一个测试要到的子进程（例如 -k 只选了别的测试）最多白跑一次。
@@ -71,10 +72,12 @@ def result(key):
             job.state = "running"
     if mine:
         _run(job)
-    while not job.done.is_set():        # 它在后台跑着：这个进程闲着，先帮着跑队里下一个（测试很快也要它）
+    while not job.done.is_set():        # 它在后台跑着：这个进程闲着，先帮着跑队里同一组的下一个（同一个文件很快也要它）
         with _LOCK:
-            other = _JOBS[_QUEUE.popleft()] if _QUEUE and not _CLOSED else None
+            same = [k for k in _QUEUE if k[0] == key[0]] if not _CLOSED else []
+            other = _JOBS[same[0]] if same else None
             if other is not None:
+                _QUEUE.remove(same[0])
                 other.state = "running"
         if other is None:
             job.done.wait()

@@ -35,9 +35,9 @@ def test_a_run_past_its_time_limit_is_killed_and_raises():
 def test_exit_kills_a_running_child_and_starts_no_queued_one(tmp_path):
     """一个进程排了两个会睡 60 秒的子进程就退出：正在跑的那个被杀掉，排队的那个从没启动。"""
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import background_runs as b;"
-            "b.submit(1, [sys.executable, '-c', 'import time; time.sleep(60)']);"
-            "b.submit(2, [sys.executable, '-c', 'import time; time.sleep(60)']);"
-            "time.sleep(0.3); print(b._JOBS[1].proc.pid, b._JOBS[2].proc)")
+            "b.submit(('t', 1), [sys.executable, '-c', 'import time; time.sleep(60)']);"
+            "b.submit(('t', 2), [sys.executable, '-c', 'import time; time.sleep(60)']);"
+            "time.sleep(0.3); print(b._JOBS[('t', 1)].proc.pid, b._JOBS[('t', 2)].proc)")
     r = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "tests")], capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr.decode("utf-8", "replace")
     pid, second = r.stdout.split()

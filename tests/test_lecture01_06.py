@@ -268,7 +268,7 @@ def _cached_model_path():
         return None
 
 
-BAD_TIME = ("lecture01/06 --time 0",)
+BAD_TIME = ("lecture01/06 --time", "--time 0")
 background_runs.submit(BAD_TIME, [sys.executable, os.path.join(ROOT, REL), "--time", "0"],
                        env=dict(os.environ, PYTHONIOENCODING="utf-8"), timeout=120)
 _submit_timed(None)
