@@ -396,30 +396,54 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(cached_decode, full_
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
 
 
-def _never_drafts(model, stop):
-    """一个从不提议停止 token 的草稿：model 的浅拷贝（同样的权重），前向的 logits 里 stop 那一列换成 −∞（别的不变）。"""
-    def forward(*args, **kw):
-        out = np.array(model.forward(*args, **kw))
-        out[..., stop] = -np.inf
+class _PathDraft:
+    """
+    现成 logits 的草稿：rows 的第 i 行是 path 的前 i + 1 个 token 之后的 logits，mask 里的 id 那几列换成 −∞（从不提议）。
+    这里的 rows 是 full_passes["chat"]：float64 目标自己在"提示 + 参考的贪心回答"上一次算完的 logits，所以这条路上
+    它的 argmax 处处就是目标的（每步第一名比第二名高 1 以上：演示 5 的 min_gap；带缓存和一次算完只差舍入）。
+    实现 speculative_generate 对草稿要的那几样：cfg（词表、上下文）、session() -> .logits(seq)（喂进新的 token，返回
+    它们的行）、.truncate(m)；它不做前向，投机解码里只剩目标的前向（3 次）。
+    """
+
+    def __init__(self, rows, cfg, path, mask=()):
+        self.rows = np.array(rows)
+        self.rows[:, list(mask)] = -np.inf
+        self.cfg, self.path, self.fed = cfg, list(path), 0
+
+    def session(self):
+        s = copy.copy(self)
+        s.fed = 0
+        return s
+
+    def logits(self, seq, counter=None):
+        assert list(seq) == self.path[:len(seq)], "草稿只有这条路上的 logits"
+        out = self.rows[self.fed:len(seq)]
+        self.fed = len(seq)
         return out
-    draft = copy.copy(model)
-    draft.forward = forward
-    return draft
+
+    def truncate(self, m):
+        self.fed = min(self.fed, m)
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5):
+def _path_draft(lm, full_passes, mask=()):
+    model, _ = lm
+    return _PathDraft(full_passes["chat"], model.cfg, CHAT["ids"] + GREEDY[:-1], mask)
+
+
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5, full_passes):
     """
     T = 0 时输出 == 贪心对任何草稿都成立，草稿是谁不改变要证明的事；这里要的是停止 token 作为修正 token 出现（被拒绝
-    之后由目标抽出），停在被接受的草稿里的情形由下一个测试管。草稿：会话共用的 float32 模型（下一个测试说明了它的
-    argmax 在这条路上处处和目标相同），但从不提议 <|im_end|>：前 7 个 token 它全猜对，第 8 个它提议别的、被拒绝，
-    修正 token 就是 <|im_end|>。γ = 2 时轮次是确定的：3 + 3 + (1 个被接受 + 修正)，目标只前向 3 次（原来用两层的草稿，
-    一个都猜不对，目标要前向 8 次）。
+    之后由目标抽出），停在被接受的草稿里的情形由下一个测试管。草稿：_PathDraft，目标自己在这条路上的 logits，但从不
+    提议 <|im_end|>：前 7 个 token 它全猜对，第 8 个它提议别的、被拒绝，修正 token 就是 <|im_end|>。γ = 2 时轮次是
+    确定的：3 + 3 + (1 个被接受 + 修正)，目标只前向 3 次（原来用目标的第一层和最后一层当草稿，一个都猜不对，目标要
+    前向 8 次，草稿另算 24 步）。
     """
     P, cfg, tok = f64
     target, _ = lm
     assert d5["min_gap"] > 1.0
-    draft = _never_drafts(smollm2_lm("float32")[0], tok.im_end_id)
     prompt = tok.chat("What is the capital of France?")
+    assert prompt == CHAT["ids"]
+    draft = _path_draft(lm, full_passes, mask=[tok.im_end_id])
     # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
     # 上限和停止 token），不在进程里再生成一遍
     assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
@@ -432,15 +456,15 @@ def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5)
     assert stats == {"target_calls": 3, "accepted": [2, 2, 1]}
 
 
-def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5):
-    """草稿是同一个模型的 float32 版（会话共用的，每步的代价约为 float64 目标的一半）：T = 0 时只看 argmax，这条路上
-    每步第一名比第二名的 logit 高 1 以上（演示 5 的 min_gap），float32 的误差 < 1e-3（test_float32_is_float32_...），
-    所以 argmax 处处和目标相同、α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，
-    <|im_end|>（第 8 个）是第 3 轮被接受的第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿在这里总被拒绝，
-    停止 token 总是修正 token，测不到这种情况。"""
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5, full_passes):
+    """草稿：_PathDraft，目标自己在这条路上的 logits（不遮任何 id）：T = 0 时只看 argmax，这条路上处处和目标相同、
+    α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，<|im_end|>（第 8 个）是第 3 轮被接受的
+    第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿从不提议 <|im_end|>，停止 token 总是修正 token，
+    测不到这种情况。"""
     target, tok = lm
     assert d5["min_gap"] > 1.0
-    draft = smollm2_lm("float32")[0]
+    assert tok.chat("What is the capital of France?") == CHAT["ids"]
+    draft = _path_draft(lm, full_passes)
     spec, stats = speculative_generate(target, draft, tok.chat("What is the capital of France?"), 16, 2, 0.0,
                                        np.random.default_rng(2), stop=[2])
     assert list(spec) == GREEDY
