@@ -104,13 +104,15 @@ Server 的约束（第 99 百分位）还剩多少。
   才说"放进了缓存"）是判断用的约定，不是事实。
 
 【运行】python3 06_roofline_vs_measured.py （约 0.1 秒）；加 --time 时多一个演示 6，在你的机器上计时，约 3 秒，
-每次的数都不一样。
+每次的数都不一样。--time 后面可以跟秒数（例如 --time 1）：每项测量反复跑这么久再取平均（不写时 0.4 秒；越短越受
+机器上别的进程干扰），表里印着这次用的时长。
 
 【依赖】本目录的 console、hw_specs（H100、A100、gang、NVLINK4、ring_allreduce、roofline_bound）、
 llm_math（LLAMA2_70B、LLAMA2_7B、LLAMA31_8B、decode_step、prefill_step、max_batch、matmul_intensity）；
 演示 6 另用 ../lecture02 的 transformer_lab（NumpyTransformer、init_params）、ledger_lab（analytic_ops、sum_rows）、
 hub_lab 和 real_model_lab（真实模型的文件在本机时用它），和 ../lecture03 的 quant_lab（QCFG，需要 ../prereq3）。
 """
+import math
 import os
 import sys
 import time
@@ -585,6 +587,25 @@ def cpu_decode_roofline(params, cfg, seconds=TIME_SECONDS):
             "matmul": mm, "t_compute": t_c, "t_memory": t_m, "bound": max(t_c, t_m), "t_tiny": t_tiny}
 
 
+def time_seconds(argv):
+    """
+    命令行参数 -> 演示 6 每项测量的秒数；没有 --time 时 None。--time 后面跟一个正数就用它，不跟时用 TIME_SECONDS。
+    【边界】--time 后面跟的不是正的有限数（0、负数、nan、inf、写错的字）：ValueError。
+    """
+    if "--time" not in argv:
+        return None
+    i = argv.index("--time")
+    if i + 1 == len(argv) or argv[i + 1].startswith("--"):
+        return TIME_SECONDS
+    try:
+        seconds = float(argv[i + 1])
+    except ValueError:
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"--time 后面的秒数必须是正数（收到 {argv[i + 1]!r}）；不写秒数时每项测量约 {TIME_SECONDS} 秒")
+    return seconds
+
+
 def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
     """
     演示 6（--time）：这台 CPU 上 numpy 模型 decode 一步 vs 它自己的 roofline。
@@ -611,6 +632,7 @@ def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
         ["实测：decode 一步", fmt_time(r["t_step"])],
         ["实测 ÷ 下界", f"{r['t_step'] / r['bound']:.1f}×"],
         [f"一次 1×{CPU_TINY} @ {CPU_TINY}×{CPU_TINY} 的时间", fmt_time(r["t_tiny"])],
+        [f"每项测量反复跑的时长（1×{CPU_TINY} 那项减半）", fmt_time(seconds)],
     ])
     print_observations([
         f"这一步的下界是 {fmt_time(r['bound'])}（受{'带宽' if r['t_memory'] >= r['t_compute'] else '算力'}限制），"
@@ -637,17 +659,21 @@ def demo6_your_cpu(params=None, cfg=None, seconds=TIME_SECONDS):
 
 
 if __name__ == "__main__":
+    try:
+        timed = time_seconds(sys.argv[1:])
+    except ValueError as e:
+        sys.exit(str(e))
     demo1_compute_kernels()
     demo2_memory_and_allreduce()
     m3 = demo3_mlperf_llama2_70b()
     demo4_trtllm_llama31_8b((m3["ratio_512"], m3["ratio_cap"]))
     demo5_batch1_tpot()
-    if "--time" in sys.argv[1:]:
+    if timed is not None:
         from hub_lab import gguf_path  # 真实模型的文件在本机就用它（不下载），否则用 QCFG
         path = gguf_path(fetch=False)
         if path:
             from real_model_lab import load_gguf
             P_real, cfg_real, _ = load_gguf(path, dtype=np.float32)
-            demo6_your_cpu(P_real, cfg_real)
+            demo6_your_cpu(P_real, cfg_real, timed)
         else:
-            demo6_your_cpu()
+            demo6_your_cpu(seconds=timed)

@@ -7,11 +7,11 @@ get_num_threads），不用 blas_threads 自己的函数；所以这些测试只
 """
 import ctypes
 import os
-import subprocess
 import sys
 
 import pytest
 
+import background_runs
 import blas_threads
 from conftest import ROOT
 
@@ -50,10 +50,17 @@ def cpus():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def child(rel, **env_set):
+def _submit(rel, **env_set):
+    """排一个子进程进后台的队（tests/background_runs.py：这个文件被导入时就排，和别的测试同时跑）-> key。"""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     env.update(env_set)
-    r = subprocess.run([sys.executable, "-c", CHILD, rel, ROOT], env=env, capture_output=True, timeout=300)
+    key = ("blas_threads", rel, tuple(sorted(env_set.items())))
+    background_runs.submit(key, [sys.executable, "-c", CHILD, rel, ROOT], env=env, timeout=300)
+    return key
+
+
+def child(rel, **env_set):
+    r = background_runs.result(_submit(rel, **env_set))
     assert r.returncode == 0, r.stderr.decode("utf-8", "replace")
     n, *vals = r.stdout.decode().split()
     if n == "None":
@@ -62,6 +69,13 @@ def child(rel, **env_set):
 
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="独立的读法用 /proc/self/maps")
+
+if sys.platform.startswith("linux"):        # 下面的测试要的子进程，按测试的顺序排队
+    for _rel in SCRIPTS:
+        _submit(_rel)
+    if cpus() >= 2:
+        for _var in THREAD_VARS[:2]:
+            _submit("lecture06/04_spec_decode_speedup.py", **{_var: "2"})
 
 
 @pytest.mark.parametrize("rel", SCRIPTS)

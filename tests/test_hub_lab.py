@@ -12,6 +12,7 @@ import zipfile
 
 import pytest
 
+import background_runs
 import hub_lab
 from conftest import ROOT, is_real_model_script, numbered_scripts
 
@@ -297,64 +298,72 @@ REAL_SCRIPTS = [r for r in numbered_scripts() if is_real_model_script(r)
                 and r not in OPTIONAL_MODEL and r not in TIME_ONLY_MODEL]
 
 
-def run_without_model(rel, tmp_path, *args, **env_extra):
+def _env_without_model(tmp_path, **env_extra):
     env = {k: v for k, v in os.environ.items() if k != "CS349E_GGUF"}
     env.update(XDG_CACHE_HOME=str(tmp_path / "empty-cache"), PYTHONIOENCODING="utf-8", **env_extra)
-    return subprocess.run([sys.executable, os.path.join(ROOT, rel), *args], env=env, capture_output=True, timeout=300)
+    return env
 
 
 OFFLINE_SCRIPT = "lecture02/06_real_model.py"
 OFFLINE_ENV = dict(PIP_INDEX_URL="http://127.0.0.1:9/", PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_INPUT="1",
                    PIP_DISABLE_PIP_VERSION_CHECK="1")
-_NO_MODEL = {}
+_NO_MODEL_DIRS = {}
 
 
-def no_model_run(key, tmp_path_factory):
+def _submit_no_model_runs():
     """
-    下面三组测试要的、没有模型文件时的运行结果；key = ("flag-default", rel) / ("flag", rel) / ("no-file", rel) /
-    ("offline", OFFLINE_SCRIPT)。第一次被要到时全部跑掉，两个两个同时跑（两核；进程互不相干，慢的先排），
-    各自的结果由各自的测试核对。CS349E_GGUF 指向不存在的文件的那些共用一个空的缓存目录（拿不到文件的脚本不往里写），
-    离线的那次用它自己的（它会试着下载到那里）。-> (subprocess 的结果, 它用的临时目录)。
+    下面三组测试要的、没有模型文件时的运行；key = ("flag-default", rel) / ("flag", rel) / ("no-file", rel) /
+    ("offline", OFFLINE_SCRIPT)。这个文件被导入（收集）时全部排进后台的队（tests/background_runs.py：和别的测试
+    同时跑，一次一个），各自的结果由各自的测试核对。CS349E_GGUF 指向不存在的文件的那些共用一个空的缓存目录（拿不到
+    文件的脚本不往里写），离线的那次用它自己的（它会试着下载到那里）。
     """
-    if not _NO_MODEL:
-        from concurrent.futures import ThreadPoolExecutor
-        base, offline = tmp_path_factory.mktemp("no-file"), tmp_path_factory.mktemp("offline")
-        missing = dict(CS349E_GGUF=str(base / "no-such.gguf"))
-        jobs = {}
-        for rel, flag in sorted(TIME_ONLY_MODEL.items()):
-            jobs[("flag-default", rel)] = (base, (rel,), missing)
-            jobs[("flag", rel)] = (base, (rel, flag), missing)
-        jobs[("offline", OFFLINE_SCRIPT)] = (offline, (OFFLINE_SCRIPT,), OFFLINE_ENV)
-        jobs.update({("no-file", rel): (base, (rel,), missing) for rel in REAL_SCRIPTS})
-        with ThreadPoolExecutor(max_workers=2) as ex:
-            done = {k: ex.submit(run_without_model, args[0], d, *args[1:], **env) for k, (d, args, env) in jobs.items()}
-            _NO_MODEL.update({k: (f.result(), jobs[k][0]) for k, f in done.items()})
-    return _NO_MODEL[key]
+    from pathlib import Path
+    base, offline = Path(background_runs.tempdir("no-file_")), Path(background_runs.tempdir("offline_"))
+    missing = dict(CS349E_GGUF=str(base / "no-such.gguf"))
+    jobs = {}
+    for rel, flag in sorted(TIME_ONLY_MODEL.items()):
+        jobs[("flag-default", rel)] = (base, (rel,), missing)
+        jobs[("flag", rel)] = (base, (rel, flag), missing)
+    jobs.update({("no-file", rel): (base, (rel,), missing) for rel in REAL_SCRIPTS})
+    jobs[("offline", OFFLINE_SCRIPT)] = (offline, (OFFLINE_SCRIPT,), OFFLINE_ENV)     # 排的顺序 = 测试要的顺序
+    for key, (d, (rel, *args), env) in jobs.items():
+        # 离线的那次大部分时间在等 pip 连不上（约 2 秒里 CPU 只用 0.7 秒）：不排队，马上启动
+        background_runs.submit(("hub_lab",) + key, [sys.executable, os.path.join(ROOT, rel), *args],
+                               env=_env_without_model(d, **env), timeout=300, now=key[0] == "offline")
+        _NO_MODEL_DIRS[key] = d
+
+
+_submit_no_model_runs()
+
+
+def no_model_run(key):
+    """-> (key 那次运行的 subprocess 结果, 它用的临时目录)。"""
+    return background_runs.result(("hub_lab",) + key), _NO_MODEL_DIRS[key]
 
 
 @pytest.mark.parametrize("rel", sorted(TIME_ONLY_MODEL))
 def test_a_script_that_needs_the_model_only_behind_a_flag_runs_without_it_and_the_flag_prints_the_ways_out(
-        rel, tmp_path_factory):
+        rel):
     """默认运行不碰模型文件（没有文件也照常打印）；--time / --live 要模型：拿不到文件时只打印出路、退出码 1、没有调用栈。"""
-    r = no_model_run(("flag-default", rel), tmp_path_factory)[0]
+    r = no_model_run(("flag-default", rel))[0]
     assert r.returncode == 0 and r.stdout and not r.stderr, r.stderr.decode("utf-8")
-    r = no_model_run(("flag", rel), tmp_path_factory)[0]
+    r = no_model_run(("flag", rel))[0]
     err = r.stderr.decode("utf-8")
     assert r.returncode == 1 and "Traceback" not in err and "环境变量 CS349E_GGUF=" in err, err
 
 
 @pytest.mark.parametrize("rel", REAL_SCRIPTS)
-def test_a_real_model_script_without_the_file_prints_no_traceback(rel, tmp_path_factory):
+def test_a_real_model_script_without_the_file_prints_no_traceback(rel):
     """回归：CS349E_GGUF 指向不存在的文件时，脚本先打印十几行调用栈再打印出路。现在只有出路，退出码 1，stdout 为空。"""
-    r = no_model_run(("no-file", rel), tmp_path_factory)[0]
+    r = no_model_run(("no-file", rel))[0]
     err = r.stderr.decode("utf-8")
     assert r.returncode == 1 and r.stdout == b"", err
     assert "Traceback" not in err and err.startswith("环境变量 CS349E_GGUF="), err
 
 
-def test_a_real_model_script_offline_prints_the_ways_out_without_a_traceback(tmp_path_factory):
+def test_a_real_model_script_offline_prints_the_ways_out_without_a_traceback():
     """新用户离线第一次运行（缓存是空的，pip 连不上）：下载那一行、失败的原因、两条出路；没有调用栈。"""
-    r, tmp_path = no_model_run(("offline", OFFLINE_SCRIPT), tmp_path_factory)
+    r, tmp_path = no_model_run(("offline", OFFLINE_SCRIPT))
     err = r.stderr.decode("utf-8")
     assert r.returncode == 1 and r.stdout == b"", err
     assert "Traceback" not in err

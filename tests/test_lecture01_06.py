@@ -8,12 +8,12 @@ lecture01/06_roofline_vs_measured.py 与它加进 llm_math 的 Llama 2 配置。
 import io
 import math
 import os
-import subprocess
 import sys
 from contextlib import redirect_stdout
 
 import pytest
 
+import background_runs
 from conftest import ROOT, load_script
 from llm_math import LLAMA2_70B, LLAMA2_7B
 
@@ -232,45 +232,59 @@ def test_cpu_hook_counts_float64_bytes_of_any_numpy_model(mod):
     assert r["t_step"] > 0 and r["matmul"] > 0
 
 
-_TIMED = {}
+# --time 的两条路（真实模型的文件在本机：用它，float32；没有：QCFG）各跑一次子进程。它们在这个文件被导入（收集）时
+# 就排进后台的队（tests/background_runs.py），和别的测试同时跑。演示 6 的计时按墙钟跑满给定的秒数：测试给一个短的
+# 时长（--time TEST_SECONDS），表里印出这次用的时长，测试核对它；不写秒数时用 TIME_SECONDS（test_time_seconds_...）。
+TEST_SECONDS = 0.02
 
 
-def _timed_runs(tmp_path_factory):
-    """
-    两条 --time 的路（真实模型的文件在本机：用它，float32；没有：QCFG）各跑一次子进程，两个同时跑（一核一个）：
-    演示 6 的计时按墙钟跑满固定的秒数，同时跑省下一半的等待；每条路的输出各自核对（下面的测试）。
-    """
-    if not _TIMED:
-        from concurrent.futures import ThreadPoolExecutor
-        from conftest import real_model_path
-        jobs = {}
-        try:
-            path = real_model_path()
-        except (pytest.skip.Exception, pytest.fail.Exception) as e:    # 拿不到模型：只有真实模型那条路跳过 / 失败
-            _TIMED[True] = e
-        for real in (False, True) if True not in _TIMED else (False,):
-            env = dict(os.environ, PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                       MKL_NUM_THREADS="1")
-            env.pop("CS349E_CONSOLE_LOG", None)
-            if real:
-                env["CS349E_GGUF"] = path
-            else:                       # 没有环境变量、缓存目录是空的：没有真实模型
-                env.pop("CS349E_GGUF", None)
-                env["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("empty_cache"))
-            jobs[real] = env
-        with ThreadPoolExecutor(max_workers=2) as ex:
-            done = {real: ex.submit(subprocess.run, [sys.executable, os.path.join(ROOT, REL), "--time"],
-                                    capture_output=True, env=env, timeout=300) for real, env in jobs.items()}
-            _TIMED.update({real: f.result() for real, f in done.items()})
-    return _TIMED
+def _timed_env(real_path):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1")
+    env.pop("CS349E_CONSOLE_LOG", None)
+    env.pop("CS349E_RESULTS", None)
+    if real_path:
+        env["CS349E_GGUF"] = real_path
+    else:                       # 没有环境变量、缓存目录是空的：没有真实模型
+        env.pop("CS349E_GGUF", None)
+        env["XDG_CACHE_HOME"] = background_runs.tempdir("empty_cache_")
+    return env
+
+
+def _submit_timed(real_path):
+    """排一次 --time 的运行；real_path = None 是没有模型文件的那条路。-> 它在后台队里的 key。"""
+    key = ("lecture01/06 --time", real_path)
+    background_runs.submit(key, [sys.executable, os.path.join(ROOT, REL), "--time", str(TEST_SECONDS)],
+                           env=_timed_env(real_path), timeout=300)
+    return key
+
+
+def _cached_model_path():
+    """导入时（不下载）：模型文件已经在本机就给路径，否则 None（那条路等测试时由 conftest.real_model_path 决定）。"""
+    from hub_lab import ModelUnavailableError, gguf_path
+    try:
+        return gguf_path(fetch=False)
+    except ModelUnavailableError:
+        return None
+
+
+BAD_TIME = ("lecture01/06 --time", "--time 0")
+background_runs.submit(BAD_TIME, [sys.executable, os.path.join(ROOT, REL), "--time", "0"],
+                       env=dict(os.environ, PYTHONIOENCODING="utf-8"), timeout=120)
+_submit_timed(None)
+if _cached_model_path():
+    _submit_timed(_cached_model_path())
 
 
 @pytest.mark.parametrize("real", [False, True])
-def test_time_flag_runs_the_cpu_demo_and_prints_its_table(real, tmp_path_factory):
+def test_time_flag_runs_the_cpu_demo_and_prints_its_table(real):
     """--time：真实模型的文件在本机时用它（float32），否则用 QCFG；两条路都跑一次。"""
-    p = _timed_runs(tmp_path_factory)[real]
-    if isinstance(p, BaseException):
-        raise p
+    if real:
+        from conftest import real_model_path
+        key = _submit_timed(real_model_path())      # 拿不到模型：跳过 / 失败；导入时已经排过队的不再排
+    else:
+        key = _submit_timed(None)
+    p = background_runs.result(key)
     name = "smollm2-135M" if real else "QCFG"
     assert p.returncode == 0, p.stderr.decode("utf-8", "replace")
     assert p.stderr == b""
@@ -278,6 +292,24 @@ def test_time_flag_runs_the_cpu_demo_and_prints_its_table(real, tmp_path_factory
     for text in (f"演示 6：你的 CPU 上 numpy 模型（{name}）", "实测：decode 一步", "下界：字节 ÷ 带宽",
                  "下界：FLOPs ÷ 矩阵乘速度", "实测 ÷ 下界"):
         assert text in out, text
+    row = [line for line in out.splitlines() if line.startswith("每项测量反复跑的时长")]
+    assert len(row) == 1 and row[0].split()[-2:] == ["20.0", "ms"], row     # 印的是这次给的 TEST_SECONDS
+
+
+def test_time_seconds_reads_the_flag_and_its_optional_seconds(mod):
+    assert mod.time_seconds([]) is None and mod.time_seconds(["--live"]) is None
+    assert mod.time_seconds(["--time"]) == mod.TIME_SECONDS == 0.4
+    assert mod.time_seconds(["--time", "1.5"]) == 1.5
+    assert mod.time_seconds(["--time", "--other"]) == mod.TIME_SECONDS
+    for bad in ("0", "-1", "nan", "inf", "abc"):
+        with pytest.raises(ValueError, match="必须是正数"):
+            mod.time_seconds(["--time", bad])
+
+
+def test_a_bad_time_argument_stops_before_any_output():
+    r = background_runs.result(BAD_TIME)
+    assert r.returncode == 1 and r.stdout == b""
+    assert "--time 后面的秒数必须是正数（收到 '0'）" in r.stderr.decode("utf-8")
 
 
 def test_default_run_prints_no_timing(mod):

@@ -9,6 +9,7 @@ float32 从头到尾是 float32；带缓存的 decode == 一次算完；带停�
 这些测试需要模型文件（conftest.smollm2_path：拿不到时跳过，CS349E_REQUIRE_MODEL=1 时失败），float64 的模型整个
 测试会话只装一次（conftest.real_model）。
 """
+import copy
 import json
 import math
 import os
@@ -19,13 +20,12 @@ import pytest
 import conftest
 from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
 from decode_lab import speculative_generate
-from drafts_lab import layer_subset
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
 from smollm2_models import smollm2_lm
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
-from transformer_lab import NumpyTransformer
+from transformer_lab import NumpyTransformer, config_like
 
 S6 = "lecture02/06_real_model.py"
 with open(os.path.join(conftest.ROOT, "tests", "fixtures", "smollm2_hf_reference.json"), encoding="utf-8") as _f:
@@ -327,19 +327,27 @@ def _with_qk(P, fn, cfg):
     return Q
 
 
+ROPE_LAYERS = 2       # 错的装法在前几层就看得出（下面的测试）；少建、少算 28 层
+
+
 def test_rope_permutation_must_be_undone_exactly_once(full_passes):
     # 对的装法（会话共用的 float64 模型，就是 f64 这份参数建的）：三段参考文本都到 1e-10（这里量到的是 ~2e-13）
     assert max(r["pos"] for r in CHAT["rows"]) < len(CHAT["ids"])      # 参考的行都在提示里（full_passes 的说明）
     for name, x in HF["inputs"].items():
         assert _hf_max_diff(full_passes[name], x["rows"]) < 1e-10, name
-    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 离参考很远（这里量到的是 10 以上）。
-    # 错的两种用 float32 的副本算就够了：float32 离参考 < 1e-3（下一个测试），比 1.0 小得多
+    # 不撤销（= 把撤销过的再排回去）、撤销两次：模型照样跑，logits 差得很远。看前 ROPE_LAYERS 层就够了：装法只决定
+    # 每层 wq、wk 的行序，错的装法从第 1 层的注意力起就算错；和同样几层、撤销正好一次的模型（同一份参数按同样的层数
+    # 新建：就是上面对参考到 1e-10 的那种装法，只是层数少）比，参考的那几行差 1.0 以上（这里量到的是 7 左右；30 层的
+    # 完整模型对参考差 10 以上）。两边都用 float32 的副本：float32 的舍入在 1e-3 以内（下一个测试），比 1.0 小得多
     P, cfg, _ = real_model("float32")
     toks = np.asarray([CHAT["ids"]])
+    rows = [r["pos"] for r in CHAT["rows"]]
+    cfg_k = config_like(cfg, n_layers=ROPE_LAYERS)
+    P_k = dict(P, layers=P["layers"][:ROPE_LAYERS])
+    right = NumpyTransformer(P_k, cfg_k).forward(toks)[0, rows]
     for fn in (permute_rope_rows, unpermute_rope_rows):
-        wrong = _hf_max_diff(NumpyTransformer(_with_qk(P, fn, cfg), cfg).forward(toks)[0].astype(np.float64),
-                             CHAT["rows"])
-        assert wrong > 1.0, fn.__name__
+        wrong = NumpyTransformer(_with_qk(P_k, fn, cfg), cfg_k).forward(toks)[0, rows]
+        assert float(np.max(np.abs(wrong - right))) > 1.0, fn.__name__
 
 
 def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
@@ -388,34 +396,75 @@ def test_kv_cache_decode_equals_full_pass_on_the_real_model(cached_decode, full_
     assert [int(np.argmax(r)) for r in got] == [int(np.argmax(r)) for r in full] == GREEDY
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod):
+class _PathDraft:
+    """
+    现成 logits 的草稿：rows 的第 i 行是 path 的前 i + 1 个 token 之后的 logits，mask 里的 id 那几列换成 −∞（从不提议）。
+    这里的 rows 是 full_passes["chat"]：float64 目标自己在"提示 + 参考的贪心回答"上一次算完的 logits，所以这条路上
+    它的 argmax 处处就是目标的（每步第一名比第二名高 1 以上：演示 5 的 min_gap；带缓存和一次算完只差舍入）。
+    实现 speculative_generate 对草稿要的那几样：cfg（词表、上下文）、session() -> .logits(seq)（喂进新的 token，返回
+    它们的行）、.truncate(m)；它不做前向，投机解码里只剩目标的前向（3 次）。
+    """
+
+    def __init__(self, rows, cfg, path, mask=()):
+        self.rows = np.array(rows)
+        self.rows[:, list(mask)] = -np.inf
+        self.cfg, self.path, self.fed = cfg, list(path), 0
+
+    def session(self):
+        s = copy.copy(self)
+        s.fed = 0
+        return s
+
+    def logits(self, seq, counter=None):
+        assert list(seq) == self.path[:len(seq)], "草稿只有这条路上的 logits"
+        out = self.rows[self.fed:len(seq)]
+        self.fed = len(seq)
+        return out
+
+    def truncate(self, m):
+        self.fed = min(self.fed, m)
+
+
+def _path_draft(lm, full_passes, mask=()):
+    model, _ = lm
+    return _PathDraft(full_passes["chat"], model.cfg, CHAT["ids"] + GREEDY[:-1], mask)
+
+
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5, full_passes):
+    """
+    T = 0 时输出 == 贪心对任何草稿都成立，草稿是谁不改变要证明的事；这里要的是停止 token 作为修正 token 出现（被拒绝
+    之后由目标抽出），停在被接受的草稿里的情形由下一个测试管。草稿：_PathDraft，目标自己在这条路上的 logits，但从不
+    提议 <|im_end|>：前 7 个 token 它全猜对，第 8 个它提议别的、被拒绝，修正 token 就是 <|im_end|>。γ = 2 时轮次是
+    确定的：3 + 3 + (1 个被接受 + 修正)，目标只前向 3 次（原来用目标的第一层和最后一层当草稿，一个都猜不对，目标要
+    前向 8 次，草稿另算 24 步）。
+    """
     P, cfg, tok = f64
     target, _ = lm
-    # 草稿：目标的第一层和最后一层（layer_subset 和按 params 新建逐位相同，共用目标融合好的权重）。T = 0 时输出 == 贪心
-    # 对任何草稿都成立，草稿是谁不改变要证明的事；两层的草稿每步比跳过中间 10 层的（20 层）便宜得多，而且最后一轮有拒绝
-    # （下面断言）：停止 token 是修正 token，停在被接受的草稿里的情形由下一个测试管
-    draft = layer_subset(target, [0, 29], name="第一层和最后一层")
+    assert d5["min_gap"] > 1.0
     prompt = tok.chat("What is the capital of France?")
+    assert prompt == CHAT["ids"]
+    draft = _path_draft(lm, full_passes, mask=[tok.im_end_id])
     # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
     # 上限和停止 token），不在进程里再生成一遍
     assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
     assert tok.im_end_id == 2
     greedy = d4["ids"]
-    spec, stats = speculative_generate(target, draft, prompt, 16, 3, 0.0, np.random.default_rng(1), stop=[2])
+    spec, stats = speculative_generate(target, draft, prompt, 16, 2, 0.0, np.random.default_rng(1), stop=[2])
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
-    assert stats["accepted"][-1] < 3                       # 最后一轮有拒绝：<|im_end|> 是修正 token
+    assert stats["accepted"][-1] < 2                       # 最后一轮有拒绝：<|im_end|> 是修正 token
+    assert stats == {"target_calls": 3, "accepted": [2, 2, 1]}
 
 
-def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5):
-    """草稿是同一个模型的 float32 版（会话共用的，每步的代价约为 float64 目标的一半）：T = 0 时只看 argmax，这条路上
-    每步第一名比第二名的 logit 高 1 以上（演示 5 的 min_gap），float32 的误差 < 1e-3（test_float32_is_float32_...），
-    所以 argmax 处处和目标相同、α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，
-    <|im_end|>（第 8 个）是第 3 轮被接受的第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿在这里总被拒绝，
-    停止 token 总是修正 token，测不到这种情况。"""
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5, full_passes):
+    """草稿：_PathDraft，目标自己在这条路上的 logits（不遮任何 id）：T = 0 时只看 argmax，这条路上处处和目标相同、
+    α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，<|im_end|>（第 8 个）是第 3 轮被接受的
+    第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿从不提议 <|im_end|>，停止 token 总是修正 token，
+    测不到这种情况。"""
     target, tok = lm
     assert d5["min_gap"] > 1.0
-    draft = smollm2_lm("float32")[0]
+    assert tok.chat("What is the capital of France?") == CHAT["ids"]
+    draft = _path_draft(lm, full_passes)
     spec, stats = speculative_generate(target, draft, tok.chat("What is the capital of France?"), 16, 2, 0.0,
                                        np.random.default_rng(2), stop=[2])
     assert list(spec) == GREEDY
