@@ -90,66 +90,6 @@ def pytest_runtest_setup(item):
 
 def pytest_sessionfinish(session, exitstatus):
     faulthandler.cancel_dump_traceback_later()
-    _stop_background()
-
-
-# ---------------------------------------------------------------------------
-# 在后台先跑的子进程：等子进程的测试（--time 的运行、没有模型时的运行……）不占着测试进程干等
-# ---------------------------------------------------------------------------
-# 测试进程只用一个核；编号脚本成对运行之外，另一个核多半闲着。一个测试模块在 import 时用 background_run 登记它要的子进程，
-# 收集完之后（只登记了被选中的测试所在的模块）这些子进程在一个后台线程里一个接一个地跑，测试进程同时往下跑别的测试；
-# 测试用 background_result 取结果（还没跑完就等）。每个子进程有时间上限；会话结束时还在跑的被结束，不留进程。
-_BG_JOBS = {}           # key -> (登记它的模块名, argv, dict(cwd=…, env=…), 时间上限秒)
-_BG_FUTURES = {}        # key -> Future（收集完之后才有）
-_BG_RUNNING = set()     # 正在跑的 Popen（会话结束时结束它们）
-_BG_POOL = []
-
-
-def background_run(key, argv, cwd=None, env=None, timeout=300):
-    """
-    登记一个子进程（测试模块 import 时调用）：收集完、测试开始之前，它在后台线程里启动；没被选中的模块登记的不跑。
-    key 在整个会话里唯一；结果用 background_result(key) 取。
-    """
-    module = sys._getframe(1).f_globals.get("__name__")
-    _BG_JOBS[key] = (module, [str(a) for a in argv], {"cwd": cwd, "env": env}, timeout)
-
-
-def _background_job(key):
-    _, argv, kw, timeout = _BG_JOBS[key]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
-    _BG_RUNNING.add(p)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise
-    finally:
-        _BG_RUNNING.discard(p)
-    return subprocess.CompletedProcess(argv, p.returncode, out, err)
-
-
-def pytest_collection_finish(session):
-    chosen = {getattr(getattr(item, "module", None), "__name__", None) for item in session.items}
-    keys = [k for k, job in _BG_JOBS.items() if job[0] in chosen]
-    if keys and not session.config.option.collectonly:
-        _BG_POOL.append(ThreadPoolExecutor(max_workers=1))
-        for k in keys:
-            _BG_FUTURES[k] = _BG_POOL[0].submit(_background_job, k)
-
-
-def background_result(key):
-    """background_run 登记的子进程的结果 -> subprocess.CompletedProcess（stdout、stderr 是字节）；没在后台跑的现在跑。"""
-    if key not in _BG_FUTURES:
-        return _background_job(key)
-    return _BG_FUTURES[key].result()
-
-
-def _stop_background():
-    for p in list(_BG_RUNNING):
-        p.kill()
-    for pool in _BG_POOL:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def numbered_scripts():
