@@ -23,7 +23,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
-from proc_util import exited
+from proc_util import background, background_self, exited, foreground
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -51,51 +51,68 @@ PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                f"    p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
 
-def _selected(request, name):
-    return any(it.name.split("[")[0] == name and it.module is request.module for it in request.session.items)
+class Started:
+    """
+    这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
+    时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：nice
+    高 5），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
+    - 模块开头，前台："toy"（玩具模型的一对，fixture pair 共用）；"smollm2"（真实模型那一对，装模型约 5 秒 CPU，
+      最后一个测试才用；模型文件拿不到：None，那个测试自己跳过或失败）。
+    - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
+      没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
+      （PARENT_CODE：各起一对、报 pid、等"go"）。
+    """
+
+    def __init__(self, request):
+        names = {it.name.split("[")[0] for it in request.session.items if it.module is request.module}
+        self.names, self.victims, self.parents, self.spawned = names, [], [], False
+        self.toy = SplitPair(DRAFT, TARGET, wait=False)
+        self.smollm2 = None
+        if SMOLLM2_TEST in names:
+            from conftest import real_model_path
+            try:
+                real_model_path()
+                self.smollm2 = SplitPair(*SMOLLM2_PAIR, wait=False)
+            except (pytest.skip.Exception, pytest.fail.Exception):
+                pass
+
+    def spares(self):
+        if self.spawned:
+            return self
+        self.spawned = True
+        if VICTIM_TEST in self.names:
+            saved = {v: os.environ.pop(v) for v in BLAS_ENV if v in os.environ}
+            try:
+                for _ in range(2):
+                    p = SplitPair(DRAFT, TARGET, wait=False)
+                    background(q.pid for q in p.procs)
+                    self.victims.append((p, [v for v in BLAS_ENV if v in os.environ]))   # 起完之后父进程的环境里有的
+            finally:
+                os.environ.update(saved)
+        if PARENT_TEST in self.names:
+            dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+            self.parents = [subprocess.Popen([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             preexec_fn=background_self) for _ in PARENT_SIGS]
+        return self
+
+    def close(self):
+        for p in self.parents:                   # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
+        for p in [self.toy, self.smollm2] + [v[0] for v in self.victims]:
+            if p is not None:
+                p.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def started(request):
-    """
-    这个模块要的进程都在开头起、不等（SplitPair(…, wait=False)、Popen）：它们 import、装模型的时候，下面玩具模型的
-    测试照常跑——那些测试大多在等进程之间的消息，两个核有一半闲着。用到的测试才 wait_ready()。只起这次选中的测试要的：
-    - "toy"：玩具模型的一对（fixture pair 共用）；
-    - "smollm2"：真实模型那一对（装模型约 5 秒 CPU；模型文件拿不到：None，那个测试自己跳过或失败）；
-    - "victims"：被杀 worker 的测试各一对，起的时候 BLAS 的变量都没设（测试查 worker 里是一个线程、父进程的环境不变）；
-    - "parents"：父进程被杀的测试的三个父进程（各起一对、报 pid、等"go"）。
-    """
-    got = {"toy": SplitPair(DRAFT, TARGET, wait=False), "smollm2": None, "victims": [], "parents": []}
-    if _selected(request, SMOLLM2_TEST):
-        from conftest import real_model_path
-        try:
-            real_model_path()
-            got["smollm2"] = SplitPair(*SMOLLM2_PAIR, wait=False)
-        except (pytest.skip.Exception, pytest.fail.Exception):
-            pass
-    if _selected(request, VICTIM_TEST):
-        saved = {v: os.environ.pop(v) for v in BLAS_ENV if v in os.environ}
-        try:
-            for _ in range(2):
-                p = SplitPair(DRAFT, TARGET, wait=False)
-                got["victims"].append((p, [v for v in BLAS_ENV if v in os.environ]))    # 起完之后父进程的环境里有的
-        finally:
-            os.environ.update(saved)
-    if _selected(request, PARENT_TEST):
-        dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-        got["parents"] = [subprocess.Popen([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                          for _ in PARENT_SIGS]
-    yield got
-    for p in got["parents"]:                  # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-        for f in (p.stdin, p.stdout, p.stderr):
-            f.close()
-    for p in [got["toy"], got["smollm2"]] + [v[0] for v in got["victims"]]:
-        if p is not None:
-            p.close()
+    s = Started(request)
+    yield s
+    s.close()
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,12 +127,13 @@ def models():
 
 @pytest.fixture(scope="module")
 def pair(started):
-    p = started["toy"].wait_ready()
+    p = started.toy.wait_ready()
+    started.spares()
     yield p
     p.close()
     assert not any(q.is_alive() for q in p.procs)
     others = set()              # 别的测试的进程（真实模型那一对、被杀 worker 的那几对）：它们的测试自己关、自己查
-    for q in [started["smollm2"]] + [v[0] for v in started["victims"]]:
+    for q in [started.smollm2] + [v[0] for v in started.victims]:
         others |= set(q.procs) if q is not None else set()
     assert not set(mp.active_children()) - others, "没有留下子进程"
 
@@ -336,9 +354,10 @@ def test_one_way_and_round_clock_by_hand():
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, started):
-    """这一对在模块开头起的（fixture started），起的时候父进程的环境里没有 BLAS 的变量。"""
-    p, env_after = started["victims"][victim]
+    """这一对早早起了（Started.spares），起的时候父进程的环境里没有 BLAS 的变量。"""
+    p, env_after = started.spares().victims[victim]
     try:
+        foreground(q.pid for q in p.procs)
         p.wait_ready()
         assert p.draft_info["blas_threads"] == p.target_info["blas_threads"] == "1", "没设的变量：一个 BLAS 线程"
         assert "OPENBLAS_NUM_THREADS" not in env_after, "父进程的环境不变"
@@ -356,9 +375,10 @@ def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, sta
 
 def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind(started):
     """父进程在请求进行中被 SIGKILL、SIGTERM、Ctrl-C（SIGINT）：两个 worker 的控制管道关了，它们自己退出。
-    三个父进程在模块开头就起了（fixture started，PARENT_CODE）：各自起好一对、报了 pid，在这里才收到"go"开始请求。"""
-    ps, sigs = started["parents"], PARENT_SIGS
+    三个父进程早早起了（Started.spares，PARENT_CODE）：各自起好一对、报了 pid，在这里才收到"go"开始请求。"""
+    ps, sigs = started.spares().parents, PARENT_SIGS
     pids = [[int(x) for x in p.stdout.readline().split()] for p in ps]
+    foreground([p.pid for p in ps] + [pid for ws in pids for pid in ws])
     for p in ps:
         p.stdin.write("go\n")
         p.stdin.flush()
@@ -396,7 +416,7 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     为什么 3 层的目标就够：两个进程逐 token 等于进程内的参照，靠的是两边按同一个配方造出逐位相同的模型、随机数发生器的状态
     跟着消息走、q 和 p_n 以 float64 原样过去——和层数无关；其余都是真的：49,152 的词表、9 个 Q 头对 3 个 KV 头、共享的
     lm_head、float64。30 层的目标要多融合约 1 GB 的权重、每轮多算 27 层，证明的是同一件事。
-    这一对 worker 在模块开头就起了（fixture started）；它们跑请求的时候，本进程算参照。内存：两个 worker 各到约
+    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 各到约
     1.6 GB（VmHWM；整个文件反量化的参数留在 split_models_lab 的缓存里），测试进程里的参照约 2.2 GB（会话共用）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
@@ -404,7 +424,7 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     real_model_path()
     model, cfg, tok = smollm2_lm("float64")
     prompt = tok.encode("The capital of France is")
-    p = started["smollm2"]
+    p = started.smollm2
     try:
         with ThreadPoolExecutor(1) as ex:
             fut = ex.submit(p.generate, prompt, 6, num_speculative_tokens=2, T=1.0, seed=3, protocol="lazy_q")
