@@ -31,8 +31,15 @@ PROMPTS = [SYSTEM + [int(t) for t in _R.integers(0, CFG.vocab, size=k)] for k in
 N_NEW = 8
 
 
+_SOLO = {}
+
+
 def solo(prompt, n, T, seed):
-    return [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
+    """单独生成的参照；三种策略（两种交接方式）对同一个 (提示, n, T, seed) 用同一份，只算一次。"""
+    key = (tuple(prompt), n, T, seed)
+    if key not in _SOLO:
+        _SOLO[key] = [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
+    return _SOLO[key]
 
 
 def shm_names():
@@ -75,8 +82,8 @@ class Started:
     这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
     进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：nice 高 5），
     CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头，前台：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型约 5 秒 CPU；模型文件拿不到：[]，那个测试自己
-      跳过或失败）；
+    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型约 5 秒 CPU；共用的 worker 装好之前在后台；
+      模型文件拿不到：[]，那个测试自己跳过或失败）；
     - spares()（共用的 worker 装好之后，或第一个要它的测试）：自己起 worker 的测试各自的那几个（SPARES）、父进程被杀的
       测试的三个父进程（PARENT_CODE：各起一个 worker、报 pid、等着）。测试拿走的进程由测试关、查。
     """
@@ -93,10 +100,12 @@ class Started:
             if path is not None:
                 self.smollm2 = [spawn_worker(("gguf", path, "float64", SMOLLM2_LAYERS), block_size=16)
                                 for _ in range(2)]
+                background(w.proc.pid for w in self.smollm2)       # 共用的 worker 装好之前在后台（spares() 调回前台）
 
     def spares(self):
         if not self.spawned:
             self.spawned = True
+            foreground(w.proc.pid for w in self.smollm2)
             self.ws = {name: make() for name, make in SPARES.items() if name in self.names}
             background(w.proc.pid for ws in self.ws.values() for w in ws)
             if PARENT_TEST in self.names:

@@ -54,10 +54,10 @@ PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
 class Started:
     """
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
-    时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：nice
-    高 5），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头，前台："toy"（玩具模型的一对，fixture pair 共用）；"smollm2"（真实模型那一对，装模型约 5 秒 CPU，
-      最后一个测试才用；模型文件拿不到：None，那个测试自己跳过或失败）。
+    时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
+    nice 高 5），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
+    - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台）；"smollm2"（真实模型那一对，装模型约 5 秒 CPU，
+      最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
       没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
       （PARENT_CODE：各起一对、报 pid、等"go"）。
@@ -73,6 +73,7 @@ class Started:
             try:
                 real_model_path()
                 self.smollm2 = SplitPair(*SMOLLM2_PAIR, wait=False)
+                background(q.pid for q in self.smollm2.procs)     # 玩具的一对装好之前在后台（spares() 调回前台）
             except (pytest.skip.Exception, pytest.fail.Exception):
                 pass
 
@@ -80,6 +81,8 @@ class Started:
         if self.spawned:
             return self
         self.spawned = True
+        if self.smollm2 is not None:
+            foreground(q.pid for q in self.smollm2.procs)
         if VICTIM_TEST in self.names:
             saved = {v: os.environ.pop(v) for v in BLAS_ENV if v in os.environ}
             try:
@@ -146,10 +149,15 @@ def run(pair, protocol, gamma, T, seed, **kw):
 def run_beside(pair, jobs, reference):
     """jobs（每个 (protocol, γ, T, seed, kw)）在一个线程里依次穿过这一对 worker，同时本进程按同样的顺序算 reference(job)
     -> [(job, (tokens, stats), 参照), …]。两边各用自己的核；参照和 worker 不共享状态（参照有自己的模型和发生器）。"""
-    with ThreadPoolExecutor(1) as ex:
-        fut = ex.submit(lambda: [run(pair, pr, g, T, s, **dict(kw)) for pr, g, T, s, kw in jobs])
-        refs = [reference(job) for job in jobs]
-        return list(zip(jobs, fut.result(), refs))
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(5e-4)     # 线程每个请求只收发三条控制消息：别让它等本进程的参照放 GIL 等满默认的 5 ms
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(lambda: [run(pair, pr, g, T, s, **dict(kw)) for pr, g, T, s, kw in jobs])
+            refs = [reference(job) for job in jobs]
+            return list(zip(jobs, fut.result(), refs))
+    finally:
+        sys.setswitchinterval(switch)
 
 
 @functools.lru_cache(maxsize=None)
