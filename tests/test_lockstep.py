@@ -38,9 +38,11 @@ def alone_dts(prompt, n):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def spawned():
-    """两个 worker 在模块开头同时 spawn、不等：它们 import、建引擎的时候，前面不用它们的测试、本进程里的参照照常算。"""
-    ws = [spawn_worker(RECIPE, **KW) for _ in range(2)]
+def spawned(request):
+    """两个 worker 在模块开头同时 spawn、不等（这次选中的测试有用它们的才起）：它们 import、建引擎的时候，前面不用它们的
+    测试、本进程里的参照照常算。"""
+    used = any("pair" in it.fixturenames for it in request.session.items if it.module is request.module)
+    ws = [spawn_worker(RECIPE, **KW) for _ in range(2)] if used else []
     yield ws
     for w in ws:
         w.close()

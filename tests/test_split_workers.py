@@ -56,7 +56,7 @@ class Started:
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
     时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
     nice 高 5），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台）；"smollm2"（真实模型那一对，装模型约 5 秒 CPU，
+    - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台；没有选中用它的测试：None）；"smollm2"（真实模型那一对，装模型约 5 秒 CPU，
       最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
       没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
@@ -64,9 +64,10 @@ class Started:
     """
 
     def __init__(self, request):
-        names = {it.name.split("[")[0] for it in request.session.items if it.module is request.module}
+        items = [it for it in request.session.items if it.module is request.module]
+        names = {it.name.split("[")[0] for it in items}
         self.names, self.victims, self.parents, self.spawned = names, [], [], False
-        self.toy = SplitPair(DRAFT, TARGET, wait=False)
+        self.toy = SplitPair(DRAFT, TARGET, wait=False) if any("pair" in it.fixturenames for it in items) else None
         self.smollm2 = None
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
