@@ -4,7 +4,7 @@
 """
 import os
 
-BACKGROUND_NICE = 5      # 备用进程比测试进程高这么多 nice：CPU 闲着时它们照样 import、装模型，CPU 忙时让前台先跑
+BACKGROUND_NICE = 19     # 备用进程比测试进程高这么多 nice（最低的优先级）：CPU 闲着时它们照样起，忙时让前台先跑
 
 
 def exited(pid):

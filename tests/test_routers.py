@@ -80,7 +80,7 @@ SPARES = {
 class Started:
     """
     这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
-    进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：nice 高 5），
+    进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：最低的优先级），
     CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
     - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型约 5 秒 CPU；共用的 worker 装好之前在后台；
       模型文件拿不到：[]，那个测试自己跳过或失败）；
