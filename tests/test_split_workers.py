@@ -42,13 +42,14 @@ VICTIM_TEST = "test_a_killed_worker_fails_the_request_naming_it_in_bounded_time"
 PARENT_TEST = "test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind"
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-# 父进程：起一对、报两个 worker 的 pid，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）
+# 父进程：起一对、报两个 worker 的 pid，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；
+# 没等到（测试进程不在了，stdin 关了）就直接退出
 PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "from split_worker_lab import SplitPair\n"
                f"with SplitPair({DRAFT!r}, {TARGET!r}) as p:\n"
                "    print(*(q.pid for q in p.procs), flush=True)\n"
-               "    sys.stdin.readline()\n"
-               f"    p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
+               "    if sys.stdin.readline():\n"
+               f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
 
 class Started:
