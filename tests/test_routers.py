@@ -284,6 +284,7 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     from smollm2_models import smollm2_lm
     real_model_path()
     ws = started.smollm2
+    foreground(w.proc.pid for w in ws)          # 只选了这个测试时，共用的 worker 没起，它们还在后台
     try:
         model, cfg, tok = smollm2_lm("float64")
         prompt = tok.encode("The capital of France is")

@@ -433,9 +433,10 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
     real_model_path()
+    p = started.smollm2
+    foreground(q.pid for q in p.procs)          # 只选了这个测试时，玩具的一对没起，它们还在后台
     model, cfg, tok = smollm2_lm("float64")
     prompt = tok.encode("The capital of France is")
-    p = started.smollm2
     try:
         with ThreadPoolExecutor(1) as ex:
             fut = ex.submit(p.generate, prompt, 6, num_speculative_tokens=2, T=1.0, seed=3, protocol="lazy_q")
