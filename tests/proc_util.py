@@ -1,7 +1,10 @@
 """
-测试共用的进程工具：一个 worker 进程是不是已经退出了（test_routers、test_split_workers 的"父进程被杀不留孩子"）。
+测试共用的进程工具（test_routers、test_split_workers）：一个 worker 进程是不是已经退出了（"父进程被杀不留孩子"）；
+早早起的备用进程降低优先级（background）、轮到用它们时恢复（foreground）。
 """
 import os
+
+BACKGROUND_NICE = 19     # 备用进程比测试进程高这么多 nice（最低的优先级）：CPU 闲着时它们照样起，忙时让前台先跑
 
 
 def exited(pid):
@@ -20,3 +23,30 @@ def exited(pid):
     except OSError:
         return False
     return state in ("Z", "X")
+
+
+def _own_nice():
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def background(pids):
+    """这些进程的 nice 调到测试进程的 + BACKGROUND_NICE（调高谁都可以）；进程已经不在了就算了。"""
+    for pid in pids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, min(19, _own_nice() + BACKGROUND_NICE))
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def background_self():
+    """当 Popen 的 preexec_fn 用：那个进程和它以后 spawn 的孩子都在后台。"""
+    os.nice(BACKGROUND_NICE)
+
+
+def foreground(pids):
+    """把 nice 调回测试进程自己的；普通用户不能调低 nice（PermissionError）：那就留在后台，只是在忙的机器上慢一点。"""
+    for pid in pids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, _own_nice())
+        except (ProcessLookupError, PermissionError):
+            pass

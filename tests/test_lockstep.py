@@ -17,7 +17,7 @@ from engine_lab import LLMEngine
 from lockstep_lab import LockstepClock, bus_finish, load_bus, transfer_time
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
-from worker_lab import start_workers
+from worker_lab import spawn_worker, wait_all
 
 CFG = LMConfig(max_seq=64)
 PARAMS = init_params(CFG, 1)
@@ -37,12 +37,20 @@ def alone_dts(prompt, n):
     return [s["dt"] for s in eng.steps]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    ws = start_workers(RECIPE, 2, **KW)                 # 两个同时起
+@pytest.fixture(scope="module", autouse=True)
+def spawned(request):
+    """两个 worker 在模块开头同时 spawn、不等（这次选中的测试有用它们的才起）：它们 import、建引擎的时候，前面不用它们的
+    测试、本进程里的参照照常算。"""
+    used = any("pair" in it.fixturenames for it in request.session.items if it.module is request.module)
+    ws = [spawn_worker(RECIPE, **KW) for _ in range(2)] if used else []
     yield ws
     for w in ws:
         w.close()
+
+
+@pytest.fixture(scope="module")
+def pair(spawned):
+    return wait_all(spawned)
 
 
 def test_bus_finish_by_hand():
@@ -76,9 +84,9 @@ def test_transfer_time_and_the_stored_constants():
 
 
 def test_two_replicas_decoding_side_by_side_each_step_times_kappa_dd(pair):
+    dts = alone_dts(A, 4)
     for w in pair:
         w.call("reset")
-    dts = alone_dts(A, 4)
     r = Router(pair, "round_robin", clock="model", bus=BUS)
     ids = [r.add_request(A, 4, arrival=0.0), r.add_request(A, 4, arrival=0.0)]
     while r.has_unfinished_requests():
@@ -92,9 +100,9 @@ def test_two_replicas_decoding_side_by_side_each_step_times_kappa_dd(pair):
 
 
 def test_pd_handoff_arrives_after_the_transfer_and_a_prefill_beside_slows_the_decode(pair):
+    da, db = alone_dts(A, 3), alone_dts(B, 2)
     for w in pair:
         w.call("reset")
-    da, db = alone_dts(A, 3), alone_dts(B, 2)
     per_tok = 2 * CFG.n_layers * CFG.n_kv_heads * CFG.head_dim * 8
     xfer = per_tok * len(A) / BUS["pipe_bytes_per_s"]
     r = PDRouter(pair[:1], pair[1:], via="pipe", clock="model", bus=BUS)

@@ -7,12 +7,15 @@ overlap_spec_lab：重叠的投机解码（PEARL 的 post-verify）精确吗？�
 再把 ≤ 几千条路径加到 ≤ 64 个输出上；参照（target_joint_distribution）用整段前向、按前缀连乘。
 两边的 softmax 各差几个 ulp，路径和的误差远小于 1e-12：断言 1e-12（故意的错误差 1e-2 量级）。
 """
+import functools
+
 import numpy as np
 import pytest
 
+import overlap_spec_lab
 import tree_lab
 from decode_lab import _stop_set, adjust, autoregressive_generate, residual_distribution
-from overlap_spec_lab import overlap_output_distribution, overlap_speculative_generate, target_joint_distribution
+from overlap_spec_lab import overlap_output_distribution, overlap_speculative_generate
 from split_models_lab import build_split_model
 from stats_lab import chi2_gof
 from transformer_lab import sample_inverse_cdf
@@ -30,6 +33,19 @@ def tiny():
 @pytest.fixture(scope="module")
 def qcfg():
     return build_split_model("qcfg:0"), build_split_model("qcfg-layers:1:0")
+
+
+@functools.lru_cache(maxsize=None)
+def _joint(n_new, T, stop=None):
+    """参照：tiny4:0 自己的自回归联合分布（target_joint_distribution）。好几个测试要同一份（n_new = 3、T = 1 的七次），
+    每种只算一次。"""
+    target = build_split_model("tiny4:0")
+    return overlap_spec_lab.target_joint_distribution(target, PROMPT, n_new, T, stop=stop)
+
+
+def target_joint_distribution(target, prompt, n_new, T, stop=None):
+    assert target is build_split_model("tiny4:0") and prompt == PROMPT, "记住的参照只给 tiny4:0 和 PROMPT"
+    return _joint(n_new, T, stop)
 
 
 def _maxdiff(a, b):

@@ -7,6 +7,8 @@ worker 进程和路由器（worker_lab、router_lab）：玩具模型（float64�
 """
 import os
 import signal
+import subprocess
+import sys
 import time
 import multiprocessing as mp
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import exited
+from proc_util import background, background_self, exited, foreground
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, start_workers, wait_all
@@ -29,8 +31,15 @@ PROMPTS = [SYSTEM + [int(t) for t in _R.integers(0, CFG.vocab, size=k)] for k in
 N_NEW = 8
 
 
+_SOLO = {}
+
+
 def solo(prompt, n, T, seed):
-    return [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
+    """单独生成的参照；三种策略（两种交接方式）对同一个 (提示, n, T, seed) 用同一份，只算一次。"""
+    key = (tuple(prompt), n, T, seed)
+    if key not in _SOLO:
+        _SOLO[key] = [int(t) for t in autoregressive_generate(MODEL, prompt, n, T, np.random.default_rng(seed))]
+    return _SOLO[key]
 
 
 def shm_names():
@@ -39,37 +48,108 @@ def shm_names():
 
 SMOLLM2_TEST = "test_smollm2_float64_pd_router_equals_each_request_alone"
 SMOLLM2_LAYERS = 2
+PARENT_TEST = "test_a_killed_parent_leaves_no_worker_behind"
+PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+# 父进程：起一个 worker、报它的 pid，然后等着（读 stdin：测试进程不在了，管道一关它也走）
+PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
+               "from worker_lab import start_worker\n"
+               "w = start_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
+               "print(w.proc.pid, flush=True)\n"
+               "sys.stdin.readline()\n")
+
+
+def _pd_spawn(**pre_kw):
+    return [spawn_worker(RECIPE, num_blocks=32, block_size=4, **pre_kw),
+            spawn_worker(RECIPE, num_blocks=32, block_size=4)]
+
+
+# 自己起 worker 的测试 -> 它要的 worker（spawn、不等）
+SPARES = {
+    "test_killed_worker_fails_its_requests_with_error_in_bounded_time":
+        lambda: [spawn_worker(RECIPE, num_blocks=32, block_size=4) for _ in range(2)],
+    "test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request":
+        lambda: [spawn_worker(RECIPE, num_blocks=32, block_size=4),
+                 spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=1)],
+    "test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_bounded_time":
+        lambda: _pd_spawn(max_num_batched_tokens=4),
+    "test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations":
+        lambda: _pd_spawn(max_num_batched_tokens=4),
+}
+
+
+class Started:
+    """
+    这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
+    进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：最低的优先级），
+    CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
+    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型约 5 秒 CPU；共用的 worker 装好之前在后台；
+      模型文件拿不到：[]，那个测试自己跳过或失败）；
+    - spares()（共用的 worker 装好之后，或第一个要它的测试）：自己起 worker 的测试各自的那几个（SPARES）、父进程被杀的
+      测试的三个父进程（PARENT_CODE：各起一个 worker、报 pid、等着）。测试拿走的进程由测试关、查。
+    """
+
+    def __init__(self, request):
+        names = {it.name for it in request.session.items if it.module is request.module}
+        self.names, self.smollm2, self.ws, self.parents, self.spawned = names, [], {}, [], False
+        if SMOLLM2_TEST in names:
+            from conftest import real_model_path
+            try:
+                path = real_model_path()
+            except (pytest.skip.Exception, pytest.fail.Exception):
+                path = None
+            if path is not None:
+                self.smollm2 = [spawn_worker(("gguf", path, "float64", SMOLLM2_LAYERS), block_size=16)
+                                for _ in range(2)]
+                background(w.proc.pid for w in self.smollm2)       # 共用的 worker 装好之前在后台（spares() 调回前台）
+
+    def spares(self):
+        if not self.spawned:
+            self.spawned = True
+            foreground(w.proc.pid for w in self.smollm2)
+            self.ws = {name: make() for name, make in SPARES.items() if name in self.names}
+            background(w.proc.pid for ws in self.ws.values() for w in ws)
+            if PARENT_TEST in self.names:
+                dirs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", d)
+                        for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+                self.parents = [subprocess.Popen([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                 preexec_fn=background_self) for _ in PARENT_SIGS]
+        return self
+
+    def take(self, name):
+        """这个测试的 worker：等它们装好 -> list。"""
+        ws = self.spares().ws.pop(name)
+        foreground(w.proc.pid for w in ws)
+        return wait_all(ws)
+
+    def close(self):
+        for p in self.parents:                   # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
+        for w in self.smollm2 + [w for ws in self.ws.values() for w in ws]:
+            w.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def smollm2_workers(request):
-    """
-    真实模型的两个 worker（SmolLM2 float64 的前 2 层）在模块开头就 spawn（不等），它们装模型（约 5 秒 CPU）的时候，下面
-    玩具模型的测试照常跑：那些测试大多在等进程之间的消息，两个核有一半闲着。真实模型的测试才 wait_ready()、用、关。
-    只在这次选中了那个测试、模型文件拿得到时才起（拿不到：[]，那个测试自己跳过或失败）。
-    """
-    ws = []
-    if any(it.name == SMOLLM2_TEST and it.module is request.module for it in request.session.items):
-        from conftest import real_model_path
-        try:
-            path = real_model_path()
-        except (pytest.skip.Exception, pytest.fail.Exception):
-            path = None
-        if path is not None:
-            ws = [spawn_worker(("gguf", path, "float64", SMOLLM2_LAYERS), block_size=16) for _ in range(2)]
-    yield ws
-    for w in ws:
-        w.close()
+def started(request):
+    s = Started(request)
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="module")
-def workers(smollm2_workers):
+def workers(started):
     ws = start_workers(RECIPE, 3, num_blocks=32, block_size=4, max_num_seqs=8)     # 三个同时起
+    started.spares()
     yield ws
     for w in ws:
         w.close()
-    assert not set(mp.active_children()) - {w.proc for w in smollm2_workers}, "没有留下子进程"   # 真实模型的两个：
-    # 它们的测试自己关、自己查（那个测试没跑到时，它们在这之后由 smollm2_workers 关）
+    others = {w.proc for w in started.smollm2}   # 真实模型的两个、还没用的备用 worker：它们的测试自己关、自己查
+    others |= {w.proc for ws in started.ws.values() for w in ws}
+    assert not set(mp.active_children()) - others, "没有留下子进程"
 
 
 def drive(router, prompts, T, seed, mts=None):
@@ -112,8 +192,8 @@ def test_pd_router_equals_each_request_alone(workers, via, T):
     assert shm_names() == before
 
 
-def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
-    ws = start_workers(RECIPE, 2, num_blocks=32, block_size=4)
+def test_killed_worker_fails_its_requests_with_error_in_bounded_time(started):
+    ws = started.take("test_killed_worker_fails_its_requests_with_error_in_bounded_time")   # 两个，早早起了
     with Router(ws, "round_robin") as r:
         ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
         r.step()
@@ -132,11 +212,11 @@ def test_killed_worker_fails_its_requests_with_error_in_bounded_time():
     assert all(p not in mp.active_children() for p in (w.proc for w in ws))
 
 
-def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request():
+def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request(started):
     """回归：decode 那边的块够、序列的空位（max_num_seqs）不够时，import 拒绝（返回 None），旧的路由器把 None 当成
-    请求 id 记下，请求再也结束不了。现在 reserve 连空位一起留：请求在路由器的队列里等，每个都等于单独生成的。"""
-    ws = wait_all([spawn_worker(RECIPE, num_blocks=32, block_size=4),
-                   spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=1)])
+    请求 id 记下，请求再也结束不了。现在 reserve 连空位一起留：请求在路由器的队列里等，每个都等于单独生成的。
+    两个 worker（decode 那边 max_num_seqs = 1）早早起了（SPARES）。"""
+    ws = started.take("test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request")
     with PDRouter(ws[:1], ws[1:], via="pipe") as r:
         ids = [r.add_request(p, 4, temperature=1.0, seed=30 + i) for i, p in enumerate(PROMPTS[:3])]
         t0 = time.monotonic()
@@ -150,16 +230,11 @@ def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request():
         assert info["num_free_blocks"] == info["num_blocks"]
 
 
-def _pd_pair(**pre_kw):
-    return wait_all([spawn_worker(RECIPE, num_blocks=32, block_size=4, **pre_kw),
-                     spawn_worker(RECIPE, num_blocks=32, block_size=4)])
-
-
-def test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_bounded_time():
+def test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_bounded_time(started):
     """回归：共享内存的段由收的一边 unlink；decode worker 在交接送到之前死了，旧的路由器不 unlink，段留在 /dev/shm。
-    prefill 一步只算 4 个 token，所以杀 decode 时交接还没出发。"""
+    prefill 一步只算 4 个 token（_pd_spawn(max_num_batched_tokens=4)，早早起了），所以杀 decode 时交接还没出发。"""
     before = shm_names()
-    ws = _pd_pair(max_num_batched_tokens=4)
+    ws = started.take("test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_bounded_time")
     with PDRouter(ws[:1], ws[1:], via="shm") as r:
         gid = r.add_request(PROMPTS[4], 6, seed=1)              # 17 个提示 token：prefill 要 5 步
         r.step()
@@ -177,9 +252,10 @@ def test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_
     assert not any(w.proc.is_alive() for w in ws)
 
 
-def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations():
-    """回归：prefill worker 死了，它手上的请求以 "error" 结束，但旧的路由器不取消它们在 decode 那边的预留：块漏了。"""
-    ws = _pd_pair(max_num_batched_tokens=4)
+def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations(started):
+    """回归：prefill worker 死了，它手上的请求以 "error" 结束，但旧的路由器不取消它们在 decode 那边的预留：块漏了。
+    prefill 一步只算 4 个 token（_pd_spawn(max_num_batched_tokens=4)，早早起了）。"""
+    ws = started.take("test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations")
     with PDRouter(ws[:1], ws[1:], via="pipe") as r:
         ids = [r.add_request(p, 6, seed=i) for i, p in enumerate(PROMPTS[3:5])]
         r.step()
@@ -194,20 +270,21 @@ def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations
     assert not any(w.proc.is_alive() for w in ws)
 
 
-def test_smollm2_float64_pd_router_equals_each_request_alone(smollm2_workers):
+def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     """真实模型一次：SmolLM2 float64 的前 2 层（worker 的配方 ("gguf", 路径, "float64", 2)），1 个 prefill + 1 个 decode
     的 worker，T = 1，KV 经共享内存过去；token 等于单独生成的（测试进程里 drafts_lab.early_exit_draft(会话共用的模型, 2)，
     它和只留前 2 层参数重建的模型逐位相同）。
     为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
     "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
     lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
-    两个 worker 在模块开头就 spawn 了（fixture smollm2_workers；装载时各到约 1.3 GB，VmHWM，之后约 0.6 GB）；一个提示、
+    两个 worker 在模块开头就 spawn 了（fixture started；装载时各到约 1.3 GB，VmHWM，之后约 0.6 GB）；一个提示、
     3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
     real_model_path()
-    ws = smollm2_workers
+    ws = started.smollm2
+    foreground(w.proc.pid for w in ws)          # 只选了这个测试时，共用的 worker 没起，它们还在后台
     try:
         model, cfg, tok = smollm2_lm("float64")
         prompt = tok.encode("The capital of France is")
@@ -246,22 +323,14 @@ def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts():
     assert P1["embed"] is P["embed"] and P1["lm_head"] is P["lm_head"] and len(P["layers"]) == 2
 
 
-def test_a_killed_parent_leaves_no_worker_behind():
-    """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。三个父进程同时起（省时间）。"""
-    import subprocess
-    import sys
-    code = ("import sys, time; sys.path[:0] = sys.argv[1:]\n"
-            "from worker_lab import start_worker\n"
-            "w = start_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
-            "print(w.proc.pid, flush=True)\n"
-            "time.sleep(60)\n")
-    here = os.path.dirname(os.path.abspath(__file__))
-    dirs = [os.path.join(here, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-    sigs = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-    ps = [subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True) for _ in sigs]
+def test_a_killed_parent_leaves_no_worker_behind(started):
+    """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。三个父进程早早同时起了
+    （Started.spares，PARENT_CODE：各起好一个 worker、报了 pid、在等着）。"""
+    ps, sigs = started.spares().parents, PARENT_SIGS
     pids = [int(p.stdout.readline()) for p in ps]
+    foreground([p.pid for p in ps] + pids)
     for p, sig in zip(ps, sigs):
+        assert p.poll() is None, "父进程还在"
         p.send_signal(sig)
     for p in ps:
         p.wait(10)
@@ -278,10 +347,7 @@ def test_a_killed_parent_leaves_no_worker_behind():
             pass
     assert not left, f"父进程被 {sorted(left.values())} 结束之后 worker {sorted(left)} 还在"
     for p in ps:
-        err = p.stderr.read()
-        p.stdout.close()
-        p.stderr.close()
-        assert "resource_tracker" not in err
+        assert "resource_tracker" not in p.stderr.read()
 
 
 def test_serve_flags_refuse_pd_with_speculative_config_and_bad_pd(capsys):

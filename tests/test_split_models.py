@@ -2,6 +2,8 @@
 split_models_lab：配方字符串 -> 模型。QCFG 的四种和第 6 讲 03 / 种子 04 造的逐个参数相同；"…-layers:K" 和
 "前 K 层的参数 + n_layers = K 的配置"重新构造的模型逐位相同；import 不读 SmolLM2；认不出的配方说可以用什么。
 """
+import functools
+import hashlib
 import os
 import subprocess
 import sys
@@ -9,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+import drafts_lab
+import quant_lab
 from decode_lab import TransformerLM
 from drafts_lab import build_seed04_models
 from split_models_lab import (SPLIT_CFG, SPLIT_DRAFT_LAYERS, TINY4, build_split_model, measure_pair_costs,
@@ -26,7 +30,38 @@ def _same_params(a, b):
     return np.array_equal(a, b)
 
 
-def test_qcfg_recipes_are_seed04s_target_and_drafts():
+def _digest(a, h):
+    if isinstance(a, dict):
+        for k in sorted(a):
+            h.update(k.encode())
+            _digest(a[k], h)
+    elif isinstance(a, list):
+        for x in a:
+            _digest(x, h)
+    else:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h
+
+
+@functools.lru_cache(maxsize=None)
+def _init_params(cfg, seed):
+    """参照的参数（测试自己 init_params）：几个测试要同一份（SPLIT_CFG 种子 0 的三次），只造一次。"""
+    return init_params(cfg, seed)
+
+
+def test_qcfg_recipes_are_seed04s_target_and_drafts(monkeypatch):
+    """二元语法表两边都是在目标采样的 token 上拟合的（quant_lab.sample_tokens，64 × 128 个，这个文件里最贵的一步）：
+    两边的调用按参数（参数数组的内容、配置、个数、长度、种子）记住，参数完全一样的第二次不再算——配方传的参数
+    不一样（别的种子、别的模型），就是一次新的采样，表也就不一样。"""
+    real, memo = quant_lab.sample_tokens, {}
+
+    def sample_tokens(P, cfg, *args, **kw):
+        key = (_digest(P, hashlib.sha256()).hexdigest(), cfg, args, tuple(sorted(kw.items())))
+        if key not in memo:
+            memo[key] = real(P, cfg, *args, **kw)
+        return memo[key]
+    monkeypatch.setattr(quant_lab, "sample_tokens", sample_tokens)
+    monkeypatch.setattr(drafts_lab, "sample_tokens", sample_tokens)
     target, drafts = build_seed04_models()
     assert _same_params(build_split_model("qcfg:0").params, target.params)
     assert _same_params(build_split_model("qcfg-int4:0").params, drafts["INT4 量化的自己"].params)
@@ -41,7 +76,7 @@ def test_qcfg_recipes_are_seed04s_target_and_drafts():
                                           ("split-layers:2:0", SPLIT_CFG, 2)])
 def test_layers_recipe_equals_a_model_rebuilt_from_the_first_k_layers(recipe, cfg, k):
     seed = int(recipe.rsplit(":", 1)[1])
-    P = init_params(cfg, seed)
+    P = _init_params(cfg, seed)
     pk = dict(P)
     pk["layers"] = P["layers"][:k]
     ref = TransformerLM(pk, config_like(cfg, n_layers=k))
@@ -54,7 +89,7 @@ def test_tiny4_has_a_four_token_vocabulary_and_split_is_the_documented_shape():
     assert build_split_model("tiny4:0").cfg.vocab == 4
     s = build_split_model("split:0")
     assert (s.cfg.n_layers, s.cfg.d_model, s.cfg.vocab) == (16, 192, 512)
-    assert _same_params(s.params, init_params(SPLIT_CFG, 0))
+    assert _same_params(s.params, _init_params(SPLIT_CFG, 0))
 
 
 @pytest.mark.parametrize("bad", ["foo:0", "qcfg", "qcfg:x", "qcfg-layers:4:0", "qcfg-layers:0:0", "split:-1",

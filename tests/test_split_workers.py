@@ -8,6 +8,7 @@
 - 账：每轮的有效载荷 == split_clock_lab.round_payload_bytes（手算的数另外核对）；链路的延迟是每一程的下界；
 - 故障：被杀的 worker 让请求在限定时间里以 WorkerDied 结束、说是哪个；父进程被杀 / SIGTERM / Ctrl-C 不留孩子。
 """
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -15,13 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
-from proc_util import exited
+from proc_util import background, background_self, exited, foreground
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -36,43 +38,110 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 SMOLLM2_TEST = "test_smollm2_float64_split_lazy_q_equals_speculative_generate"
 SMOLLM2_PAIR = ("smollm2-layers:1", "smollm2-layers:3")     # (草稿, 目标)：SmolLM2 float64 的前 1 层、前 3 层
+VICTIM_TEST = "test_a_killed_worker_fails_the_request_naming_it_in_bounded_time"
+PARENT_TEST = "test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind"
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+# 父进程：起一对、报两个 worker 的 pid，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；
+# 没等到（测试进程不在了，stdin 关了）就直接退出
+PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
+               "from split_worker_lab import SplitPair\n"
+               f"with SplitPair({DRAFT!r}, {TARGET!r}) as p:\n"
+               "    print(*(q.pid for q in p.procs), flush=True)\n"
+               "    if sys.stdin.readline():\n"
+               f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
+
+
+class Started:
+    """
+    这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
+    时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
+    最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
+    - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台；没有选中用它的测试：None）；"smollm2"（真实模型
+      那一对，装模型约 5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，那个测试自己跳过
+      或失败）。
+    - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
+      没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
+      （PARENT_CODE：各起一对、报 pid、等"go"）。
+    """
+
+    def __init__(self, request):
+        items = [it for it in request.session.items if it.module is request.module]
+        names = {it.name.split("[")[0] for it in items}
+        self.names, self.victims, self.parents, self.spawned = names, [], [], False
+        self.toy = SplitPair(DRAFT, TARGET, wait=False) if any("pair" in it.fixturenames for it in items) else None
+        self.smollm2 = None
+        if SMOLLM2_TEST in names:
+            from conftest import real_model_path
+            try:
+                real_model_path()
+                self.smollm2 = SplitPair(*SMOLLM2_PAIR, wait=False)
+                background(q.pid for q in self.smollm2.procs)     # 玩具的一对装好之前在后台（spares() 调回前台）
+            except (pytest.skip.Exception, pytest.fail.Exception):
+                pass
+
+    def spares(self):
+        if self.spawned:
+            return self
+        self.spawned = True
+        if self.smollm2 is not None:
+            foreground(q.pid for q in self.smollm2.procs)
+        if VICTIM_TEST in self.names:
+            saved = {v: os.environ.pop(v) for v in BLAS_ENV if v in os.environ}
+            try:
+                for _ in range(2):
+                    p = SplitPair(DRAFT, TARGET, wait=False)
+                    background(q.pid for q in p.procs)
+                    self.victims.append((p, [v for v in BLAS_ENV if v in os.environ]))   # 起完之后父进程的环境里有的
+            finally:
+                os.environ.update(saved)
+        if PARENT_TEST in self.names:
+            dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+            self.parents = [subprocess.Popen([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             preexec_fn=background_self) for _ in PARENT_SIGS]
+        return self
+
+    def close(self):
+        for p in self.parents:                   # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
+        for p in [self.toy, self.smollm2] + [v[0] for v in self.victims]:
+            if p is not None:
+                p.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def smollm2_pair(request):
-    """
-    真实模型那一对 worker 在模块开头就起（SplitPair(…, wait=False)：不等），它们装模型（约 5 秒 CPU）的时候，下面玩具模型的
-    测试照常跑：那些测试大多在等进程之间的消息，两个核有一半闲着。真实模型的测试最后才 wait_ready()、用它、关掉它。
-    只在这次选中了那个测试、模型文件拿得到时才起（拿不到：None，那个测试自己跳过或失败）。
-    """
-    selected = any(it.name == SMOLLM2_TEST and it.module is request.module for it in request.session.items)
-    pair = None
-    if selected:
-        from conftest import real_model_path
-        try:
-            real_model_path()
-        except (pytest.skip.Exception, pytest.fail.Exception):
-            selected = False
-    if selected:
-        pair = SplitPair(*SMOLLM2_PAIR, wait=False)
-    yield pair
-    if pair is not None:
-        pair.close()
+def started(request):
+    s = Started(request)
+    yield s
+    s.close()
 
 
-@pytest.fixture(scope="module")
-def models():
+@functools.lru_cache(maxsize=None)
+def _models():
     return build_split_model(TARGET), build_split_model(DRAFT)
 
 
 @pytest.fixture(scope="module")
-def pair(smollm2_pair):
-    p = SplitPair(DRAFT, TARGET)
+def models():
+    return _models()
+
+
+@pytest.fixture(scope="module")
+def pair(started):
+    p = started.toy.wait_ready()
+    started.spares()
     yield p
     p.close()
     assert not any(q.is_alive() for q in p.procs)
-    real = set(smollm2_pair.procs) if smollm2_pair is not None else set()    # 真实模型那一对：它的测试自己关、自己查
-    assert not set(mp.active_children()) - real, "没有留下子进程"
+    others = set()              # 别的测试的进程（真实模型那一对、被杀 worker 的那几对）：它们的测试自己关、自己查
+    for q in [started.smollm2] + [v[0] for v in started.victims]:
+        others |= set(q.procs) if q is not None else set()
+    assert not set(mp.active_children()) - others, "没有留下子进程"
 
 
 def run(pair, protocol, gamma, T, seed, **kw):
@@ -80,54 +149,81 @@ def run(pair, protocol, gamma, T, seed, **kw):
                          protocol=protocol, **kw)
 
 
+def run_beside(pair, jobs, reference):
+    """jobs（每个 (protocol, γ, T, seed, kw)）在一个线程里依次穿过这一对 worker，同时本进程按同样的顺序算 reference(job)
+    -> [(job, (tokens, stats), 参照), …]。两边各用自己的核；参照和 worker 不共享状态（参照有自己的模型和发生器）。"""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(5e-4)     # 线程每个请求只收发三条控制消息：别让它等本进程的参照放 GIL 等满默认的 5 ms
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(lambda: [run(pair, pr, g, T, s, **dict(kw)) for pr, g, T, s, kw in jobs])
+            refs = [reference(job) for job in jobs]
+            return list(zip(jobs, fut.result(), refs))
+    finally:
+        sys.setswitchinterval(switch)
+
+
+@functools.lru_cache(maxsize=None)
+def ref_speculative(gamma, T, seed):
+    """speculative_generate 的参照：full_q、lazy_q 两个协议对同一个 (γ, T, seed) 用同一份（只算一次）。"""
+    target, draft = _models()
+    return speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, np.random.default_rng(seed))
+
+
+@functools.lru_cache(maxsize=None)
+def ref_overlap(gamma, T, seed, point_mass):
+    """overlap_speculative_generate 的参照：lazy_q、full_q（point_mass=False）共用一份。"""
+    from overlap_spec_lab import overlap_speculative_generate
+    target, draft = _models()
+    return overlap_speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, seed, point_mass=point_mass)
+
+
 # ---------------------------------------------------------------------------
 # 神谕：不重叠
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", ["full_q", "lazy_q"])
 @pytest.mark.parametrize("T", [0.0, 1.0])
-def test_full_q_and_lazy_q_equal_speculative_generate_token_for_token(pair, models, protocol, T):
+def test_full_q_and_lazy_q_equal_speculative_generate_token_for_token(pair, protocol, T):
     """一个发生器，状态跟着消息走：丢了状态（目标用自己的 default_rng(seed)、或者草稿不接回来）T = 1 时就不等。"""
-    target, draft = models
     rejected = all_accepted = 0
-    for gamma in (1, 3):
-        for seed in range(4):
-            ref, rs = speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, np.random.default_rng(seed))
-            out, st = run(pair, protocol, gamma, T, seed)
-            assert out == [int(t) for t in ref], (gamma, seed)
-            assert st["accepted"] == rs["accepted"] and st["rounds"] == rs["target_calls"]
-            assert st["messages_to_target"] == st["messages_to_draft"] == st["rounds"]
-            rejected += sum(n < gamma for n in st["accepted"])
-            all_accepted += sum(n == gamma for n in st["accepted"])
+    jobs = [(protocol, gamma, T, seed, ()) for gamma in (1, 3) for seed in range(4)]
+    for (_, gamma, _, seed, _), (out, st), (ref, rs) in run_beside(pair, jobs, lambda j: ref_speculative(*j[1:4])):
+        assert out == [int(t) for t in ref], (gamma, seed)
+        assert st["accepted"] == rs["accepted"] and st["rounds"] == rs["target_calls"]
+        assert st["messages_to_target"] == st["messages_to_draft"] == st["rounds"]
+        rejected += sum(n < gamma for n in st["accepted"])
+        all_accepted += sum(n == gamma for n in st["accepted"])
     assert rejected and all_accepted, "两种轮都要走到（拒绝时 lazy_q 的 p_n 回到草稿那边）"
 
 
 @pytest.mark.parametrize("T", [0.0, 1.0])
 def test_point_mass_equals_dynamic_tree_with_one_candidate_per_level(pair, models, T):
     target, draft = models
-    for gamma in (1, 3):
-        for seed in range(3):
-            ref, rs = dynamic_tree_generate(target, draft, PROMPT, N_NEW, gamma, T, np.random.default_rng(seed),
-                                            top_k=1, depth=gamma)
-            out, st = run(pair, "point_mass", gamma, T, seed)
-            assert out == [int(t) for t in ref], (gamma, seed)
-            assert st["accepted"] == rs["accepted"]
-            assert rs["nodes"] == [gamma] * rs["target_calls"], "参照每轮验证的是一条 γ 个节点的链"
+    jobs = [("point_mass", gamma, T, seed, ()) for gamma in (1, 3) for seed in range(3)]
+
+    def reference(job):
+        _, gamma, T, seed, _ = job
+        return dynamic_tree_generate(target, draft, PROMPT, N_NEW, gamma, T, np.random.default_rng(seed),
+                                     top_k=1, depth=gamma)
+    for (_, gamma, _, seed, _), (out, st), (ref, rs) in run_beside(pair, jobs, reference):
+        assert out == [int(t) for t in ref], (gamma, seed)
+        assert st["accepted"] == rs["accepted"]
+        assert rs["nodes"] == [gamma] * rs["target_calls"], "参照每轮验证的是一条 γ 个节点的链"
 
 
 def test_stop_token_ends_the_request_like_speculative_generate(pair, models):
     target, draft = models
-    ref, _ = speculative_generate(target, draft, PROMPT, N_NEW, 2, 1.0, np.random.default_rng(1))
-    stop = int(ref[5])
+    stop = int(ref_speculative(2, 1.0, 1)[0][5])
     want, _ = speculative_generate(target, draft, PROMPT, N_NEW, 2, 1.0, np.random.default_rng(1), stop=stop)
     for protocol in ("lazy_q", "full_q"):
         out, _ = run(pair, protocol, 2, 1.0, 1, stop=stop)
         assert out == [int(t) for t in want] and out[-1] == stop and len(out) < N_NEW
 
 
-def test_split_speculative_generate_starts_a_pair_runs_one_request_and_closes_it(models):
+def test_split_speculative_generate_starts_a_pair_runs_one_request_and_closes_it():
     """一次性的外观：起一对、跑一个请求、关掉；token 和接受数等于 speculative_generate，之后不留进程。"""
     before = set(mp.active_children())
-    ref, rs = speculative_generate(*models, PROMPT, N_NEW, 2, 1.0, np.random.default_rng(5))
+    ref, rs = ref_speculative(2, 1.0, 5)
     out, st = split_speculative_generate(DRAFT, TARGET, PROMPT, N_NEW, num_speculative_tokens=2, T=1.0, seed=5)
     assert out == [int(t) for t in ref] and st["accepted"] == rs["accepted"] and st["protocol"] == "lazy_q"
     assert set(mp.active_children()) == before
@@ -140,11 +236,11 @@ def test_wall_times_only_when_timed(pair):
     assert st["wall_s"] >= st["wait_s"] > 0 and st["draft_s"] > 0 and st["verify_s"] > 0
 
 
-def test_a_model_side_error_names_the_worker_and_the_pair_keeps_serving(pair, models):
+def test_a_model_side_error_names_the_worker_and_the_pair_keeps_serving(pair):
     with pytest.raises(ValueError, match="worker"):
         pair.generate(list(range(250)), 20, num_speculative_tokens=3, T=1.0, seed=0)     # 超过 max_seq = 256
     out, _ = run(pair, "full_q", 2, 0.0, 0)
-    assert out == [int(t) for t in speculative_generate(*models, PROMPT, N_NEW, 2, 0.0, np.random.default_rng(0))[0]]
+    assert out == [int(t) for t in ref_speculative(2, 0.0, 0)[0]]
 
 
 @pytest.mark.parametrize("kw, what", [
@@ -167,20 +263,16 @@ def test_bad_arguments_are_refused_before_any_process_starts(kw, what):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", ["point_mass", "lazy_q", "full_q"])
 @pytest.mark.parametrize("T", [0.0, 1.0])
-def test_overlap_equals_overlap_speculative_generate_token_for_token(pair, models, protocol, T):
+def test_overlap_equals_overlap_speculative_generate_token_for_token(pair, protocol, T):
     """目标验证时草稿预先草稿 γ 个；拒绝之后还拿预先草稿的当下一轮（过时的草稿）、全部接受时还抽额外的 token、
     lazy_q 的修正 token 抽完不把目标那条流的状态送回去：T = 1 时都不等。"""
-    from overlap_spec_lab import overlap_speculative_generate
-    target, draft = models
     kinds = set()
-    for gamma in (1, 3):
-        for seed in range(4):
-            ref, rs = overlap_speculative_generate(target, draft, PROMPT, N_NEW, gamma, T, seed,
-                                                   point_mass=protocol == "point_mass")
-            out, st = run(pair, protocol, gamma, T, seed, overlap=True)
-            assert out == [int(t) for t in ref], (gamma, seed)
-            assert st["accepted"] == rs["accepted"]
-            kinds |= {n == gamma for n in st["accepted"]}
+    jobs = [(protocol, gamma, T, seed, (("overlap", True),)) for gamma in (1, 3) for seed in range(4)]
+    reference = lambda j: ref_overlap(*j[1:4], point_mass=protocol == "point_mass")   # noqa: E731
+    for (_, gamma, _, seed, _), (out, st), (ref, rs) in run_beside(pair, jobs, reference):
+        assert out == [int(t) for t in ref], (gamma, seed)
+        assert st["accepted"] == rs["accepted"]
+        kinds |= {n == gamma for n in st["accepted"]}
     assert kinds == {True, False}, "全部接受（预先草稿的接上）和拒绝（预先草稿的扔掉）两种轮都要走到"
 
 
@@ -238,11 +330,14 @@ def test_link_delivers_no_earlier_than_delay_plus_bytes_over_rate():
 
 
 def test_round_trip_with_added_delay_is_at_least_two_delays():
+    """两次量（各起一个回声的孩子）同时跑，两个孩子同时 import：断言都是不看机器快慢的（顺序、≥ 2 倍延迟的下界）。"""
     before = set(mp.active_children())
-    rt = measure_round_trip(200, warmup=20)
+    with ThreadPoolExecutor(2) as ex:
+        fast, slow = ex.submit(measure_round_trip, 200, warmup=20), ex.submit(measure_round_trip, 30, delay_s=1e-3,
+                                                                               warmup=2)
+        rt, rt_delay = fast.result(), slow.result()
     assert 0 < rt["min_s"] <= rt["p50_s"] <= rt["p90_s"]
-    rt = measure_round_trip(30, delay_s=1e-3, warmup=2)
-    assert rt["min_s"] >= 2e-3
+    assert rt_delay["min_s"] >= 2e-3
     assert set(mp.active_children()) == before
 
 
@@ -269,13 +364,14 @@ def test_one_way_and_round_clock_by_hand():
 # 故障
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, monkeypatch):
-    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.delenv(v, raising=False)
-    p = SplitPair(DRAFT, TARGET)
+def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, started):
+    """这一对早早起了（Started.spares），起的时候父进程的环境里没有 BLAS 的变量。"""
+    p, env_after = started.spares().victims[victim]
     try:
+        foreground(q.pid for q in p.procs)
+        p.wait_ready()
         assert p.draft_info["blas_threads"] == p.target_info["blas_threads"] == "1", "没设的变量：一个 BLAS 线程"
-        assert "OPENBLAS_NUM_THREADS" not in os.environ, "父进程的环境不变"
+        assert "OPENBLAS_NUM_THREADS" not in env_after, "父进程的环境不变"
         threading.Timer(0.1, os.kill, (p.procs[victim].pid, signal.SIGKILL)).start()      # 请求要跑 ≥ 2 秒
         t0 = time.monotonic()
         with pytest.raises(WorkerDied, match=("草稿", "目标")[victim]):
@@ -288,20 +384,18 @@ def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, mon
         p.close()
 
 
-def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind():
-    """父进程在请求进行中被 SIGKILL、SIGTERM、Ctrl-C（SIGINT）：两个 worker 的控制管道关了，它们自己退出。"""
-    code = ("import sys; sys.path[:0] = sys.argv[1:]\n"
-            "from split_worker_lab import SplitPair\n"
-            f"with SplitPair({DRAFT!r}, {TARGET!r}) as p:\n"
-            "    print(*(q.pid for q in p.procs), flush=True)\n"
-            f"    p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
-    dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-    sigs = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-    ps = [subprocess.Popen([sys.executable, "-c", code] + dirs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True) for _ in sigs]
+def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind(started):
+    """父进程在请求进行中被 SIGKILL、SIGTERM、Ctrl-C（SIGINT）：两个 worker 的控制管道关了，它们自己退出。
+    三个父进程早早起了（Started.spares，PARENT_CODE）：各自起好一对、报了 pid，在这里才收到"go"开始请求。"""
+    ps, sigs = started.spares().parents, PARENT_SIGS
     pids = [[int(x) for x in p.stdout.readline().split()] for p in ps]
+    foreground([p.pid for p in ps] + [pid for ws in pids for pid in ws])
+    for p in ps:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     time.sleep(0.2)
     for p, sig in zip(ps, sigs):
+        assert p.poll() is None, "父进程还在请求中"
         p.send_signal(sig)
     for p in ps:
         p.wait(10)
@@ -320,38 +414,38 @@ def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind():
                 except ProcessLookupError:
                     pass
     for p in ps:
-        err = p.stderr.read()
-        p.stdout.close()
-        p.stderr.close()
-        assert "resource_tracker" not in err
+        assert "resource_tracker" not in p.stderr.read()
     assert not left, f"父进程结束之后这些 worker 还在：{left}"
 
 
 # ---------------------------------------------------------------------------
 # 真实模型一次
 # ---------------------------------------------------------------------------
-def test_smollm2_float64_split_lazy_q_equals_speculative_generate(smollm2_pair):
+def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     """SmolLM2 float64 的前 3 层当目标、前 1 层当草稿（split_models_lab 的 smollm2-layers:3、smollm2-layers:1：worker
     里只为这几层做融合），T = 1，γ = 2，6 个 token；既有拒绝的轮（p_n 带着 49,152 个 float64 回到草稿那边）也有接受的。
     为什么 3 层的目标就够：两个进程逐 token 等于进程内的参照，靠的是两边按同一个配方造出逐位相同的模型、随机数发生器的状态
     跟着消息走、q 和 p_n 以 float64 原样过去——和层数无关；其余都是真的：49,152 的词表、9 个 Q 头对 3 个 KV 头、共享的
     lm_head、float64。30 层的目标要多融合约 1 GB 的权重、每轮多算 27 层，证明的是同一件事。
-    这一对 worker 在模块开头就起了（fixture smollm2_pair）。内存：两个 worker 各到约 1.6 GB（VmHWM；整个文件反量化的
-    参数留在 split_models_lab 的缓存里），测试进程里的参照约 2.2 GB（会话共用）。"""
+    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 各到约
+    1.6 GB（VmHWM；整个文件反量化的参数留在 split_models_lab 的缓存里），测试进程里的参照约 2.2 GB（会话共用）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
     real_model_path()
+    p = started.smollm2
+    foreground(q.pid for q in p.procs)          # 只选了这个测试时，玩具的一对没起，它们还在后台
     model, cfg, tok = smollm2_lm("float64")
     prompt = tok.encode("The capital of France is")
-    target, draft = early_exit_draft(model, 3), early_exit_draft(model, 1)
-    ref, rs = speculative_generate(target, draft, prompt, 6, 2, 1.0, np.random.default_rng(3))
-    p = smollm2_pair.wait_ready()
-    assert (p.draft_info["vocab"], p.target_info["vocab"]) == (cfg.vocab, cfg.vocab)
     try:
-        out, st = p.generate(prompt, 6, num_speculative_tokens=2, T=1.0, seed=3, protocol="lazy_q")
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(p.generate, prompt, 6, num_speculative_tokens=2, T=1.0, seed=3, protocol="lazy_q")
+            target, draft = early_exit_draft(model, 3), early_exit_draft(model, 1)
+            ref, rs = speculative_generate(target, draft, prompt, 6, 2, 1.0, np.random.default_rng(3))
+            out, st = fut.result()
     finally:
         p.close()
+    assert (p.draft_info["vocab"], p.target_info["vocab"]) == (cfg.vocab, cfg.vocab)
     assert out == [int(t) for t in ref] and st["accepted"] == rs["accepted"]
     assert min(st["accepted"]) < 2 and max(st["accepted"]) > 0, st["accepted"]
     assert not any(q.is_alive() for q in p.procs) and not set(p.procs) & set(mp.active_children())
