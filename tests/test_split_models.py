@@ -3,7 +3,6 @@ split_models_lab：配方字符串 -> 模型。QCFG 的四种和第 6 讲 03 / �
 "前 K 层的参数 + n_layers = K 的配置"重新构造的模型逐位相同；import 不读 SmolLM2；认不出的配方说可以用什么。
 """
 import functools
-import hashlib
 import os
 import subprocess
 import sys
@@ -13,8 +12,8 @@ import pytest
 
 import drafts_lab
 import quant_lab
+import seed04_models
 from decode_lab import TransformerLM
-from drafts_lab import build_seed04_models
 from split_models_lab import (SPLIT_CFG, SPLIT_DRAFT_LAYERS, TINY4, build_split_model, measure_pair_costs,
                               recipe_names)
 from transformer_lab import config_like, init_params
@@ -30,19 +29,6 @@ def _same_params(a, b):
     return np.array_equal(a, b)
 
 
-def _digest(a, h):
-    if isinstance(a, dict):
-        for k in sorted(a):
-            h.update(k.encode())
-            _digest(a[k], h)
-    elif isinstance(a, list):
-        for x in a:
-            _digest(x, h)
-    else:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h
-
-
 @functools.lru_cache(maxsize=None)
 def _init_params(cfg, seed):
     """参照的参数（测试自己 init_params）：几个测试要同一份（SPLIT_CFG 种子 0 的三次），只造一次。"""
@@ -51,18 +37,13 @@ def _init_params(cfg, seed):
 
 def test_qcfg_recipes_are_seed04s_target_and_drafts(monkeypatch):
     """二元语法表两边都是在目标采样的 token 上拟合的（quant_lab.sample_tokens，64 × 128 个，这个文件里最贵的一步）：
-    两边的调用按参数（参数数组的内容、配置、个数、长度、种子）记住，参数完全一样的第二次不再算——配方传的参数
-    不一样（别的种子、别的模型），就是一次新的采样，表也就不一样。"""
-    real, memo = quant_lab.sample_tokens, {}
-
-    def sample_tokens(P, cfg, *args, **kw):
-        key = (_digest(P, hashlib.sha256()).hexdigest(), cfg, args, tuple(sorted(kw.items())))
-        if key not in memo:
-            memo[key] = real(P, cfg, *args, **kw)
-        return memo[key]
-    monkeypatch.setattr(quant_lab, "sample_tokens", sample_tokens)
-    monkeypatch.setattr(drafts_lab, "sample_tokens", sample_tokens)
-    target, drafts = build_seed04_models()
+    种子 04 的模型整个会话只建一次（tests/seed04_models.py），配方这边的 sample_tokens 也经过它按参数记住结果的包装——
+    参数（参数数组的内容、配置、个数、长度、种子）完全一样才拿记住的 token；配方传的参数不一样（别的种子、别的模型），
+    就是一次新的采样，表也就不一样。"""
+    remembering = seed04_models._remembering(quant_lab.sample_tokens)
+    monkeypatch.setattr(quant_lab, "sample_tokens", remembering)
+    monkeypatch.setattr(drafts_lab, "sample_tokens", remembering)
+    target, drafts = seed04_models.seed04_models()
     assert _same_params(build_split_model("qcfg:0").params, target.params)
     assert _same_params(build_split_model("qcfg-int4:0").params, drafts["INT4 量化的自己"].params)
     assert np.array_equal(build_split_model("qcfg-bigram:0").table, drafts["二元语法表"].table)
