@@ -38,9 +38,16 @@ def background(pids):
             pass
 
 
-def background_self():
-    """当 Popen 的 preexec_fn 用：那个进程和它以后 spawn 的孩子都在后台。"""
-    os.nice(BACKGROUND_NICE)
+def popen_background(argv, **kw):
+    """
+    subprocess.Popen(argv, **kw)，起来就调到后台（background）-> Popen。它以后 spawn 的孩子继承这个 nice（它要先 import
+    完才 spawn，那时 nice 早已调好）。不用 preexec_fn：有 preexec_fn 时 Popen 只能 fork 整个测试进程（装着几 GB 的模型，
+    一次要零点几秒），没有时它用 vfork / posix_spawn，和进程多大无关。
+    """
+    import subprocess
+    p = subprocess.Popen(argv, **kw)
+    background([p.pid])
+    return p
 
 
 def foreground(pids):

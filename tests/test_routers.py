@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import background, background_self, exited, foreground
+from proc_util import background, exited, foreground, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, start_workers, wait_all
@@ -111,9 +111,8 @@ class Started:
             if PARENT_TEST in self.names:
                 dirs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", d)
                         for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-                self.parents = [subprocess.Popen([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
-                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                 preexec_fn=background_self) for _ in PARENT_SIGS]
+                self.parents = [popen_background([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
         return self
 
     def take(self, name):

@@ -23,7 +23,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
-from proc_util import background, background_self, exited, foreground
+from proc_util import background, exited, foreground, popen_background
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -97,9 +97,8 @@ class Started:
                 os.environ.update(saved)
         if PARENT_TEST in self.names:
             dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-            self.parents = [subprocess.Popen([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             preexec_fn=background_self) for _ in PARENT_SIGS]
+            self.parents = [popen_background([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
         return self
 
     def close(self):
