@@ -118,7 +118,7 @@ def _mem_available():
     return None
 
 
-def load_gguf(path=None, dtype=np.float64, max_seq=None):
+def load_gguf(path=None, dtype=np.float64, max_seq=None, n_layers=None):
     """
     读一个 GGUF，装成课程的 numpy transformer 用的参数 -> (params, cfg, tokenizer)。
 
@@ -126,12 +126,18 @@ def load_gguf(path=None, dtype=np.float64, max_seq=None):
     cfg 是 LMConfig（tied、dtype 见模块说明）；tokenizer 是 bpe_lab.BPETokenizer。
     NumpyTransformer(params, cfg) 或 decode_lab.TransformerLM(params, cfg) 跑它。
     【参数】path=None：hub_lab.gguf_path()（CS349E_GGUF，否则缓存里的 SmolLM2，否则第一次用时下载）；
-    dtype：np.float64 或 np.float32；max_seq：KV cache 的长度上限（默认 2048）。
+    dtype：np.float64 或 np.float32；max_seq：KV cache 的长度上限（默认 2048）；
+    n_layers：只装前 n_layers 层（cfg.n_layers 也是它；词嵌入、最后的 RMSNorm 和 lm_head 照装）。默认 None：全部。
+    装出来的前 n_layers 层和全部装出来再取前 n_layers 层逐位相同；给只要几层的 worker 进程用（少读、少反量化）。
     【边界】文件不合要求：ValueError（见模块说明）；下载不了：hub_lab.ModelUnavailableError，消息说怎么办。
     """
     path = gguf_path() if path is None else os.fspath(path)
     g = read_gguf(path)
     cfg = gguf_config(g, dtype, max_seq)
+    if n_layers is not None:
+        if not (isinstance(n_layers, (int, np.integer)) and not isinstance(n_layers, bool) and 1 <= n_layers <= cfg.n_layers):
+            raise ValueError(f"n_layers 必须是 1..{cfg.n_layers}（文件的层数）之间的整数（收到 {n_layers!r}）")
+        cfg = config_like(cfg, n_layers=int(n_layers))
     tok = BPETokenizer.from_gguf_metadata(g.metadata)
     if len(tok) != cfg.vocab:
         raise ValueError(f"分词器有 {len(tok)} 个 token，模型的词表是 {cfg.vocab}")

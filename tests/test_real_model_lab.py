@@ -249,3 +249,19 @@ def test_as_dtype_is_the_other_load_bit_for_bit(tmp_path, tied):
     assert as_dtype(loads["float32"], np.float32) is loads["float32"]
     with pytest.raises(ValueError, match="dtype"):
         as_dtype(loads["float32"], np.float16)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_n_layers_loads_the_first_layers_bit_for_bit(tmp_path, tied):
+    """load_gguf(n_layers=k)：前 k 层、词嵌入、最后的 RMSNorm 和 lm_head 和全部装出来的逐位相同，cfg.n_layers == k。"""
+    path = _write(tmp_path, _params(tied), tied=tied)
+    P, cfg, _ = load_gguf(path)
+    Pk, cfgk, _ = load_gguf(path, n_layers=1)
+    assert cfgk.n_layers == 1 and len(Pk["layers"]) == 1 and cfgk == LMConfig(**{**cfg.__dict__, "n_layers": 1})
+    for k in P["layers"][0]:
+        assert np.array_equal(Pk["layers"][0][k], P["layers"][0][k]), k
+    for k in ("embed", "final_norm", "lm_head"):
+        assert np.array_equal(Pk[k], P[k]), k
+    for bad in (0, 3, True, 1.5, "1"):
+        with pytest.raises(ValueError, match="n_layers"):
+            load_gguf(path, n_layers=bad)
