@@ -125,6 +125,9 @@ class _Sampler:
     def draw_target(self, dist):
         return int(sample_inverse_cdf(dist, self.rng_t.random()))
 
+    def draw_residual(self, p, q):
+        return self.draw_target(residual_distribution(p, q))
+
     def accept(self, p_x, q_x):
         return self.rng_t.random() * q_x < p_x
 
@@ -155,9 +158,18 @@ class _Replay:
 
     draw_draft = draw_target = _draw
 
+    def draw_residual(self, p, q):
+        key = (p.tobytes(), q.tobytes())          # 残差只取决于 (p, q)：每对只算一次
+        if key not in self.memo:
+            self.memo[key] = residual_distribution(p, q)
+        return self._draw(self.memo[key])
+
     def accept(self, p_x, q_x):
-        a = min(1.0, p_x / q_x)
-        return self._choose([(v, pr) for v, pr in ((True, a), (False, 1.0 - a)) if pr > 0])
+        key = (p_x, q_x)                          # 接受 / 拒绝两个分支的概率只取决于这两个数：每对只算一次
+        if key not in self.memo:
+            a = min(1.0, p_x / q_x)
+            self.memo[key] = [(v, pr) for v, pr in ((True, a), (False, 1.0 - a)) if pr > 0]
+        return self._choose(self.memo[key])
 
 
 # ---------------------------------------------------------------------------
@@ -165,9 +177,9 @@ class _Replay:
 # ---------------------------------------------------------------------------
 def _draft_chain(d_rows, ctx, gamma, T, point_mass, prims):
     """草稿一条链 -> (γ 个 token, γ 个验证用的 q)。"""
-    toks, qs = [], []
+    toks, qs, cur = [], [], list(ctx)
     for _ in range(gamma):
-        q = d_rows.rows(list(ctx) + toks, 1)[-1]
+        q = d_rows.rows(cur, 1)[-1]
         if point_mass:
             t = int(np.argmax(q))
             q = np.zeros_like(q)
@@ -175,6 +187,7 @@ def _draft_chain(d_rows, ctx, gamma, T, point_mass, prims):
         else:
             t = prims.draw_draft(q)
         toks.append(t)
+        cur.append(t)
         qs.append(q)
     return toks, qs
 
@@ -192,7 +205,7 @@ def _round(state, t_rows, d_rows, gamma, T, point_mass, prims, mutation):
     while n < gamma and prims.accept(ps[n][x[n]], qx[n][x[n]]):
         n += 1
     if n < gamma:                                                                  # 3. 拒绝
-        tok = prims.draw_target(residual_distribution(ps[n], qx[n]))
+        tok = prims.draw_residual(ps[n], qx[n])
         new_seq = seq + x[:n] + [tok]
         if mutation == "stale":
             return (new_seq, ctx + x, y, qy, True), n, pre

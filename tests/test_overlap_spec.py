@@ -64,7 +64,7 @@ def test_enumeration_equals_target_autoregressive_joint(tiny, T, point_mass):
 
 
 def test_enumeration_equals_target_joint_with_gamma_2(tiny):
-    """γ = 2：每轮的预先草稿有 16 种，n_new = 2（枚举要 ~1 s）。"""
+    """γ = 2：每轮的预先草稿有 16 种，n_new = 2（枚举里最大的一个）。"""
     target, draft = tiny
     for pm in (False, True):
         got = overlap_output_distribution(target, draft, PROMPT, 2, 2, 1.0, point_mass=pm)
