@@ -21,7 +21,7 @@ __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptan
            "dynamic_tree_generate", "dynamic_tree_expected", "EAGLE2_TOP_K", "EAGLE2_DEPTH"]
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=128)
 def _tree_mask_of(parents, n_past):
     """tree_mask(parents, n_past)，parents 是元组：同一棵树、同样多的已缓存位置每轮都一样，只算一次（数组只读）。"""
     mask, pos = tree_mask(list(parents), n_past)
