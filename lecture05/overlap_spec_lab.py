@@ -25,9 +25,9 @@ overlap_spec_lab —— 草稿和目标同时干活的投机解码（PEARL 的 p
   所以这里用两条随机数流，精确性靠枚举证明：overlap_output_distribution 算出输出的精确分布，测试断言它等于目标
   自己的自回归分布。
 
-【只写一遍：两种"原语"】一轮的算法（_round）只通过三个原语用随机性：draw_draft(dist)、draw_target(dist) -> token，
-accept(p_x, q_x) -> bool。_Sampler 用两条随机数流实现它们（生成器）；_Replay 按给定的选择重放、记下每个分支和
-它的概率（精确枚举）。两者跑的是同一段代码。
+【只写一遍：两种"原语"】一轮的算法（_round）只通过四个原语用随机性：draw_draft(dist)、draw_target(dist)、
+draw_residual(p, q)（从残差 norm(max(0, p − q)) 抽）-> token，accept(p_x, q_x) -> bool。_Sampler 用两条随机数流
+实现它们（生成器）；_Replay 按给定的选择重放、记下每个分支和它的概率（精确枚举）。两者跑的是同一段代码。
 
 【为什么这样是精确的】Leviathan 附录 A.1 的证明只要求：被验证的草稿 token 是从一个已知的 q 抽出来的，且和验证用的
 随机数独立。y 是在 seq + x 之后抽的；全部接受时 seq + x 正好是新的已确定序列，y 的 q 就是那些位置上草稿的分布。
