@@ -25,9 +25,9 @@ overlap_spec_lab —— 草稿和目标同时干活的投机解码（PEARL 的 p
   所以这里用两条随机数流，精确性靠枚举证明：overlap_output_distribution 算出输出的精确分布，测试断言它等于目标
   自己的自回归分布。
 
-【只写一遍：两种"原语"】一轮的算法（_round）只通过三个原语用随机性：draw_draft(dist)、draw_target(dist) -> token，
-accept(p_x, q_x) -> bool。_Sampler 用两条随机数流实现它们（生成器）；_Replay 按给定的选择重放、记下每个分支和
-它的概率（精确枚举）。两者跑的是同一段代码。
+【只写一遍：两种"原语"】一轮的算法（_round）只通过四个原语用随机性：draw_draft(dist)、draw_target(dist)、
+draw_residual(p, q)（从残差 norm(max(0, p − q)) 抽）-> token，accept(p_x, q_x) -> bool。_Sampler 用两条随机数流
+实现它们（生成器）；_Replay 按给定的选择重放、记下每个分支和它的概率（精确枚举）。两者跑的是同一段代码。
 
 【为什么这样是精确的】Leviathan 附录 A.1 的证明只要求：被验证的草稿 token 是从一个已知的 q 抽出来的，且和验证用的
 随机数独立。y 是在 seq + x 之后抽的；全部接受时 seq + x 正好是新的已确定序列，y 的 q 就是那些位置上草稿的分布。
@@ -125,15 +125,21 @@ class _Sampler:
     def draw_target(self, dist):
         return int(sample_inverse_cdf(dist, self.rng_t.random()))
 
+    def draw_residual(self, p, q):
+        return self.draw_target(residual_distribution(p, q))
+
     def accept(self, p_x, q_x):
         return self.rng_t.random() * q_x < p_x
 
 
 class _Replay:
-    """按 prefix 里的选择重放；prefix 之后每个选择点取第 0 个分支，并记下所有分支（选项, 概率）。"""
+    """按 prefix 里的选择重放；prefix 之后每个选择点取第 0 个分支，并记下所有分支（选项, 概率）。
+    last_round=True：这一轮之后输出已经够了，草稿的抽样（预先草稿 y、拒绝后的新草稿）进不了输出：它们只取第 0 个
+    选项、概率记 1，不分支（见 overlap_output_distribution 的【做法】）。"""
 
-    def __init__(self, prefix, memo):
+    def __init__(self, prefix, memo, last_round=False):
         self.prefix, self.i, self.prob, self.points, self.memo = prefix, 0, 1.0, [], memo
+        self.last_round = last_round
 
     def _choose(self, options):  # options: [(值, 概率)]，概率 > 0
         if self.i < len(self.prefix):
@@ -146,18 +152,38 @@ class _Replay:
         self.prob *= pr
         return value
 
+    def _draw_options(self, dist, key):
+        s = dist.sum()
+        self.memo[key] = [(int(t), float(dist[t] / s)) for t in np.flatnonzero(dist > 0)]
+
     def _draw(self, dist):
         key = dist.tobytes()                      # 同一个分布的分支只算一次（memo 在一次枚举里共用）
         if key not in self.memo:
-            s = dist.sum()
-            self.memo[key] = [(int(t), float(dist[t] / s)) for t in np.flatnonzero(dist > 0)]
+            self._draw_options(dist, key)
         return self._choose(self.memo[key])
 
-    draw_draft = draw_target = _draw
+    draw_target = _draw
+
+    def draw_draft(self, dist):
+        if self.last_round:
+            key = dist.tobytes()
+            if key not in self.memo:
+                self._draw_options(dist, key)
+            return self.memo[key][0][0]
+        return self._draw(dist)
+
+    def draw_residual(self, p, q):
+        key = (p.tobytes(), q.tobytes())          # 残差只取决于 (p, q)：每对只算一次
+        if key not in self.memo:
+            self.memo[key] = residual_distribution(p, q)
+        return self._draw(self.memo[key])
 
     def accept(self, p_x, q_x):
-        a = min(1.0, p_x / q_x)
-        return self._choose([(v, pr) for v, pr in ((True, a), (False, 1.0 - a)) if pr > 0])
+        key = (p_x, q_x)                          # 接受 / 拒绝两个分支的概率只取决于这两个数：每对只算一次
+        if key not in self.memo:
+            a = min(1.0, p_x / q_x)
+            self.memo[key] = [(v, pr) for v, pr in ((True, a), (False, 1.0 - a)) if pr > 0]
+        return self._choose(self.memo[key])
 
 
 # ---------------------------------------------------------------------------
@@ -165,9 +191,9 @@ class _Replay:
 # ---------------------------------------------------------------------------
 def _draft_chain(d_rows, ctx, gamma, T, point_mass, prims):
     """草稿一条链 -> (γ 个 token, γ 个验证用的 q)。"""
-    toks, qs = [], []
+    toks, qs, cur = [], [], list(ctx)
     for _ in range(gamma):
-        q = d_rows.rows(list(ctx) + toks, 1)[-1]
+        q = d_rows.rows(cur, 1)[-1]
         if point_mass:
             t = int(np.argmax(q))
             q = np.zeros_like(q)
@@ -175,6 +201,7 @@ def _draft_chain(d_rows, ctx, gamma, T, point_mass, prims):
         else:
             t = prims.draw_draft(q)
         toks.append(t)
+        cur.append(t)
         qs.append(q)
     return toks, qs
 
@@ -192,7 +219,7 @@ def _round(state, t_rows, d_rows, gamma, T, point_mass, prims, mutation):
     while n < gamma and prims.accept(ps[n][x[n]], qx[n][x[n]]):
         n += 1
     if n < gamma:                                                                  # 3. 拒绝
-        tok = prims.draw_target(residual_distribution(ps[n], qx[n]))
+        tok = prims.draw_residual(ps[n], qx[n])
         new_seq = seq + x[:n] + [tok]
         if mutation == "stale":
             return (new_seq, ctx + x, y, qy, True), n, pre
@@ -258,6 +285,9 @@ def overlap_output_distribution(target, draft, prompt, n_new, gamma, T, *, point
     同一段代码）的所有分支重放一遍（_Replay：深度优先，每个选择点的每个分支），相同的状态合并概率；
     到了 n_new 个（或停止 token）的状态按输出（_finish）累加。第一条草稿链也一样分支。
     概率 0 的分支不走（sample_inverse_cdf 抽不到概率 0 的 token；接受概率 1 时没有拒绝分支）。
+    最后一轮（已确定的 token 再加 1 个就够 n_new：每轮至少出 1 个）里草稿的抽样——预先草稿 y、拒绝后的新草稿——只影响
+    下一轮，进不了输出：它们只走第 0 个选项、概率记 1（各自的选项概率和本来就是 1，输出的分布不变，只少了成倍的分支；
+    如果哪个错误让它们进了输出，固定成一个 token 会让分布明显不对，照样看得出）。
     【边界】词表 > 4 或 n_new > 3（分支太多）、其他参数同生成器：ValueError。
     """
     _check(gamma, T, mutation)
@@ -272,11 +302,11 @@ def overlap_output_distribution(target, draft, prompt, n_new, gamma, T, *, point
     n0 = len(seq)
     t_rows, d_rows = _MemoRows(target, T), _MemoRows(draft, T)
 
-    def branches(step):  # step(prims) -> 结果；-> [(结果, 概率)]
+    def branches(step, last_round=False):  # step(prims) -> 结果；-> [(结果, 概率)]
         out, stack, memo = [], [[]], {}
         while stack:
             prefix = stack.pop()
-            r = _Replay(prefix, memo)
+            r = _Replay(prefix, memo, last_round)
             res = step(r)
             out.append((res, r.prob))
             for j in range(len(prefix), len(prefix) + len(r.points)):
@@ -301,7 +331,9 @@ def overlap_output_distribution(target, draft, prompt, n_new, gamma, T, *, point
                 out = tuple(int(t) for t in _finish(st[0], n0, n_new, stop))
                 result[out] = result.get(out, 0.0) + pr
                 continue
-            for (nst, _, _), pb in branches(lambda p: _round(st, t_rows, d_rows, gamma, T, point_mass, p, mutation)):
+            last = len(st[0]) - n0 + 1 >= n_new           # 每轮至少出 1 个 token：这一轮之后输出就够了
+            for (nst, _, _), pb in branches(lambda p: _round(st, t_rows, d_rows, gamma, T, point_mass, p, mutation),
+                                            last):
                 live.setdefault(key(nst), [nst, 0.0])[1] += pr * pb
     return result
 

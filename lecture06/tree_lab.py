@@ -7,6 +7,8 @@ SpecInfer（Miao et al. 2024，arXiv 2305.09781）的多步投机采样：一个
 不同的候选（无放回地抽、草稿的前 k 名）的验证规则在 distinct_lab，这里导入 distinct_draft_step_probs、
 distinct_draft_verify 两个名字；dynamic_tree_generate 按 EAGLE-2 的规则长一棵动态的树（见它的说明）。
 """
+import functools
+
 import numpy as np
 
 from decode_lab import _check_generation, _finish, _stop_set, _stopped, acceptance_beta, adjust, residual_distribution  # noqa: E402
@@ -17,6 +19,19 @@ from transformer_lab import NumpyTransformer, sample_inverse_cdf, tree_mask  # n
 __all__ = ["multi_draft_verify", "multi_draft_step_probs", "multi_draft_acceptance", "tree_expected_tokens",
            "tree_parents", "tree_speculative_generate", "distinct_draft_step_probs", "distinct_draft_verify",
            "dynamic_tree_generate", "dynamic_tree_expected", "EAGLE2_TOP_K", "EAGLE2_DEPTH"]
+
+
+@functools.lru_cache(maxsize=128)
+def _tree_mask_of(parents, n_past):
+    """tree_mask(parents, n_past)，parents 是元组：同一棵树、同样多的已缓存位置每轮都一样，只算一次（数组只读）。"""
+    mask, pos = tree_mask(list(parents), n_past)
+    mask.flags.writeable = pos.flags.writeable = False
+    return mask, pos
+
+
+def _tree_mask(parents, n_past):
+    return _tree_mask_of(tuple(int(a) for a in parents), int(n_past))
+
 
 # EAGLE 仓库（SafeAILab/EAGLE，commit cb7e084）的 EaModel.from_pretrained 默认 total_token = 60、depth = 7、top_k = 10；
 # cnets.py 的 Model 默认 total_tokens = 63、depth = 5、top_k = 8。这里的默认取 top_k = 10、depth = 6（两者之间），
@@ -172,7 +187,7 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
         # 1. 草稿按层长树：qs[a + 1] = 节点 a 的孩子们的草稿分布
         qs = [adjust(d_sess.logits(seq)[-1], T)] + [None] * N
         toks = []
-        mask, pos = tree_mask(parents, L)
+        mask, pos = _tree_mask(parents, L)
         for d in range(D):
             for i in range(starts[d], starts[d + 1]):
                 toks.append(int(sample_inverse_cdf(qs[parents[i] + 1], rng.random())))
@@ -183,7 +198,7 @@ def tree_speculative_generate(target, draft, prompt, n_new, branching, T, rng, c
         # 2. 目标模型一次前向：还没喂的已确定 token（一条链）+ 整棵树
         pend = seq[t_sess.fed:]
         par = list(range(-1, len(pend) - 1)) + [len(pend) - 1 if a < 0 else len(pend) + a for a in parents]
-        t_mask, t_pos = tree_mask(par, t_sess.fed)
+        t_mask, t_pos = _tree_mask(par, t_sess.fed)
         ps = adjust(t_sess.tree_logits(pend + toks, t_mask, t_pos, counter_t)[len(pend) - 1:], T)
         calls += 1
         # 3. 从根往下验证
@@ -240,7 +255,7 @@ def _grow_tree(d_sess, seq, top_k, depth):
         for n in frontier:
             feed[n] = len(feed_par)
             feed_par.append(-1 if par[n] < 0 else feed[par[n]])
-        mask, pos = tree_mask(feed_par, L)
+        mask, pos = _tree_mask(feed_par, L)
         rows = _log_softmax(d_sess.tree_logits([toks[n] for n in frontier], mask[lo:], pos[lo:]))
         new = []
         for n, lq in zip(frontier, rows):
@@ -298,7 +313,7 @@ def dynamic_tree_generate(target, draft, prompt, n_new, budget, T, rng, stop=Non
         # 3. 目标一次前向：还没喂的已确定 token（一条链）+ 整棵树
         pend = seq[t_sess.fed:]
         full = list(range(-1, len(pend) - 1)) + [len(pend) - 1 if a < 0 else len(pend) + a for a in tree_par]
-        t_mask, t_pos = tree_mask(full, t_sess.fed)
+        t_mask, t_pos = _tree_mask(full, t_sess.fed)
         ps = adjust(t_sess.tree_logits(pend + tree_tok, t_mask, t_pos)[len(pend) - 1:], T)
         stats["target_calls"] += 1
         stats["nodes"].append(len(chosen))
@@ -358,7 +373,7 @@ def dynamic_tree_expected(target, draft, prompt, text, n_pos, budgets, temps, *,
         tree_par = [-1 if par[j] < 0 else idx[par[j]] for j in chosen]
         pend = seq[t_sess.fed:]
         full = list(range(-1, len(pend) - 1)) + [len(pend) - 1 if a < 0 else len(pend) + a for a in tree_par]
-        t_mask, t_pos = tree_mask(full, t_sess.fed)
+        t_mask, t_pos = _tree_mask(full, t_sess.fed)
         rows = t_sess.tree_logits(pend + [toks[j] for j in chosen], t_mask, t_pos)[len(pend) - 1:]
         for m, T in enumerate(temps):
             ps = adjust(rows, T)                                           # 第 0 行 = 根，第 i + 1 行 = 节点 i

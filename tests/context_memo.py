@@ -59,12 +59,13 @@ class ContextMemoLM(TransformerLM):
             raise ValueError(f"序列长度 {p0 + n} 超过 KV cache 的长度 {cache.max_len}")
         new = [int(t) for t in toks[0]]
         ctx_all = cache.shadow[:p0] + new
+        rows = None if attn_mask is None else np.asarray(attn_mask).tolist()
         out = []
         for i in range(n):
-            if attn_mask is None:
+            if rows is None:
                 ctx = ctx_all[:p0 + i + 1]
             else:
-                ctx = [t for t, v in zip(ctx_all, np.asarray(attn_mask)[i]) if v]
+                ctx = [t for t, v in zip(ctx_all, rows[i]) if v]
             out.append(self._row(ctx))
         cache.shadow[p0:p0 + n] = new
         cache.pos = p0 + n

@@ -87,15 +87,27 @@ def _indep(mod, which, scheme):
     independent(_mat(mod, which), scheme)，整个模块每个 (矩阵, 方案) 只算一次：几个测试核对的是同一个量化结果。
     clean 是 big 的前 OUT_COLS 列：这里每种方案的 scale 都只管一列里的数（每列、每列每 g 个、每列每 32 个一块），
     列和列互不相干，所以直接取 big 的量化结果的前 OUT_COLS 列（逐位相同，不再量化一遍）。
+    row 和 clean 只差第 OUTLIER_ROW 行：按组的方案（int4-gN、mxfp4：每列每 g 个输入一个 scale）里不含这一行的组输入
+    相同、结果相同，所以只重新量化含这一行的那一组（g 行，和组的边界对齐），其余取 clean 的结果（逐位相同）。
     """
     if (which, scheme) not in _QUANT:
         if which == "clean":
             q = _indep(mod, "big", scheme)
             assert np.array_equal(independent(_mat(mod, "big")[:, :8], scheme), q[:, :8])    # 列互不相干：抽 8 列核对
             _QUANT[(which, scheme)] = q[:, :mod.OUT_COLS]
+        elif which == "row" and _GROUP.get(scheme):
+            g, wr = _GROUP[scheme], _mat(mod, "row")
+            g0 = mod.OUTLIER_ROW // g * g
+            q = _indep(mod, "clean", scheme).copy()
+            q[g0:g0 + g] = independent(wr[g0:g0 + g], scheme)
+            assert np.array_equal(independent(wr[:, :8], scheme), q[:, :8])                  # 抽 8 列整列核对
+            _QUANT[(which, scheme)] = q
         else:
             _QUANT[(which, scheme)] = independent(_mat(mod, which), scheme)
     return _QUANT[(which, scheme)]
+
+
+_GROUP = {"int4-g128": 128, "int4-g64": 64, "int4-g32": 32, "mxfp4": 32}    # 按组的方案：一组几个输入
 
 
 # ---------------------------------------------------------------------------
