@@ -409,12 +409,12 @@ def test_float32_decisions_hold_on_any_blas(run, staged64):
             for x64, t, r32 in zip(l64, toks, ranks32):
                 r64 = (x64 > x64[np.arange(t.size), t][:, None]).sum(1)
                 np.testing.assert_array_equal(np.minimum(r64, 9), np.minimum(r32, 9))
-            b64 = np.concatenate([np.minimum(_softmax(lp), _softmax(lq)).sum(-1) for lp, lq in zip(l64, tgt64)])
+            b64 = np.concatenate([np.minimum(_softmax(lq), p).sum(-1) for lq, p in zip(l64, p64)])
             a1_32, a1_64 = out["d1"]["alphas"][label][1], float(b64.mean())
             d = max(abs(a1_32 - a1_64), 1e-12)
             assert f"{a1_32 - SAFETY * d:.3f}" == f"{a1_32 + SAFETY * d:.3f}" == f"{a1_32:.3f}", (label, a1_32, d)
         if label == "目标":
-            tgt64 = l64
+            p64 = [_softmax(x) for x in l64]          # 目标的概率：四个草稿共用
         checked.append(label)
     assert len(checked) == 5
 
@@ -429,10 +429,10 @@ def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, st
     al = out["d1"]["alphas"]
     own = {ctx["skip_label"]: staged64["跳层"], f"只用前 {s.EXIT_K} 层": staged64["提前退出"]}
     assert sorted(ctx["layer_logits"]) == sorted(own)
+    pt = [_softmax(lp) for lp in ctx["target_logits"]]          # 目标的概率：两个草稿共用
     for label, rows in ctx["layer_logits"].items():
         a0 = np.mean(np.concatenate([r.argmax(-1) == np.array(new) for r, (_, new) in zip(rows, ctx["texts"])]))
-        b1 = np.concatenate([np.minimum(_softmax(lp), _softmax(lq)).sum(-1)
-                             for lq, lp in zip(rows, ctx["target_logits"])])
+        b1 = np.concatenate([np.minimum(p, _softmax(lq)).sum(-1) for lq, p in zip(rows, pt)])
         a0_64 = np.mean(np.concatenate([r.argmax(-1) == np.array(new) for r, (_, new) in zip(own[label], ctx["texts"])]))
         assert al[label][0] == pytest.approx(a0, abs=1e-12) and al[label][0] == pytest.approx(a0_64, abs=1e-12)
         assert al[label][1] == pytest.approx(float(b1.mean()), abs=1e-9)
