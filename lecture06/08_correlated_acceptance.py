@@ -491,4 +491,6 @@ if __name__ == "__main__":
     D2 = demo2_mechanism()
     D3 = demo3_adaptive(D1["alpha_exact"])
     D4 = demo4_prompt_lookup()
-    save_results((D1, D2, D3, D4))        # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数
+    # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数，和 run_regime 每一次运行的每轮计数
+    save_results((D1, D2, D3, D4, {k: {f: r[f] for f in ("accepted", "drafted", "calls", "alpha")}
+                                   for k, r in _RUNS.items()}))
