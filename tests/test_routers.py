@@ -303,9 +303,12 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     assert len(ws) == 2 and not any(w.proc.is_alive() for w in ws)
 
 
-def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts():
-    """("gguf", 路径, dtype, K)：K 不是 ≥ 1 的整数时 spawn_worker 不起进程就说不行；K 出界（≥ 层数）时 _first_layers 说。
-    K 合规矩时只留前 K 层：层的列表是原来的前 K 个（同一批数组），配置的 n_layers = K。"""
+def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts(tmp_path):
+    """("gguf", 路径, dtype, K)：K 不是 ≥ 1 的整数时 spawn_worker 不起进程就说不行；K 出界（≥ 文件的层数）时 _first_layers
+    说。K 合规矩时只装前 K 层：和整个文件装出来的前 K 层逐位相同，配置的 n_layers = K（一个 2 层的小 GGUF，
+    test_real_model_lab 写它的办法）。"""
+    from real_model_lab import load_gguf
+    from test_real_model_lab import _params, _write
     from worker_lab import _first_layers
     before = len(mp.active_children())
     for bad in (("gguf", "m.gguf", "float64", 0), ("gguf", "m.gguf", "float64", 1.0),
@@ -313,13 +316,17 @@ def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts():
         with pytest.raises(ValueError, match="层数"):
             spawn_worker(bad)
     assert len(mp.active_children()) == before
-    P = init_params(CFG, 1)
+    path = _write(tmp_path, _params(True))
     for k in (0, 2, 1.0):
         with pytest.raises(ValueError, match="1..1"):
-            _first_layers(P, CFG, k)
-    P1, cfg1 = _first_layers(P, CFG, 1)
-    assert cfg1.n_layers == 1 and len(P1["layers"]) == 1 and P1["layers"][0] is P["layers"][0]
-    assert P1["embed"] is P["embed"] and P1["lm_head"] is P["lm_head"] and len(P["layers"]) == 2
+            _first_layers(path, np.float64, k)
+    P, cfg, _ = load_gguf(path, np.float64)
+    P1, cfg1 = _first_layers(path, np.float64, 1)
+    assert cfg.n_layers == 2 and cfg1.n_layers == 1 and len(P1["layers"]) == 1 and cfg1.d_model == cfg.d_model
+    for k, v in P["layers"][0].items():
+        assert np.array_equal(P1["layers"][0][k], v), k
+    for k in ("embed", "final_norm", "lm_head"):
+        assert np.array_equal(P1[k], P[k]), k
 
 
 def test_a_killed_parent_leaves_no_worker_behind(started):
