@@ -82,8 +82,8 @@ class Started:
     这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
     进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：最低的优先级），
     CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型约 5 秒 CPU；共用的 worker 装好之前在后台；
-      模型文件拿不到：[]，那个测试自己跳过或失败）；
+    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU；共用的 worker 装好
+      之前在后台；模型文件拿不到：[]，那个测试自己跳过或失败）；
     - spares()（共用的 worker 装好之后，或第一个要它的测试）：自己起 worker 的测试各自的那几个（SPARES）、父进程被杀的
       测试的三个父进程（PARENT_CODE：各起一个 worker、报 pid、等着）。测试拿走的进程由测试关、查。
     """
@@ -276,8 +276,8 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
     "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
     lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
-    两个 worker 在模块开头就 spawn 了（fixture started；装载时各到约 1.3 GB，VmHWM，之后约 0.6 GB）；一个提示、
-    3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
+    两个 worker 在模块开头就 spawn 了（fixture started；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，之后约
+    0.6 GB）；一个提示、3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm

@@ -58,8 +58,8 @@ class Started:
     时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
     最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
     - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台；没有选中用它的测试：None）；"smollm2"（真实模型
-      那一对，装模型约 5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，那个测试自己跳过
-      或失败）。
+      那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，
+      那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
       没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
       （PARENT_CODE：各起一对、报 pid、等"go"）。
@@ -426,8 +426,8 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     为什么 3 层的目标就够：两个进程逐 token 等于进程内的参照，靠的是两边按同一个配方造出逐位相同的模型、随机数发生器的状态
     跟着消息走、q 和 p_n 以 float64 原样过去——和层数无关；其余都是真的：49,152 的词表、9 个 Q 头对 3 个 KV 头、共享的
     lm_head、float64。30 层的目标要多融合约 1 GB 的权重、每轮多算 27 层，证明的是同一件事。
-    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 各到约
-    1.6 GB（VmHWM；整个文件反量化的参数留在 split_models_lab 的缓存里），测试进程里的参照约 2.2 GB（会话共用）。"""
+    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 只从文件装前 1 / 3 层
+    （load_gguf(n_layers=K)），各到约 0.56 / 0.65 GB（VmHWM），测试进程里的参照约 2.2 GB（会话共用）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
