@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import background, exited, foreground, popen_background
+from proc_util import background, early, early_elsewhere, exited, foreground, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
-from worker_lab import spawn_worker, start_workers, wait_all
+from worker_lab import spawn_worker, wait_all
 
 CFG = LMConfig(max_seq=64)
 MODEL = TransformerLM(init_params(CFG, 1), CFG)
@@ -76,12 +76,17 @@ SPARES = {
         lambda: _pd_spawn(max_num_batched_tokens=4),
 }
 
+# 共用的三个 worker（fixture workers）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+_WORKERS = [spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=8) for _ in range(3)]
+early(__name__, [w.proc for w in _WORKERS])
+
 
 class Started:
     """
     这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
     进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：最低的优先级），
     CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
+    - 收集时：共用的三个 worker（_WORKERS，fixture workers；没有选中用它们的测试：关掉）。
     - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU；共用的 worker 装好
       之前在后台；模型文件拿不到：[]，那个测试自己跳过或失败）；
     - spares()（共用的 worker 装好之后，或第一个要它的测试）：自己起 worker 的测试各自的那几个（SPARES）、父进程被杀的
@@ -89,7 +94,11 @@ class Started:
     """
 
     def __init__(self, request):
-        names = {it.name for it in request.session.items if it.module is request.module}
+        items = [it for it in request.session.items if it.module is request.module]
+        names = {it.name for it in items}
+        if not any("workers" in it.fixturenames for it in items):
+            for w in _WORKERS:
+                w.close()
         self.names, self.smollm2, self.ws, self.parents, self.spawned = names, [], {}, [], False
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
@@ -141,12 +150,14 @@ def started(request):
 
 @pytest.fixture(scope="module")
 def workers(started):
-    ws = start_workers(RECIPE, 3, num_blocks=32, block_size=4, max_num_seqs=8)     # 三个同时起
+    foreground(w.proc.pid for w in _WORKERS)
+    ws = wait_all(_WORKERS)
     started.spares()
     yield ws
     for w in ws:
         w.close()
-    others = {w.proc for w in started.smollm2}   # 真实模型的两个、还没用的备用 worker：它们的测试自己关、自己查
+    others = early_elsewhere(__name__)           # 别的模块收集时起的；真实模型的两个、还没用的备用 worker：它们的测试
+    others |= {w.proc for w in started.smollm2}  # 自己关、自己查
     others |= {w.proc for ws in started.ws.values() for w in ws}
     assert not set(mp.active_children()) - others, "没有留下子进程"
 

@@ -23,7 +23,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
-from proc_util import background, exited, foreground, popen_background
+from proc_util import background, early, early_elsewhere, exited, foreground, popen_background
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -51,13 +51,18 @@ PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "    if sys.stdin.readline():\n"
                f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
+# 玩具模型的一对（fixture pair 共用）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+_TOY = SplitPair(DRAFT, TARGET, wait=False)
+early(__name__, _TOY.procs)
+
 
 class Started:
     """
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
     时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
     最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台；没有选中用它的测试：None）；"smollm2"（真实模型
+    - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用；没有选中用它的测试：关掉，None）。
+    - 模块开头："smollm2"（真实模型
       那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，
       那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
@@ -69,7 +74,9 @@ class Started:
         items = [it for it in request.session.items if it.module is request.module]
         names = {it.name.split("[")[0] for it in items}
         self.names, self.victims, self.parents, self.spawned = names, [], [], False
-        self.toy = SplitPair(DRAFT, TARGET, wait=False) if any("pair" in it.fixturenames for it in items) else None
+        self.toy = _TOY if any("pair" in it.fixturenames for it in items) else None
+        if self.toy is None:
+            _TOY.close()
         self.smollm2 = None
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
@@ -132,13 +139,14 @@ def models():
 
 @pytest.fixture(scope="module")
 def pair(started):
+    foreground(q.pid for q in started.toy.procs)
     p = started.toy.wait_ready()
     started.spares()
     yield p
     p.close()
     assert not any(q.is_alive() for q in p.procs)
-    others = set()              # 别的测试的进程（真实模型那一对、被杀 worker 的那几对）：它们的测试自己关、自己查
-    for q in [started.smollm2] + [v[0] for v in started.victims]:
+    others = early_elsewhere(__name__)   # 别的模块收集时起的；别的测试的（真实模型那一对、被杀 worker 的那几对）
+    for q in [started.smollm2] + [v[0] for v in started.victims]:      # 归它们的模块、测试关、查
         others |= set(q.procs) if q is not None else set()
     assert not set(mp.active_children()) - others, "没有留下子进程"
 
