@@ -65,8 +65,6 @@ def _pd_spawn(**pre_kw):
 
 # 自己起 worker 的测试 -> 它要的 worker（spawn、不等）
 SPARES = {
-    "test_killed_worker_fails_its_requests_with_error_in_bounded_time":
-        lambda: [spawn_worker(RECIPE, num_blocks=32, block_size=4) for _ in range(2)],
     "test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request":
         lambda: [spawn_worker(RECIPE, num_blocks=32, block_size=4),
                  spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=1)],
@@ -200,26 +198,6 @@ def test_pd_router_equals_each_request_alone(workers, via, T):
         info = w.call("info")
         assert info["num_free_blocks"] == info["num_blocks"], "不漏块（两边）"
     assert shm_names() == before
-
-
-def test_killed_worker_fails_its_requests_with_error_in_bounded_time(started):
-    ws = started.take("test_killed_worker_fails_its_requests_with_error_in_bounded_time")   # 两个，早早起了
-    with Router(ws, "round_robin") as r:
-        ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
-        r.step()
-        os.kill(ws[0].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        while r.has_unfinished_requests():
-            r.step(timeout=5)
-            assert time.monotonic() - t0 < 10
-        assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
-        assert "died" in r.error_message[ids[0]]
-        gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务
-        while r.has_unfinished_requests():
-            r.step()
-        assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
-    assert not any(w.proc.is_alive() for w in ws)
-    assert all(p not in mp.active_children() for p in (w.proc for w in ws))
 
 
 def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request(started):
@@ -402,3 +380,25 @@ def test_router_speaks_the_engine_face_serve_uses(workers):
     assert r.cfg == CFG and r.num_blocks == 32 and r.block_size == 4
     r.release(gid)
     assert r.requests.get(gid) is None
+
+
+def test_killed_worker_fails_its_requests_with_error_in_bounded_time(workers):
+    """共用的前两个 worker：这是文件里最后一个用 workers 的测试（它杀掉一个、关掉另一个；第三个归 fixture 关）。
+    它们之前服务过别的测试的请求、前缀缓存里有东西：输出照样逐 token 等于单独生成的。"""
+    ws = workers[:2]
+    with Router(ws, "round_robin") as r:
+        ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
+        r.step()
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
+        assert "died" in r.error_message[ids[0]]
+        gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务
+        while r.has_unfinished_requests():
+            r.step()
+        assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
+    assert not any(w.proc.is_alive() for w in ws)
+    assert all(p not in mp.active_children() for p in (w.proc for w in ws))
