@@ -15,9 +15,9 @@ import pytest
 
 from engine_lab import LLMEngine
 from lockstep_lab import LockstepClock, bus_finish, load_bus, transfer_time
+from proc_util import early, foreground
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
-from proc_util import early, foreground
 from worker_lab import spawn_worker, wait_all
 
 CFG = LMConfig(max_seq=64)
@@ -54,6 +54,7 @@ def spawned(request):
     yield ws
     for w in ws:
         w.close()
+    assert not any(w.proc.is_alive() for w in _WORKERS), "没有留下子进程"
 
 
 @pytest.fixture(scope="module")
