@@ -51,14 +51,8 @@ PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "    if sys.stdin.readline():\n"
                f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
-# 玩具模型的一对（fixture pair 共用）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好。起的时候父进程的
-# 环境里没有 BLAS 的变量（被杀 worker 的测试最后用它，查 worker 里是一个线程、父进程的环境不变）
-_SAVED = {v: os.environ.pop(v) for v in BLAS_ENV if v in os.environ}
-try:
-    _TOY = SplitPair(DRAFT, TARGET, wait=False)
-    _TOY_ENV_AFTER = [v for v in BLAS_ENV if v in os.environ]      # 起完之后父进程的环境里有的
-finally:
-    os.environ.update(_SAVED)
+# 玩具模型的一对（fixture pair 共用）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+_TOY = SplitPair(DRAFT, TARGET, wait=False)
 early(__name__, _TOY.procs)
 
 
@@ -67,11 +61,11 @@ class Started:
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
     时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
     最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用，最后被杀草稿 worker 的测试用掉；没有选中用它的测试：
-      关掉，None）。
-    - 模块开头："smollm2"（真实模型那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前
-      在后台；模型文件拿不到：None，那个测试自己跳过或失败）。
-    - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：杀目标 worker 的测试的一对，起的时候父进程的环境里
+    - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用；没有选中用它的测试：关掉，None）。
+    - 模块开头："smollm2"（真实模型
+      那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，
+      那个测试自己跳过或失败）。
+    - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
       没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
       （PARENT_CODE：各起一对、报 pid、等"go"）。
     """
@@ -101,10 +95,11 @@ class Started:
             foreground(q.pid for q in self.smollm2.procs)
         if VICTIM_TEST in self.names:
             saved = {v: os.environ.pop(v) for v in BLAS_ENV if v in os.environ}
-            try:                         # 一对（杀草稿 worker 的那个测试用共用的 _TOY）
-                p = SplitPair(DRAFT, TARGET, wait=False)
-                background(q.pid for q in p.procs)
-                self.victims.append((p, [v for v in BLAS_ENV if v in os.environ]))   # 起完之后父进程的环境里有的
+            try:
+                for _ in range(2):
+                    p = SplitPair(DRAFT, TARGET, wait=False)
+                    background(q.pid for q in p.procs)
+                    self.victims.append((p, [v for v in BLAS_ENV if v in os.environ]))   # 起完之后父进程的环境里有的
             finally:
                 os.environ.update(saved)
         if PARENT_TEST in self.names:
@@ -382,10 +377,9 @@ def test_one_way_and_round_clock_by_hand():
 # 故障
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, started, pair):
-    """杀草稿 worker：共用的一对（_TOY；这是文件里最后一个用 pair 的测试）；杀目标 worker：早早起的一对
-    （Started.spares）。两对起的时候父进程的环境里都没有 BLAS 的变量。"""
-    p, env_after = (pair, _TOY_ENV_AFTER) if victim == 0 else started.spares().victims[0]
+def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, started):
+    """这一对早早起了（Started.spares），起的时候父进程的环境里没有 BLAS 的变量。"""
+    p, env_after = started.spares().victims[victim]
     try:
         foreground(q.pid for q in p.procs)
         p.wait_ready()
