@@ -17,8 +17,9 @@ split_models_lab —— 把"一个模型"写成一个配方字符串：草稿和
   smollm2-layers:K    SmolLM2 的前 K 层（drafts_lab.early_exit_draft，K = 1..29），后面可以加 ":float32"
 模型都是 decode_lab.TransformerLM（或 NGramLM），有 session()，decode_lab.speculative_generate、
 tree_lab.dynamic_tree_generate 和 overlap_spec_lab 直接用。SmolLM2 只在 build_split_model 被调用时才读文件
-（import 这个模块不读）；同一个进程里同一种 dtype 只读一次（目标和它的前 K 层草稿共用权重）。进程里还没有整个
-SmolLM2 时，"smollm2-layers:K" 只为前 K 层做构造时的融合（worker 进程只要它时快几秒；模型逐位相同，见 build_split_model）。
+（import 这个模块不读）；整个 SmolLM2 同一个进程里同一种 dtype 只读一次（目标和它的前 K 层草稿共用权重）。还没有整个
+SmolLM2 时，"smollm2-layers:K" 只装前 K 层（real_model_lab.load_gguf(n_layers=K)：worker 进程只要它时少反量化、少融合
+二十几层；模型逐位相同，见 build_split_model）。
 
 【为什么要新的一对（split）】种子 04 的草稿在 numpy 里并不比目标便宜：INT4 的草稿反量化后和目标一样是 float64
 矩阵，一步一样贵；前 3 层的 ĉ ≈ 0.76；QCFG 本身太小（d = 64），一步的时间几乎全是 Python 的开销，层数少几层省不了
@@ -104,18 +105,21 @@ def _smollm2(dtype):
 
 
 def _smollm2_layers(recipe, dtype, k):
-    """SmolLM2 的前 k 层：整个模型已经建了就共用它融合好的层（drafts_lab.early_exit_draft）；还没建就只拿前 k 层的参数
-    建一个（TransformerLM(前 k 层的参数, n_layers = k 的配置)，和前者逐位相同），不为用不到的层做融合。"""
+    """SmolLM2 的前 k 层：整个模型已经建了就共用它融合好的层（drafts_lab.early_exit_draft）；还没建就只装前 k 层
+    （先读文件头看有几层，再 real_model_lab.load_gguf(n_layers=k)）建一个 TransformerLM(前 k 层的参数, n_layers = k
+    的配置)：和前者逐位相同，不为用不到的层反量化、做融合。"""
     from decode_lab import TransformerLM
-    from transformer_lab import config_like
+    from gguf_lab import read_gguf
+    from hub_lab import gguf_path
+    from real_model_lab import gguf_config, load_gguf
     if dtype in _SMOLLM2:
         return _layers(recipe, _SMOLLM2[dtype], k)
-    P, cfg = _smollm2_params(dtype)
-    if not 1 <= k <= cfg.n_layers - 1:
-        raise _bad(recipe, f"K 必须在 1..{cfg.n_layers - 1} 之间，收到 {k}")
-    pk = dict(P)
-    pk["layers"] = P["layers"][:k]
-    return TransformerLM(pk, config_like(cfg, n_layers=k), f"SmolLM2 前 {k} 层")
+    path = gguf_path()
+    n = gguf_config(read_gguf(path)).n_layers
+    if not 1 <= k <= n - 1:
+        raise _bad(recipe, f"K 必须在 1..{n - 1} 之间，收到 {k}")
+    pk, cfg, _ = load_gguf(path, np.dtype(dtype).type, n_layers=k)
+    return TransformerLM(pk, cfg, f"SmolLM2 前 {k} 层")
 
 
 def _layers(recipe, base, k):
@@ -133,7 +137,7 @@ def build_split_model(recipe):
     【做法】QCFG 的四种和第 6 讲 03 的 build_models 完全相同（同样的种子、同样的量化；测试逐个参数核对）；
     "…-layers:K" 是 drafts_lab.early_exit_draft（和 TransformerLM(前 K 层的参数, n_layers = K 的配置) 逐位相同，
     共用目标的权重）。同一个进程里同一个目标只造一次（缓存），所以目标和它的草稿共用一份权重。"smollm2-layers:K"
-    在进程里还没有整个 SmolLM2 时，用前 K 层的参数直接建（就是上面那个逐位相同的模型，只是不共用融合好的矩阵）。
+    在进程里还没有整个 SmolLM2 时，只从文件装前 K 层直接建（就是上面那个逐位相同的模型，只是不共用权重）。
     【边界】配方不是字符串、不认识、K 或 S 不是非负整数、K 出界：ValueError，消息列出可以用的写法。
     SmolLM2 拿不到文件：hub_lab.ModelUnavailableError（消息说怎么办）。
     """

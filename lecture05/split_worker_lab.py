@@ -64,6 +64,14 @@ def _info(model):
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
 
 
+def _ready(ctrl, model):
+    """建好了，告诉父进程（info）-> True；父进程在这之前就关了这一对（管道断了）-> False：安静地退出。"""
+    try:
+        return ctrl.send(("ok", _info(model))) or True
+    except OSError:
+        return False
+
+
 def _point_mass_token(row, T, overlap):
     """点质量的草稿取第一名，和各自的参照一样算：不重叠时同 tree_lab._grow_tree（T = 1 的 log softmax 的前 1 名），
     重叠时同 overlap_spec_lab（argmax adjust(row, T)）。两者只在并列时可能不同。"""
@@ -157,9 +165,9 @@ def _draft_main(ctrl, link_conn, recipe):
     """草稿 worker：建模型，回答 ready；然后每条 ("run", 参数) 跑一个请求，回答 ("ok", (token, 统计))。管道关了就退出。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = _build(recipe)
-    info = _info(model)
     link = Link(link_conn)
-    ctrl.send(("ok", info))
+    if not _ready(ctrl, model):
+        return
     while True:
         try:
             op, args = ctrl.recv()
@@ -254,9 +262,9 @@ def _target_main(ctrl, link_conn, recipe):
     ("end", None) 结束请求、回答统计。管道关了就退出。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = _build(recipe)
-    info = _info(model)
     link = Link(link_conn)
-    ctrl.send(("ok", info))
+    if not _ready(ctrl, model):
+        return
     st = None
     while True:
         try:

@@ -2,7 +2,7 @@
 worker_lab —— 引擎进程：一个 worker 是一个操作系统进程（multiprocessing，spawn），里面一个 LLMEngine，由"配方"建起来
 （不是一个 pickle 过去的对象）：("toy", 配置名, 种子)、("gguf", 路径, dtype) 或 ("replay", "smollm2", 占位 token)
 （不装权重：SmolLM2 的形状，只跑调度、块和模型时间，交接的 K、V 是同样大小的 0），加上引擎的关键字参数。
-("gguf", 路径, dtype, K)：只留文件的前 K 层（drafts_lab.early_exit_draft 的那个模型；测试用它，建得快、指纹算得快）。
+("gguf", 路径, dtype, K)：只装文件的前 K 层（drafts_lab.early_exit_draft 的那个模型；测试用它，建得快、指纹算得快）。
 
 【一个循环】收一条消息、做、回答；管道一关（父进程 close() 了，或者死了）就退出，所以父进程被杀也不会留下孩子。
 Ctrl-C 只给父进程处理（worker 忽略 SIGINT：父进程的 close() 负责结束它们）。
@@ -41,8 +41,8 @@ class WorkerDied(RuntimeError):
 def build_engine(recipe, **engine_kw):
     """
     按配方建一个引擎 -> LLMEngine。("toy", 配置名, 种子)：TOY_CONFIGS 里的配置、init_params(cfg, 种子)；
-    ("gguf", 路径, dtype)：real_model_lab.load_gguf；("gguf", 路径, dtype, K)：它的前 K 层（1 ≤ K < 层数），
-    参数只留 P["layers"][:K]、配置 n_layers = K（和 drafts_lab.early_exit_draft 的模型逐位相同）。
+    ("gguf", 路径, dtype)：real_model_lab.load_gguf；("gguf", 路径, dtype, K)：只装它的前 K 层（1 ≤ K < 层数；
+    load_gguf(n_layers=K)），配置 n_layers = K（和 drafts_lab.early_exit_draft 的模型逐位相同）。
     引擎的块数 num_blocks 在 engine_kw 里（默认够放一个用满上下文的请求）。
     【边界】配方不认识：ValueError。
     """
@@ -59,9 +59,10 @@ def build_engine(recipe, **engine_kw):
     elif kind == "gguf" and len(recipe) in (3, 4):
         import numpy as np
         from real_model_lab import load_gguf
-        params, cfg, _ = load_gguf(recipe[1], np.dtype(recipe[2]).type)
         if len(recipe) == 4:
-            params, cfg = _first_layers(params, cfg, recipe[3])
+            params, cfg = _first_layers(recipe[1], np.dtype(recipe[2]).type, recipe[3])
+        else:
+            params, cfg, _ = load_gguf(recipe[1], np.dtype(recipe[2]).type)
     elif kind == "replay" and len(recipe) == 3 and recipe[1] in REPLAY_CONFIGS:
         cfg, params = replay_config(recipe[1]), None
     else:
@@ -77,15 +78,17 @@ def build_engine(recipe, **engine_kw):
     return LLMEngine(params, cfg, nb, **kw)
 
 
-def _first_layers(params, cfg, k):
-    """参数和配置只留前 k 层 -> (params, cfg)（共用词嵌入、最后的 RMSNorm 和 lm_head）。
-    【边界】k 不在 1..层数−1：ValueError。"""
-    from transformer_lab import config_like
-    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k < cfg.n_layers):
-        raise ValueError(f"层数必须是 1..{cfg.n_layers - 1} 之间的整数（收到 {k!r}）")
-    P = dict(params)
-    P["layers"] = params["layers"][:k]
-    return P, config_like(cfg, n_layers=k)
+def _first_layers(path, dtype, k):
+    """文件的前 k 层 -> (params, cfg)：先读文件头看有几层，再只装前 k 层（real_model_lab.load_gguf(n_layers=k)：和整个
+    装出来再取前 k 层逐位相同，不为用不到的层反量化）；词嵌入、最后的 RMSNorm 和 lm_head 照装，配置 n_layers = k。
+    【边界】k 不在 1..层数−1：ValueError（只读了文件头）。"""
+    from gguf_lab import read_gguf
+    from real_model_lab import gguf_config, load_gguf
+    n = gguf_config(read_gguf(path), dtype).n_layers
+    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k < n):
+        raise ValueError(f"层数必须是 1..{n - 1} 之间的整数（收到 {k!r}）")
+    params, cfg, _ = load_gguf(path, dtype, n_layers=k)
+    return params, cfg
 
 
 class _Filler:

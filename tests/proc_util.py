@@ -1,6 +1,7 @@
 """
-测试共用的进程工具（test_routers、test_split_workers）：一个 worker 进程是不是已经退出了（"父进程被杀不留孩子"）；
-早早起的备用进程降低优先级（background）、轮到用它们时恢复（foreground）。
+测试共用的进程工具（test_routers、test_split_workers、test_lockstep）：一个 worker 进程是不是已经退出了（"父进程被杀
+不留孩子"）；早早起的备用进程降低优先级（background）、轮到用它们时恢复（foreground）；测试模块在被导入（收集）时就起的
+共用 worker 记在 EARLY 里（别的模块查"没有留下子进程"时不算它们）。
 """
 import os
 
@@ -57,3 +58,21 @@ def foreground(pids):
             os.setpriority(os.PRIO_PROCESS, pid, _own_nice())
         except (ProcessLookupError, PermissionError):
             pass
+
+
+EARLY = {}      # 测试模块的名字 -> 它在被导入（pytest 收集）时就起了的进程（multiprocessing.Process 的 list）
+
+
+def early(module, procs):
+    """模块 module 在被导入时起了这些进程（共用的 worker）：调到后台（background），记进 EARLY -> procs。
+    收集之后、轮到这个模块之前还有几十个测试文件要跑，它们在那段时间里用闲着的 CPU 装好；没有选中用它们的测试时
+    由模块自己关掉（模块的测试一个都没选中：测试进程退出时 multiprocessing 结束这些 daemon 进程）。"""
+    procs = list(procs)
+    background(p.pid for p in procs)
+    EARLY[module] = procs
+    return procs
+
+
+def early_elsewhere(module):
+    """别的模块在被导入时起的、还在的进程 -> set（它们归那个模块关、查）。"""
+    return {p for m, ps in EARLY.items() if m != module for p in ps}

@@ -15,6 +15,7 @@ import pytest
 
 from engine_lab import LLMEngine
 from lockstep_lab import LockstepClock, bus_finish, load_bus, transfer_time
+from proc_util import early, foreground
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, wait_all
@@ -37,19 +38,28 @@ def alone_dts(prompt, n):
     return [s["dt"] for s in eng.steps]
 
 
+# 两个 worker 在收集时就 spawn（proc_util.early：后台）：轮到这个模块时早已装好
+_WORKERS = [spawn_worker(RECIPE, **KW) for _ in range(2)]
+early(__name__, [w.proc for w in _WORKERS])
+
+
 @pytest.fixture(scope="module", autouse=True)
 def spawned(request):
-    """两个 worker 在模块开头同时 spawn、不等（这次选中的测试有用它们的才起）：它们 import、建引擎的时候，前面不用它们的
-    测试、本进程里的参照照常算。"""
+    """收集时起的两个 worker：这次选中的测试有用它们的 -> 它们（模块结束时关掉）；没有：当场关掉 -> []。"""
     used = any("pair" in it.fixturenames for it in request.session.items if it.module is request.module)
-    ws = [spawn_worker(RECIPE, **KW) for _ in range(2)] if used else []
+    ws = _WORKERS if used else []
+    if not used:
+        for w in _WORKERS:
+            w.close()
     yield ws
     for w in ws:
         w.close()
+    assert not any(w.proc.is_alive() for w in _WORKERS), "没有留下子进程"
 
 
 @pytest.fixture(scope="module")
 def pair(spawned):
+    foreground(w.proc.pid for w in spawned)
     return wait_all(spawned)
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import background, exited, foreground, popen_background
+from proc_util import background, early, early_elsewhere, exited, foreground, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
-from worker_lab import spawn_worker, start_workers, wait_all
+from worker_lab import spawn_worker, wait_all
 
 CFG = LMConfig(max_seq=64)
 MODEL = TransformerLM(init_params(CFG, 1), CFG)
@@ -65,8 +65,6 @@ def _pd_spawn(**pre_kw):
 
 # 自己起 worker 的测试 -> 它要的 worker（spawn、不等）
 SPARES = {
-    "test_killed_worker_fails_its_requests_with_error_in_bounded_time":
-        lambda: [spawn_worker(RECIPE, num_blocks=32, block_size=4) for _ in range(2)],
     "test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request":
         lambda: [spawn_worker(RECIPE, num_blocks=32, block_size=4),
                  spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=1)],
@@ -76,20 +74,29 @@ SPARES = {
         lambda: _pd_spawn(max_num_batched_tokens=4),
 }
 
+# 共用的三个 worker（fixture workers）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+_WORKERS = [spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=8) for _ in range(3)]
+early(__name__, [w.proc for w in _WORKERS])
+
 
 class Started:
     """
     这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
     进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：最低的优先级），
     CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型约 5 秒 CPU；共用的 worker 装好之前在后台；
-      模型文件拿不到：[]，那个测试自己跳过或失败）；
+    - 收集时：共用的三个 worker（_WORKERS，fixture workers；没有选中用它们的测试：关掉）。
+    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU；共用的 worker 装好
+      之前在后台；模型文件拿不到：[]，那个测试自己跳过或失败）；
     - spares()（共用的 worker 装好之后，或第一个要它的测试）：自己起 worker 的测试各自的那几个（SPARES）、父进程被杀的
       测试的三个父进程（PARENT_CODE：各起一个 worker、报 pid、等着）。测试拿走的进程由测试关、查。
     """
 
     def __init__(self, request):
-        names = {it.name for it in request.session.items if it.module is request.module}
+        items = [it for it in request.session.items if it.module is request.module]
+        names = {it.name for it in items}
+        if not any("workers" in it.fixturenames for it in items):
+            for w in _WORKERS:
+                w.close()
         self.names, self.smollm2, self.ws, self.parents, self.spawned = names, [], {}, [], False
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
@@ -141,12 +148,14 @@ def started(request):
 
 @pytest.fixture(scope="module")
 def workers(started):
-    ws = start_workers(RECIPE, 3, num_blocks=32, block_size=4, max_num_seqs=8)     # 三个同时起
+    foreground(w.proc.pid for w in _WORKERS)
+    ws = wait_all(_WORKERS)
     started.spares()
     yield ws
     for w in ws:
         w.close()
-    others = {w.proc for w in started.smollm2}   # 真实模型的两个、还没用的备用 worker：它们的测试自己关、自己查
+    others = early_elsewhere(__name__)           # 别的模块收集时起的；真实模型的两个、还没用的备用 worker：它们的测试
+    others |= {w.proc for w in started.smollm2}  # 自己关、自己查
     others |= {w.proc for ws in started.ws.values() for w in ws}
     assert not set(mp.active_children()) - others, "没有留下子进程"
 
@@ -189,26 +198,6 @@ def test_pd_router_equals_each_request_alone(workers, via, T):
         info = w.call("info")
         assert info["num_free_blocks"] == info["num_blocks"], "不漏块（两边）"
     assert shm_names() == before
-
-
-def test_killed_worker_fails_its_requests_with_error_in_bounded_time(started):
-    ws = started.take("test_killed_worker_fails_its_requests_with_error_in_bounded_time")   # 两个，早早起了
-    with Router(ws, "round_robin") as r:
-        ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
-        r.step()
-        os.kill(ws[0].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        while r.has_unfinished_requests():
-            r.step(timeout=5)
-            assert time.monotonic() - t0 < 10
-        assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
-        assert "died" in r.error_message[ids[0]]
-        gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务
-        while r.has_unfinished_requests():
-            r.step()
-        assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
-    assert not any(w.proc.is_alive() for w in ws)
-    assert all(p not in mp.active_children() for p in (w.proc for w in ws))
 
 
 def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request(started):
@@ -276,8 +265,8 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
     "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
     lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
-    两个 worker 在模块开头就 spawn 了（fixture started；装载时各到约 1.3 GB，VmHWM，之后约 0.6 GB）；一个提示、
-    3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
+    两个 worker 在模块开头就 spawn 了（fixture started；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，之后约
+    0.6 GB）；一个提示、3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
@@ -303,9 +292,12 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     assert len(ws) == 2 and not any(w.proc.is_alive() for w in ws)
 
 
-def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts():
-    """("gguf", 路径, dtype, K)：K 不是 ≥ 1 的整数时 spawn_worker 不起进程就说不行；K 出界（≥ 层数）时 _first_layers 说。
-    K 合规矩时只留前 K 层：层的列表是原来的前 K 个（同一批数组），配置的 n_layers = K。"""
+def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts(tmp_path):
+    """("gguf", 路径, dtype, K)：K 不是 ≥ 1 的整数时 spawn_worker 不起进程就说不行；K 出界（≥ 文件的层数）时 _first_layers
+    说。K 合规矩时只装前 K 层：和整个文件装出来的前 K 层逐位相同，配置的 n_layers = K（一个 2 层的小 GGUF，
+    test_real_model_lab 写它的办法）。"""
+    from real_model_lab import load_gguf
+    from test_real_model_lab import _params, _write
     from worker_lab import _first_layers
     before = len(mp.active_children())
     for bad in (("gguf", "m.gguf", "float64", 0), ("gguf", "m.gguf", "float64", 1.0),
@@ -313,13 +305,17 @@ def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts():
         with pytest.raises(ValueError, match="层数"):
             spawn_worker(bad)
     assert len(mp.active_children()) == before
-    P = init_params(CFG, 1)
+    path = _write(tmp_path, _params(True))
     for k in (0, 2, 1.0):
         with pytest.raises(ValueError, match="1..1"):
-            _first_layers(P, CFG, k)
-    P1, cfg1 = _first_layers(P, CFG, 1)
-    assert cfg1.n_layers == 1 and len(P1["layers"]) == 1 and P1["layers"][0] is P["layers"][0]
-    assert P1["embed"] is P["embed"] and P1["lm_head"] is P["lm_head"] and len(P["layers"]) == 2
+            _first_layers(path, np.float64, k)
+    P, cfg, _ = load_gguf(path, np.float64)
+    P1, cfg1 = _first_layers(path, np.float64, 1)
+    assert cfg.n_layers == 2 and cfg1.n_layers == 1 and len(P1["layers"]) == 1 and cfg1.d_model == cfg.d_model
+    for k, v in P["layers"][0].items():
+        assert np.array_equal(P1["layers"][0][k], v), k
+    for k in ("embed", "final_norm", "lm_head"):
+        assert np.array_equal(P1[k], P[k]), k
 
 
 def test_a_killed_parent_leaves_no_worker_behind(started):
@@ -384,3 +380,25 @@ def test_router_speaks_the_engine_face_serve_uses(workers):
     assert r.cfg == CFG and r.num_blocks == 32 and r.block_size == 4
     r.release(gid)
     assert r.requests.get(gid) is None
+
+
+def test_killed_worker_fails_its_requests_with_error_in_bounded_time(workers):
+    """共用的前两个 worker：这是文件里最后一个用 workers 的测试（它杀掉一个、关掉另一个；第三个归 fixture 关）。
+    它们之前服务过别的测试的请求、前缀缓存里有东西：输出照样逐 token 等于单独生成的。"""
+    ws = workers[:2]
+    with Router(ws, "round_robin") as r:
+        ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
+        r.step()
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while r.has_unfinished_requests():
+            r.step(timeout=5)
+            assert time.monotonic() - t0 < 10
+        assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
+        assert "died" in r.error_message[ids[0]]
+        gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务
+        while r.has_unfinished_requests():
+            r.step()
+        assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
+    assert not any(w.proc.is_alive() for w in ws)
+    assert all(p not in mp.active_children() for p in (w.proc for w in ws))

@@ -23,7 +23,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
-from proc_util import background, exited, foreground, popen_background
+from proc_util import background, early, early_elsewhere, exited, foreground, popen_background
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -51,15 +51,20 @@ PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "    if sys.stdin.readline():\n"
                f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
+# 玩具模型的一对（fixture pair 共用）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+_TOY = SplitPair(DRAFT, TARGET, wait=False)
+early(__name__, _TOY.procs)
+
 
 class Started:
     """
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
     时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
     最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 模块开头："toy"（玩具模型的一对，fixture pair 共用，前台；没有选中用它的测试：None）；"smollm2"（真实模型
-      那一对，装模型约 5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，那个测试自己跳过
-      或失败）。
+    - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用；没有选中用它的测试：关掉，None）。
+    - 模块开头："smollm2"（真实模型
+      那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，
+      那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
       没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
       （PARENT_CODE：各起一对、报 pid、等"go"）。
@@ -69,7 +74,9 @@ class Started:
         items = [it for it in request.session.items if it.module is request.module]
         names = {it.name.split("[")[0] for it in items}
         self.names, self.victims, self.parents, self.spawned = names, [], [], False
-        self.toy = SplitPair(DRAFT, TARGET, wait=False) if any("pair" in it.fixturenames for it in items) else None
+        self.toy = _TOY if any("pair" in it.fixturenames for it in items) else None
+        if self.toy is None:
+            _TOY.close()
         self.smollm2 = None
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
@@ -132,15 +139,22 @@ def models():
 
 @pytest.fixture(scope="module")
 def pair(started):
+    foreground(q.pid for q in started.toy.procs)
     p = started.toy.wait_ready()
     started.spares()
     yield p
     p.close()
     assert not any(q.is_alive() for q in p.procs)
-    others = set()              # 别的测试的进程（真实模型那一对、被杀 worker 的那几对）：它们的测试自己关、自己查
-    for q in [started.smollm2] + [v[0] for v in started.victims]:
+    others = early_elsewhere(__name__)   # 别的模块收集时起的；别的测试的（真实模型那一对、被杀 worker 的那几对）
+    for q in [started.smollm2] + [v[0] for v in started.victims]:      # 归它们的模块、测试关、查
         others |= set(q.procs) if q is not None else set()
     assert not set(mp.active_children()) - others, "没有留下子进程"
+
+
+def seeds(T, n):
+    """T = 1 时 n 个种子；T = 0 只要种子 0：贪心时 adjust 给 one-hot，每次抽样都落在 argmax，输出、每轮的接受数都和种子
+    无关（三个参照在 T = 0 对种子 0..3 的输出逐 token 相同），别的种子只是把同一个请求再跑一遍。"""
+    return range(n) if T else range(1)
 
 
 def run(pair, protocol, gamma, T, seed, **kw):
@@ -185,7 +199,7 @@ def ref_overlap(gamma, T, seed, point_mass):
 def test_full_q_and_lazy_q_equal_speculative_generate_token_for_token(pair, protocol, T):
     """一个发生器，状态跟着消息走：丢了状态（目标用自己的 default_rng(seed)、或者草稿不接回来）T = 1 时就不等。"""
     rejected = all_accepted = 0
-    jobs = [(protocol, gamma, T, seed, ()) for gamma in (1, 3) for seed in range(4)]
+    jobs = [(protocol, gamma, T, seed, ()) for gamma in (1, 3) for seed in seeds(T, 4)]
     for (_, gamma, _, seed, _), (out, st), (ref, rs) in run_beside(pair, jobs, lambda j: ref_speculative(*j[1:4])):
         assert out == [int(t) for t in ref], (gamma, seed)
         assert st["accepted"] == rs["accepted"] and st["rounds"] == rs["target_calls"]
@@ -198,7 +212,7 @@ def test_full_q_and_lazy_q_equal_speculative_generate_token_for_token(pair, prot
 @pytest.mark.parametrize("T", [0.0, 1.0])
 def test_point_mass_equals_dynamic_tree_with_one_candidate_per_level(pair, models, T):
     target, draft = models
-    jobs = [("point_mass", gamma, T, seed, ()) for gamma in (1, 3) for seed in range(3)]
+    jobs = [("point_mass", gamma, T, seed, ()) for gamma in (1, 3) for seed in seeds(T, 3)]
 
     def reference(job):
         _, gamma, T, seed, _ = job
@@ -266,7 +280,7 @@ def test_overlap_equals_overlap_speculative_generate_token_for_token(pair, proto
     """目标验证时草稿预先草稿 γ 个；拒绝之后还拿预先草稿的当下一轮（过时的草稿）、全部接受时还抽额外的 token、
     lazy_q 的修正 token 抽完不把目标那条流的状态送回去：T = 1 时都不等。"""
     kinds = set()
-    jobs = [(protocol, gamma, T, seed, (("overlap", True),)) for gamma in (1, 3) for seed in range(4)]
+    jobs = [(protocol, gamma, T, seed, (("overlap", True),)) for gamma in (1, 3) for seed in seeds(T, 4)]
     reference = lambda j: ref_overlap(*j[1:4], point_mass=protocol == "point_mass")   # noqa: E731
     for (_, gamma, _, seed, _), (out, st), (ref, rs) in run_beside(pair, jobs, reference):
         assert out == [int(t) for t in ref], (gamma, seed)
@@ -426,8 +440,8 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     为什么 3 层的目标就够：两个进程逐 token 等于进程内的参照，靠的是两边按同一个配方造出逐位相同的模型、随机数发生器的状态
     跟着消息走、q 和 p_n 以 float64 原样过去——和层数无关；其余都是真的：49,152 的词表、9 个 Q 头对 3 个 KV 头、共享的
     lm_head、float64。30 层的目标要多融合约 1 GB 的权重、每轮多算 27 层，证明的是同一件事。
-    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 各到约
-    1.6 GB（VmHWM；整个文件反量化的参数留在 split_models_lab 的缓存里），测试进程里的参照约 2.2 GB（会话共用）。"""
+    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 只从文件装前 1 / 3 层
+    （load_gguf(n_layers=K)），各到约 0.56 / 0.65 GB（VmHWM），测试进程里的参照约 2.2 GB（会话共用）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
