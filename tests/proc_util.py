@@ -76,3 +76,14 @@ def early(module, procs):
 def early_elsewhere(module):
     """别的模块在被导入时起的、还在的进程 -> set（它们归那个模块关、查）。"""
     return {p for m, ps in EARLY.items() if m != module for p in ps}
+
+
+def kill_and_close(procs):
+    """还在跑的 Popen 杀掉、等它退出（最多 10 秒），再关掉它的管道（没有的跳过）。"""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        for f in (p.stdin, p.stdout, p.stderr):
+            if f is not None:
+                f.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import background, early, early_elsewhere, exited, foreground, popen_background
+from proc_util import background, early, early_elsewhere, exited, foreground, kill_and_close, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, wait_all
@@ -32,6 +32,14 @@ N_NEW = 8
 
 
 _SOLO = {}
+
+
+def _drain(r, why="路由器 10 秒内没把请求做完"):
+    """一步一步跑到路由器没有没结束的请求；每步最多等 5 秒，总共不超过 10 秒（有界：死掉的 worker 不会让测试挂住）。"""
+    t0 = time.monotonic()
+    while r.has_unfinished_requests():
+        r.step(timeout=5)
+        assert time.monotonic() - t0 < 10, why
 
 
 def solo(prompt, n, T, seed):
@@ -129,12 +137,7 @@ class Started:
         return wait_all(ws)
 
     def close(self):
-        for p in self.parents:                   # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-            for f in (p.stdin, p.stdout, p.stderr):
-                f.close()
+        kill_and_close(self.parents)             # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
         for w in self.smollm2 + [w for ws in self.ws.values() for w in ws]:
             w.close()
 
@@ -207,10 +210,7 @@ def test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request(start
     ws = started.take("test_pd_router_waits_for_a_decode_slot_instead_of_dropping_the_request")
     with PDRouter(ws[:1], ws[1:], via="pipe") as r:
         ids = [r.add_request(p, 4, temperature=1.0, seed=30 + i) for i, p in enumerate(PROMPTS[:3])]
-        t0 = time.monotonic()
-        while r.has_unfinished_requests():
-            r.step(timeout=5)
-            assert time.monotonic() - t0 < 10, "请求被丢了：路由器永远有没结束的请求"
+        _drain(r, "请求被丢了：路由器永远有没结束的请求")
         for i, gid in enumerate(ids):
             assert r.outputs[gid] == solo(PROMPTS[i], 4, 1.0, 30 + i) and r.finished[gid] == "length"
         assert r.n_handoffs == 3
@@ -227,10 +227,7 @@ def test_decode_worker_killed_before_the_import_leaves_no_segment_and_errors_in_
         gid = r.add_request(PROMPTS[4], 6, seed=1)              # 17 个提示 token：prefill 要 5 步
         r.step()
         os.kill(ws[1].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        while r.has_unfinished_requests():
-            r.step(timeout=5)
-            assert time.monotonic() - t0 < 10
+        _drain(r)
         assert r.finished[gid] == "error" and "decode" in r.error_message[gid]
         with pytest.raises(RuntimeError):
             r.add_request(PROMPTS[0], 2)                        # decode 那边一个都不剩：说它不能服务
@@ -248,10 +245,7 @@ def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations
         ids = [r.add_request(p, 6, seed=i) for i, p in enumerate(PROMPTS[3:5])]
         r.step()
         os.kill(ws[0].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        while r.has_unfinished_requests():
-            r.step(timeout=5)
-            assert time.monotonic() - t0 < 10
+        _drain(r)
         assert [r.finished[g] for g in ids] == ["error", "error"]
         info = ws[1].call("info")
         assert info["num_free_blocks"] == info["num_blocks"], "decode 那边的预留取消了"
@@ -390,10 +384,7 @@ def test_killed_worker_fails_its_requests_with_error_in_bounded_time(workers):
         ids = [r.add_request(p, 40, seed=i) for i, p in enumerate(PROMPTS[:4])]
         r.step()
         os.kill(ws[0].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        while r.has_unfinished_requests():
-            r.step(timeout=5)
-            assert time.monotonic() - t0 < 10
+        _drain(r)
         assert [r.finished[g] for g in ids] == ["error", "length", "error", "length"]
         assert "died" in r.error_message[ids[0]]
         gid = r.add_request(PROMPTS[0], 3)                      # 用剩下的接着服务

@@ -23,7 +23,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
-from proc_util import background, early, early_elsewhere, exited, foreground, popen_background
+from proc_util import background, early, early_elsewhere, exited, foreground, kill_and_close, popen_background
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
 from split_worker_lab import SplitPair, WorkerDied, split_speculative_generate
@@ -109,12 +109,7 @@ class Started:
         return self
 
     def close(self):
-        for p in self.parents:                   # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-            for f in (p.stdin, p.stdout, p.stderr):
-                f.close()
+        kill_and_close(self.parents)             # 测试没跑到（或中途失败）：父进程一死，它的 worker 跟着退出
         for p in [self.toy, self.smollm2] + [v[0] for v in self.victims]:
             if p is not None:
                 p.close()
