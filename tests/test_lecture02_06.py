@@ -23,7 +23,7 @@ from decode_lab import speculative_generate
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
-from smollm2_models import smollm2_lm
+from smollm2_models import smollm2_lm, with_layers
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
 from transformer_lab import NumpyTransformer, config_like
 
@@ -327,7 +327,7 @@ def _with_qk(P, fn, cfg):
     return Q
 
 
-ROPE_LAYERS = 2       # 错的装法在前几层就看得出（下面的测试）；少建、少算 28 层
+ROPE_LAYERS = 1       # 错的装法在第 1 层就看得出（下面的测试）；少建、少算 29 层
 
 
 def test_rope_permutation_must_be_undone_exactly_once(full_passes):
@@ -344,9 +344,14 @@ def test_rope_permutation_must_be_undone_exactly_once(full_passes):
     rows = [r["pos"] for r in CHAT["rows"]]
     cfg_k = config_like(cfg, n_layers=ROPE_LAYERS)
     P_k = dict(P, layers=P["layers"][:ROPE_LAYERS])
-    right = NumpyTransformer(P_k, cfg_k).forward(toks)[0, rows]
+    right_model = NumpyTransformer(P_k, cfg_k)
+    right = right_model.forward(toks)[0, rows]
     for fn in (permute_rope_rows, unpermute_rope_rows):
-        wrong = NumpyTransformer(_with_qk(P_k, fn, cfg), cfg_k).forward(toks)[0, rows]
+        # 只重新融合换了 wq、wk 的层；词嵌入和 lm_head 和 right_model 共用（with_layers：和整个重新构造逐位相同）
+        Q = _with_qk(P_k, fn, cfg)
+        wrong_model = with_layers(right_model, dict(enumerate(Q["layers"])))
+        assert wrong_model._layers[0] is not right_model._layers[0]
+        wrong = wrong_model.forward(toks)[0, rows]
         assert float(np.max(np.abs(wrong - right))) > 1.0, fn.__name__
 
 
