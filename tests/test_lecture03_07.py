@@ -124,7 +124,10 @@ def ref_logits(ref_forward):
 
 @pytest.fixture(scope="module")
 def capture_ref(run):
-    """原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）：run 重建 ctx 时记下的。"""
+    """
+    原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）：脚本那次运行的 setup()
+    算的（run 换进 ctx 的）。
+    """
     _, ctx, *_ = run
     return ctx["_eval_logits"]
 
@@ -230,7 +233,7 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
     mod, ctx, _, _, _ = run
     assert ctx["cfg"].dtype == mod.DTYPE == "float64"
     start = ctx["start"]
-    for x in (ctx["_calib_logits"], ctx["_eval_logits"]):                       # capture 的前向（run 记下的）
+    for x in (ctx["_calib_logits"], ctx["_eval_logits"]):                       # capture 的前向（脚本那次运行的）
         assert x.shape[:2] == (mod.N_SEQ, start + mod.N_NEW)
     m = sampling_margins(mod, ctx, np.concatenate([x[:, start - 1:-1] for x in (ctx["_calib_logits"], ctx["_eval_logits"])]))
     assert m.min() > 1e-9
@@ -271,7 +274,7 @@ def test_demo1_file_types_and_requantization_errors(run):
 def test_capture_agrees_with_quant_lab_layer_inputs_on_real_weights(run):
     """
     capture（07 用的前向）和 quant_lab.layer_inputs（05、06 用的）在真实权重上给出同样的激活：float64，相对 1e-9。
-    capture 这边取脚本的 setup() 在整段校准文本上算的（run 重建 ctx 时记下的 logits 和激活），layer_inputs 只喂前 2 条的
+    capture 这边取脚本那次运行的 setup() 在整段校准文本上算的（run 换进 ctx 的 logits 和激活），layer_inputs 只喂前 2 条的
     前 10 个 token：注意力是因果的，前 10 个位置看不到后面的 token，所以两边在这些位置上应当只差舍入（capture 的因果
     掩码错了，这里也会对不上）。
     """
