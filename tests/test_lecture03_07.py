@@ -10,6 +10,7 @@ float64 的舍入：logits 之差 < 1e-12（02/06 对 Hugging Face 的 float64 �
 （恰在两个刻度正中的数）：float64 的相对差 1e-15 落在正中 1e-13 以内的概率，乘上几百万个数仍小于 1e-6。
 """
 import contextlib
+import copy
 import io
 import math
 import re
@@ -575,7 +576,12 @@ def int8_head_decode(ctx):
     cuts = [0] + list(range(start, start + DECODE_STEPS + 1)) + [n]
     assert cuts[-2] < n                                   # 逐个 token 的几步之后还有一块
     cache = KVCache(ctx["cfg"], B, n, quant=kv_quantizer("int8-head"))
-    logits = [model.forward(toks[:, a:b], cache) for a, b in zip(cuts, cuts[1:])]
+    # 提示那一块只在最后一个位置乘 lm_head（KL 从第 start − 1 个位置起；smollm2_models.logits_at 的做法，放在模型的
+    # 浅拷贝上：另一个线程同时在用 model）；之前的位置填 NaN，误用了就看得出。每层照样整块算、整块写进缓存
+    first = copy.copy(model)
+    first.lm_head = lambda h: model.lm_head(h[:, -1:])
+    logits = [np.full((B, start - 1, ctx["cfg"].vocab), np.nan), first.forward(toks[:, :start], cache)]
+    logits += [model.forward(toks[:, a:b], cache) for a, b in zip(cuts[1:], cuts[2:])]
     return np.concatenate(logits, axis=1)
 
 
