@@ -344,7 +344,7 @@ def demo5_cache_equals_full(loaded=None):
                  "max |Δlogit|", "第一名领先\n第二名"], table)
     same = [int(np.argmax(r)) for r in full] == out
     worst = max(diffs)
-    bug_ids, bug_logits, _ = greedy_with_skipped_slot(model, prompt, N_NEW, [tok.im_end_id])
+    bug_ids, bug_logits, bug_cache = greedy_with_skipped_slot(model, prompt, N_NEW, [tok.im_end_id])
     bug_diffs = [float(np.max(np.abs(b - f))) for b, f in zip(bug_logits, full)]      # 和一次算完的比
     n_common = next((i for i, (a, b) in enumerate(zip(bug_ids, out)) if a != b), min(len(bug_ids), len(out)))
     bug_same = bug_ids == out
@@ -368,7 +368,10 @@ def demo5_cache_equals_full(loaded=None):
     ])
     return {"steps": len(rows), "ids": out, "max_diff": worst, "bound": EXACT_BOUND, "same_tokens": same,
             "min_gap": min(gaps), "bug_ids": bug_ids, "bug_diffs": bug_diffs, "bug_same": bug_same,
-            "bug_common": n_common}
+            "bug_common": n_common, "bug_logits": bug_logits,
+            # 测试核对这次重现的缓存（第 L 格全 0、第 L + 1 格不是）和 logits，不在测试进程里再 decode 一遍
+            "bug_cache": {"pos": bug_cache.pos, "k": bug_cache.k[:, :, :, len(prompt):len(prompt) + 2].copy(),
+                          "v": bug_cache.v[:, :, :, len(prompt):len(prompt) + 2].copy()}}
 
 
 # ---------------------------------------------------------------------------

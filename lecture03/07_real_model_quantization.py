@@ -152,9 +152,9 @@ def setup():
     toks = np.array([np.concatenate([ids, s]) for s in new])
     ctx = {"P": P, "cfg": cfg, "tok": tok, "model": model, "start": len(ids),
            "calib_toks": toks[:N_SEQ], "eval_toks": toks[N_SEQ:]}
-    ctx["calib"] = capture(P, cfg, ctx["calib_toks"])[1]
-    logits, ctx["eval"] = capture(P, cfg, ctx["eval_toks"])
-    ctx["eval_lp"] = gen_logprobs(logits, ctx["start"])
+    ctx["calib_logits"], ctx["calib"] = capture(P, cfg, ctx["calib_toks"])
+    ctx["eval_logits"], ctx["eval"] = capture(P, cfg, ctx["eval_toks"])
+    ctx["eval_lp"] = gen_logprobs(ctx["eval_logits"], ctx["start"])
     return ctx
 
 
@@ -549,5 +549,9 @@ if __name__ == "__main__":
     TOY = toy_setup()
     RESULTS = {"d1": demo1_file_formats(CTX), "d2": demo2_activation_outliers(CTX, TOY), "d3": demo3_weight_methods(CTX),
                "d4": demo4_smoothquant(CTX, TOY), "d5": demo5_kv_cache(CTX, TOY),
-               "calib_toks": CTX["calib_toks"], "eval_toks": CTX["eval_toks"]}
+               "calib_toks": CTX["calib_toks"], "eval_toks": CTX["eval_toks"],
+               # setup() 里两次 capture 的结果：测试用它们重建 ctx，不在测试进程里再前向一遍（评估文本的激活只有测试要的那层）
+               "calib_capture": (CTX["calib_logits"], {li: {k: a for k, a in A.items() if k not in ("k", "v")}
+                                                       for li, A in CTX["calib"].items()}),
+               "eval_capture": (CTX["eval_logits"], {li: {"mlp_act": CTX["eval"][li]["mlp_act"]} for li in STUDY_LAYERS})}
     save_results(RESULTS)        # 给测试（console.save_results）：只在设了 CS349E_RESULTS 时存下这些数

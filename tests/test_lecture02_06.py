@@ -23,7 +23,7 @@ from decode_lab import speculative_generate
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
-from smollm2_models import smollm2_lm
+from smollm2_models import smollm2_lm, with_layers
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
 from transformer_lab import NumpyTransformer, config_like
 
@@ -327,7 +327,7 @@ def _with_qk(P, fn, cfg):
     return Q
 
 
-ROPE_LAYERS = 2       # 错的装法在前几层就看得出（下面的测试）；少建、少算 28 层
+ROPE_LAYERS = 1       # 错的装法在第 1 层就看得出（下面的测试）；少建、少算 29 层
 
 
 def test_rope_permutation_must_be_undone_exactly_once(full_passes):
@@ -344,9 +344,14 @@ def test_rope_permutation_must_be_undone_exactly_once(full_passes):
     rows = [r["pos"] for r in CHAT["rows"]]
     cfg_k = config_like(cfg, n_layers=ROPE_LAYERS)
     P_k = dict(P, layers=P["layers"][:ROPE_LAYERS])
-    right = NumpyTransformer(P_k, cfg_k).forward(toks)[0, rows]
+    right_model = NumpyTransformer(P_k, cfg_k)
+    right = right_model.forward(toks)[0, rows]
     for fn in (permute_rope_rows, unpermute_rope_rows):
-        wrong = NumpyTransformer(_with_qk(P_k, fn, cfg), cfg_k).forward(toks)[0, rows]
+        # 只重新融合换了 wq、wk 的层；词嵌入和 lm_head 和 right_model 共用（with_layers：和整个重新构造逐位相同）
+        Q = _with_qk(P_k, fn, cfg)
+        wrong_model = with_layers(right_model, dict(enumerate(Q["layers"])))
+        assert wrong_model._layers[0] is not right_model._layers[0]
+        wrong = wrong_model.forward(toks)[0, rows]
         assert float(np.max(np.abs(wrong - right))) > 1.0, fn.__name__
 
 
@@ -476,7 +481,8 @@ def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, 
     回归：观察 3 原来说 llama3.np 的错（第一个 decode 步用位置 L + 1，缓存第 L 格空着）"贪心输出在第 5 个 token
     之后才和正确的模型分开（课程开发时量的，这里不重现）"，学生核对不了。现在脚本重现它：skip = 0 时同一个函数就是
     正确的 decode（logits 和一次算完只差舍入），skip = 1 时缓存的第 L 格全是 0、第 L + 1 格不是，logits 差 O(1)，
-    可在演示 4 的问题上贪心的 8 个 token 一个不差。
+    可在演示 4 的问题上贪心的 8 个 token 一个不差。skip = 0 在这里跑（cached_decode）；skip = 1 的 logits 和缓存取自
+    脚本的运行（它打印的就是那次的数），和这里独立的一次算完（full_passes）比。
     """
     model, tok = lm
     prompt = tok.chat(mod.QUESTION)
@@ -486,9 +492,14 @@ def test_demo5_reproduces_llama3np_off_by_one_and_greedy_text_hides_it(mod, d5, 
     ok_ids, ok_logits = cached_decode                       # skip = 0（同一个提示：上面断言）
     assert ok_ids == GREEDY
     assert max(float(np.abs(a - b).max()) for a, b in zip(ok_logits, full)) < d5["bound"]
-    bug_ids, bug_logits, cache = mod.greedy_with_skipped_slot(model, prompt, 16, [tok.im_end_id], skip=1)
-    assert np.all(cache.k[:, :, :, L] == 0) and np.all(cache.v[:, :, :, L] == 0)
-    assert np.any(cache.k[:, :, :, L + 1] != 0) and cache.pos == L + len(bug_ids)
+    # skip = 1：脚本那次运行（同一个 float64 模型、同一个提示、同样的上限和停止 token）的 greedy_with_skipped_slot
+    # 交出的 logits 和缓存的第 L、L + 1 格（save_results），不在进程里再 decode 一遍；logits 和这里独立的一次算完比
+    assert (mod.N_NEW, tok.im_end_id) == (16, 2)
+    bug_ids, bug_logits, cache = d5["bug_ids"], d5["bug_logits"], d5["bug_cache"]
+    assert cache["k"].shape[3] == cache["v"].shape[3] == 2 and cache["k"].shape[0] == model.cfg.n_layers
+    assert np.all(cache["k"][:, :, :, 0] == 0) and np.all(cache["v"][:, :, :, 0] == 0)
+    assert np.any(cache["k"][:, :, :, 1] != 0) and cache["pos"] == L + len(bug_ids)
+    assert len(bug_logits) == len(bug_ids) and all(r.shape == (model.cfg.vocab,) for r in bug_logits)
     diffs = [float(np.abs(a - b).max()) for a, b in zip(bug_logits, full)]
     assert diffs[0] < d5["bound"] and min(diffs[1:]) > 1.0
     assert d5["bug_diffs"] == pytest.approx(diffs, abs=1e-9)

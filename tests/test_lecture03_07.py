@@ -10,6 +10,7 @@ float64 的舍入：logits 之差 < 1e-12（02/06 对 Hugging Face 的 float64 �
 （恰在两个刻度正中的数）：float64 的相对差 1e-15 落在正中 1e-13 以内的概率，乘上几百万个数仍小于 1e-6。
 """
 import contextlib
+import copy
 import io
 import math
 import re
@@ -34,10 +35,11 @@ def run():
     ctx（模型、文本、激活）在进程里用脚本的 setup() 重建，模型用整个会话共用的那一份 float64（conftest.real_model）。
     setup() 里的抽样换成那次运行抽到的文本（省掉 2·N_SEQ 条逐 token 的 decode）：换进来之前核对调用的参数；
     文本就是这个模型按 TEXT_SEED 抽的，由 test_text_is_drawn_in_float64_far_from_every_tie 逐个 token 重新反查核对
-    （另一个前向的 logits、自己写的 softmax 和 CDF）。setup() 里 capture 在校准、评估文本上算出的 logits 记下来：
-    评估的给 capture_ref，两段一起给文本的核对（同一个函数、同样的输入，不再算第二遍）。
-    setup() 先后对校准、评估文本各调一次 capture：第一次调用时，评估文本的那一次（同一个函数、同样的参数）就在另一个线程里
-    开始算（测试进程的 BLAS 只用一个线程，两核机器上另一个核这时空着），第二次调用取它的结果。
+    （另一个前向的 logits、自己写的 softmax 和 CDF）。setup() 对校准、评估文本各调一次 capture：换成那次运行里这两次
+    调用的结果（同一个函数、同一个模型、同样的输入；存下的是 logits 和测试用到的激活：校准文本每层除 K、V 以外的全部，
+    评估文本只有 STUDY_LAYERS 的 w_down 输入），换进来之前核对参数和文本。capture 本身由
+    test_capture_agrees_with_quant_lab_layer_inputs_on_real_weights（另一个前向）、ref_forward 的 logits 核对。
+    logits 记下来：评估的给 capture_ref，两段一起给文本的核对。
     """
     conftest.smollm2_path()
     mod = conftest.load_script(S)
@@ -54,57 +56,66 @@ def run():
         assert rng.bit_generator.state == np.random.default_rng(mod.TEXT_SEED).bit_generator.state
         assert np.array_equal(printed[:, :len(prompts[0])], np.tile(prompts[0], (n, 1)))
         return printed[:, len(prompts[0]):]
-    seen, ahead = {}, {}
-    capture = mod.capture
-    pool = ThreadPoolExecutor(max_workers=1)
+    seen = {}
 
-    def capture_and_keep(P, cfg, toks, *a, **k):
-        plain = not a and not k
-        if plain and np.array_equal(toks, res["calib_toks"]) and not ahead:
-            ahead["eval"] = (P, cfg, pool.submit(capture, P, cfg, res["eval_toks"]))
-        if plain and "eval" in ahead and np.array_equal(toks, res["eval_toks"]) \
-                and ahead["eval"][0] is P and ahead["eval"][1] is cfg:
-            got = ahead.pop("eval")[2].result()
-        else:
-            got = capture(P, cfg, toks, *a, **k)
-        if plain:
-            for name in ("calib", "eval"):
-                if np.array_equal(toks, res[name + "_toks"]):
-                    seen[name + "_logits"] = got[0]
-        return got
+    def saved_capture(P, cfg, toks, *a, **k):
+        assert not a and not k and P is shared[0] and cfg is shared[1]
+        for name in ("calib", "eval"):
+            if np.array_equal(toks, res[name + "_toks"]):
+                assert name not in seen                      # 每段一次
+                seen[name] = res[name + "_capture"]
+                return seen[name]
+        raise AssertionError("setup() 在存下的两段文本以外调了 capture")
     mod.load_gguf = lambda dtype: conftest.real_model(np.dtype(dtype).name)
     mod.TransformerLM = same_model
-    mod.sample_from_prompts, mod.capture = printed_text, capture_and_keep
+    capture = mod.capture
+    mod.sample_from_prompts, mod.capture = printed_text, saved_capture
     with contextlib.redirect_stdout(io.StringIO()):
         ctx = mod.setup()
         toy = mod.toy_setup()
     mod.capture = capture
-    pool.shutdown()
-    assert not ahead                                    # 提前算的那次就是 setup() 要的
-    ctx["_eval_logits"], ctx["_calib_logits"] = seen["eval_logits"], seen["calib_logits"]
+    assert set(seen) == {"calib", "eval"}
+    ctx["_eval_logits"], ctx["_calib_logits"] = seen["eval"][0], seen["calib"][0]
+    assert ctx["eval_logits"] is ctx["_eval_logits"] and ctx["calib_logits"] is ctx["_calib_logits"]
+    for name in ("calib", "eval"):                      # 会话的 script_results 里不再留这几百 MB（ctx 里有）
+        res.pop(name + "_capture")
     # 两次只读模型的前向现在就在另一个线程里（一个接一个）开始算：ref_forward 的那次（transformer_lab，评估文本）和
     # test_demo5_int8_kl_by_token_by_token_decode 的逐 token decode。在用到它们之前的测试（演示 1–3 的其他核对）用不着
     # 它们，这段时间另一个核空着。前向不改模型的任何状态（缓存各是各的），两边同时用同一个模型没有关系。
-    toks = ctx["eval_toks"]
-    cache = ctx["model"].new_cache(*toks.shape)
     bg = ThreadPoolExecutor(max_workers=1)
-    ctx["_ref_forward"] = (bg.submit(ctx["model"].forward, toks, cache), cache)
+    ctx["_ref_forward"] = bg.submit(shared_prompt_forward, ctx["model"], ctx["eval_toks"], ctx["start"])
     ctx["_int8_decode"] = bg.submit(int8_head_decode, ctx)
     bg.shutdown(wait=False)
     out = {k: res[k] for k in ("d1", "d2", "d3", "d4", "d5")}
     return mod, ctx, toy, out, conftest.script_raw_stdout(S)
 
 
+def shared_prompt_forward(model, toks, start):
+    """
+    toks [B, n] 的每一行都以同一个提示（前 start 个 token）开头：提示只按批 1 算一次，缓存复制成 B 条（KVCache.repeat），
+    再把每行余下的 token 成批接着算 -> (logits [B, n, V], 写满的缓存)。批里的各行互不相干（矩阵乘、RMSNorm、注意力都
+    按行），提示的那几行在 B 条里本来就是同样的计算：结果和整批一次算完只差 float64 的舍入，少算 (B − 1)·start 个位置
+    （评估文本 8 条里每条 32 个位置有 20 个是提示）。
+    """
+    B, n = toks.shape
+    assert np.array_equal(toks[:, :start], np.tile(toks[:1, :start], (B, 1)))
+    one = model.new_cache(1, n)
+    head = model.forward(toks[:1, :start], one)
+    cache = one.repeat(B)
+    tail = model.forward(toks[:, start:], cache)
+    assert cache.pos == n
+    return np.concatenate([np.repeat(head, B, axis=0), tail], axis=1), cache
+
+
 @pytest.fixture(scope="module")
 def ref_forward(run):
     """
-    原模型在评估文本（N_SEQ 条）上一次前向 -> (logits, 写满的 KV 缓存)：transformer_lab 的前向（ctx["model"]，
-    和脚本的 capture 不是同一条路），几个测试共用这一次（run 建好 ctx 就在另一个线程里开始算）。（校准文本不用它：
-    抽样的核对用 capture 的 logits，见 run。）
+    原模型在评估文本（N_SEQ 条）上的前向 -> (logits, 写满的 KV 缓存)：transformer_lab 的前向（ctx["model"]，
+    和脚本的 capture 不是同一条路；共同的提示只算一次：shared_prompt_forward），几个测试共用这一次（run 建好 ctx
+    就在另一个线程里开始算）。（校准文本不用它：抽样的核对用 capture 的 logits，见 run。）
     """
     _, ctx, *_ = run
-    job, cache = ctx["_ref_forward"]              # run 交给另一个线程算的（ctx["model"].forward(评估文本, cache)）
-    return job.result(), cache
+    return ctx["_ref_forward"].result()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +125,10 @@ def ref_logits(ref_forward):
 
 @pytest.fixture(scope="module")
 def capture_ref(run):
-    """原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）：run 重建 ctx 时记下的。"""
+    """
+    原模型在评估文本上的 logits，outlier_lab.capture 的前向（脚本的 KV 的 KL 以它为原模型）：脚本那次运行的 setup()
+    算的（run 换进 ctx 的）。
+    """
     _, ctx, *_ = run
     return ctx["_eval_logits"]
 
@@ -220,7 +234,7 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
     mod, ctx, _, _, _ = run
     assert ctx["cfg"].dtype == mod.DTYPE == "float64"
     start = ctx["start"]
-    for x in (ctx["_calib_logits"], ctx["_eval_logits"]):                       # capture 的前向（run 记下的）
+    for x in (ctx["_calib_logits"], ctx["_eval_logits"]):                       # capture 的前向（脚本那次运行的）
         assert x.shape[:2] == (mod.N_SEQ, start + mod.N_NEW)
     m = sampling_margins(mod, ctx, np.concatenate([x[:, start - 1:-1] for x in (ctx["_calib_logits"], ctx["_eval_logits"])]))
     assert m.min() > 1e-9
@@ -261,7 +275,7 @@ def test_demo1_file_types_and_requantization_errors(run):
 def test_capture_agrees_with_quant_lab_layer_inputs_on_real_weights(run):
     """
     capture（07 用的前向）和 quant_lab.layer_inputs（05、06 用的）在真实权重上给出同样的激活：float64，相对 1e-9。
-    capture 这边取脚本的 setup() 在整段校准文本上算的（run 重建 ctx 时记下的 logits 和激活），layer_inputs 只喂前 2 条的
+    capture 这边取脚本那次运行的 setup() 在整段校准文本上算的（run 换进 ctx 的 logits 和激活），layer_inputs 只喂前 2 条的
     前 10 个 token：注意力是因果的，前 10 个位置看不到后面的 token，所以两边在这些位置上应当只差舍入（capture 的因果
     掩码错了，这里也会对不上）。
     """
@@ -546,22 +560,28 @@ def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture
     assert kl_by_hand(ref, logits, ctx["start"]) < 1e-15
 
 
-DECODE_STEPS = 4     # 提示之后逐个 token 喂的步数；剩下的新 token 一次接着写
+DECODE_STEPS = 2     # 提示之后逐个 token 喂的步数（接在一块后面、接在单个 token 后面各有一次）；剩下的一次接着写
 
 
 def int8_head_decode(ctx):
     """
     评估文本在 INT8 每头的 KV 缓存上真实地 decode -> logits [条, 长度, V]：提示一次写进缓存，之后 DECODE_STEPS 步逐个
     token 地喂（transformer_lab 的前向，每步写一个位置），剩下的新 token 一块接着写在后面。run 在另一个线程里提前算好它。
-    每一步 decode 都要把 float64 的全部权重（约 1 GB）读一遍：12 步都逐个喂要多一倍多的时间，证明的是同一件事
-    （每个 token 每个头的 scale 只看它自己，和分几次写无关）。
+    每一步 decode 都要把 float64 的全部权重（约 1 GB）读一遍：12 步都逐个喂要几倍的时间，证明的是同一件事
+    （每个 token 每个头的 scale 只看它自己，和分几次写无关）：两步已经有接在整块后面的单个 token、接在单个 token
+    后面的单个 token，之后的一块又接在单个 token 后面。
     """
     model, toks, start = ctx["model"], ctx["eval_toks"], ctx["start"]
     B, n = toks.shape
     cuts = [0] + list(range(start, start + DECODE_STEPS + 1)) + [n]
     assert cuts[-2] < n                                   # 逐个 token 的几步之后还有一块
     cache = KVCache(ctx["cfg"], B, n, quant=kv_quantizer("int8-head"))
-    logits = [model.forward(toks[:, a:b], cache) for a, b in zip(cuts, cuts[1:])]
+    # 提示那一块只在最后一个位置乘 lm_head（KL 从第 start − 1 个位置起；smollm2_models.logits_at 的做法，放在模型的
+    # 浅拷贝上：另一个线程同时在用 model）；之前的位置填 NaN，误用了就看得出。每层照样整块算、整块写进缓存
+    first = copy.copy(model)
+    first.lm_head = lambda h: model.lm_head(h[:, -1:])
+    logits = [np.full((B, start - 1, ctx["cfg"].vocab), np.nan), first.forward(toks[:, :start], cache)]
+    logits += [model.forward(toks[:, a:b], cache) for a, b in zip(cuts[1:], cuts[2:])]
     return np.concatenate(logits, axis=1)
 
 
