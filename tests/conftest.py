@@ -40,7 +40,7 @@ _REAL_STDERR = []
 
 
 def pytest_configure(config):
-    """记下真正的 stderr（pytest 捕获输出时 fd 2 指向临时文件，超时的调用栈写到那里就看不见了）。"""
+    """记下真正的 stderr（pytest 捕获输出时 fd 2 指向临时文件，超时的调用栈写到那里就看不见了）；_rewrite_ahead。"""
     capman = config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         capman.suspend_global_capture(in_=False)
@@ -49,6 +49,69 @@ def pytest_configure(config):
     finally:
         if capman is not None:
             capman.resume_global_capture()
+    _start_rewrite_ahead(config)
+
+
+_AHEAD = []     # [(子进程, 临时目录)]：_start_rewrite_ahead 起的
+
+
+def _start_rewrite_ahead(config):
+    """
+    pytest 导入每个测试文件之前要改写里面的 assert（为了失败时打印各部分的值），改写好的代码平时缓存在 __pycache__ 里，
+    下一次直接用。设了 PYTHONDONTWRITEBYTECODE（sys.dont_write_bytecode）时它不写缓存，每次收集都要重新改写一百多个
+    测试文件（约 3 秒，测试进程一个核上）。这时在另一个核上起一个子进程（_rewrite_ahead），从最后一个文件往前改写、
+    写进一个临时目录（sys.pycache_prefix 指向它，会话结束删掉，不在仓库里留任何文件）；pytest 从第一个文件往后收集，
+    遇到子进程已经写好的就直接读（pytest 核对源文件的修改时间和大小、pytest 的版本，对不上就自己改写），两边在中间碰头。
+    改写的结果和 pytest 自己改写的完全相同（同一个函数、同样的设置）。没设 PYTHONDONTWRITEBYTECODE、没用 assert 改写
+    （--assert=plain）、或者这台机器不支持时什么都不做：pytest 照常自己改写。
+    """
+    if not sys.dont_write_bytecode or sys.pycache_prefix or config.getoption("assertmode", "rewrite") != "rewrite":
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = sorted(glob.glob(os.path.join(here, "test_*.py")), reverse=True)
+    prefix = tempfile.mkdtemp(prefix="cs349e-pyc-")
+    code = f"import conftest; conftest._rewrite_ahead({prefix!r}, {files!r})"
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], cwd=here, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        os.rmdir(prefix)
+        return
+    _AHEAD.append((child, prefix))
+    sys.pycache_prefix = prefix
+
+
+def pytest_unconfigure(config):
+    """_start_rewrite_ahead 的子进程还在就结束它，删掉临时目录。"""
+    import shutil
+    while _AHEAD:
+        child, prefix = _AHEAD.pop()
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        if sys.pycache_prefix == prefix:
+            sys.pycache_prefix = None
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def _rewrite_ahead(prefix, files):
+    """_start_rewrite_ahead 起的子进程里：按 files 的顺序改写（pytest 的 assert 改写），写到 prefix 下 pytest 找它的地方。"""
+    sys.pycache_prefix = prefix
+    from pathlib import Path
+
+    from _pytest.assertion.rewrite import PYC_TAIL, _rewrite_test, _write_pyc, get_cache_dir
+
+    class _Quiet:
+        def trace(self, *args):
+            pass
+
+    for fn in map(Path, files):
+        pyc = get_cache_dir(fn) / (fn.name[:-3] + PYC_TAIL)
+        if pyc.exists():
+            continue
+        pyc.parent.mkdir(parents=True, exist_ok=True)
+        stat, co = _rewrite_test(fn, None)
+        _write_pyc(_Quiet(), co, stat, pyc)
 
 
 _SESSION_START = []
@@ -194,7 +257,27 @@ def real_model(dtype="float64"):
     return _real_model(real_model_path(), dtype)
 
 
-REAL_LOCK = threading.RLock()   # 后台预装（_prefetch）和测试同时要模型时，只装一次
+_PREFETCH_CHILD = []     # 正在后台装模型的子进程的 pid（_handed_over；最低的优先级，有测试等它时调回前台）
+
+
+class _ModelLock:
+    """一把可重入的锁；拿锁之前，要是后台还在装模型（_PREFETCH_CHILD），先把那个子进程调回前台：有测试在等它了。"""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+
+    def __enter__(self):
+        if _PREFETCH_CHILD:
+            from proc_util import foreground
+            foreground(list(_PREFETCH_CHILD))
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+REAL_LOCK = _ModelLock()   # 后台预装（_prefetch）和测试同时要模型时，只装一次
 
 
 def _real_model(path, dtype):
@@ -208,26 +291,41 @@ def _real_model(path, dtype):
     return _REAL[dtype]
 
 
+def _real_model_dtypes(module, _seen={}):
+    """一个测试模块在测试进程里用真实模型吗：它的源码里有 smollm2_lm( / real_model( -> 它要的 dtype 的集合（不用：空集）。"""
+    path = getattr(module, "__file__", None)
+    if path not in _seen:
+        try:
+            with open(path, encoding="utf-8") as f:
+                src = f.read()
+        except (OSError, TypeError):
+            src = ""
+        wants = {"float64"} if "smollm2_lm(" in src or "real_model(" in src else set()
+        if 'smollm2_lm("float32")' in src:
+            wants.add("float32")
+        _seen[path] = wants
+    return _seen[path]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """
+    在测试进程里用真实模型的测试文件排到最后（各文件内部、两组各自的先后不变）：收集完后台就开始装模型
+    （pytest_collection_finish），先跑的玩具测试不用它，装好之前没有测试要等。测试之间不靠先后（每个测试自己拿它要的东西）。
+    """
+    items.sort(key=lambda item: bool(_real_model_dtypes(getattr(item, "module", None))))
+
+
 def pytest_collection_finish(session):
     """
-    选中的测试里有用真实模型的（模块源码里有 smollm2_lm / real_model(）、模型文件已经在本机：收集完就在一个后台线程里
-    把 float32、float64 的参数和 float64 的融合模型（smollm2_models.smollm2_lm）装好——前面的玩具测试在主线程跑的时候，
-    它用另一个核（numpy 的大数组运算不占着 GIL）。测试要模型时拿 REAL_LOCK：装到一半就等它装完，装好了直接用。
+    选中的测试里有用真实模型的（_real_model_dtypes）、模型文件已经在本机：收集完就在后台（_prefetch）把 float32、float64 的
+    参数和 float64 的融合模型（smollm2_models.smollm2_lm）装好。测试要模型时拿 REAL_LOCK：装到一半就等它装完，装好了直接用。
     后台出了任何错都不管：测试自己再装一次，错误照常报在测试上。不下载（文件不在本机时什么都不做）。
     """
     if session.config.option.collectonly:
         return
     wants = set()
     for mod in {getattr(item, "module", None) for item in session.items} - {None}:
-        try:
-            with open(mod.__file__, encoding="utf-8") as f:
-                src = f.read()
-        except (OSError, TypeError):
-            continue
-        if "smollm2_lm(" in src or "real_model(" in src:
-            wants.add("float64")
-        if 'smollm2_lm("float32")' in src:
-            wants.add("float32")
+        wants |= _real_model_dtypes(mod)
     if not wants:
         return
     from hub_lab import ModelUnavailableError, gguf_path
@@ -241,13 +339,98 @@ def pytest_collection_finish(session):
 
 
 def _prefetch(path, dtypes):
+    """
+    后台线程：拿着 REAL_LOCK，在一个子进程里（_build_for_parent）装好参数、建好融合的模型，经一个没有名字的文件传回来
+    （_handed_over）。装模型的活大半是 numpy 的小运算和 Python，放在测试进程的线程里会和主线程抢 GIL（前面的玩具测试
+    因此慢一截）；子进程在另一个核上算，测试进程只映射它写好的数组（不复制）。传回的和这里直接装的逐位相同：同一段代码、
+    同一个文件，数组按原样的字节传。不能传（没有 pass_fds 的系统）或者子进程失败时，就在这个线程里照旧装。
+    """
     try:
-        from smollm2_models import smollm2_lm
-        for dt in dtypes:                # "float64" 先（用它的测试多）
-            _real_model(path, dt)
-            smollm2_lm(dt)
+        with REAL_LOCK:
+            got = _handed_over(path, dtypes) if os.name == "posix" else None
+            if got is not None:
+                from smollm2_models import _LM
+                for key, val in got["real"].items():
+                    _REAL.setdefault(key, val)
+                for key, val in got["lm"].items():
+                    _LM.setdefault(key, val)
+            from smollm2_models import smollm2_lm
+            for dt in dtypes:                # "float64" 先（用它的测试多）
+                _real_model(path, dt)
+                smollm2_lm(dt)
     except Exception:   # noqa: BLE001 —— 见 pytest_collection_finish 的说明
         pass
+
+
+def _handed_over(path, dtypes):
+    """
+    在子进程里装模型（_build_for_parent），-> 它装好的 {"real": {dtype: (params, cfg, tok)}, "lm": {dtype: smollm2_lm 的结果}}，
+    子进程失败时 -> None。
+
+    传的办法：这里先建一个临时文件、打开、马上删掉名字（Linux 上建在 /dev/shm，内存里），把打开的文件描述符交给子进程；
+    子进程把所有数组的字节（pickle 协议 5 的带外缓冲区）和其余部分的 pickle 写进去。这里把文件映射进来（写时复制：
+    测试改了哪个数组，只改自己的那一份），数组直接指向映射的内存。文件没有名字，谁退出都不会留下它：最后一个描述符和
+    映射一关，内存就还回去。
+    """
+    import mmap
+    import pickle
+    shm = "/dev/shm"
+    fd, name = tempfile.mkstemp(prefix="cs349e-model-", dir=shm if os.path.isdir(shm) else None)
+    try:
+        os.unlink(name)
+        from proc_util import popen_background
+        code = f"import conftest; conftest._build_for_parent({path!r}, {list(dtypes)!r}, {fd})"
+        child = popen_background([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                 pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        _PREFETCH_CHILD.append(child.pid)
+        try:
+            code = child.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            return None
+        finally:
+            _PREFETCH_CHILD.clear()
+        if code != 0 or os.fstat(fd).st_size == 0:
+            return None
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    import numpy as np
+    np.frombuffer(mm, dtype=np.uint8)[::mmap.PAGESIZE].max()   # 每页读一个字节：在这个后台线程里（numpy 放开 GIL）
+    view = memoryview(mm)                                      # 把页映射好，测试第一次用这些数组时不再一页一页地缺页
+    where, n_bufs = (int(x) for x in bytes(view[:64]).split())   # 开头 64 字节：目录在哪、有几个数组
+    table = pickle.loads(view[where:])      # 目录：每个数组的 (偏移, 字节数)，最后一项是对象本身的 pickle 的
+    bufs = [view[o:o + n] for o, n in table[:n_bufs]]
+    (o, n), = table[n_bufs:]
+    return pickle.loads(view[o:o + n], buffers=bufs)
+
+
+def _build_for_parent(path, dtypes, fd):
+    """_handed_over 起的子进程里：装好 path 的 float32 / dtypes 的参数和融合的模型，写进文件描述符 fd（格式见 _handed_over）。"""
+    import pickle
+    from smollm2_models import _LM, smollm2_lm
+    _REAL["path"] = path
+    for dt in dtypes:
+        smollm2_lm(dt)
+    obj = {"real": {k: _REAL[k] for k in ("float32", *dtypes)}, "lm": {dt: _LM[dt] for dt in dtypes}}
+    bufs = []
+    body = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    with os.fdopen(fd, "wb", closefd=False) as f:
+        f.seek(64)
+        table = []
+        for b in bufs:
+            raw = b.raw()
+            f.seek(-f.tell() % 64, 1)                    # 每个数组从 64 字节对齐的地方开始
+            table.append((f.tell(), raw.nbytes))
+            f.write(raw)
+        table.append((f.tell(), len(body)))
+        f.write(body)
+        where = f.tell()
+        f.write(pickle.dumps(table))
+        f.seek(0)
+        f.write(f"{where} {len(bufs)}".encode().ljust(64))
 
 
 def is_real_model_script(relpath):

@@ -1,0 +1,80 @@
+"""
+conftest 里两处只为测试集快的做法，结果必须和不用它们时一样：
+- _handed_over：后台在子进程里装真实模型、经一个没有名字的文件传回测试进程。传回的参数、融合的模型和在这里直接装的逐位相同。
+  这里用一个合成的小 GGUF（test_real_model_lab 写它的办法），不要下载。
+- _rewrite_ahead：另一个进程先替 pytest 改写测试文件里的 assert。写出的缓存 pytest 认得（读得回来），内容和 pytest 自己
+  改写的相同，而且 assert 确实改写过了（失败时消息里有各部分的值）。
+"""
+import os
+import sys
+
+import numpy as np
+
+import conftest
+from decode_lab import TransformerLM
+from real_model_lab import as_dtype, load_gguf
+from test_real_model_lab import TOKS, _params, _write
+
+
+def _same(a, b, where="params"):
+    """两个嵌套的 dict / list / 数组逐位相同、dtype 相同。"""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), where
+
+
+def test_the_model_handed_over_by_the_child_equals_a_load_here(tmp_path):
+    path = _write(tmp_path, _params(False), tied=False)
+    got = conftest._handed_over(path, ["float64", "float32"])
+    assert got is not None
+    p32 = load_gguf(path, dtype=np.float32)
+    p64 = as_dtype(p32, np.float64)
+    _same(got["real"]["float32"][0], p32[0])
+    _same(got["real"]["float64"][0], p64[0])
+    assert got["real"]["float64"][1] == p64[1] and got["real"]["float32"][1] == p32[1]
+    assert got["real"]["float64"][2] is got["real"]["float32"][2]          # 分词器两种 dtype 共用一个（as_dtype 那样）
+    for dt, (P, cfg, _) in (("float64", p64), ("float32", p32)):
+        lm, lm_cfg, tok = got["lm"][dt]
+        assert lm_cfg == cfg and tok.encode("abc") == p32[2].encode("abc")
+        assert np.array_equal(lm.forward(TOKS), TransformerLM(P, cfg).forward(TOKS)), dt
+        lm.params["final_norm"][0] += 1.0                                    # 映射是写时复制的：数组可以写
+    assert got["real"]["float64"][0]["embed"].flags.writeable
+
+
+def test_a_failing_child_hands_over_nothing(tmp_path):
+    bad = tmp_path / "not.gguf"
+    bad.write_bytes(b"not a gguf file")
+    assert conftest._handed_over(str(bad), ["float64"]) is None
+
+
+def test_the_assert_rewriting_done_ahead_is_read_back_and_equals_pytests_own(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from _pytest.assertion.rewrite import PYC_TAIL, _read_pyc, _rewrite_test, get_cache_dir
+    src = tmp_path / "test_sample.py"
+    src.write_text("def test_x():\n    a = [1, 2]\n    assert a == [1, 3]\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    prefix = tmp_path / "pyc"
+    conftest._rewrite_ahead(str(prefix), [str(src)])
+    assert sys.pycache_prefix == str(prefix)
+    fn = Path(os.path.abspath(src))
+    pyc = get_cache_dir(fn) / (fn.name[:-3] + PYC_TAIL)
+    assert str(pyc).startswith(str(prefix))
+    co = _read_pyc(fn, pyc, lambda *a: None)          # pytest 收集时就这样读：源文件的时间、大小、版本都对得上才用
+    assert co is not None
+    assert co == _rewrite_test(fn, None)[1]
+    ns = {}
+    exec(co, ns)
+    try:
+        ns["test_x"]()
+    except AssertionError as e:
+        assert "[1, 2] == [1, 3]" in str(e)            # 改写过的 assert：消息里有两边的值（没改写的消息是空的）
+    else:
+        raise AssertionError("test_x 应该失败")
