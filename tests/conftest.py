@@ -68,7 +68,13 @@ def _start_rewrite_ahead(config):
     if not sys.dont_write_bytecode or sys.pycache_prefix or config.getoption("assertmode", "rewrite") != "rewrite":
         return
     here = os.path.dirname(os.path.abspath(__file__))
-    files = sorted(glob.glob(os.path.join(here, "test_*.py")), reverse=True)
+    wanted = set()                       # 这次命令行选中的测试文件（给的是目录：它下面的；给的是文件：只它）
+    for arg in config.args:
+        path = os.path.abspath(os.path.join(str(config.invocation_params.dir), arg.split("::")[0]))
+        wanted.update(glob.glob(os.path.join(path, "test_*.py")) if os.path.isdir(path) else [path])
+    files = sorted((f for f in glob.glob(os.path.join(here, "test_*.py")) if f in wanted), reverse=True)
+    if len(files) < 2:
+        return
     prefix = tempfile.mkdtemp(prefix="cs349e-pyc-")
     code = f"import conftest; conftest._rewrite_ahead({prefix!r}, {files!r})"
     try:
