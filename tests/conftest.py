@@ -87,9 +87,15 @@ def _start_rewrite_ahead(config):
     sys.pycache_prefix = prefix
 
 
+_CLOSING = []    # pytest_unconfigure 之后非空：后台装模型的线程不再做任何事
+
+
 def pytest_unconfigure(config):
-    """_start_rewrite_ahead 的子进程还在就结束它，删掉临时目录。"""
+    """后台装模型的子进程（_handed_over）、_start_rewrite_ahead 的子进程还在就结束它们，删掉临时目录。"""
     import shutil
+    _CLOSING.append(True)
+    for child in list(_PREFETCH_CHILD):
+        child.kill()                         # 后台线程收它（wait）；传模型的文件没有名字，不留下什么
     while _AHEAD:
         child, prefix = _AHEAD.pop()
         if child.poll() is None:
@@ -263,7 +269,7 @@ def real_model(dtype="float64"):
     return _real_model(real_model_path(), dtype)
 
 
-_PREFETCH_CHILD = []     # 正在后台装模型的子进程的 pid（_handed_over；最低的优先级，有测试等它时调回前台）
+_PREFETCH_CHILD = []     # 正在后台装模型的子进程（Popen；_handed_over；最低的优先级，有测试等它时调回前台）
 
 
 class _ModelLock:
@@ -275,7 +281,7 @@ class _ModelLock:
     def __enter__(self):
         if _PREFETCH_CHILD:
             from proc_util import foreground
-            foreground(list(_PREFETCH_CHILD))
+            foreground([c.pid for c in _PREFETCH_CHILD])
         self._lock.acquire()
         return self
 
@@ -354,6 +360,8 @@ def _prefetch(path, dtypes):
     try:
         with REAL_LOCK:
             got = _handed_over(path, dtypes) if os.name == "posix" else None
+            if _CLOSING:                     # 会话已经结束（pytest_unconfigure 结束了子进程）：什么都不再装
+                return
             if got is not None:
                 from smollm2_models import _LM
                 for key, val in got["real"].items():
@@ -385,11 +393,11 @@ def _handed_over(path, dtypes):
     try:
         os.unlink(name)
         from proc_util import popen_background
-        code = f"import conftest; conftest._build_for_parent({path!r}, {list(dtypes)!r}, {fd})"
+        code = f"import conftest; conftest._build_for_parent({path!r}, {list(dtypes)!r}, {fd}, {os.getpid()})"
         child = popen_background([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
                                  pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
-        _PREFETCH_CHILD.append(child.pid)
+        _PREFETCH_CHILD.append(child)
         try:
             code = child.wait(timeout=600)
         except subprocess.TimeoutExpired:
@@ -413,13 +421,23 @@ def _handed_over(path, dtypes):
     return pickle.loads(view[o:o + n], buffers=bufs)
 
 
-def _build_for_parent(path, dtypes, fd):
-    """_handed_over 起的子进程里：装好 path 的 float32 / dtypes 的参数和融合的模型，写进文件描述符 fd（格式见 _handed_over）。"""
+def _build_for_parent(path, dtypes, fd, parent):
+    """
+    _handed_over 起的子进程里：装好 path 的 float32 / dtypes 的参数和融合的模型，写进文件描述符 fd（格式见 _handed_over）。
+    parent：测试进程的 pid。每装完一步看一眼它还在不在（被杀了的话这个进程归了别人，getppid 变了）：不在就退出。
+    """
     import pickle
     from smollm2_models import _LM, smollm2_lm
+
+    def orphaned():
+        if os.getppid() != parent:
+            sys.exit(1)
+
     _REAL["path"] = path
     for dt in dtypes:
+        orphaned()
         smollm2_lm(dt)
+    orphaned()
     obj = {"real": {k: _REAL[k] for k in ("float32", *dtypes)}, "lm": {dt: _LM[dt] for dt in dtypes}}
     bufs = []
     body = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)

@@ -78,3 +78,28 @@ def test_the_assert_rewriting_done_ahead_is_read_back_and_equals_pytests_own(tmp
         assert "[1, 2] == [1, 3]" in str(e)            # 改写过的 assert：消息里有两边的值（没改写的消息是空的）
     else:
         raise AssertionError("test_x 应该失败")
+
+
+def test_the_end_of_the_session_kills_a_child_still_loading_and_an_orphan_stops_by_itself(tmp_path):
+    """
+    会话结束时（pytest_unconfigure）后台还在装模型的子进程被结束，不会留下（它最低优先级，忙的机器上可能还要跑好几分钟、
+    占着几 GB 内存）；测试进程被杀了的话，子进程每装完一步自己发现（父进程的 pid 变了）就退出。
+    两件事都在一个单独的 Python 进程里做（pytest_unconfigure 会让这个会话的后台装载停下）。
+    """
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import subprocess, sys, conftest\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "conftest._PREFETCH_CHILD.append(c)\n"
+            "conftest.pytest_unconfigure(None)\n"
+            "print(c.wait(timeout=10))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "-9", r.stderr
+    path = _write(tmp_path, _params(True))
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT)
+    try:
+        code = f"import conftest; conftest._build_for_parent({path!r}, ['float64'], {fd}, 1)"   # 父进程"是" pid 1：不是它
+        r = subprocess.run([sys.executable, "-c", code], cwd=here, pass_fds=(fd,), capture_output=True, timeout=60)
+        assert r.returncode == 1 and os.fstat(fd).st_size == 0, r.stderr
+    finally:
+        os.close(fd)
