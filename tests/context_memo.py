@@ -8,8 +8,8 @@ test_decode_lab_trees.test_every_node_scored_in_generation_equals_a_fresh_pass_o
 输出分布和用原模型时一样；χ² 检验要抽几千次，提示固定、词表 6 个 token 时上下文却只有几百种，这样只算几百次前向。
 缓存只记位置和 token（影子列表）；K/V 照样分配（KVCache 构造时的长度检查不变），但不再读写，所以 keep 只挪影子
 列表（参数检查和 KVCache.keep 的相同，见 _TokenCache.keep）。
-每次带缓存的 forward 的整个结果也按（缓存里的 token + 新 token、新 token 的个数、遮罩）记住：抽几千次时同一个调用反复出现，
-命中时不再逐行查表、拼数组（给的是副本）。
+每次带缓存的 forward 的整个结果也按（缓存里的 token + 新 token、新 token 的个数、遮罩）记住：抽几千次时同一个调用
+反复出现，命中时不再逐行查表、拼数组（给的是副本）。
 FeatureMemoLM 另外记住特征（lm_head 的输入），给要目标特征的生成器（feature_decode_lab）用；它逐行查（要逐行交出特征）。
 """
 import numpy as np
@@ -27,8 +27,8 @@ class _TokenCache(KVCache):
 
     def keep(self, start, offsets):
         """
-        和 KVCache.keep 一样检查参数（start 在 0..pos、offsets 是 0..pos − start − 1 里严格递增的整数，否则 ValueError），
-        但只挪影子列表：K/V 在这个缓存里从来不读（logits 按上下文查表），不用搬。
+        和 KVCache.keep 一样检查参数（start 在 0..pos、offsets 是 0..pos − start − 1 里严格递增的整数，
+        否则 ValueError），但只挪影子列表：K/V 在这个缓存里从来不读（logits 按上下文查表），不用搬。
         """
         if not (isinstance(start, (int, np.integer)) and not isinstance(start, bool) and 0 <= start <= self.pos):
             raise ValueError(f"start = {start!r} 超出范围：缓存里有 {self.pos} 个位置（允许 0..{self.pos}）")

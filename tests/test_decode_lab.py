@@ -239,8 +239,9 @@ def test_greedy_speculative_equals_greedy_target(tiny_models, tiny_greedy, gamma
 def test_greedy_speculative_on_qcfg_equals_greedy_target():
     """
     第 3 讲的 QCFG 模型（init_params 的种子 0）当目标、它的 INT4-g32 量化（lm_head 也量化）当草稿：贪心的投机解码 ==
-    目标的贪心。这一对就是种子 04 的目标和 "INT4 量化的自己"（drafts_lab.build_seed04_models 就这样构造；它和种子 04 的
-    build_models 逐个参数相同由 test_decode_lab_papers 核对）：用 tests/seed04_models.py 整个会话共用的那一份，不在这里重建。
+    目标的贪心。这一对就是种子 04 的目标和 "INT4 量化的自己"（drafts_lab.build_seed04_models 就这样构造；它和种子 04
+    的 build_models 逐个参数相同由 test_decode_lab_papers 核对）：用 tests/seed04_models.py 整个会话共用的那一份，
+    不在这里重建。
     """
     from quant_lab import QCFG
     target, drafts = seed04_models()
