@@ -13,7 +13,6 @@ from decode_lab import (acceptance_rate, adjust, autoregressive_generate, NGramL
 from spec_math_lab import best_gamma, expected_tokens, ops_factor, truncated_geometric, walltime_speedup
 from stats_lab import chi2_gof, chi2_sf
 from context_memo import ContextMemoLM
-from seed04_models import seed04_models
 from sampler_cases import HAND_CASES, TINY, dist as _dist
 from transformer_lab import MATMUL_OPS, Counter, analytic_ops, config_like, init_params, sum_rows
 
@@ -237,16 +236,10 @@ def test_greedy_speculative_equals_greedy_target(tiny_models, tiny_greedy, gamma
 
 
 def test_greedy_speculative_on_qcfg_equals_greedy_target():
-    """
-    第 3 讲的 QCFG 模型（init_params 的种子 0）当目标、它的 INT4-g32 量化（lm_head 也量化）当草稿：贪心的投机解码 ==
-    目标的贪心。这一对就是种子 04 的目标和 "INT4 量化的自己"（drafts_lab.build_seed04_models 就这样构造；它和种子 04
-    的 build_models 逐个参数相同由 test_decode_lab_papers 核对）：用 tests/seed04_models.py 整个会话共用的那一份，
-    不在这里重建。
-    """
-    from quant_lab import QCFG
-    target, drafts = seed04_models()
-    draft = drafts["INT4 量化的自己"]
-    assert target.cfg == QCFG and draft.cfg == QCFG
+    from quant_lab import QCFG, quantize_params
+    P = init_params(QCFG, seed=0)
+    target = TransformerLM(P, QCFG)
+    draft = TransformerLM(quantize_params(P, "int4-g32", include_lm_head=True)[0], QCFG)
     prompt = [5, 17, 99]
     want = autoregressive_generate(target, prompt, 60, 0, np.random.default_rng(0))
     for g in (1, 4, 8):
