@@ -2,6 +2,7 @@
 decode_lab 的"成片的难度"部分：隐状态模型（regime_models）、平稳状态下的精确值、相邻相关、每轮的起点、
 prompt lookup、会照抄的目标（CopyingLM）、草稿长度可变的投机解码。期望值都用手算的小例子或另一条独立的算法得到。
 """
+import bisect
 import math
 
 import numpy as np
@@ -169,15 +170,20 @@ def test_exact_tokens_per_call_rejects_bad_gamma(bad):
 
 
 def test_exact_lag1_matches_a_long_sampled_chain():
-    """用自己写的采样（均匀数 + cumsum 反查）抽一条长链，β 的相邻相关和精确值一致。"""
+    """
+    用自己写的采样（均匀数 + cumsum 反查）抽一条长链，β 的相邻相关和精确值一致。反查用 bisect 在 Python 的 float 列表上
+    做（和 np.searchsorted(side="right") 在同一批 float64 上比较，u·总和 也是同一次双精度乘法：抽到的逐个相同），
+    3 万步每步少一次 numpy 调用。
+    """
     t, d = regime_models(0.9)
     P = np.exp(t.table)
     beta = np.minimum(P, np.exp(d.table)).sum(1)
-    cdf = np.cumsum(P, 1)
+    rows, last = np.cumsum(P, 1).tolist(), P.shape[0] - 1
     rng = np.random.default_rng(5)
     x, seq = 0, []
-    for u in rng.random(30000):
-        x = min(int(np.searchsorted(cdf[x], u * cdf[x, -1], side="right")), P.shape[0] - 1)
+    for u in rng.random(30000).tolist():
+        row = rows[x]
+        x = min(bisect.bisect_right(row, u * row[-1]), last)
         seq.append(x)
     b = beta[np.array(seq)]
     r = np.corrcoef(b[:-1], b[1:])[0, 1]

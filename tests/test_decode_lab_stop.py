@@ -14,6 +14,7 @@ greedy_lab 的精确轮次（greedy_rounds / lookup_rounds / tree_rounds）不�
 import numpy as np
 import pytest
 
+from context_memo import ContextMemoLM
 from decode_lab import TransformerLM, autoregressive_generate, speculative_generate
 from lookup_lab import PromptLookup, speculative_generate_adaptive
 from transformer_lab import LMConfig, init_params
@@ -27,11 +28,17 @@ N_NEW = 40
 
 @pytest.fixture(scope="module")
 def target():
-    """float64 的小模型（init_params 的默认精度）和它不带 stop 的贪心续写。"""
-    m = TransformerLM(init_params(CFG, seed=0), CFG, "目标")
-    greedy = autoregressive_generate(m, PROMPT, N_NEW, 0, np.random.default_rng(0)).tolist()
+    """
+    float64 的小模型（init_params 的默认精度）和它不带 stop 的贪心续写（用原模型算）。
+    生成器拿到的是同一个模型按上下文记住 logits 的版本（tests/context_memo.py：带缓存、回滚、树形遮罩的每一行 ==
+    一次算完这一行能看到的 token，只差舍入）：这里要查的是截断，不是缓存（缓存由 test_decode_lab 和
+    test_decode_lab_trees 在原模型上逐行核对）；几十次生成走的是同几段上下文，每段只算一次前向。
+    每个测试的第一条断言照样核对：它的输出 == 原模型的贪心。
+    """
+    base = TransformerLM(init_params(CFG, seed=0), CFG, "目标")
+    greedy = autoregressive_generate(base, PROMPT, N_NEW, 0, np.random.default_rng(0)).tolist()
     assert len(set(greedy)) > 8                         # 有足够多不同的 token 可以当停止 token
-    return m, greedy
+    return ContextMemoLM(base), greedy
 
 
 def _cut(greedy, stop):

@@ -188,6 +188,40 @@ def memo_models(tiny_models):
     return ContextMemoLM(target), {k: d if isinstance(d, NGramLM) else ContextMemoLM(d) for k, d in drafts.items()}
 
 
+def test_memo_rows_follow_the_mask_and_its_keep_checks_like_kvcache(tiny_models):
+    """
+    tests/context_memo.py 自己：同样的 token、同样个数的新 token、不同的遮罩（一条链 / 两个兄弟），每一行 == 把这一行
+    能看到的 token 从头算一遍（整个调用按 token 和遮罩记住：只按 token 记，第二种遮罩就拿到第一种的结果）；
+    它的缓存的 keep 和 KVCache.keep 对同样的参数一样报错、一样留下位置（它只挪影子列表）。
+    """
+    base = tiny_models[0]
+    m = ContextMemoLM(base)
+    prefix, new = [1, 4, 2], [5, 3]
+    chain = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=bool)
+    siblings = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=bool)
+    for mask in (chain, siblings, chain):
+        cache = m.new_cache()
+        m.forward(np.array([prefix]), cache)
+        rows = m.forward(np.array([new]), cache, attn_mask=mask)[0]
+        for i in range(len(new)):
+            ctx = [t for t, v in zip(prefix + new, mask[i]) if v]
+            assert np.abs(rows[i] - base.full_logits(np.array([ctx]))[0, -1]).max() < 1e-12
+    toks = [3, 1, 4, 1, 5]
+    for start, offs in ((6, []), (-1, []), (True, []), (2, [1, 0]), (2, [3]), (2, [0, 0]), (2, [-1]), (2, [0.5]),
+                        (2, [[0]]), (2, np.array([[0]]))):
+        for cache in (KVCache(TINY, 1), m.new_cache()):
+            cache.pos = len(toks)
+            with pytest.raises(ValueError):
+                cache.keep(start, offs)
+    for start, offs in ((2, [0, 2]), (2, []), (0, [1, 2, 4]), (5, [])):
+        ref, mine = KVCache(TINY, 1), m.new_cache()
+        ref.pos = len(toks)
+        m.forward(np.array([toks]), mine)
+        ref.keep(start, offs)
+        mine.keep(start, offs)
+        assert mine.pos == ref.pos and mine.shadow[:mine.pos] == toks[:start] + [toks[start + o] for o in offs]
+
+
 @pytest.fixture(scope="module")
 def wide_greedy(wide_models):
     """wide_models 的目标在提示 [3, 17, 5, 29] 上自己的贪心解码（40 个 token）：下面 12 种组合共用这一份。"""
@@ -273,15 +307,20 @@ def test_every_node_scored_in_generation_equals_a_fresh_pass_over_its_path(wide_
     # 草稿每轮第一次前向（没有遮罩，接着已确定的序列往下喂）之前，缓存里也只有已确定的 token
     starts = [before for before, new, mask, logits in draft.calls if mask is None]
     assert len(starts) == st["target_calls"] and all(b == seq[:len(b)] for b in starts)
+    # 从头喂的那一遍：同样长的上下文放进一批一次算完（批里每条序列各算各的，和一条一条喂只差舍入的顺序）
     for model in (target, draft):
         assert model.calls
+        by_len = {}
         for before, new, mask, logits in model.calls:
             ctx_all = before + new
             for i in range(len(new)):
                 vis = mask[i] if mask is not None else np.arange(len(ctx_all)) <= len(before) + i
                 ctx = [t for t, v in zip(ctx_all, vis) if v]
-                fresh = model.full_logits([ctx])[0, -1]
-                assert np.abs(logits[i] - fresh).max() < 1e-12
+                by_len.setdefault(len(ctx), []).append((ctx, logits[i]))
+        for rows in by_len.values():
+            fresh = model.full_logits(np.array([ctx for ctx, _ in rows]))[:, -1]
+            for (_, got), want in zip(rows, fresh):
+                assert np.abs(got - want).max() < 1e-12
 
 
 def _exact_joint(target, prompt, T):

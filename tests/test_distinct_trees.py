@@ -335,9 +335,12 @@ def test_dynamic_tree_on_smollm2_float64_is_greedy_token_for_token():
     SmolLM2 的前 6 层（float64；共用会话里那份融合好的权重）当目标，跳过它的第 3–4 层当草稿：动态树的输出 == 目标的贪心。
     只用前几层证明的是同一件事：树 == 贪心只看验证对不对（树形遮罩、位置、两边缓存只留被接受的路径、点质量规则），
     每一层走的是同一段代码，和层数无关；真实模型比玩具多的（49152 的词表、分词器和对话模板、GQA、RoPE 的 θ）都还在。
-    6 层时这段提示的 6 个 token 走 3 轮，全部拒绝（接受 0 个）和整条接受（depth + 1 个）都有（最后一行断言它）。
-    时间几乎全在前向的次数上：每次前向都把 lm_head（49152 × 576 的 float64，226 MB）整个读一遍，树里几个节点差不多；
-    每一轮是草稿 depth 次加目标 1 次，30 层时每轮贵好几倍。
+    depth = 1（草稿每轮前向 2 次：根、第 1 层的 top_k 个兄弟）、4 个 token：T = 0 时输出 == 贪心只取决于目标这边，
+    草稿长得对不对只影响接受几个；目标这边要验证的树照样有两层（兄弟共用一个 RoPE 位置、孩子只看自己的父节点）。
+    这段提示走 2 轮：第 1 轮整条接受（depth + 1 个），目标缓存留下不相邻的两个节点（keep 的偏移 [0, 6]），
+    第 2 轮在挪过的缓存上全部拒绝（接受 0 个）——最后一行断言这两种都有。以前 depth = 2、6 个 token、3 轮：13 次前向（草稿 9、目标 3、
+    核对 1），现在 7 次（草稿 4、目标 2、核对 1），乘加约 4.9e9 → 3.1e9。
+    时间几乎全在前向的次数上：每次前向都把 lm_head（49152 × 576 的 float64，226 MB）整个读一遍，树里几个节点差不多。
     """
     from smollm2_models import new_token_logits, smollm2_lm
     from drafts_lab import layer_skip_draft, layer_subset
@@ -345,11 +348,13 @@ def test_dynamic_tree_on_smollm2_float64_is_greedy_token_for_token():
     target = layer_subset(full, range(6), name="SmolLM2 的前 6 层")
     draft = layer_skip_draft(target, 3, 2)
     prompt = tok.chat("Name a primary color.")
-    out, st = dynamic_tree_generate(target, draft, prompt, 6, 12, 0.0, np.random.default_rng(0), top_k=4, depth=2)
+    n_new, budget, depth = 4, 8, 1
+    out, st = dynamic_tree_generate(target, draft, prompt, n_new, budget, 0.0, np.random.default_rng(0), top_k=4,
+                                    depth=depth)
     # 贪心的定义：每个 token 都是它的前缀上目标的 argmax——整段一次前向逐位核对（不用一步一步 decode 出参考序列；
     # float64 的两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。lm_head 只乘预测新 token 的那几行
     # （smollm2_models.new_token_logits；每一行独立，和整段算完再切出来的一样）。
     top = new_token_logits(target, prompt, [int(t) for t in out]).argmax(-1)
-    assert len(out) == 6 and np.array_equal(out, top)
-    assert max(st["nodes"]) <= 12 and st["target_calls"] < 6
-    assert min(st["accepted"]) == 0 and max(st["accepted"]) == 2 + 1
+    assert len(out) == n_new and np.array_equal(out, top)
+    assert max(st["nodes"]) <= budget and st["target_calls"] < n_new
+    assert min(st["accepted"]) == 0 and max(st["accepted"]) == depth + 1
