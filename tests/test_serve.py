@@ -79,11 +79,14 @@ def oracle_text(out_ids, stop_ids=(0, 2)):
 
 
 def wait_until(cond, seconds=10.0):
-    t = time.monotonic() + seconds
+    """cond() 成真 -> True；seconds 秒后还不成真 -> False。先密后疏地看：间隔 1 ms 起、每次翻倍、最多 10 ms
+    （多半几毫秒内就成真的条件——连接线程走完、引擎放掉块——不必每次多等一个 10 ms 的间隔）。"""
+    t, pause = time.monotonic() + seconds, 0.001
     while time.monotonic() < t:
         if cond():
             return True
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
     return cond()
 
 
