@@ -183,8 +183,7 @@ def test_requests_are_seeded_and_lengths_in_range():
 
 def test_against_the_real_server_over_http_with_the_wall_clock():
     """真的服务器（小模型）、真的时钟、并发：每个请求都完成，输出 token 数 = max_tokens（ignore_eos），文字 == 服务器的。"""
-    serve = load_script("lecture05/serve.py")
-    from test_serve import start
+    from test_serve import serve, start                  # test_serve 装好的 serve.py（不再装一遍）
     h = start()
     try:
         reqs = bench.make_requests(6, (2, 6), (3, 8), seed=1)
