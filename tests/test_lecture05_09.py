@@ -150,8 +150,8 @@ def test_printed_figures(d1, d2):
 def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
     """
     --live 的路径（demo3_live）：小模型（1 层，词表同 SmolLM2）的服务器、真的 HTTP。分词器是 SmolLM2 自己的（会话里
-    只建一次，test_engine_script、test_serve_hardening 也用它；以前这里另建一个 49152 个 token 的假词表）：提示是
-    SmolLM2 词表里的 id，小模型吐出的每个 id 也都解码得了。
+    只建一次，test_engine_script、test_serve_hardening 也用它，不另建一个 49152 个 token 的词表）：提示是 SmolLM2
+    词表里的 id，小模型吐出的每个 id 也都解码得了。
     """
     from test_engine_script import gguf_info
     from test_serve import serve                         # test_serve 装好的 serve.py（不再装一遍）
