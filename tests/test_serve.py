@@ -508,6 +508,9 @@ sys.path[:0] = {paths!r}
 spec = importlib.util.spec_from_file_location("serve", {path!r})
 serve = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve)
+import bpe_lab
+_RANGES = {ranges!r}
+bpe_lab._unicode_ranges = lambda: _RANGES            # 父进程算好的字符区间（同一个 Python）：不再扫一遍 Unicode
 import test_serve
 from engine_lab import LLMEngine
 gate = threading.Event(); gate.set()
@@ -576,9 +579,13 @@ def _spawn_signal_child():
     import os
     import subprocess
     import sys
+    import bpe_lab
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
-    code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
+    # 子进程的 make_server 要切一次词（预分词的正则）：建正则的字符区间要按 unicodedata 扫一遍全部码位（零点几秒 CPU，
+    # 两个子进程各一遍，和测试进程抢那两个核）。父进程早就算好了（同一个 Python、同一个 unicodedata）：传过去
+    code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"),
+                                ranges=bpe_lab._unicode_ranges())
     p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     _LIVE.add(p)
