@@ -86,23 +86,28 @@ def stub_server(clock, script=SCRIPT):
     return httpd, t
 
 
-@pytest.fixture
-def stub():
-    clock = LockstepClock()
-    httpd, t = stub_server(clock)
-    yield clock, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-    t.join(5)
-
-
 REQS = [{"prompt": "a", "max_tokens": m} for m in (3, 4, 5)]
 
 
-def test_measured_latencies_equal_the_delays_the_stub_served(stub):
-    clock, url = stub
-    res = bench.run_benchmark(url, REQS, math.inf, model="stub", max_concurrency=1, clock=clock, sleep=clock.sleep,
-                              timeout=20)
+@pytest.fixture(scope="module")
+def serial_run():
+    """
+    REQS 一起到达、一次一个（max_concurrency=1）发给 SCRIPT 的桩 -> run_benchmark 的结果。假时钟和桩一步一步走，
+    所以这次运行的每个数都是确定的：下面两个测试（量到的延迟；分位数、吞吐、达标）读同一次运行，不各跑一遍。
+    """
+    clock = LockstepClock()
+    httpd, t = stub_server(clock)
+    try:
+        return bench.run_benchmark(f"http://127.0.0.1:{httpd.server_address[1]}", REQS, math.inf, model="stub",
+                                   max_concurrency=1, clock=clock, sleep=clock.sleep, timeout=20)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        t.join(5)
+
+
+def test_measured_latencies_equal_the_delays_the_stub_served(serial_run):
+    res = serial_run
     recs = res["records"]
     assert all(r["error"] is None for r in recs)
     ms = [bench.request_metrics(r) for r in recs]
@@ -116,11 +121,8 @@ def test_measured_latencies_equal_the_delays_the_stub_served(stub):
     assert res["duration"] == pytest.approx(0.9 + 1.2 + 3.5, abs=1e-12)
 
 
-def test_percentiles_throughputs_and_attainment_by_hand(stub):
-    clock, url = stub
-    res = bench.run_benchmark(url, REQS, math.inf, model="stub", max_concurrency=1, clock=clock, sleep=clock.sleep,
-                              timeout=20)
-    s = bench.summarize(res, ttft_slo=1.0, tpot_slo=0.2)
+def test_percentiles_throughputs_and_attainment_by_hand(serial_run):
+    s = bench.summarize(serial_run, ttft_slo=1.0, tpot_slo=0.2)
     # 线性插值：排好序的 x，位置 q·(n − 1)
     assert s["ttft"]["p50"] == pytest.approx(1.0) and s["ttft"]["p90"] == pytest.approx(1.0 + 0.8 * 1.0)
     assert s["ttft"]["p99"] == pytest.approx(1.0 + 0.98 * 1.0) and s["ttft"]["mean"] == pytest.approx(3.5 / 3)
@@ -181,8 +183,7 @@ def test_requests_are_seeded_and_lengths_in_range():
 
 def test_against_the_real_server_over_http_with_the_wall_clock():
     """真的服务器（小模型）、真的时钟、并发：每个请求都完成，输出 token 数 = max_tokens（ignore_eos），文字 == 服务器的。"""
-    serve = load_script("lecture05/serve.py")
-    from test_serve import start
+    from test_serve import serve, start                  # test_serve 装好的 serve.py（不再装一遍）
     h = start()
     try:
         reqs = bench.make_requests(6, (2, 6), (3, 8), seed=1)

@@ -1,7 +1,7 @@
 """
 lecture05/09_serving_under_load.py：每个观察引用的数由独立的算法重算；"重放 == 真跑"在一个小模型上核对；
 稳态的一步是 modelled_step_time 的不动点；06 的解析模拟用的"半带宽"等于按 float32 的字节算；--live 的路径用一个
-小模型的服务器跑一遍（真的 HTTP、127.0.0.1 的临时端口）。
+小模型的服务器跑一遍（真的 HTTP、127.0.0.1 的临时端口、SmolLM2 的分词器）。
 """
 import math
 
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from conftest import load_script, script_results, script_stdout, smollm2_path
-from bpe_lab import BPETokenizer, bytes_to_unicode
 from engine_lab import LLMEngine
 from hw_specs import Chip
 from iteration_lab import iteration_time
@@ -148,19 +147,18 @@ def test_printed_figures(d1, d2):
     assert "--live" not in out and "演示 3" not in out
 
 
-def big_tokenizer(vocab):
-    """词表 = 3 个特殊 token + 256 个单字节 + 两字节的组合，凑到 vocab 个（测 --live：提示是 SmolLM2 大小的 id）。"""
-    b2u = bytes_to_unicode()
-    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
-    toks += [b2u[x] + b2u[y] for x in range(256) for y in range(256)][:vocab - len(toks)]
-    return BPETokenizer(toks, [], [3, 3, 3] + [1] * (vocab - 3), eos_id=2)
-
-
 def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
-    serve = S.load_tool("serve")
+    """
+    --live 的路径（demo3_live）：小模型（1 层，词表同 SmolLM2）的服务器、真的 HTTP。分词器是 SmolLM2 自己的（会话里
+    只建一次，test_engine_script、test_serve_hardening 也用它，不另建一个 49152 个 token 的词表）：提示是 SmolLM2
+    词表里的 id，小模型吐出的每个 id 也都解码得了。
+    """
+    from test_engine_script import gguf_info
+    from test_serve import serve                         # test_serve 装好的 serve.py（不再装一遍）
     cfg = config_like(S.CFG, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32, max_seq=256)
     params = init_params(cfg, 0)
-    tok = big_tokenizer(cfg.vocab)
+    tok = gguf_info(smollm2_path(), "tok")
+    assert len(tok.tokens) == cfg.vocab
 
     engines = []
 

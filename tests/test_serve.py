@@ -79,11 +79,14 @@ def oracle_text(out_ids, stop_ids=(0, 2)):
 
 
 def wait_until(cond, seconds=10.0):
-    t = time.monotonic() + seconds
+    """cond() 成真 -> True；seconds 秒后还不成真 -> False。先密后疏地看：间隔 1 ms 起、每次翻倍、最多 10 ms
+    （多半几毫秒内就成真的条件——连接线程走完、引擎放掉块——不必每次多等一个 10 ms 的间隔）。"""
+    t, pause = time.monotonic() + seconds, 0.001
     while time.monotonic() < t:
         if cond():
             return True
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
     return cond()
 
 
@@ -505,6 +508,9 @@ sys.path[:0] = {paths!r}
 spec = importlib.util.spec_from_file_location("serve", {path!r})
 serve = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve)
+import bpe_lab
+_RANGES = {ranges!r}
+bpe_lab._unicode_ranges = lambda: _RANGES            # 父进程算好的字符区间（同一个 Python）：不再扫一遍 Unicode
 import test_serve
 from engine_lab import LLMEngine
 gate = threading.Event(); gate.set()
@@ -573,9 +579,13 @@ def _spawn_signal_child():
     import os
     import subprocess
     import sys
+    import bpe_lab
     here = os.path.dirname(os.path.abspath(__file__))
     paths = [here] + [os.path.join(ROOT, d) for d in ("lecture01", "lecture02", "lecture05", "lecture06")]
-    code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"))
+    # 子进程的 make_server 要切一次词（预分词的正则）：建正则的字符区间要按 unicodedata 扫一遍全部码位（零点几秒 CPU，
+    # 两个子进程各一遍，和测试进程抢那两个核）。父进程早就算好了（同一个 Python、同一个 unicodedata）：传过去
+    code = _SIGNAL_CHILD.format(paths=paths, path=os.path.join(ROOT, "lecture05", "serve.py"),
+                                ranges=bpe_lab._unicode_ranges())
     p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     _LIVE.add(p)

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from test_serve import (BS, CFG, MODEL, MSG, NB, PARAMS, TOK, GatedRunner, byte_ids, post, record_releases,
-                        early_signal_runs, scripted, serve, signal_runs, start, stream_text, wait_until)
+from test_serve import (BS, CFG, MODEL, MSG, NB, PARAMS, TOK, Background, GatedRunner, byte_ids, post, record_releases,
+                        early_signal_runs, scripted, selected, serve, signal_runs, start, stream_text, wait_until)
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from decode_lab import autoregressive_generate
 from engine_lab import LLMEngine, ReplayRunner
@@ -248,24 +248,29 @@ def test_close_is_prompt_even_with_an_idle_connection_open():
         s.close()
 
 
+# ---------------------------------------------------------------------------
+# 在后台跑的：断开的两次运行（7）和 SIGINT / SIGTERM 的两个子进程（6，信号测试在文件最后）
+# ---------------------------------------------------------------------------
+DISCONNECT = "disconnect-run"  # 后台跑断开测试的线程名的开头
+_DISCONNECT_BG = []            # 本模块的一个 Background（两种模式的 _disconnect_run），见 disconnect_runs
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _early_signal_runs(request):
-    """信号测试的两次运行在本模块一开始就在后台开始（见 test_serve.early_signal_runs）。"""
-    yield from early_signal_runs(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly"})
-
-
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly(sig):
-    """回归：SIGTERM 直接杀掉进程，流没有错误事件、没有 [DONE]；SIGINT 时一个空闲的 TCP 连接让进程多活了 20 多秒。
-    现在两个信号一样：在跑的流收到错误事件和 [DONE]，空闲的连接被关掉，退出码 0，没有 traceback。
-    子进程（python3 serve.py 的 main，小引擎一步 50 ms）由 test_serve.signal_runs 在后台起：两个信号的两个子进程同时跑，
-    test_serve 的 Ctrl-C 测试读同一次运行；流出了第一个字才发信号（post_stream 边读边看）。"""
-    r = signal_runs()[sig]
-    assert r["rc"] == 0 and "停下" in r["err"] and "Traceback" not in r["err"]
-    assert r["elapsed"] < 5
-    status, chunks = r["stream"]                             # post_stream 核对了流以 data: [DONE] 结尾
-    assert status == 200 and chunks[-1]["error"]["type"] == "server_error"
-    assert any(c.get("choices") and c["choices"][0]["text"] for c in chunks[:-1])
+def _early_background_runs(request):
+    """
+    模块一开始就在后台开始两件几乎全是等的事，读结果的测试到时候多半不用再等：断开的两次运行（两个服务器，每步
+    20 ms，要等到请求跑出 token、断开、中止，约 0.2 s）和信号测试的两个子进程（启动 Python、numpy、各个 lab 要半秒
+    多，见 test_serve.early_signal_runs）。信号测试放在文件最后，它前面的测试都和子进程同时跑。断开测试量的是
+    "断开到中止"的秒数，和主线程在跑什么无关（上限 0.6 s 是 30 步，实际约 0.1 s）；模块结束时两件都等到跑完。
+    """
+    if selected(request, {"test_a_client_that_disconnects_is_aborted_promptly_in_both_modes"}) and not _DISCONNECT_BG:
+        _DISCONNECT_BG.append(Background(_both_disconnect_runs, DISCONNECT))
+    try:
+        yield from early_signal_runs(request, {"test_signal_ends_streams_with_an_error_event_and_done_and_exits_"
+                                               "promptly"})
+    finally:
+        for bg in _DISCONNECT_BG:
+            bg.thread.join(60)
 
 
 # ---------------------------------------------------------------------------
@@ -278,8 +283,8 @@ def _disconnect_run(stream):
     gate.set()
     eng = LLMEngine(None, CFG, NB, BS, runner=GatedRunner({0: byte_ids("a" * 60)}, gate, delay=0.02))
     released = record_releases(eng)
-    h = serve.make_server(eng, TOK, "tiny", **dict(FAST, poll_s=0.1))
-    out = {}
+    out = {"logged": []}                                   # 服务器的日志行留在这里（后台跑：不写进别的测试的 stderr）
+    h = serve.make_server(eng, TOK, "tiny", warn=out["logged"].append, **dict(FAST, poll_s=0.1))
     try:
         s = socket.create_connection(("127.0.0.1", h.port), timeout=10)
         body = json.dumps({"prompt": "q", "max_tokens": 60, "stream": stream, "stop": ["a" * 70]}).encode()
@@ -297,12 +302,19 @@ def _disconnect_run(stream):
     return out
 
 
-@pytest.fixture(scope="module")
-def disconnect_runs():
+def _both_disconnect_runs():
     """两种模式的 _disconnect_run 同时跑（各自一个服务器和引擎，时间几乎全是等）-> {stream: 结果}。"""
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(2) as ex:
+    with ThreadPoolExecutor(2, thread_name_prefix=DISCONNECT) as ex:
         return dict(zip((False, True), ex.map(_disconnect_run, (False, True))))
+
+
+@pytest.fixture(scope="module")
+def disconnect_runs():
+    """两种模式的断开运行的结果（_early_background_runs 在模块一开始就让它们在后台跑了；没开始就现在跑）。"""
+    if not _DISCONNECT_BG:
+        _DISCONNECT_BG.append(Background(_both_disconnect_runs, DISCONNECT))
+    return _DISCONNECT_BG[0].result(60)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -434,13 +446,19 @@ def greedy(prompt, n):
     return autoregressive_generate(MODEL, prompt, n, 0.0, np.random.default_rng(0), stop=[0, 2])
 
 
-@pytest.mark.parametrize("knob", [{"top_k": 1}, {"top_p": 1e-9}, {"min_p": 1.0}])
-def test_sampling_filters_reach_the_engine(model_server, knob):
-    """T = 1 时 top_k = 1、极小的 top_p、min_p = 1 都只剩最大的那个 token：回答 == 贪心的（旧的服务器忽略它们）。"""
-    prompt = TOK.encode("filters")
-    want = b"".join(bytes([i - 3]) for i in greedy(prompt, 12) if i >= 3).decode("utf-8", "replace")
+@pytest.fixture(scope="module")
+def filter_baseline(model_server):
+    """三个过滤器共用的对照（和过滤器无关，算一次）：贪心的回答，和不加过滤器时 T = 1、种子 0、1 的两个回答。"""
+    want = b"".join(bytes([i - 3]) for i in greedy(TOK.encode("filters"), 12) if i >= 3).decode("utf-8", "replace")
     free = [post(model_server, "/v1/completions", {"prompt": "filters", "max_tokens": 12, "temperature": 1.0,
                                                    "seed": s})[1]["choices"][0]["text"] for s in range(2)]
+    return want, free
+
+
+@pytest.mark.parametrize("knob", [{"top_k": 1}, {"top_p": 1e-9}, {"min_p": 1.0}])
+def test_sampling_filters_reach_the_engine(model_server, filter_baseline, knob):
+    """T = 1 时 top_k = 1、极小的 top_p、min_p = 1 都只剩最大的那个 token：回答 == 贪心的（旧的服务器忽略它们）。"""
+    want, free = filter_baseline
     assert want not in free                                  # 不加过滤器时 T = 1 的回答不是贪心的（这个测试才有用）
     for seed in range(2):
         st, b = post(model_server, "/v1/completions", dict(knob, prompt="filters", max_tokens=12, temperature=1.0,
@@ -712,3 +730,20 @@ def test_speculative_config_from_the_command_line_takes_vllms_spelling():
                 '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 3}']:
         with pytest.raises(ValueError):
             serve.speculative_config_from_cli(bad)
+
+
+# ---------------------------------------------------------------------------
+# 6：SIGINT / SIGTERM（放在最后：两个子进程从模块一开始就在后台跑，见 _early_background_runs）
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_ends_streams_with_an_error_event_and_done_and_exits_promptly(sig):
+    """回归：SIGTERM 直接杀掉进程，流没有错误事件、没有 [DONE]；SIGINT 时一个空闲的 TCP 连接让进程多活了 20 多秒。
+    现在两个信号一样：在跑的流收到错误事件和 [DONE]，空闲的连接被关掉，退出码 0，没有 traceback。
+    子进程（python3 serve.py 的 main，小引擎一步 50 ms）由 test_serve.signal_runs 在后台起：两个信号的两个子进程同时跑，
+    test_serve 的 Ctrl-C 测试读同一次运行；流出了第一个字才发信号（post_stream 边读边看）。"""
+    r = signal_runs()[sig]
+    assert r["rc"] == 0 and "停下" in r["err"] and "Traceback" not in r["err"]
+    assert r["elapsed"] < 5
+    status, chunks = r["stream"]                             # post_stream 核对了流以 data: [DONE] 结尾
+    assert status == 200 and chunks[-1]["error"]["type"] == "server_error"
+    assert any(c.get("choices") and c["choices"][0]["text"] for c in chunks[:-1])
