@@ -130,8 +130,11 @@ def _prefilled(model, pre):
     pre，fed = pre.pos）-> 模型。生成器第一次调用会话时只喂提示的最后一个 token（和草稿），之后和新会话一模一样。
     几次生成共用一次 prefill：提示的前缀在 float64 下只前向一遍（prefill 一次喂完和分两段喂，只差 1e-13 量级的舍入，
     离 argmax 的并列远得很：_top_gap）。只交出一次：第二次调用 session() 就报错，不会两次生成共用一个会话。
+    会话第一次算出的第一行 logits（提示的最后一个位置：预测第一个新 token）记在 m.first，测试拿它和一次前向的比：
+    抄来的缓存错了（位置错一格、抄错了段），它就不一样。
     """
     m, given = copy.copy(model), []
+    m.first = []
 
     def session():
         assert not given, "一个 _prefilled 的模型只交出一个会话"
@@ -139,6 +142,14 @@ def _prefilled(model, pre):
         n = pre.pos
         sess.cache.k[:, :, :, :n], sess.cache.v[:, :, :, :n] = pre.k[:, :, :, :n], pre.v[:, :, :, :n]
         sess.cache.pos = sess.fed = n
+        feed = sess.logits
+
+        def logits(seq, counter=None):
+            out = feed(seq, counter)
+            if not m.first:
+                m.first.append(out[0])
+            return out
+        sess.logits = logits
         given.append(sess)
         return sess
     m.session = session
@@ -165,12 +176,18 @@ def test_float64_prompt_lookup_on_the_copy_prompt_equals_greedy_and_exact_rounds
     pre = staged64["提示的缓存"][2]                 # 目标在提示的前 len − 1 个位置上的 KV（staged64 顺手记下的）
     assert pre.pos == len(prompt) - 1
 
-    def lookup(g, gmax):
-        return speculative_generate_adaptive(_prefilled(target, pre), PromptLookup(s.LOOKUP_N), list(prompt), n_new,
+    models = [_prefilled(target, pre) for _ in runs]
+
+    def lookup(m, g, gmax):
+        return speculative_generate_adaptive(m, PromptLookup(s.LOOKUP_N), list(prompt), n_new,
                                              g, 0.0, np.random.default_rng(0), gamma_max=gmax, stop=s.STOP)
 
     with ThreadPoolExecutor(max_workers=2) as ex:   # 两次生成互不相干（各自的会话和缓存），各占一个核
-        outs = list(ex.map(lambda r: lookup(*r), runs))
+        outs = list(ex.map(lambda mr: lookup(mr[0], *mr[1]), zip(models, runs)))
+    # 抄来的缓存就是目标在提示上的 KV：会话算出的第一个新 token 的 logits == 一次前向的（float64 两条路径只差舍入：
+    # 单位舍入 1.1e-16 × 点积长度 1536 × 30 层 × |logit| ~30 约 1.5e-10，远小于 1e-8；缓存错一格要差得多）
+    for m in models:
+        np.testing.assert_allclose(m.first[0], logits[0], rtol=0, atol=1e-8)
     greedy = None                                   # 第一次的输出按定义核对是贪心；第二次必须和它逐个相同
     for (g, gmax), (out, st) in zip(runs, outs):
         if greedy is None:
