@@ -130,8 +130,11 @@ def _prefilled(model, pre):
     pre，fed = pre.pos）-> 模型。生成器第一次调用会话时只喂提示的最后一个 token（和草稿），之后和新会话一模一样。
     几次生成共用一次 prefill：提示的前缀在 float64 下只前向一遍（prefill 一次喂完和分两段喂，只差 1e-13 量级的舍入，
     离 argmax 的并列远得很：_top_gap）。只交出一次：第二次调用 session() 就报错，不会两次生成共用一个会话。
+    会话第一次算出的第一行 logits（提示的最后一个位置：预测第一个新 token）记在 m.first，测试拿它和一次前向的比：
+    抄来的缓存错了（位置错一格、抄错了段），它就不一样。
     """
     m, given = copy.copy(model), []
+    m.first = []
 
     def session():
         assert not given, "一个 _prefilled 的模型只交出一个会话"
@@ -139,6 +142,14 @@ def _prefilled(model, pre):
         n = pre.pos
         sess.cache.k[:, :, :, :n], sess.cache.v[:, :, :, :n] = pre.k[:, :, :, :n], pre.v[:, :, :, :n]
         sess.cache.pos = sess.fed = n
+        feed = sess.logits
+
+        def logits(seq, counter=None):
+            out = feed(seq, counter)
+            if not m.first:
+                m.first.append(out[0])
+            return out
+        sess.logits = logits
         given.append(sess)
         return sess
     m.session = session
@@ -149,8 +160,8 @@ def test_float64_prompt_lookup_on_the_copy_prompt_equals_greedy_and_exact_rounds
     """
     prompt lookup（草稿免费：从提示里照抄）在照抄一段话的提示上：T = 0 的输出 == 贪心、轮次 == greedy_lab.lookup_rounds，
     固定的 γ = 4 和脚本的自适应 γ 都是。要真实的 30 层目标（浅的模型不照抄，prompt lookup 就几乎提议不出东西）。
-    贪心的核对：float64 的目标在脚本的照抄文本上整段前向的 logits（staged64，float32 的判断那个测试也用它），输出必须就是
-    这段文本、每个 token 都是 argmax。两次生成都不再自己 prefill 提示：会话的缓存从 staged64 那次整段前向记下的 KV 抄
+    贪心的核对：float64 的目标在脚本的照抄文本上一次前向的 logits（staged64，float32 的判断那个测试也用它），输出必须就是
+    这段文本、每个 token 都是 argmax。两次生成都不再自己 prefill 提示：会话的缓存从 staged64 那次前向记下的 KV 抄
     （_prefilled；不再让提示的 42 个位置各过两遍 30 层和 lm_head：这个测试少花约四分之一的时间）。
     """
     target, tok, s = f64
@@ -165,12 +176,18 @@ def test_float64_prompt_lookup_on_the_copy_prompt_equals_greedy_and_exact_rounds
     pre = staged64["提示的缓存"][2]                 # 目标在提示的前 len − 1 个位置上的 KV（staged64 顺手记下的）
     assert pre.pos == len(prompt) - 1
 
-    def lookup(g, gmax):
-        return speculative_generate_adaptive(_prefilled(target, pre), PromptLookup(s.LOOKUP_N), list(prompt), n_new,
+    models = [_prefilled(target, pre) for _ in runs]
+
+    def lookup(m, g, gmax):
+        return speculative_generate_adaptive(m, PromptLookup(s.LOOKUP_N), list(prompt), n_new,
                                              g, 0.0, np.random.default_rng(0), gamma_max=gmax, stop=s.STOP)
 
     with ThreadPoolExecutor(max_workers=2) as ex:   # 两次生成互不相干（各自的会话和缓存），各占一个核
-        outs = list(ex.map(lambda r: lookup(*r), runs))
+        outs = list(ex.map(lambda mr: lookup(mr[0], *mr[1]), zip(models, runs)))
+    # 抄来的缓存就是目标在提示上的 KV：会话算出的第一个新 token 的 logits == 一次前向的（float64 两条路径只差舍入：
+    # 单位舍入 1.1e-16 × 点积长度 1536 × 30 层 × |logit| ~30 约 1.5e-10，远小于 1e-8；缓存错一格要差得多）
+    for m in models:
+        np.testing.assert_allclose(m.first[0], logits[0], rtol=0, atol=1e-8)
     greedy = None                                   # 第一次的输出按定义核对是贪心；第二次必须和它逐个相同
     for (g, gmax), (out, st) in zip(runs, outs):
         if greedy is None:
@@ -230,22 +247,6 @@ def _eq1(a, g):
     return sum(a ** i for i in range(g + 1))
 
 
-def _plain_draft(model, keep):
-    """
-    只有 model 的第 keep 层（按给的顺序）的模型 -> TransformerLM，层号由测试自己给，不经过 drafts_lab.layer_subset。
-    融合好的矩阵取自 model：构造时的融合逐层独立，所以这和 TransformerLM(只留这几层的 params, n_layers = len(keep))
-    逐位相同（按 params 新建和共用融合权重逐位相同，test_greedy_lab.test_layer_subset_drafts_equal_models_built_from_params
-    核对）；float64 的草稿各重新融合一遍要多好几秒。
-    """
-    P, cfg = model.params, model.cfg
-    assert len(P["layers"]) == len(model._layers) == cfg.n_layers
-    d = copy.copy(model)
-    d.params = dict(P, layers=[P["layers"][i] for i in keep])
-    d._layers = [model._layers[i] for i in keep]
-    d.cfg = config_like(cfg, n_layers=len(keep))
-    return d
-
-
 def _softmax(x):
     x = np.asarray(x, dtype=np.float64)
     e = np.exp(x - x.max(-1, keepdims=True))
@@ -263,83 +264,120 @@ def test_greedy_texts_and_target_agreement(run):
     assert [len(new) for _, new in ctx["texts"][:2]] == list(s.N_NEW[:2])
 
 
-def _staged_text(target64, text, a, n, k):
+def _packed(texts):
     """
-    float64 的目标、跳层草稿（跳过第 a..a+n−1 层）、前 k 层草稿（a ≤ k）在一段文本的新 token 处的 logits
-    -> (目标, 跳层, 提前退出, 目标在提示的前 len − 1 个位置上的 KV cache)。
-    三个模型的前 a 层一样、目标和前 k 层草稿的前 k 层一样：
-    前 k 层只前向一遍（_plain_draft(target64, range(k))，它的输出就是提前退出的 logits），记下第 a 层和第 k 层之前的残差流
-    （forward 每层先对残差流 x 调一次 rms_scale、最后再调一次：第 2i 次调用的输入是第 i 层之前的 x），其余的层从那里
-    接着算（_plain_draft 取的另一段，embed 换成交回记下的 x；位置、遮罩、每个矩阵乘的形状都和整段前向一样）。
-    层号都由测试自己给（_plain_draft），不经过脚本造草稿用的 drafts_lab.layer_subset：脚本取错了层，它的 float32 logits
-    就离这里的 float64 很远（test_float32_decisions_hold_on_any_blas 的 err < 1e-2），α 也对不上（test_alphas_…）。
-    以前三个模型各从头前向一遍（30 + 26 + 26 层，外加 3 次 lm_head）；现在 26 + 4 + 14 层：少算约三分之一。
-    lm_head 只乘新 token 的那几行（tests/smollm2_models.new_token_logits）。
-    记下的位置错了，接着算出的 logits 就是另一个模型的：下面的 err < 1e-2 立刻不成立，不会悄悄地放过。
+    几段文本（提示 + 新 token）首尾相接摞成一条序列，一次前向算完 -> (toks [1, S]、遮罩 [S, S]、RoPE 位置 [S]、
+    每段预测新 token 的那几行的行号、每段的起点)。
+    遮罩是块对角的因果遮罩（每个位置只看同一段里它自己和它前面的位置），位置每段从 0 数起：每段看到的和单独前向时
+    一模一样（别段的打分加 −inf，softmax 以后正好是 0），只差矩阵乘分块的舍入（float64 的 1e-16 量级）。
+    为什么摞起来：每个权重矩阵乘一次 S 行，而不是每段各乘一次几十行（BLAS 的效率高一些，numpy 的调用少三分之二）；
+    多算的只是被遮住的跨段打分。这台机器上 30 层的前向少花约一成。
+    摞错了（遮罩漏看、位置错位），算出的 logits 就是另一个模型的：test_float32_decisions_hold_on_any_blas 的 err < 1e-2
+    立刻不成立。
     """
-    L = target64.cfg.n_layers
-    assert 1 <= a <= k < L
+    lens = [len(p) + len(n) for p, n in texts]
+    starts = np.cumsum([0] + lens[:-1])
+    toks = np.concatenate([np.r_[np.asarray(p), np.asarray(n)] for p, n in texts]).astype(np.int64)[None]
+    seg = np.repeat(np.arange(len(texts)), lens)
+    i = np.arange(seg.size)
+    mask = (seg[:, None] == seg[None, :]) & (i[None, :] <= i[:, None])
+    pos = np.concatenate([np.arange(n) for n in lens])
+    rows = [s0 + len(p) - 1 + np.arange(len(n)) for s0, (p, n) in zip(starts, texts)]
+    return toks, mask, pos, rows, starts
 
-    def tail(first, x):
-        sub = _plain_draft(target64, range(first, L))
-        sub.embed = lambda toks: x
-        return sub
 
-    def recording(m):                # 前向自己新建的 KV cache 记进 caches（forward 在 cache=None 时调 new_cache）
+def _through(model, layers, x, pack, caches=None):
+    """
+    残差流 x [1, S, d] 接着过 layers（融合好的层，model._layers 那样；层号由调用者自己取，不经过 drafts_lab.layer_subset）
+    -> 过完这几层的残差流。
+    做法：model 的浅拷贝只留这几层（融合好的矩阵和 model 共用），词嵌入换成交回 x，按 pack 的遮罩和位置前向一次；
+    forward 每层先对残差流调一次 rms_scale、最后再调一次，最后那次的输入就是过完这几层的 x；lm_head 换成不乘（要的几行
+    另外乘：_head_rows）。每层的运算和整个模型一次前向里的那一层完全一样，所以 30 层分几段接着算和一次算完逐位相同。
+    没融合的层参数不留（前向只在记账时读它们，这里不记账；读到了就报错，不会悄悄用错）。
+    caches 不是 None 时，这次前向自己新建的 KV cache（这几层的）记进 caches。
+    """
+    toks, mask, pos = pack[:3]
+    m = copy.copy(model)
+    m._layers = list(layers)
+    m.params = dict(model.params, layers=[None] * len(m._layers))
+    m.cfg = config_like(model.cfg, n_layers=len(m._layers))
+    m.embed = lambda t: x
+    last = [None, 0]                 # 最近一次 rms_scale 的输入、调用的次数（只留最后一个：不攒下每层的残差流）
+
+    def rms_scale(h):
+        last[:] = h, last[1] + 1
+        return model.rms_scale(h)
+    m.rms_scale = rms_scale
+    m.lm_head = lambda h: h[..., :0]
+    if caches is not None:
         m.new_cache = lambda batch=1, max_len=None: caches.append(type(m).new_cache(m, batch, max_len)) or caches[-1]
-        return m
+    m.forward(toks, attn_mask=mask, positions=pos)
+    assert last[1] == 2 * len(m._layers) + 1
+    return last[0]
 
-    prompt, new = text
-    # 每段文本自己的一份（几段文本在不同的线程里算）
-    front, seen, caches = recording(_plain_draft(target64, range(k))), [], []
-    base = front.rms_scale
-    front.rms_scale = lambda x: seen.append(x) or base(x)
-    exit_ = new_token_logits(front, prompt, new)
-    assert len(seen) == 2 * k + 1
-    target_ = new_token_logits(recording(tail(k, seen[-1])), prompt, new)
-    assert [c.k.shape[0] for c in caches] == [k, L - k]
-    m = len(prompt) - 1
-    pre = target64.new_cache(1, m)                   # 目标（前 k 层 + 其余的层）在提示的前 m 个位置上的 KV
-    for kv in ("k", "v"):
-        getattr(pre, kv)[:] = np.concatenate([getattr(c, kv)[:, :, :, :m] for c in caches])
-    pre.pos = m
-    return target_, new_token_logits(tail(a + n, seen[2 * a]), prompt, new), exit_, pre
+
+def _head_rows(model, x, pack):
+    """
+    过完全部层的残差流 x -> 每段文本预测新 token 的 logits [新 token 数, V] 的 list：lm_head 只乘这几行（同
+    tests/smollm2_models.new_token_logits），几段的行一次乘完（V × d 的 lm_head 只读一遍）。
+    """
+    rows = pack[3]
+    h = model.lm_head(model.rms_scale(x[:, np.concatenate(rows)]))[0]
+    return np.split(h, np.cumsum([len(r) for r in rows])[:-1])
+
+
+QBLOCK = 1 << 17    # 量化时每块的元素数：float64 1 MB，量化的几份临时数组都留在核的缓存里
+
+
+def _quantized_matrix(w, scheme):
+    """
+    脚本的量化草稿里的一个矩阵的 float64 版 -> [输入维, 输出维]：quant_lab.quantize_matrix（脚本用的就是它）量化、转成
+    float32（脚本算的就是这份权重），再原样转成 float64。量化本身逐元素、不经过 BLAS。
+    按列分块算：两个方案的 scale 都属于一列（int8 每个输出通道一个；int4-g32 每列里沿输入维每 32 个一组），
+    quantize_int 的每一步不是逐元素就是在一列之内沿输入维，所以一块列单独量化和整个矩阵一起量化逐位相同
+    （_quantized_layer_f64 在第 0 层上断言）。整个矩阵一起量化，十来趟逐元素运算每趟都过一遍内存；块小到留在缓存里，
+    快约 3 倍。
+    """
+    n_in, n_out = w.shape
+    cb = max(1, QBLOCK // n_in)
+    out = np.empty(w.shape)
+    for j in range(0, n_out, cb):
+        out[:, j:j + cb] = quantize_matrix(w[:, j:j + cb], scheme)[0].astype(np.float32)
+    return out
+
+
+def _quantized_layer_f64(target64, P32, scheme, i):
+    """
+    脚本的量化草稿（drafts_lab.requantized_draft：每层 7 个矩阵 quant_lab.quantize_matrix 就近舍入、转成 float32）
+    第 i 层的 float64 版，融合好的（NumpyTransformer 的 _layers 的一项）：矩阵见 _quantized_matrix，RMSNorm 的权重原样转。
+    融合（transformer_lab.NumpyTransformer 的【为了快做的等价变换】）逐层独立：这一层放进一个只有它的模型里融合
+    （词嵌入、lm_head 用 1 列的占位，同 tests/smollm2_models.with_layers），和整个模型一起融合逐位相同。
+    """
+    layer = {k: _quantized_matrix(v, scheme) if k in LAYER_MATRICES else v.astype(np.float64)
+             for k, v in P32["layers"][i].items()}
+    if i == 0:                  # 分块量化 == 整个矩阵一起量化（逐位；见 _quantized_matrix）
+        for k in LAYER_MATRICES:
+            whole = quantize_matrix(P32["layers"][0][k], scheme)[0].astype(np.float32).astype(np.float64)
+            assert np.array_equal(layer[k], whole), (scheme, k)
+    d = target64.cfg.d_model
+    stub = {"embed": np.zeros((1, d)), "lm_head": np.zeros((d, 1)), "final_norm": np.ones(d)}
+    return NumpyTransformer(dict(stub, layers=[layer]), config_like(target64.cfg, n_layers=1))._layers[0]
+
+
+def _quantized_logits(target64, P32, scheme, x0, pack):
+    """
+    float64 的量化草稿在摞好的文本上的 logits（_head_rows 的 list）：一层一层地量化、融合、接着算（_through），
+    每层用完就丢。没量化的词嵌入（x0）、lm_head、最后的 RMSNorm 和目标共用（float32 的文件权重和 float64 的逐位相同，
+    staged64 断言）。任何时候只有一层量化的权重在内存里：不再同时放两个 30 层的草稿（约 1.7 GB 新分配的内存，
+    这台虚拟机上第一次写新页很慢）。
+    """
+    x = x0
+    for i in range(target64.cfg.n_layers):
+        x = _through(target64, [_quantized_layer_f64(target64, P32, scheme, i)], x, pack)
+    return _head_rows(target64, x, pack)
 
 
 SAFETY = 10     # 余量至少是"float32 离 float64 的距离"的 2 × SAFETY 倍（见下面的测试）
-
-
-def _requantized_layers_f64(target64, P32, scheme, first, stop):
-    """
-    脚本的量化草稿（drafts_lab.requantized_draft：每层 7 个矩阵 quant_lab.quantize_matrix 就近舍入、转成 float32）
-    第 first..stop−1 层的 float64 版，融合好的 -> list（NumpyTransformer 的 _layers 那样）：同样逐矩阵量化、转成 float32
-    （脚本算的就是这份权重），再原样转成 float64；RMSNorm 的权重同样原样转。量化本身逐元素、不经过 BLAS。
-    融合（transformer_lab.NumpyTransformer 的【为了快做的等价变换】）逐层独立：这几层放进一个只有它们的模型里融合
-    （词嵌入、lm_head 用 1 列的占位，同 tests/smollm2_models.with_layers），和整个模型一起融合逐位相同。
-    只留融合好的矩阵，没融合的 float64 层用完就丢：两个 30 层的草稿同时在内存里时少占约 1.7 GB。
-    """
-    layers = [{k: (quantize_matrix(v, scheme)[0].astype(np.float32) if k in LAYER_MATRICES else v).astype(np.float64)
-               for k, v in P32["layers"][i].items()} for i in range(first, stop)]
-    d = target64.cfg.d_model
-    stub = {"embed": np.zeros((1, d)), "lm_head": np.zeros((d, 1)), "final_norm": np.ones(d)}
-    return NumpyTransformer(dict(stub, layers=layers), config_like(target64.cfg, n_layers=len(layers)))._layers
-
-
-def _with_fused_layers(target64, P32, fused):
-    """
-    float64 的目标换上全部 30 层融合好的量化层（_requantized_layers_f64）-> 浅拷贝。没量化的词嵌入、lm_head、最后的
-    RMSNorm：float32 的文件权重和 float64 的逐位相同（下面断言），所以和目标共用它的融合（不再融合 V × d 的 lm_head）。
-    没融合的层参数不留（params["layers"] 全是 None：前向只在记账时读它们，这里不记账；读到了就报错，不会悄悄用错）。
-    """
-    P64 = target64.params
-    for k in ("embed", "lm_head", "final_norm"):
-        assert np.array_equal(P32[k], P64[k]), k
-    assert len(fused) == target64.cfg.n_layers
-    m = copy.copy(target64)
-    m._layers = list(fused)
-    m.params = dict(P64, layers=[None] * len(fused))
-    return m
-
 
 QUANT = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))    # 脚本的两个量化草稿：标签、方案
 
@@ -347,27 +385,48 @@ QUANT = (("INT8 的自己", "int8"), ("INT4-g32 的自己", "int4-g32"))    # �
 @pytest.fixture(scope="module")
 def staged64(run, f64):
     """
-    float64 的模型在脚本的三段文本上预测新 token 的 logits -> {"目标" / "跳层" / "提前退出"（_staged_text）、
-    两个量化草稿的标签（_requantized_layers_f64）: 每段文本一个 [新 token 数, V]}，几个测试共用。
-    这些活互不相干，放进同一个两个线程的池子（numpy 算的时候放开 GIL；测试进程的 BLAS 只用一个线程，两核机器上
-    另一个核这时空着），结果和一个接一个算逐位相同（每个线程算的是同样的运算）：先量化、融合两个草稿（每个草稿的
-    前一半层和后一半层各是一份活，各约半秒），再算三段文本的分段前向，两个量化草稿造好了再各按文本分成三份前向
-    （每份一个浅拷贝：new_token_logits 临时换掉模型的 lm_head）。活分得细，两个核一直都有活干。
+    float64 的模型在脚本的三段文本上预测新 token 的 logits -> {"目标" / "跳层" / "提前退出" / 两个量化草稿的标签:
+    每段文本一个 [新 token 数, V]；"提示的缓存": 每段文本，目标在提示的前 len − 1 个位置上的 KV cache}，几个测试共用。
+    三段文本摞成一条序列一次算（_packed）。目标、跳层草稿（跳过第 a..a+n−1 层）、前 k 层草稿（a ≤ k）的前 a 层一样、
+    目标和前 k 层草稿的前 k 层一样：目标按层分三段接着算（前 a 层、a..k−1、k..L−1，_through），第 k 层之前的残差流
+    就是提前退出的输出，跳层草稿从第 a 层之前的残差流接着算第 a+n 层以后的层。层号都由测试自己给（不经过脚本造草稿用的
+    drafts_lab.layer_subset：脚本取错了层，它的 float32 logits 就离这里的 float64 很远，test_float32_decisions_hold_on_any_blas
+    的 err < 1e-2 不成立，α 也对不上）。三个模型从头各算一遍要 30 + 26 + 26 层，这样只算 30 + 14 层。
+    这些活放进同一个两个线程的池子（numpy 算的时候放开 GIL；测试进程的 BLAS 只用一个线程，两核机器上另一个核这时空着），
+    结果和一个接一个算逐位相同（每个线程算的是同样的运算）：目标的前 a 层、两个量化草稿（_quantized_logits）、
+    目标其余的层、跳层草稿其余的层（后两份等前 a 层算完）。
     """
     s, ctx, _ = run
     target64, texts, P32 = f64[0], ctx["texts"], ctx["P"]
-    L = target64.cfg.n_layers
+    for k in ("embed", "lm_head", "final_norm"):    # 量化草稿和目标共用这三份（_quantized_logits）
+        assert np.array_equal(P32[k], target64.params[k]), k
+    L, (a, n), k = target64.cfg.n_layers, s.SKIP, s.EXIT_K
+    assert 1 <= a <= k < L
+    lay = target64._layers
+    pack = _packed(texts)
+    x0 = target64.embed(pack[0])
+    caches = []
     with ThreadPoolExecutor(max_workers=2) as ex:
-        halves = {label: [ex.submit(_requantized_layers_f64, target64, P32, scheme, a, b)
-                          for a, b in ((0, L // 2), (L // 2, L))] for label, scheme in QUANT}
-        staged = [ex.submit(_staged_text, target64, t, *s.SKIP, s.EXIT_K) for t in texts]
-        quant = {}
-        for label, fs in halves.items():
-            m = _with_fused_layers(target64, P32, [layer for f in fs for layer in f.result()])
-            quant[label] = [ex.submit(lambda m, t: new_token_logits(copy.copy(m), *t), m, t) for t in texts]
-        names = ("目标", "跳层", "提前退出", "提示的缓存")
-        out = {name: [f.result()[i] for f in staged] for i, name in enumerate(names)}
-        out.update({label: [f.result() for f in fs] for label, fs in quant.items()})
+        xa = ex.submit(_through, target64, lay[:a], x0, pack, caches)
+        quant = {label: ex.submit(_quantized_logits, target64, P32, scheme, x0, pack) for label, scheme in QUANT}
+
+        def target_rest():
+            xk = _through(target64, lay[a:k], xa.result(), pack, caches)
+            return _head_rows(target64, _through(target64, lay[k:], xk, pack, caches), pack), _head_rows(target64, xk, pack)
+
+        skip = ex.submit(lambda: _head_rows(target64, _through(target64, lay[a + n:], xa.result(), pack), pack))
+        target = ex.submit(target_rest)
+        out = {"目标": target.result()[0], "跳层": skip.result(), "提前退出": target.result()[1]}
+        out.update({label: f.result() for label, f in quant.items()})
+    assert [c.k.shape[0] for c in caches] == [a, k - a, L - k]
+    out["提示的缓存"] = []
+    for s0, (prompt, _) in zip(pack[4], texts):      # 目标（三段的层）在每段提示的前 m 个位置上的 KV
+        m = len(prompt) - 1
+        pre = target64.new_cache(1, m)
+        for kv in ("k", "v"):
+            getattr(pre, kv)[:] = np.concatenate([getattr(c, kv)[:, :, :, s0:s0 + m] for c in caches])
+        pre.pos = m
+        out["提示的缓存"].append(pre)
     return out
 
 
@@ -376,7 +435,7 @@ def test_float32_decisions_hold_on_any_blas(run, staged64):
     脚本按 float32 算；不同的 CPU / BLAS（核、线程、numpy 版本）求和的顺序不同，float32 的 logits 就差一点。脚本打印的
     精确的数（α T = 0、每轮 token、树）只取决于"文本的 token 在模型的 logits 里排第几"（排名 0..8：树最宽 8），
     α T = 1 打印 3 位小数。这里用 float64 重算同样的模型（目标和层草稿：文件的 float64 权重；量化的草稿：把 float32 的
-    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS，见 _requantized_layers_f64），量出这台机器上 float32 离 float64 的
+    量化权重转成 float64——量化本身是逐元素的，不经过 BLAS，见 _quantized_matrix），量出这台机器上 float32 离 float64 的
     最大距离 err。
     【假设】别的机器的 float32 离 float64 也是这个量级（同样的单位舍入、同样长的点积，只是求和顺序不同），
     两个 float32 结果最多差 2·err。要求：排名 ≤ 8 的位置上，别的 token 的 logit 离文本的 token 的 logit 都超过
@@ -422,7 +481,7 @@ def test_float32_decisions_hold_on_any_blas(run, staged64):
 def test_alphas_of_layer_drafts_recomputed_from_models_built_from_params(run, staged64):
     """
     两个层草稿的 α：T = 0、T = 1 都由脚本那次运行的 float32 logits（ctx["layer_logits"]）按测试自己的式子重算；
-    这些 logits 确实是"按层号取的那几层"的：测试自己取层（_plain_draft）的 float64 模型（staged64）逐位 argmax 算出的
+    这些 logits 确实是"按层号取的那几层"的：测试自己取层（_through）的 float64 模型（staged64）逐位 argmax 算出的
     α T = 0 和脚本打印的一样（float32 和 float64 的排名处处相同，test_float32_decisions_hold_on_any_blas 核对余量）。
     """
     s, ctx, out = run
