@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_results, script_stdout, smollm2_path
+from conftest import load_script, script_results, script_stdout
+from bpe_lab import BPETokenizer, bytes_to_unicode
 from engine_lab import LLMEngine
 from hw_specs import Chip
 from iteration_lab import iteration_time
@@ -147,17 +148,39 @@ def test_printed_figures(d1, d2):
     assert "--live" not in out and "演示 3" not in out
 
 
+def big_tokenizer(vocab):
+    """词表 = 3 个特殊 token + 256 个单字节 + 两字节的组合，凑到 vocab 个（没有模型文件时测 --live：提示是 SmolLM2 大小的 id）。"""
+    b2u = bytes_to_unicode()
+    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
+    toks += [b2u[x] + b2u[y] for x in range(256) for y in range(256)][:vocab - len(toks)]
+    return BPETokenizer(toks, [], [3, 3, 3] + [1] * (vocab - 3), eos_id=2)
+
+
+def _live_tokenizer(vocab):
+    """
+    SmolLM2 的文件已经在本机：用它的分词器（会话里只建一次，test_engine_script、test_serve_hardening 也用它）；
+    不在（离线）：big_tokenizer（这个测试不需要模型文件，离线照样跑，不下载）。
+    """
+    from hub_lab import ModelUnavailableError, gguf_path, is_smollm2
+    try:
+        path = gguf_path(fetch=False)
+    except ModelUnavailableError:
+        path = None
+    if path and is_smollm2(path):
+        from test_engine_script import gguf_info
+        return gguf_info(path, "tok")
+    return big_tokenizer(vocab)
+
+
 def test_live_path_runs_the_server_and_the_load_generator_over_http(capsys):
     """
-    --live 的路径（demo3_live）：小模型（1 层，词表同 SmolLM2）的服务器、真的 HTTP。分词器是 SmolLM2 自己的（会话里
-    只建一次，test_engine_script、test_serve_hardening 也用它，不另建一个 49152 个 token 的词表）：提示是 SmolLM2
-    词表里的 id，小模型吐出的每个 id 也都解码得了。
+    --live 的路径（demo3_live）：小模型（1 层，词表同 SmolLM2）的服务器、真的 HTTP。分词器的词表和 SmolLM2 一样大
+    （_live_tokenizer）：提示是 SmolLM2 词表里的 id，小模型吐出的每个 id 也都解码得了。
     """
-    from test_engine_script import gguf_info
     from test_serve import serve                         # test_serve 装好的 serve.py（不再装一遍）
     cfg = config_like(S.CFG, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32, max_seq=256)
     params = init_params(cfg, 0)
-    tok = gguf_info(smollm2_path(), "tok")
+    tok = _live_tokenizer(cfg.vocab)
     assert len(tok.tokens) == cfg.vocab
 
     engines = []
