@@ -111,31 +111,11 @@ def test_demo1_claims(s08, demos):
     assert d1["lag1_exact"][lo] == pytest.approx(0.0, abs=0.01)
 
 
-def _memo_adjust(orig):
-    """
-    decode_lab.adjust 按输入记住（它是 (logits 的值, T, 过滤器) 的纯函数）：二元语法表只有 192 行，同一行被调整上万次。
-    记住的结果设成只读：调用者要是就地改它会抛错，不会悄悄算错。抽到的 token 和不记住时逐个相同。
-    """
-    memo = {}
-
-    def adjust(logits, T, **kw):
-        a = np.asarray(logits)
-        key = (a.shape, a.dtype.str, a.tobytes(), T, tuple(sorted(kw.items())))
-        if key not in memo:
-            memo[key] = orig(a, T, **kw)
-            memo[key].setflags(write=False)
-        return memo[key]
-    return adjust
-
-
-def test_demo1_exact_column_is_the_sampled_long_run(s08, monkeypatch):
+def test_demo1_exact_column_is_the_sampled_long_run(s08):
     """精确列 = 长期的平均：stay = 0.9、γ = 4 上自己再抽 32 条 × 400 个 token（另一组种子），每次目标前向的 token
-    离 exact_tokens_per_call 不超过 4 个标准误（标准误用 32 条各自的值算；条与条独立）。
-    生成器里的 adjust 按输入记住（_memo_adjust；同样的抽样，约省三成时间）。"""
-    import decode_lab
+    离 exact_tokens_per_call 不超过 4 个标准误（标准误用 32 条各自的值算；条与条独立）。"""
     from correlated_lab import exact_tokens_per_call, regime_models
     from decode_lab import speculative_generate
-    monkeypatch.setattr(decode_lab, "adjust", _memo_adjust(decode_lab.adjust))
     t, d = regime_models(0.9)
     per = []
     for i in range(32):
