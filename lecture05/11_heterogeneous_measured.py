@@ -158,17 +158,20 @@ def demo1_bytes_per_round():
 # 演示 2：token/s 对 γ
 # ---------------------------------------------------------------------------
 def measure_alpha(target, draft):
-    """在目标自己采样的文本（T = 1，两个提示各 TEXT_LEN 个）上量草稿的 α（T = 0 和 T = 1）-> (α₀, α₁)。"""
+    """
+    在目标自己采样的文本（T = 1，两个提示各 TEXT_LEN 个）上量草稿的 α（T = 0 和 T = 1）
+    -> (α₀, α₁, 那段文本 [提示数, 提示长 + TEXT_LEN])。
+    """
     toks = np.array([list(p) + autoregressive_generate(target, p, TEXT_LEN, 1.0, np.random.default_rng(i + 1)).tolist()
                      for i, p in enumerate(TEXT_PROMPTS)])
     a0, a1 = alphas_on_text(target, {"d": draft}, toks, (0.0, 1.0))["d"]
-    return a0, a1
+    return a0, a1, toks
 
 
 def demo2_tokens_per_second():
     print_header("演示 2：每秒几个 token 对 γ——同设备 / 拆开 / 拆开 + 重叠，四种链路（模型时钟，量到的代价）")
     target, draft = build_split_model(TARGET), build_split_model(DRAFT)
-    a0, alpha = measure_alpha(target, draft)
+    a0, alpha, text = measure_alpha(target, draft)
     t1, td = CAL["target_ms"] / 1e3, CAL["draft_ms"] / 1e3
     ar = 1 / t1
     print_note(f"目标一步 {fmt_time(t1)}（{ar:.0f} token/s），草稿一步 {fmt_time(td)}，c = {td / t1:.3f}；"
@@ -205,7 +208,8 @@ def demo2_tokens_per_second():
     co = best["同设备"]
     g1_off, g1_on = tok_s(1, alpha, "拆开", LINKS[1][1]), tok_s(1, alpha, "重叠", LINKS[1][1])
     r = {"alpha": alpha, "alpha0": a0, "c": td / t1, "ar": ar, "best": best, "run": run, "draft_s": td,
-         "verify_ratio": modelled_verify_s(2, CAL) / t1, "g1": (g1_off, g1_on)}
+         "verify_ratio": modelled_verify_s(2, CAL) / t1, "g1": (g1_off, g1_on),
+         "text": text}
     print_observations([
         f"同一个设备上轮流算，最好的 γ = {co[0]}、{co[1]:.0f} token/s，是自回归的 {co[1] / ar:.2f} 倍；"
         f"种子 05 的模型喂进同样的 α、草稿一步和目标一步，最好的 γ = {best['种子 05'][0]}、{best['种子 05'][1]:.0f} token/s"
@@ -276,7 +280,7 @@ def demo_live(n_new=32, gamma=3, repeats=3):
     from split_worker_lab import SplitPair
     print_header(f"--live：两个 worker 进程（γ = {gamma}，{n_new} 个 token，T = {T:g}），墙钟 token/s 的中位数（{repeats} 次）")
     target, draft = build_split_model(TARGET), build_split_model(DRAFT)
-    _, alpha = measure_alpha(target, draft)
+    _, alpha, _ = measure_alpha(target, draft)
     ref_off = speculative_generate(target, draft, RUN_PROMPT, n_new, gamma, T, np.random.default_rng(RUN_SEED))[0]
     ref_on = overlap_speculative_generate(target, draft, RUN_PROMPT, n_new, gamma, T, RUN_SEED)[0]
     rows = []

@@ -5,7 +5,7 @@
   logits 差 < 1e-12——任意到达顺序、预算小到每步 1 个 token、块池小到要挤出、前缀缓存开和关、T = 0 和 T = 1；
 - 不漏块：所有请求结束或中止之后，每一块都空闲、每个引用计数为 0；
 - 坏输入：ValueError。
-小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2 的前 6 层，float64）。
+小的随机模型（LMConfig(max_seq=64)）上跑；真实模型一次（SmolLM2 的前 2 层，float64）。
 """
 import itertools
 
@@ -16,6 +16,7 @@ from smollm2_models import smollm2_lm
 from decode_lab import TransformerLM, autoregressive_generate
 from drafts_lab import layer_subset
 from engine_lab import LLMEngine, run_trace
+from lm_rows import rows_read
 from transformer_lab import LMConfig, init_params
 
 CFG = LMConfig(max_seq=64)
@@ -255,17 +256,21 @@ def test_batch_invariant_mode_is_bitwise_in_float32():
 def test_smollm2_engine_equals_each_request_alone():
     """
     真实模型一次：SmolLM2（float64）两个请求一起跑（预算 4：提示分块 prefill、和 decode 混在一步），token 等于单独生成的。
-    用它的前 6 层（共用会话里那份融合好的 float64 权重，tests/smollm2_models.py）：一起跑 == 单独跑只看分块、混批、分页的
-    KV 和每个请求自己的随机数，每一层走的是同一段代码，和层数无关；词表（49152）、分词器、GQA、RoPE 的 θ 都是真的。
+    用它的前 2 层（共用会话里那份融合好的 float64 权重，tests/smollm2_models.py）：一起跑 == 单独跑只看分块、混批、分页的
+    KV 和每个请求自己的随机数，每一层走的是同一段代码，和层数无关（2 层已经有"上一层的输出是下一层的输入"，分块时
+    第二层读的是第一层写进分页缓存的 KV 算出来的）；词表（49152）、分词器、GQA、RoPE 的 θ 都是真的。
+    参照（autoregressive_generate）每次调用只读最后一行 logits：它跑在 lm_rows.rows_read(model, 1) 上，提示那一遍
+    只给最后一行乘 lm_head（别的行 NaN，读了就红）。
     """
     full, _, tok = smollm2_lm("float64")
-    model = layer_subset(full, range(6), name="SmolLM2 的前 6 层")
+    model = layer_subset(full, range(2), name="SmolLM2 的前 2 层")
     cfg = model.cfg
     prompts = [tok.encode(s) for s in ("The capital of France is", "Once upon a time")]
     eng = LLMEngine(model, cfg, blocks_for_ctx(cfg), block_size=16, max_num_batched_tokens=4)
     out = eng.generate(prompts, 3, temperature=1.0, seed=5)
+    ref = rows_read(model, 1)
     for i, p in enumerate(prompts):
-        assert out[i] == [int(t) for t in autoregressive_generate(model, p, 3, 1.0, np.random.default_rng(5 + i))]
+        assert out[i] == [int(t) for t in autoregressive_generate(ref, p, 3, 1.0, np.random.default_rng(5 + i))]
     assert_no_leak(eng)
 
 

@@ -78,36 +78,29 @@ def test_demo2_tokens_per_second_follow_the_round_accounts(res, s11):
     assert r["g1"][1] == pytest.approx(_overlap_expected(a, 1, links["本机回环"]), rel=1e-12)
 
 
-def sample_rows_together(model, prompts, n_new, rngs):
+def test_demo2_alpha_is_the_mean_of_sum_min_p_q_on_the_targets_own_text(s11):
     """
-    每个提示各自按 T = 1 采样 n_new 个 token（第 b 个提示用 rngs[b]，每个 token 一个均匀数、CDF 反查：
-    autoregressive_generate 的抽法），但所有提示放在一批里、每步一次前向（提示一样长）-> [提示数, 提示长 + n_new]。
-    一批的矩阵乘和一行一行的只差求和的舍入（1e-16 量级）：一个均匀数落在这么近的 CDF 边界上的机会可以忽略，
-    所以抽到的 token 和一个一个生成的相同（万一不同，α 差得远，下面的断言红而不是绿）。
+    α 重算：在脚本量 α 的那段文本上逐位置 Σ min(p, q)（p、q 用 softmax 直接算），再取平均。
+    文本读脚本那次运行存下的（res["demo2"]["text"]），先核对它确实是目标自己 T = 1 采样的：目标在整段上一次前向
+    （teacher forcing；α 本来就要这些 logits），每个新位置的 token == 用那个提示的种子（i + 1）第 j 个均匀数在这一行的
+    softmax 上 CDF 反查（autoregressive_generate 的抽法）。一次前向和逐个带缓存生成只差求和的舍入（1e-16 量级），
+    一个均匀数落在这么近的 CDF 边界上的机会可以忽略（万一，断言红而不是绿）。以前在这里把 2 × 64 个 token
+    重新逐个采样（64 次前向），现在一次。
     """
     from decode_lab import adjust
-    from transformer_lab import sample_inverse_cdf
-    seqs = [list(p) for p in prompts]
-    cache = model.new_cache(len(seqs))
-    rows = model.forward(np.array(seqs), cache)[:, -1]
-    for k in range(n_new):
-        for b, rng in enumerate(rngs):
-            seqs[b].append(int(sample_inverse_cdf(adjust(rows[b], 1.0), rng.random())))
-        if k + 1 < n_new:
-            rows = model.forward(np.array([[s[-1]] for s in seqs]), cache)[:, -1]
-    return np.array(seqs)
-
-
-def test_demo2_alpha_is_the_mean_of_sum_min_p_q_on_the_targets_own_text(s11):
-    """α 重算：在同一段文本（目标自己采样的，两个提示一批地重新抽一遍）上逐位置 Σ min(p, q)（p、q 用 softmax
-    直接算），再取平均。"""
     from split_models_lab import build_split_model
+    from transformer_lab import sample_inverse_cdf
     t, d = build_split_model("split:0"), build_split_model("split-draft:0")
     res = script_results(REL)["demo2"]
-    a0, a1 = res["alpha0"], res["alpha"]
-    toks = sample_rows_together(t, s11.TEXT_PROMPTS, s11.TEXT_LEN,
-                                [np.random.default_rng(i + 1) for i in range(len(s11.TEXT_PROMPTS))])
+    a0, a1, toks = res["alpha0"], res["alpha"], np.asarray(res["text"])
+    prompts = s11.TEXT_PROMPTS
+    assert toks.shape == (len(prompts), len(prompts[0]) + s11.TEXT_LEN)
     lp, lq = t.full_logits(toks), d.full_logits(toks)
+    for i, p in enumerate(prompts):
+        assert list(toks[i, :len(p)]) == list(p)
+        rng = np.random.default_rng(i + 1)
+        drawn = [int(sample_inverse_cdf(adjust(lp[i, len(p) - 1 + j], 1.0), rng.random())) for j in range(s11.TEXT_LEN)]
+        assert drawn == list(toks[i, len(p):]), f"第 {i} 段不是目标自己（种子 {i + 1}）采样的"
     p = np.exp(lp - lp.max(-1, keepdims=True))
     q = np.exp(lq - lq.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)

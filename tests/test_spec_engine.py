@@ -18,6 +18,7 @@ import spec_engine_lab
 from decode_lab import NGramLM, TransformerLM, autoregressive_generate, speculative_generate
 from drafts_lab import layer_skip_draft, layer_subset
 from engine_lab import LLMEngine
+from lm_rows import rows_read
 from lookup_lab import PromptLookup, speculative_generate_adaptive
 from runner_lab import chunk_counts
 from smollm2_models import smollm2_lm
@@ -291,6 +292,9 @@ def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
     和层数无关；真实模型比玩具多的（49152 的词表、分词器和对话模板、GQA、RoPE 的 θ）都还在。这两个提示下拒绝和
     γ 个全部接受都有（最后一行断言它）。时间几乎全在前向的次数上（每次都把 226 MB 的 float64 lm_head 读一遍），
     3 层比 6 层约省三分之一。
+    参照（speculative_generate）跑在 rows_read 的浅拷贝上：它每次调用只读目标的最后 γ + 1 行、草稿的最后一行，
+    别的行（14 个 token 的提示各一遍、草稿追上的那几行）不乘 lm_head（每行 2.8e7 次乘加，是这里的大头）、填 NaN：
+    它要是读了哪一行，抽出来的就不是引擎的 token，断言变红。
     """
     full, _, tok = smollm2_lm("float64")
     model = layer_subset(full, range(3), name="SmolLM2 的前 3 层")
@@ -299,8 +303,9 @@ def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
     prompts = [tok.chat("Name a primary color."), tok.chat("Say hello in Spanish.")]
     eng = LLMEngine(model, cfg, -(-cfg.max_seq // 16), speculative_config=spec_cfg(draft=draft, gamma=2))
     reqs = run_all(eng, prompts, 3, 1.0, seed=4, stop=2)
+    ref_t, ref_d = rows_read(model, 2 + 1), rows_read(draft, 1)
     for i, (p, req) in enumerate(zip(prompts, reqs)):
-        want, st = speculative_generate(model, draft, p, 3, 2, 1.0, np.random.default_rng(4 + i), stop=2)
+        want, st = speculative_generate(ref_t, ref_d, p, 3, 2, 1.0, np.random.default_rng(4 + i), stop=2)
         assert req.output == [int(t) for t in want] and req.accepted == st["accepted"]
     assert_no_leak(eng)
     accepted = [a for req in reqs for a in req.accepted]

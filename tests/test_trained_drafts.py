@@ -236,15 +236,36 @@ def _enum_sample(orig):
     def sample(probs, u):
         if isinstance(u, _Sym):
             p = np.asarray(probs, dtype=np.float64)
-            return u.h.choose([(j, p[j] / p.sum()) for j in range(p.size)])
+            p = p / p.sum()
+            return u.h.choose([(j, float(p[j])) for j in range(p.size)])
         return orig(probs, u)
     return sample
+
+
+def _memo_adjust(orig):
+    """
+    adjust（温度）按输入记住：它是 (logits 的值, T) 的纯函数。枚举把生成器重跑上千遍，同一行 logits 要调整几万次。
+    记住的结果设成只读：哪个调用者就地改它（那样记住就不对了）会抛错，不会悄悄算错。
+    """
+    memo = {}
+
+    def adjust(logits, T, **kw):
+        a = np.asarray(logits)
+        if kw or a.dtype != np.float64:
+            return orig(logits, T, **kw)
+        key = (a.shape, a.tobytes(), T)
+        if key not in memo:
+            memo[key] = orig(a, T)
+            memo[key].setflags(write=False)
+        return memo[key]
+    return adjust
 
 
 def _enumerate(run, monkeypatch):
     """run(rng) -> 输出；对随机数的每种结局跑一遍 -> {输出元组: 概率}。"""
     for mod in (fd, decode_lab, distinct_lab):
         monkeypatch.setattr(mod, "sample_inverse_cdf", _enum_sample(mod.sample_inverse_cdf))
+    monkeypatch.setattr(fd, "adjust", _memo_adjust(fd.adjust))
     dist, stack = collections.defaultdict(float), [[]]
     while stack:
         script = stack.pop()
@@ -453,21 +474,66 @@ def test_script13_cost_table_is_the_arithmetic_of_the_shapes():
     assert "像 EAGLE 那样只有一层" in out
 
 
+def _trigram_argmax(train, vocab, prompts, texts, k=0.1):
+    """
+    插值 Witten–Bell 的 3 元语法（ngram_lab.SparseNGramLM 文档里的定义：最低一阶 P_1(b) = (c(b) + k) / (N + k·V)，
+    第 m 阶 P_m(b | h) = P_{m−1}(b | h′)·u/(c(h) + u) + c(h, b)/(c(h) + u)，h 没见过就停在低一阶）在每段文本
+    每个位置上的 argmax（对数概率的，同脚本）-> [每段一个 bool 数组：argmax == 文本的下一个 token]。
+    独立的写法：次数用 numpy 一次数完（(上下文, 下一个) 编成一个整数，np.unique），只算文本的位置要的那几行，
+    不经过 SparseNGramLM。次数、c(h)、u 都是精确的整数，每一行的三步舍入（乘、除、加）和那个类的一样，所以 argmax
+    逐位相同（并列时取编号最小的，两边都是 np.argmax）。
+    """
+    V = vocab
+    seqs = [np.asarray(s, dtype=np.int64) for s in train]
+    uni = np.bincount(np.concatenate(seqs), minlength=V).astype(np.float64)
+    unigram = (uni + k) / (uni.sum() + k * V)
+    tables = []
+    for m in (1, 2):                                   # 上下文长 m：(上下文, 下一个) 编成 Σ token·V^i
+        codes = np.concatenate([sum(s[i:len(s) - m + i] * V ** (m - i) for i in range(m)) + s[m:]
+                                for s in seqs if len(s) > m])
+        tables.append(np.unique(codes, return_counts=True))
+
+    def counts_after(ctx):
+        code, cnt = tables[len(ctx) - 1]
+        base = sum(int(t) * V ** (len(ctx) - i) for i, t in enumerate(ctx))
+        lo, hi = np.searchsorted(code, [base, base + V])
+        return code[lo:hi] - base, cnt[lo:hi].astype(np.float64)
+
+    out = []
+    for p, t in zip(prompts, texts):
+        seq = list(p) + list(t)
+        hit = []
+        for j in range(len(t)):
+            pos = len(p) - 1 + j                       # 这一行预测 seq[pos + 1] = t[j]
+            prob = unigram.copy()
+            for m in (1, 2):
+                if pos + 1 < m:
+                    break
+                ids, c = counts_after(seq[pos + 1 - m:pos + 1])
+                if ids.size == 0:
+                    break                              # 没见过的上下文：更长的也没见过
+                tot, u = c.sum(), ids.size
+                prob *= u / (tot + u)
+                prob[ids] += c / (tot + u)
+            hit.append(int(np.argmax(np.log(prob))) == t[j])
+        out.append(np.asarray(hit))
+    return out
+
+
 def test_script13_lookup_and_ngram_rows_recomputed_without_the_target():
     """演示 1：prompt lookup 的每次调用 token 和 3 元语法的 α（T = 0）、每次调用 token 只用发布的 token id 重算
-    （文本是目标的贪心续写，所以 T = 0 的接受只看草稿的 argmax 是否等于文本）；目标 argmax 不同的位置是 0。"""
+    （文本是目标的贪心续写，所以 T = 0 的接受只看草稿的 argmax 是否等于文本）；目标 argmax 不同的位置是 0。
+    3 元语法按定义另写一遍（_trigram_argmax），只算文本的 384 个位置，不用 SparseNGramLM（它拟合、算每个位置的整行要
+    0.3–0.8 秒；这里一次 np.unique）。"""
     from conftest import script_stdout
     from greedy_lab import greedy_rounds, lookup_rounds, round_summary
     from lookup_lab import PromptLookup
-    from ngram_lab import SparseNGramLM
     smollm2_path()
     out = script_stdout(SCRIPT13)
     prompts, texts, train = _heldout()
     lk = round_summary([lookup_rounds(p, t, PromptLookup(2), 3) for p, t in zip(prompts, texts)])
     assert _row(out, "prompt lookup（n = 2）")[-2] == f"{lk['per_call']:.2f}"
-    ng = SparseNGramLM.fit(train, 49152, order=3)
-    agree = [ng.full_logits([p + t])[0, len(p) - 1:len(p) - 1 + len(t)].argmax(-1) == np.asarray(t)
-             for p, t in zip(prompts, texts)]
+    agree = _trigram_argmax(train, 49152, prompts, texts)
     r = _row(out, "3 元语法（同一份训练文本）")
     assert r[0] == f"{np.concatenate(agree).mean():.3f}"
     assert r[2] == f"{round_summary([greedy_rounds(a, 3) for a in agree])['per_call']:.2f}"
