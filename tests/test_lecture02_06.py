@@ -378,13 +378,17 @@ def test_rope_permutation_must_be_undone_exactly_once(full_passes):
     cfg_k = config_like(cfg, n_layers=ROPE_LAYERS)
     P_k = dict(P, layers=P["layers"][:ROPE_LAYERS])
     right_model = NumpyTransformer(P_k, cfg_k)
-    right = right_model.forward(toks)[0, rows]
+
+    def at_rows(h):                               # lm_head 只乘参考的那几行（head_only_at）
+        return h[:, rows]
+    right = head_only_at(right_model, at_rows).forward(toks)[0]
     for fn in (permute_rope_rows, unpermute_rope_rows):
         # 只重新融合换了 wq、wk 的层；词嵌入和 lm_head 和 right_model 共用（with_layers：和整个重新构造逐位相同）
         Q = _with_qk(P_k, fn, cfg)
         wrong_model = with_layers(right_model, dict(enumerate(Q["layers"])))
         assert wrong_model._layers[0] is not right_model._layers[0]
-        wrong = wrong_model.forward(toks)[0, rows]
+        wrong = head_only_at(wrong_model, at_rows).forward(toks)[0]
+        assert wrong.shape == right.shape == (len(rows), cfg.vocab)
         assert float(np.max(np.abs(wrong - right))) > 1.0, fn.__name__
 
 

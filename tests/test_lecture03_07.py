@@ -315,23 +315,26 @@ def test_demo1_file_types_and_requantization_errors(run):
 def test_capture_agrees_with_quant_lab_layer_inputs_on_real_weights(run):
     """
     capture（07 用的前向）和 quant_lab.layer_inputs（05、06 用的）在真实权重上给出同样的激活：float64，相对 1e-9。
-    capture 这边取脚本那次运行的 setup() 在整段校准文本上算的（run 换进 ctx 的 logits 和激活），layer_inputs 只喂前 2 条的
-    前 10 个 token：注意力是因果的，前 10 个位置看不到后面的 token，所以两边在这些位置上应当只差舍入（capture 的因果
-    掩码错了，这里也会对不上）。
+    capture 这边取脚本那次运行的 setup() 在整段校准文本上算的（run 换进 ctx 的 logits 和激活），比它的前 2 条的前 10 个
+    位置：注意力是因果的，前 10 个位置看不到后面的 token，所以两边在这些位置上应当只差舍入（capture 的因果掩码错了，
+    这里也会对不上）。这 10 个 token 在提示里，每条文本都以同一个提示开头：两条的输入逐个相同，layer_inputs 只喂一条
+    （批里的各行互不相干，喂两条相同的行得到的就是这一行两遍），capture 的两条都和它比。
     """
     _, ctx, _, _, _ = run
     B, n = ctx["calib_toks"].shape
-    toks = ctx["calib_toks"][:2, :10]
+    assert ctx["start"] >= 10 and np.array_equal(ctx["calib_toks"][0, :10], ctx["calib_toks"][1, :10])
+    toks = ctx["calib_toks"][:1, :10]
 
-    def head(a):                                      # [B·n, …] 的激活 -> 前 2 条、前 10 个位置 [2·10, …]
-        return a.reshape(B, n, -1)[:2, :10].reshape(20, -1)
+    def head(a):                                      # [B·n, …] 的激活 -> 前 2 条、前 10 个位置 [2, 10, …]
+        return a.reshape(B, n, -1)[:2, :10]
     l1 = ctx["_calib_logits"][:2, :10]
     l2, a2 = layer_inputs(ctx["P"], ctx["cfg"], toks)
-    assert l1.dtype == np.float64 and l1.shape == l2.shape
+    assert l1.dtype == np.float64 and l1.shape == (2,) + l2.shape[1:] and l2.shape[0] == 1
     assert np.abs(l1 - l2).max() < 1e-9 * np.abs(l2).max()
     for li in (0, 11, 29):
         for k in ("attn_in", "attn_out", "mlp_in", "mlp_act"):
             a1 = head(ctx["calib"][li][k])
+            assert a2[li][k].shape == (10, a1.shape[-1])
             assert np.abs(a1 - a2[li][k]).max() < 1e-9 * np.abs(a2[li][k]).max(), (li, k)
 
 
