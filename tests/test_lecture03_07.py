@@ -80,7 +80,7 @@ def run():
     for name in ("calib", "eval"):                      # 会话的 script_results 里不再留这几百 MB（ctx 里有）
         res.pop(name + "_capture")
     # 两次只读模型的前向现在就在另一个线程里（一个接一个）开始算：ref_forward 的那次（transformer_lab，评估文本）和
-    # test_demo5_int8_kl_by_token_by_token_decode 的逐 token decode。在用到它们之前的测试（演示 1–3 的其他核对）用不着
+    # test_demo5_int8_kl_by_token_by_token_decode 的逐 token decode。在用到它们之前的测试（演示 1–4 的其他核对）用不着
     # 它们，这段时间另一个核空着。前向不改模型的任何状态（缓存各是各的），两边同时用同一个模型没有关系。
     bg = ThreadPoolExecutor(max_workers=1)
     ctx["_ref_forward"] = bg.submit(shared_prompt_forward, ctx["model"], ctx["eval_toks"], ctx["start"])
@@ -453,32 +453,6 @@ def _model_of(base, Pq, changed):
     return m
 
 
-def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits, rtn_layers):
-    """
-    演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 从第 0 层起整段重算一遍，每条序列的 KL 一样。
-    每层照样整段算（共同的提示按批 1 算一次，new_token_logits），lm_head 只乘 KL 用到的那几个位置（提示的最后一个到
-    倒数第二个）。
-    只重算第一条和最后一条评估序列（脚本算的是整批 N_SEQ 条）：两种前向里批的各行互不相干（矩阵乘、RMSNorm、注意力都
-    按行），两行的批和整批里的那两行只差舍入；行错位、顺序弄反这类 bug 最先落在两头。演示打印的 KL 就是每条序列的
-    KL 的平均（下面逐位核对），GPTQ、AWQ 的配对差也用这些每条序列的 KL（test_demo3_figures）。
-    """
-    mod, ctx, _, out, _ = run
-    d3 = out["d3"]
-    P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
-    rows = [0, mod.N_SEQ - 1]
-    Pq = mod.with_layers(P, rtn_layers)
-    ref = ref_logits[rows]                                                 # 评估文本（整批前向的这两行）
-    q = new_token_logits(_model_of(ctx["model"], Pq, mod.STUDY_LAYERS), toks[rows], start)
-    lp, lq = log_softmax(ref[:, start - 1:-1]), log_softmax(q)
-    kl = (np.exp(lp) * (lp - lq)).sum(-1).mean(-1)                         # 每条序列
-    per_seq = d3["runs"]["rtn"][0]
-    assert per_seq.shape == (mod.N_SEQ,)
-    assert kl == pytest.approx(per_seq[rows], rel=1e-9)                   # float64 的两条路径（模块说明的容差）
-    assert d3["kl"]["rtn"] == float(per_seq.mean())
-    assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
-    assert all(P["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in mod.STUDY_LAYERS)
-
-
 def test_demo3_figures(run):
     mod, ctx, _, out, text = run
     d3 = out["d3"]
@@ -582,6 +556,36 @@ def test_demo4_curve_by_hand_and_toy_curve_is_06s(run):
     assert d4["gain_tensor"] > 2                                             # 平滑在真实激活上有用
     toy_best = [d4["toy"][(None, g)] / min(d4["toy"][(a, g)] for a in sm) for g in ("tensor", "token")]
     assert d4["toy_gain"] == pytest.approx(max(toy_best)) and d4["toy_gain"] < 1.5
+
+
+# ---------------------------------------------------------------------------
+# 演示 3（续）
+# ---------------------------------------------------------------------------
+def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits, rtn_layers):
+    """
+    （放在演示 4 的测试之后：它读的 ref_forward 在另一个线程里算，跑到这里时多半已经算完，主线程少等一会。）
+    演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 从第 0 层起整段重算一遍，每条序列的 KL 一样。
+    每层照样整段算（共同的提示按批 1 算一次，new_token_logits），lm_head 只乘 KL 用到的那几个位置（提示的最后一个到
+    倒数第二个）。
+    只重算第一条和最后一条评估序列（脚本算的是整批 N_SEQ 条）：两种前向里批的各行互不相干（矩阵乘、RMSNorm、注意力都
+    按行），两行的批和整批里的那两行只差舍入；行错位、顺序弄反这类 bug 最先落在两头。演示打印的 KL 就是每条序列的
+    KL 的平均（下面逐位核对），GPTQ、AWQ 的配对差也用这些每条序列的 KL（test_demo3_figures）。
+    """
+    mod, ctx, _, out, _ = run
+    d3 = out["d3"]
+    P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
+    rows = [0, mod.N_SEQ - 1]
+    Pq = mod.with_layers(P, rtn_layers)
+    ref = ref_logits[rows]                                                 # 评估文本（整批前向的这两行）
+    q = new_token_logits(_model_of(ctx["model"], Pq, mod.STUDY_LAYERS), toks[rows], start)
+    lp, lq = log_softmax(ref[:, start - 1:-1]), log_softmax(q)
+    kl = (np.exp(lp) * (lp - lq)).sum(-1).mean(-1)                         # 每条序列
+    per_seq = d3["runs"]["rtn"][0]
+    assert per_seq.shape == (mod.N_SEQ,)
+    assert kl == pytest.approx(per_seq[rows], rel=1e-9)                   # float64 的两条路径（模块说明的容差）
+    assert d3["kl"]["rtn"] == float(per_seq.mean())
+    assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
+    assert all(P["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in mod.STUDY_LAYERS)
 
 
 # ---------------------------------------------------------------------------
