@@ -67,17 +67,50 @@ def mod():
     return load_script(S6)
 
 
+def head_only_at(model, keep):
+    """
+    model 的浅拷贝（权重、缓存的做法都共用），lm_head 只乘 keep(h) 挑出的那几个位置：h [B, n, d] -> 留下的行。
+    前向的每一层照样整段算；lm_head 对每个位置是独立的一次矩阵乘（[n, d] @ [d, V] 的行互不相干），留下的行和整段算完
+    再挑出来的一样，只差 BLAS 分块的舍入（smollm2_models.logits_at 的做法）。SmolLM2 的 lm_head 每个位置 2.8e7 次乘加，
+    约是 30 层的四分之一。拷贝上改：会话共用的模型不动。
+    """
+    m = copy.copy(model)
+    m.lm_head = lambda h: model.lm_head(keep(h))
+    return m
+
+
+def forward_rows(model, ids, rows):
+    """
+    model 在一条序列 ids 上一次算完，lm_head 只乘 rows 那几个位置 -> [len(ids), V]：rows 的行是 logits，其余的行是 NaN
+    （哪个测试读了没算的行，argmax、比较都会错，看得出来）。
+    """
+    rows = np.unique(rows)
+    got = head_only_at(model, lambda h: h[:, rows]).forward(np.asarray([ids]))[0]
+    out = np.full((len(ids), model.cfg.vocab), np.nan)
+    out[rows] = got
+    return out
+
+
+# full_passes 里有人读的行：参考的行（_hf_max_diff）；"chat" 另有回答的 8 步（从提示的最后一行起：KV 缓存、演示 5 的
+# 核对、_PathDraft 的草稿——speculative_generate 只用草稿每次返回的最后一行，都在提示的最后一行以后）；"prose" 的第 12 行
+# （演示 3 的熵）是参考的一行。71 个位置里算 22 个 lm_head。
+ANSWER_ROWS = range(len(CHAT["ids"]) - 1, len(CHAT["ids"]) + len(GREEDY) - 1)
+
+
 @pytest.fixture(scope="module")
 def full_passes(lm):
     """
     float64 模型一次算完的 logits，几个测试共用（每段只算一次）-> {"chat": [16 + 7, V], "prose": [15, V], "code": [33, V]}。
     "chat" 是聊天提示接上参考的贪心回答（去掉最后的 <|im_end|>）：前 16 行就是提示自己的 logits（因果遮罩：第 i 行只看
     前 i + 1 个 token，后面接了什么不改变它，只差 float64 的舍入），最后 8 行（从提示的最后一行起）是回答每一步的 logits。
+    每层都整段算；lm_head 只乘测试读的行（参考的行、回答的 8 步：ANSWER_ROWS），别的行是 NaN（forward_rows）。
     """
     model, _ = lm
-    out = {"chat": model.forward(np.asarray([CHAT["ids"] + GREEDY[:-1]]))[0]}
+    rows = {name: [r["pos"] for r in x["rows"]] for name, x in HF["inputs"].items()}
+    assert 11 in rows["prose"]                               # 演示 3 的熵读的那一行
+    out = {"chat": forward_rows(model, CHAT["ids"] + GREEDY[:-1], rows["chat"] + list(ANSWER_ROWS))}
     for name in ("prose", "code"):
-        out[name] = model.forward(np.asarray([HF["inputs"][name]["ids"]]))[0]
+        out[name] = forward_rows(model, HF["inputs"][name]["ids"], rows[name])
     return out
 
 
@@ -345,13 +378,17 @@ def test_rope_permutation_must_be_undone_exactly_once(full_passes):
     cfg_k = config_like(cfg, n_layers=ROPE_LAYERS)
     P_k = dict(P, layers=P["layers"][:ROPE_LAYERS])
     right_model = NumpyTransformer(P_k, cfg_k)
-    right = right_model.forward(toks)[0, rows]
+
+    def at_rows(h):                               # lm_head 只乘参考的那几行（head_only_at）
+        return h[:, rows]
+    right = head_only_at(right_model, at_rows).forward(toks)[0]
     for fn in (permute_rope_rows, unpermute_rope_rows):
         # 只重新融合换了 wq、wk 的层；词嵌入和 lm_head 和 right_model 共用（with_layers：和整个重新构造逐位相同）
         Q = _with_qk(P_k, fn, cfg)
         wrong_model = with_layers(right_model, dict(enumerate(Q["layers"])))
         assert wrong_model._layers[0] is not right_model._layers[0]
-        wrong = wrong_model.forward(toks)[0, rows]
+        wrong = head_only_at(wrong_model, at_rows).forward(toks)[0]
+        assert wrong.shape == right.shape == (len(rows), cfg.vocab)
         assert float(np.max(np.abs(wrong - right))) > 1.0, fn.__name__
 
 
@@ -388,7 +425,9 @@ def cached_decode(lm, mod):
     脚本的 greedy_with_skipped_slot，skip = 0——先喂整个提示，之后每步只喂上一步选出的 token，位置和缓存的槽都接着往后数。
     """
     model, tok = lm
-    ids, logits, _ = mod.greedy_with_skipped_slot(model, CHAT["ids"], 16, [tok.im_end_id], skip=0)
+    # 脚本的函数每步只取最后一个位置的 logits（[0, -1]）：提示那一步 lm_head 只乘最后一行（head_only_at），少乘 15 行
+    ids, logits, _ = mod.greedy_with_skipped_slot(head_only_at(model, lambda h: h[:, -1:]), CHAT["ids"], 16,
+                                                  [tok.im_end_id], skip=0)
     return ids, logits
 
 
@@ -435,7 +474,55 @@ def _path_draft(lm, full_passes, mask=()):
     return _PathDraft(full_passes["chat"], model.cfg, CHAT["ids"] + GREEDY[:-1], mask)
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5, full_passes):
+SPEC_GAMMA = 2        # 两个停止 token 的测试的草稿长度
+
+
+class _RecordedTarget:
+    """
+    两个停止 token 的测试共用的目标：会话共用的 float64 模型（lm_head 只乘 speculative_generate 读的最后 γ + 1 行：
+    head_only_at），外加一本账。一个会话的每次 logits 调用，连同这个会话之前的全部调用（喂了哪个序列、回滚到哪），
+    记下返回的行和调用之后缓存里已写的 K、V；另一个会话走到完全相同的调用历史时，取记下的行、把缓存恢复成记下的样子，
+    不再前向。前向是确定的（同样的权重、同样的缓存内容、同样的输入给出逐位相同的输出），取出来的就是重算会得到的；
+    历史一有不同（另一个草稿 token），从那一步起照常在模型上前向。两个测试的前两轮（提示 + 2 个草稿，然后 3 个 token）
+    逐位相同，第 3 轮的草稿不同：先跑的那个测试前向 3 次，后跑的只前向第 3 轮（单独跑哪一个都前向 3 次）。
+    speculative_generate 对目标要的：cfg、session() -> .logits(seq) / .truncate(m)（decode_lab._Session 的接口）。
+    """
+
+    def __init__(self, model):
+        self.model = head_only_at(model, lambda h: h[:, -(SPEC_GAMMA + 1):])
+        self.cfg, self.book, self.forwards = model.cfg, {}, 0
+
+    def session(self):
+        return _RecordedSession(self)
+
+
+class _RecordedSession:
+    def __init__(self, owner):
+        self.owner, self.inner, self.history = owner, owner.model.session(), ()
+
+    def logits(self, seq, counter=None):
+        self.history += (("feed", tuple(seq)),)
+        s, book = self.inner, self.owner.book
+        if self.history not in book:
+            rows = s.logits(seq, counter)
+            self.owner.forwards += 1
+            book[self.history] = (rows, s.fed, s.cache.pos, s.cache.k[:, :, :, :s.fed].copy(),
+                                  s.cache.v[:, :, :, :s.fed].copy())
+        rows, s.fed, s.cache.pos, k, v = book[self.history]
+        s.cache.k[:, :, :, :s.fed], s.cache.v[:, :, :, :s.fed] = k, v
+        return rows.copy()
+
+    def truncate(self, m):
+        self.inner.truncate(m)
+        self.history += (("truncate", m),)
+
+
+@pytest.fixture(scope="module")
+def spec_target(lm):
+    return _RecordedTarget(lm[0])
+
+
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5, full_passes, spec_target):
     """
     T = 0 时输出 == 贪心对任何草稿都成立，草稿是谁不改变要证明的事；这里要的是停止 token 作为修正 token 出现（被拒绝
     之后由目标抽出），停在被接受的草稿里的情形由下一个测试管。草稿：_PathDraft，目标自己在这条路上的 logits，但从不
@@ -444,7 +531,8 @@ def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5,
     前向 8 次，草稿另算 24 步）。
     """
     P, cfg, tok = f64
-    target, _ = lm
+    target = spec_target                                   # 会话共用的 float64 模型（_RecordedTarget）
+    assert spec_target.model.params is lm[0].params
     assert d5["min_gap"] > 1.0
     prompt = tok.chat("What is the capital of France?")
     assert prompt == CHAT["ids"]
@@ -454,24 +542,29 @@ def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5,
     assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
     assert tok.im_end_id == 2
     greedy = d4["ids"]
-    spec, stats = speculative_generate(target, draft, prompt, 16, 2, 0.0, np.random.default_rng(1), stop=[2])
+    n_fwd = target.forwards
+    spec, stats = speculative_generate(target, draft, prompt, 16, SPEC_GAMMA, 0.0, np.random.default_rng(1), stop=[2])
+    assert target.forwards > n_fwd                         # 至少最后一轮是在模型上前向的（_RecordedTarget）
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
     assert stats["accepted"][-1] < 2                       # 最后一轮有拒绝：<|im_end|> 是修正 token
     assert stats == {"target_calls": 3, "accepted": [2, 2, 1]}
 
 
-def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5, full_passes):
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5, full_passes, spec_target):
     """草稿：_PathDraft，目标自己在这条路上的 logits（不遮任何 id）：T = 0 时只看 argmax，这条路上处处和目标相同、
     α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，<|im_end|>（第 8 个）是第 3 轮被接受的
     第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿从不提议 <|im_end|>，停止 token 总是修正 token，
     测不到这种情况。"""
-    target, tok = lm
+    _, tok = lm
+    target = spec_target                                   # 会话共用的 float64 模型（_RecordedTarget）
     assert d5["min_gap"] > 1.0
     assert tok.chat("What is the capital of France?") == CHAT["ids"]
     draft = _path_draft(lm, full_passes)
-    spec, stats = speculative_generate(target, draft, tok.chat("What is the capital of France?"), 16, 2, 0.0,
+    n_fwd = target.forwards
+    spec, stats = speculative_generate(target, draft, tok.chat("What is the capital of France?"), 16, SPEC_GAMMA, 0.0,
                                        np.random.default_rng(2), stop=[2])
+    assert target.forwards > n_fwd                         # 至少最后一轮是在模型上前向的（_RecordedTarget）
     assert list(spec) == GREEDY
     assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
 

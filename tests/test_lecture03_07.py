@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import conftest
-from smollm2_models import logits_at, smollm2_lm, with_layers
+from smollm2_models import smollm2_lm, with_layers
 from kvcache_lab import KVCache
 from quant_lab import INPUT_OF, LAYER_MATRICES, awq_quantize, gptq_quantize, kv_quantizer, layer_inputs, quantize_matrix
 
@@ -80,7 +80,7 @@ def run():
     for name in ("calib", "eval"):                      # 会话的 script_results 里不再留这几百 MB（ctx 里有）
         res.pop(name + "_capture")
     # 两次只读模型的前向现在就在另一个线程里（一个接一个）开始算：ref_forward 的那次（transformer_lab，评估文本）和
-    # test_demo5_int8_kl_by_token_by_token_decode 的逐 token decode。在用到它们之前的测试（演示 1–3 的其他核对）用不着
+    # test_demo5_int8_kl_by_token_by_token_decode 的逐 token decode。在用到它们之前的测试（演示 1–4 的其他核对）用不着
     # 它们，这段时间另一个核空着。前向不改模型的任何状态（缓存各是各的），两边同时用同一个模型没有关系。
     bg = ThreadPoolExecutor(max_workers=1)
     ctx["_ref_forward"] = bg.submit(shared_prompt_forward, ctx["model"], ctx["eval_toks"], ctx["start"])
@@ -100,11 +100,39 @@ def shared_prompt_forward(model, toks, start):
     B, n = toks.shape
     assert np.array_equal(toks[:, :start], np.tile(toks[:1, :start], (B, 1)))
     one = model.new_cache(1, n)
-    head = model.forward(toks[:1, :start], one)
+    out = np.empty((B, n, model.cfg.vocab))
+    out[:, :start] = model.forward(toks[:1, :start], one)          # 提示的行：批 1 的那一行给每一条
     cache = one.repeat(B)
-    tail = model.forward(toks[:, start:], cache)
+    out[:, start:] = model.forward(toks[:, start:], cache)
     assert cache.pos == n
-    return np.concatenate([np.repeat(head, B, axis=0), tail], axis=1), cache
+    return out, cache
+
+
+def head_only_at(model, keep):
+    """
+    model 的浅拷贝，lm_head 只乘 keep(h) 挑出的位置（h [B, n, d]）：每层照样整段算；lm_head 对每个位置是独立的一次矩阵乘，
+    留下的行和整段算完再挑出来的一样，只差 BLAS 分块的舍入（smollm2_models.logits_at 的道理）。拷贝上改：别的线程可能
+    同时在用 model。
+    """
+    m = copy.copy(model)
+    m.lm_head = lambda h: model.lm_head(keep(h))
+    return m
+
+
+def new_token_logits(model, toks, start):
+    """
+    toks [B, n]（每行以同一个 start 个 token 的提示开头）上预测新 token 的那几个位置（第 start − 1 个到倒数第二个）的
+    logits -> [B, n − start, V]，和 model.forward(toks)[:, start − 1:-1] 只差 float64 的舍入。
+    提示按批 1 算一次、缓存复制成 B 条（shared_prompt_forward 的做法），lm_head 只乘提示的最后一个位置（head_only_at）；
+    接着喂每行第 start 个到倒数第二个 token（最后一个 token 只是被预测的，它的 K、V 和 logits 没人用）。
+    """
+    B, n = toks.shape
+    assert np.array_equal(toks[:, :start], np.tile(toks[:1, :start], (B, 1)))
+    one = model.new_cache(1, n)
+    head = head_only_at(model, lambda h: h[:, -1:]).forward(toks[:1, :start], one)      # [1, 1, V]
+    cache = one.repeat(B)
+    tail = model.forward(toks[:, start:-1], cache)                                      # [B, n − start − 1, V]
+    return np.concatenate([np.repeat(head, B, axis=0), tail], axis=1)
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +196,16 @@ def squash(text):
 
 
 def kl_by_hand(ref_logits, q_logits, start):
-    lp, lq = log_softmax(ref_logits[:, start - 1:-1]), log_softmax(q_logits[:, start - 1:-1])
-    return (np.exp(lp) * (lp - lq)).sum(-1).mean()
+    """
+    每条序列、每个预测新 token 的位置（第 start − 1 个到倒数第二个）的 KL(p_ref ‖ p_q)，再对全部位置取平均。
+    一条一条算：临时数组是一条的 [位置, V]（几 MB），不一次摊开整批的 [条, 位置, V]（几十 MB 一个，每个都要重新映射内存）；
+    每个位置的 KL 和整批一起算时逐位相同（都是沿最后一维的运算），平均也是同一个 [条, 位置] 数组的平均。
+    """
+    kl = np.empty((len(ref_logits), ref_logits.shape[1] - start))
+    for i, (r, q) in enumerate(zip(ref_logits, q_logits)):
+        lp, lq = log_softmax(r[start - 1:-1]), log_softmax(q[start - 1:-1])
+        kl[i] = (np.exp(lp) * (lp - lq)).sum(-1)
+    return kl.mean()
 
 
 def test_the_figures_are_the_printing_runs_and_the_rebuilt_text_is_the_scripts(run):
@@ -201,27 +237,31 @@ def test_t7_quantile_by_numerical_integration():
 
 def sampling_margins(mod, ctx, logits):
     """
-    logits：2·N_SEQ 条文本上预测新 token 的那几个位置（第 start − 1 个到倒数第二个）的 logits [条, N_NEW, V]。
+    logits：2·N_SEQ 条文本上预测新 token 的那几个位置（第 start − 1 个到倒数第二个）的 logits，每条一个 [N_NEW, V]。
     每一次抽样（2·N_SEQ 条 × N_NEW 个新 token）的 u·总和 离它落进的 CDF 区间两端最近的距离 -> [条, 新 token]。
 
     自己重算：整段文本一次 float64 前向（logits：capture 的前向，不是抽样时带缓存逐个 token 的 decode）、自己写的
     softmax（温度 TEMP）和累积和；u 照 decode_lab.sample_from_prompts 的顺序从同一个种子取（每步每条一个）。同时核对
-    抽到的 token 就是 u 落进的那个区间。
+    抽到的 token 就是 u 落进的那个区间。一条一条算（每一步都是沿词表那一维的运算，和整批一起算逐位相同）：临时数组
+    是一条的 [N_NEW, V]，不是整批的 [条, N_NEW, V]（一个 75 MB，每个都要重新映射内存）。
     """
     toks = np.concatenate([ctx["calib_toks"], ctx["eval_toks"]])
     start = ctx["start"]
-    assert logits.shape[:2] == (toks.shape[0], mod.N_NEW)
-    z = logits.astype(np.float64) / mod.TEMP
-    p = np.exp(z - z.max(-1, keepdims=True))
-    c = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
+    assert len(logits) == toks.shape[0] and all(row.shape[0] == mod.N_NEW for row in logits)
     rng = np.random.default_rng(mod.TEXT_SEED)
     u = np.stack([rng.random(toks.shape[0]) for _ in range(mod.N_NEW)], axis=1)
-    x = u * c[..., -1]
     new = toks[:, start:]
-    assert np.array_equal(new, (c <= x[..., None]).sum(-1))                 # 抽到的就是 u 落进的区间
-    lo = np.where(new > 0, np.take_along_axis(c, np.maximum(new - 1, 0)[..., None], -1)[..., 0], 0.0)
-    hi = np.take_along_axis(c, new[..., None], -1)[..., 0]
-    return np.minimum(x - lo, hi - x)
+    out = np.empty(u.shape)
+    for i, row in enumerate(logits):
+        z = row.astype(np.float64) / mod.TEMP
+        p = np.exp(z - z.max(-1, keepdims=True))
+        c = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
+        x = u[i] * c[:, -1]
+        assert np.array_equal(new[i], (c <= x[:, None]).sum(-1))             # 抽到的就是 u 落进的区间
+        lo = np.where(new[i] > 0, np.take_along_axis(c, np.maximum(new[i] - 1, 0)[:, None], -1)[:, 0], 0.0)
+        hi = np.take_along_axis(c, new[i][:, None], -1)[:, 0]
+        out[i] = np.minimum(x - lo, hi - x)
+    return out
 
 
 def test_text_is_drawn_in_float64_far_from_every_tie(run):
@@ -236,7 +276,7 @@ def test_text_is_drawn_in_float64_far_from_every_tie(run):
     start = ctx["start"]
     for x in (ctx["_calib_logits"], ctx["_eval_logits"]):                       # capture 的前向（脚本那次运行的）
         assert x.shape[:2] == (mod.N_SEQ, start + mod.N_NEW)
-    m = sampling_margins(mod, ctx, np.concatenate([x[:, start - 1:-1] for x in (ctx["_calib_logits"], ctx["_eval_logits"])]))
+    m = sampling_margins(mod, ctx, [row[start - 1:-1] for x in (ctx["_calib_logits"], ctx["_eval_logits"]) for row in x])
     assert m.min() > 1e-9
     s, t = np.unravel_index(np.argmin(m), m.shape)
     figure = f"{m.min():.1e}".replace("e-0", "e-")
@@ -275,23 +315,26 @@ def test_demo1_file_types_and_requantization_errors(run):
 def test_capture_agrees_with_quant_lab_layer_inputs_on_real_weights(run):
     """
     capture（07 用的前向）和 quant_lab.layer_inputs（05、06 用的）在真实权重上给出同样的激活：float64，相对 1e-9。
-    capture 这边取脚本那次运行的 setup() 在整段校准文本上算的（run 换进 ctx 的 logits 和激活），layer_inputs 只喂前 2 条的
-    前 10 个 token：注意力是因果的，前 10 个位置看不到后面的 token，所以两边在这些位置上应当只差舍入（capture 的因果
-    掩码错了，这里也会对不上）。
+    capture 这边取脚本那次运行的 setup() 在整段校准文本上算的（run 换进 ctx 的 logits 和激活），比它的前 2 条的前 10 个
+    位置：注意力是因果的，前 10 个位置看不到后面的 token，所以两边在这些位置上应当只差舍入（capture 的因果掩码错了，
+    这里也会对不上）。这 10 个 token 在提示里，每条文本都以同一个提示开头：两条的输入逐个相同，layer_inputs 只喂一条
+    （批里的各行互不相干，喂两条相同的行得到的就是这一行两遍），capture 的两条都和它比。
     """
     _, ctx, _, _, _ = run
     B, n = ctx["calib_toks"].shape
-    toks = ctx["calib_toks"][:2, :10]
+    assert ctx["start"] >= 10 and np.array_equal(ctx["calib_toks"][0, :10], ctx["calib_toks"][1, :10])
+    toks = ctx["calib_toks"][:1, :10]
 
-    def head(a):                                      # [B·n, …] 的激活 -> 前 2 条、前 10 个位置 [2·10, …]
-        return a.reshape(B, n, -1)[:2, :10].reshape(20, -1)
+    def head(a):                                      # [B·n, …] 的激活 -> 前 2 条、前 10 个位置 [2, 10, …]
+        return a.reshape(B, n, -1)[:2, :10]
     l1 = ctx["_calib_logits"][:2, :10]
     l2, a2 = layer_inputs(ctx["P"], ctx["cfg"], toks)
-    assert l1.dtype == np.float64 and l1.shape == l2.shape
+    assert l1.dtype == np.float64 and l1.shape == (2,) + l2.shape[1:] and l2.shape[0] == 1
     assert np.abs(l1 - l2).max() < 1e-9 * np.abs(l2).max()
     for li in (0, 11, 29):
         for k in ("attn_in", "attn_out", "mlp_in", "mlp_act"):
             a1 = head(ctx["calib"][li][k])
+            assert a2[li][k].shape == (10, a1.shape[-1])
             assert np.abs(a1 - a2[li][k]).max() < 1e-9 * np.abs(a2[li][k]).max(), (li, k)
 
 
@@ -410,31 +453,6 @@ def _model_of(base, Pq, changed):
     return m
 
 
-def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits, rtn_layers):
-    """
-    演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 整段重算一遍，每条序列的 KL 一样。lm_head 只乘 KL
-    用到的那几个位置（提示的最后一个到倒数第二个：smollm2_models.logits_at），每层照样整段算。
-    只重算第一条和最后一条评估序列（脚本算的是整批 N_SEQ 条）：两种前向里批的各行互不相干（矩阵乘、RMSNorm、注意力都
-    按行），两行的批和整批里的那两行只差舍入；行错位、顺序弄反这类 bug 最先落在两头。演示打印的 KL 就是每条序列的
-    KL 的平均（下面逐位核对），GPTQ、AWQ 的配对差也用这些每条序列的 KL（test_demo3_figures）。
-    """
-    mod, ctx, _, out, _ = run
-    d3 = out["d3"]
-    P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
-    rows = [0, mod.N_SEQ - 1]
-    Pq = mod.with_layers(P, rtn_layers)
-    ref = ref_logits[rows]                                                 # 评估文本（整批前向的这两行）
-    q = logits_at(_model_of(ctx["model"], Pq, mod.STUDY_LAYERS), toks[rows], slice(start - 1, toks.shape[1] - 1))
-    lp, lq = log_softmax(ref[:, start - 1:-1]), log_softmax(q)
-    kl = (np.exp(lp) * (lp - lq)).sum(-1).mean(-1)                         # 每条序列
-    per_seq = d3["runs"]["rtn"][0]
-    assert per_seq.shape == (mod.N_SEQ,)
-    assert kl == pytest.approx(per_seq[rows], rel=1e-9)                   # float64 的两条路径（模块说明的容差）
-    assert d3["kl"]["rtn"] == float(per_seq.mean())
-    assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
-    assert all(P["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in mod.STUDY_LAYERS)
-
-
 def test_demo3_figures(run):
     mod, ctx, _, out, text = run
     d3 = out["d3"]
@@ -541,6 +559,36 @@ def test_demo4_curve_by_hand_and_toy_curve_is_06s(run):
 
 
 # ---------------------------------------------------------------------------
+# 演示 3（续）
+# ---------------------------------------------------------------------------
+def test_demo3_kl_of_the_rtn_layer_by_a_full_second_forward(run, ref_logits, rtn_layers):
+    """
+    （放在演示 4 的测试之后：它读的 ref_forward 在另一个线程里算，跑到这里时多半已经算完，主线程少等一会。）
+    演示 3 从第 11 层接着算（capture 的 start/resid）：用 transformer_lab 从第 0 层起整段重算一遍，每条序列的 KL 一样。
+    每层照样整段算（共同的提示按批 1 算一次，new_token_logits），lm_head 只乘 KL 用到的那几个位置（提示的最后一个到
+    倒数第二个）。
+    只重算第一条和最后一条评估序列（脚本算的是整批 N_SEQ 条）：两种前向里批的各行互不相干（矩阵乘、RMSNorm、注意力都
+    按行），两行的批和整批里的那两行只差舍入；行错位、顺序弄反这类 bug 最先落在两头。演示打印的 KL 就是每条序列的
+    KL 的平均（下面逐位核对），GPTQ、AWQ 的配对差也用这些每条序列的 KL（test_demo3_figures）。
+    """
+    mod, ctx, _, out, _ = run
+    d3 = out["d3"]
+    P, cfg, toks, start = ctx["P"], ctx["cfg"], ctx["eval_toks"], ctx["start"]
+    rows = [0, mod.N_SEQ - 1]
+    Pq = mod.with_layers(P, rtn_layers)
+    ref = ref_logits[rows]                                                 # 评估文本（整批前向的这两行）
+    q = new_token_logits(_model_of(ctx["model"], Pq, mod.STUDY_LAYERS), toks[rows], start)
+    lp, lq = log_softmax(ref[:, start - 1:-1]), log_softmax(q)
+    kl = (np.exp(lp) * (lp - lq)).sum(-1).mean(-1)                         # 每条序列
+    per_seq = d3["runs"]["rtn"][0]
+    assert per_seq.shape == (mod.N_SEQ,)
+    assert kl == pytest.approx(per_seq[rows], rel=1e-9)                   # float64 的两条路径（模块说明的容差）
+    assert d3["kl"]["rtn"] == float(per_seq.mean())
+    assert P["layers"][11]["wq"] is not Pq["layers"][11]["wq"]
+    assert all(P["layers"][i] is Pq["layers"][i] for i in range(cfg.n_layers) if i not in mod.STUDY_LAYERS)
+
+
+# ---------------------------------------------------------------------------
 # 演示 5
 # ---------------------------------------------------------------------------
 def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture_ref, ref_forward):
@@ -556,7 +604,7 @@ def test_demo5_key_value_channel_stats_from_the_fast_forwards_cache(run, capture
     assert d5["k_gt_v"] == int((d5["k_ratio"] > d5["v_ratio"]).sum())
     # 原模型取 capture 的 logits：和 transformer_lab 的前向只差 float64 的舍入（logits 差 < 1e-12，KL 是它的平方量级）
     ref = capture_ref
-    assert np.abs(ref - logits).max() < 1e-9
+    assert max(float(np.abs(a - b).max()) for a, b in zip(ref, logits)) < 1e-9      # 一条一条比（kl_by_hand 的说明）
     assert kl_by_hand(ref, logits, ctx["start"]) < 1e-15
 
 
@@ -565,7 +613,8 @@ DECODE_STEPS = 2     # 提示之后逐个 token 喂的步数（接在一块后�
 
 def int8_head_decode(ctx):
     """
-    评估文本在 INT8 每头的 KV 缓存上真实地 decode -> logits [条, 长度, V]：提示一次写进缓存，之后 DECODE_STEPS 步逐个
+    评估文本在 INT8 每头的 KV 缓存上真实地 decode -> logits [条, 长度, V]：提示一次写进缓存（共同的提示按批 1 写一次，
+    复制给每一条），之后 DECODE_STEPS 步逐个
     token 地喂（transformer_lab 的前向，每步写一个位置），剩下的新 token 一块接着写在后面。run 在另一个线程里提前算好它。
     每一步 decode 都要把 float64 的全部权重（约 1 GB）读一遍：12 步都逐个喂要几倍的时间，证明的是同一件事
     （每个 token 每个头的 scale 只看它自己，和分几次写无关）：两步已经有接在整块后面的单个 token、接在单个 token
@@ -573,16 +622,24 @@ def int8_head_decode(ctx):
     """
     model, toks, start = ctx["model"], ctx["eval_toks"], ctx["start"]
     B, n = toks.shape
-    cuts = [0] + list(range(start, start + DECODE_STEPS + 1)) + [n]
+    assert np.array_equal(toks[:, :start], np.tile(toks[:1, :start], (B, 1)))       # 共同的提示
+    cuts = list(range(start, start + DECODE_STEPS + 1)) + [n]
     assert cuts[-2] < n                                   # 逐个 token 的几步之后还有一块
-    cache = KVCache(ctx["cfg"], B, n, quant=kv_quantizer("int8-head"))
-    # 提示那一块只在最后一个位置乘 lm_head（KL 从第 start − 1 个位置起；smollm2_models.logits_at 的做法，放在模型的
-    # 浅拷贝上：另一个线程同时在用 model）；之前的位置填 NaN，误用了就看得出。每层照样整块算、整块写进缓存
-    first = copy.copy(model)
-    first.lm_head = lambda h: model.lm_head(h[:, -1:])
-    logits = [np.full((B, start - 1, ctx["cfg"].vocab), np.nan), first.forward(toks[:, :start], cache)]
-    logits += [model.forward(toks[:, a:b], cache) for a, b in zip(cuts[1:], cuts[2:])]
-    return np.concatenate(logits, axis=1)
+    quant = kv_quantizer("int8-head")
+    # 提示：按批 1 写进一个 INT8 缓存，只在最后一个位置乘 lm_head（KL 从第 start − 1 个位置起：head_only_at，模型的
+    # 浅拷贝——另一个线程同时在用 model）；之前的位置填 NaN，误用了就看得出。每个 token 每个头的 scale 只看它自己，
+    # 和批里的其他行无关：B 条各自写同一个提示，存下的就是这同一份（只差前向的 float64 舍入），所以直接复制进批为 B
+    # 的 INT8 缓存的内存（已经量化过的值；KVCache.repeat 不复制写入时量化的缓存，这里绕过它的包装直接写底下的数组）
+    one = KVCache(ctx["cfg"], 1, n, quant=quant)
+    out = np.full((B, n, ctx["cfg"].vocab), np.nan)
+    out[:, start - 1:start] = head_only_at(model, lambda h: h[:, -1:]).forward(toks[:1, :start], one)
+    cache = KVCache(ctx["cfg"], B, n, quant=quant)
+    for a, b in ((cache.k, one.k), (cache.v, one.v)):
+        a.view(np.ndarray)[:, :, :, :start] = b[:, :, :, :start]
+    cache.pos = start
+    for a, b in zip(cuts, cuts[1:]):
+        out[:, a:b] = model.forward(toks[:, a:b], cache)
+    return out
 
 
 def test_demo5_int8_kl_by_token_by_token_decode(run, capture_ref):
