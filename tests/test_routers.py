@@ -282,8 +282,9 @@ def test_a_killed_parent_leaves_no_worker_behind(started):
     """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。三个父进程早早同时起了
     （收集时，_PARENTS：各起好一个 worker、报了 pid、在等着）。"""
     ps, sigs = started.parents, PARENT_SIGS
+    foreground([p.pid for p in ps])             # 还没装好（忙的机器上）：先把父进程调回前台，它们之后起的 worker 跟着
     pids = [int(p.stdout.readline()) for p in ps]
-    foreground([p.pid for p in ps] + pids)
+    foreground(pids)
     for p, sig in zip(ps, sigs):
         assert p.poll() is None, "父进程还在"
         p.send_signal(sig)
