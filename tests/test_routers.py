@@ -370,7 +370,8 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
     lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
     两个 worker 在模块开头就 spawn 了（fixture started；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，之后约
-    0.6 GB），这个测试排在文件的最后：它们在别的测试跑的时候装；一个提示、3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
+    0.6 GB），这个测试排在文件的最后：它们在别的测试跑的时候装；一个提示、3 个 token（第 1 个在 prefill 那边抽，
+    后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm

@@ -51,15 +51,14 @@ PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "    if sys.stdin.readline():\n"
                f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
-# 玩具模型的一对（fixture pair 共用）、父进程被杀的测试的三个父进程（PARENT_CODE：各起一对、报 pid、等"go"；Popen，
-# 不是 multiprocessing 的孩子）在收集时就起（proc_util.early、popen_background：后台）：这个模块排在用真实模型的那一组里、
-# 测试集的最后，轮到它时它们早已装好
+# 玩具模型的一对（fixture pair 共用）、父进程被杀的测试的三个父进程（PARENT_CODE：各起一对、报 pid、等"go"；
+# Popen，不是 multiprocessing 的孩子）在收集时就起（proc_util.early、popen_background：后台）：这个模块排在用真实
+# 模型的那一组里、测试集的最后，轮到它时它们早已装好
 _TOY = SplitPair(DRAFT, TARGET, wait=False)
 early(__name__, _TOY.procs)
-_PARENTS = [popen_background([sys.executable, "-c", PARENT_CODE] + [os.path.join(HERE, "..", d) for d in
-                                                                   ("lecture05", "lecture01", "lecture02", "lecture06")],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in PARENT_SIGS]
+_DIRS = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+_PARENTS = [popen_background([sys.executable, "-c", PARENT_CODE] + _DIRS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
 
 
 class Started:
