@@ -58,11 +58,14 @@ SMOLLM2_TEST = "test_smollm2_float64_pd_router_equals_each_request_alone"
 SMOLLM2_LAYERS = 2
 PARENT_TEST = "test_a_killed_parent_leaves_no_worker_behind"
 PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-# 父进程：起一个 worker、报它的 pid，然后等着（读 stdin：测试进程不在了，管道一关它也走）
+# 父进程：起一个 worker、马上报它的 pid（测试要把它调回前台：父进程在后台时起的 worker 也在后台），装好了报 ready，
+# 然后等着（读 stdin：测试进程不在了，管道一关它也走）
 PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
-               "from worker_lab import start_worker\n"
-               "w = start_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
+               "from worker_lab import spawn_worker\n"
+               "w = spawn_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
                "print(w.proc.pid, flush=True)\n"
+               "w.wait_ready()\n"
+               "print('ready', flush=True)\n"
                "sys.stdin.readline()\n")
 
 
@@ -285,6 +288,7 @@ def test_a_killed_parent_leaves_no_worker_behind(started):
     foreground([p.pid for p in ps])             # 还没装好（忙的机器上）：先把父进程调回前台，它们之后起的 worker 跟着
     pids = [int(p.stdout.readline()) for p in ps]
     foreground(pids)
+    assert [p.stdout.readline() for p in ps] == ["ready\n"] * len(ps), "worker 都装好了"
     for p, sig in zip(ps, sigs):
         assert p.poll() is None, "父进程还在"
         p.send_signal(sig)

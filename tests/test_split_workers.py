@@ -42,12 +42,15 @@ VICTIM_TEST = "test_a_killed_worker_fails_the_request_naming_it_in_bounded_time"
 PARENT_TEST = "test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind"
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-# 父进程：起一对、报两个 worker 的 pid，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；
-# 没等到（测试进程不在了，stdin 关了）就直接退出
+# 父进程：起一对、马上报两个 worker 的 pid（测试要把它们调回前台：父进程在后台时起的 worker 也在后台），装好了报
+# ready，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；没等到（测试进程不在了，stdin 关了）
+# 就直接退出
 PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "from split_worker_lab import SplitPair\n"
-               f"with SplitPair({DRAFT!r}, {TARGET!r}) as p:\n"
+               f"with SplitPair({DRAFT!r}, {TARGET!r}, wait=False) as p:\n"
                "    print(*(q.pid for q in p.procs), flush=True)\n"
+               "    p.wait_ready()\n"
+               "    print('ready', flush=True)\n"
                "    if sys.stdin.readline():\n"
                f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
@@ -405,6 +408,7 @@ def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind(start
     foreground([p.pid for p in ps])             # 还没装好（忙的机器上）：先把父进程调回前台，它们之后起的 worker 跟着
     pids = [[int(x) for x in p.stdout.readline().split()] for p in ps]
     foreground([pid for ws in pids for pid in ws])
+    assert [p.stdout.readline() for p in ps] == ["ready\n"] * len(ps), "worker 都装好了"
     for p in ps:
         p.stdin.write("go\n")
         p.stdin.flush()
