@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import background, early, early_elsewhere, exited, foreground, kill_and_close, popen_background
+from proc_util import early, early_elsewhere, exited, foreground, kill_and_close, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, wait_all
@@ -58,11 +58,14 @@ SMOLLM2_TEST = "test_smollm2_float64_pd_router_equals_each_request_alone"
 SMOLLM2_LAYERS = 2
 PARENT_TEST = "test_a_killed_parent_leaves_no_worker_behind"
 PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-# 父进程：起一个 worker、报它的 pid，然后等着（读 stdin：测试进程不在了，管道一关它也走）
+# 父进程：起一个 worker、马上报它的 pid（测试要把它调回前台：父进程在后台时起的 worker 也在后台），装好了报 ready，
+# 然后等着（读 stdin：测试进程不在了，管道一关它也走）
 PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
-               "from worker_lab import start_worker\n"
-               "w = start_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
+               "from worker_lab import spawn_worker\n"
+               "w = spawn_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
                "print(w.proc.pid, flush=True)\n"
+               "w.wait_ready()\n"
+               "print('ready', flush=True)\n"
                "sys.stdin.readline()\n")
 
 
@@ -82,21 +85,26 @@ SPARES = {
         lambda: _pd_spawn(max_num_batched_tokens=4),
 }
 
-# 共用的三个 worker（fixture workers）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+# 玩具模型的进程都在收集时就起（proc_util.early：后台）：这个模块排在用真实模型的那一组里、测试集的最后，轮到它时它们
+# 早已装好。共用的三个 worker（fixture workers）、自己起 worker 的测试各自的（SPARES）、父进程被杀的测试的三个父进程
+# （PARENT_CODE：各起一个 worker、报 pid、等着；Popen，不是 multiprocessing 的孩子）
 _WORKERS = [spawn_worker(RECIPE, num_blocks=32, block_size=4, max_num_seqs=8) for _ in range(3)]
-early(__name__, [w.proc for w in _WORKERS])
+_SPARES = {name: make() for name, make in SPARES.items()}
+_DIRS = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", d)
+         for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+_PARENTS = [popen_background([sys.executable, "-c", PARENT_CODE] + _DIRS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
+early(__name__, [w.proc for w in _WORKERS] + [w.proc for ws in _SPARES.values() for w in ws])
 
 
 class Started:
     """
-    这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑——那些测试大多在等
-    进程之间的消息，两个核常有一个闲着。只起这次选中的测试要的。备用的进程在后台（proc_util.background：最低的优先级），
-    CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 收集时：共用的三个 worker（_WORKERS，fixture workers；没有选中用它们的测试：关掉）。
-    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU；共用的 worker 装好
-      之前在后台；模型文件拿不到：[]，那个测试自己跳过或失败）；
-    - spares()（共用的 worker 装好之后，或第一个要它的测试）：自己起 worker 的测试各自的那几个（SPARES）、父进程被杀的
-      测试的三个父进程（PARENT_CODE：各起一个 worker、报 pid、等着）。测试拿走的进程由测试关、查。
+    这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑。
+    - 收集时：玩具模型的进程（_WORKERS、_SPARES、_PARENTS）；这次没有选中用它们的测试：模块开头就关掉。
+      测试拿走的进程由测试关、查。
+    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU；模型文件拿不到：[]，
+      那个测试自己跳过或失败）。玩具的进程这时早已装好，它们不和这两个抢 CPU；用它们的测试是文件里最后一个，
+      前面的测试跑的时候它们在另一个核上装。
     """
 
     def __init__(self, request):
@@ -105,7 +113,17 @@ class Started:
         if not any("workers" in it.fixturenames for it in items):
             for w in _WORKERS:
                 w.close()
-        self.names, self.smollm2, self.ws, self.parents, self.spawned = names, [], {}, [], False
+        self.names, self.smollm2, self.ws, self.parents = names, [], {}, []
+        for name, ws in _SPARES.items():
+            if name in names:
+                self.ws[name] = ws
+            else:
+                for w in ws:
+                    w.close()
+        if PARENT_TEST in names:
+            self.parents = _PARENTS
+        else:
+            kill_and_close(_PARENTS)
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
             try:
@@ -115,24 +133,10 @@ class Started:
             if path is not None:
                 self.smollm2 = [spawn_worker(("gguf", path, "float64", SMOLLM2_LAYERS), block_size=16)
                                 for _ in range(2)]
-                background(w.proc.pid for w in self.smollm2)       # 共用的 worker 装好之前在后台（spares() 调回前台）
-
-    def spares(self):
-        if not self.spawned:
-            self.spawned = True
-            foreground(w.proc.pid for w in self.smollm2)
-            self.ws = {name: make() for name, make in SPARES.items() if name in self.names}
-            background(w.proc.pid for ws in self.ws.values() for w in ws)
-            if PARENT_TEST in self.names:
-                dirs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", d)
-                        for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-                self.parents = [popen_background([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
-                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
-        return self
 
     def take(self, name):
         """这个测试的 worker：等它们装好 -> list。"""
-        ws = self.spares().ws.pop(name)
+        ws = self.ws.pop(name)
         foreground(w.proc.pid for w in ws)
         return wait_all(ws)
 
@@ -153,7 +157,6 @@ def started(request):
 def workers(started):
     foreground(w.proc.pid for w in _WORKERS)
     ws = wait_all(_WORKERS)
-    started.spares()
     yield ws
     for w in ws:
         w.close()
@@ -252,40 +255,6 @@ def test_prefill_worker_killed_fails_its_requests_and_cancels_their_reservations
     assert not any(w.proc.is_alive() for w in ws)
 
 
-def test_smollm2_float64_pd_router_equals_each_request_alone(started):
-    """真实模型一次：SmolLM2 float64 的前 2 层（worker 的配方 ("gguf", 路径, "float64", 2)），1 个 prefill + 1 个 decode
-    的 worker，T = 1，KV 经共享内存过去；token 等于单独生成的（测试进程里 drafts_lab.early_exit_draft(会话共用的模型, 2)，
-    它和只留前 2 层参数重建的模型逐位相同）。
-    为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
-    "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
-    lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
-    两个 worker 在模块开头就 spawn 了（fixture started；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，之后约
-    0.6 GB）；一个提示、3 个 token（第 1 个在 prefill 那边抽，后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
-    from conftest import real_model_path
-    from drafts_lab import early_exit_draft
-    from smollm2_models import smollm2_lm
-    real_model_path()
-    ws = started.smollm2
-    foreground(w.proc.pid for w in ws)          # 只选了这个测试时，共用的 worker 没起，它们还在后台
-    try:
-        model, cfg, tok = smollm2_lm("float64")
-        prompt = tok.encode("The capital of France is")
-        two = early_exit_draft(model, SMOLLM2_LAYERS)
-        want = [int(t) for t in autoregressive_generate(two, prompt, 3, 1.0, np.random.default_rng(5))]
-        for w in ws:
-            info = w.wait_ready()
-            assert info["cfg"] == two.cfg and info["cfg"].n_layers == SMOLLM2_LAYERS
-        with PDRouter(ws[:1], ws[1:], via="shm") as r:
-            gid = r.add_request(prompt, 3, temperature=1.0, seed=5)
-            while r.has_unfinished_requests():
-                r.step()
-            assert r.outputs[gid] == want and r.n_handoffs == 1
-    finally:
-        for w in ws:
-            w.close()
-    assert len(ws) == 2 and not any(w.proc.is_alive() for w in ws)
-
-
 def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts(tmp_path):
     """("gguf", 路径, dtype, K)：K 不是 ≥ 1 的整数时 spawn_worker 不起进程就说不行；K 出界（≥ 文件的层数）时 _first_layers
     说。K 合规矩时只装前 K 层：和整个文件装出来的前 K 层逐位相同，配置的 n_layers = K（一个 2 层的小 GGUF，
@@ -314,10 +283,12 @@ def test_gguf_recipe_with_a_layer_count_is_checked_before_any_process_starts(tmp
 
 def test_a_killed_parent_leaves_no_worker_behind(started):
     """父进程被杀（SIGKILL）、被 SIGTERM、被 Ctrl-C（SIGINT）：worker 的管道关了，它自己退出。三个父进程早早同时起了
-    （Started.spares，PARENT_CODE：各起好一个 worker、报了 pid、在等着）。"""
-    ps, sigs = started.spares().parents, PARENT_SIGS
+    （收集时，_PARENTS：各起好一个 worker、报了 pid、在等着）。"""
+    ps, sigs = started.parents, PARENT_SIGS
+    foreground([p.pid for p in ps])             # 还没装好（忙的机器上）：先把父进程调回前台，它们之后起的 worker 跟着
     pids = [int(p.stdout.readline()) for p in ps]
-    foreground([p.pid for p in ps] + pids)
+    foreground(pids)
+    assert [p.stdout.readline() for p in ps] == ["ready\n"] * len(ps), "worker 都装好了"
     for p, sig in zip(ps, sigs):
         assert p.poll() is None, "父进程还在"
         p.send_signal(sig)
@@ -393,3 +364,37 @@ def test_killed_worker_fails_its_requests_with_error_in_bounded_time(workers):
         assert r.outputs[gid] == solo(PROMPTS[0], 3, 0.0, 0)
     assert not any(w.proc.is_alive() for w in ws)
     assert all(p not in mp.active_children() for p in (w.proc for w in ws))
+
+
+def test_smollm2_float64_pd_router_equals_each_request_alone(started):
+    """真实模型一次：SmolLM2 float64 的前 2 层（worker 的配方 ("gguf", 路径, "float64", 2)），1 个 prefill + 1 个 decode
+    的 worker，T = 1，KV 经共享内存过去；token 等于单独生成的（测试进程里 drafts_lab.early_exit_draft(会话共用的模型, 2)，
+    它和只留前 2 层参数重建的模型逐位相同）。
+    为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
+    "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
+    lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
+    两个 worker 在模块开头就 spawn 了（fixture started；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，之后约
+    0.6 GB），这个测试排在文件的最后：它们在别的测试跑的时候装；一个提示、3 个 token（第 1 个在 prefill 那边抽，
+    后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
+    from conftest import real_model_path
+    from drafts_lab import early_exit_draft
+    from smollm2_models import smollm2_lm
+    real_model_path()
+    ws = started.smollm2
+    try:
+        model, cfg, tok = smollm2_lm("float64")
+        prompt = tok.encode("The capital of France is")
+        two = early_exit_draft(model, SMOLLM2_LAYERS)
+        want = [int(t) for t in autoregressive_generate(two, prompt, 3, 1.0, np.random.default_rng(5))]
+        for w in ws:
+            info = w.wait_ready()
+            assert info["cfg"] == two.cfg and info["cfg"].n_layers == SMOLLM2_LAYERS
+        with PDRouter(ws[:1], ws[1:], via="shm") as r:
+            gid = r.add_request(prompt, 3, temperature=1.0, seed=5)
+            while r.has_unfinished_requests():
+                r.step()
+            assert r.outputs[gid] == want and r.n_handoffs == 1
+    finally:
+        for w in ws:
+            w.close()
+    assert len(ws) == 2 and not any(w.proc.is_alive() for w in ws)

@@ -42,18 +42,26 @@ VICTIM_TEST = "test_a_killed_worker_fails_the_request_naming_it_in_bounded_time"
 PARENT_TEST = "test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind"
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-# 父进程：起一对、报两个 worker 的 pid，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；
-# 没等到（测试进程不在了，stdin 关了）就直接退出
+# 父进程：起一对、马上报两个 worker 的 pid（测试要把它们调回前台：父进程在后台时起的 worker 也在后台），装好了报
+# ready，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；没等到（测试进程不在了，stdin 关了）
+# 就直接退出
 PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
                "from split_worker_lab import SplitPair\n"
-               f"with SplitPair({DRAFT!r}, {TARGET!r}) as p:\n"
+               f"with SplitPair({DRAFT!r}, {TARGET!r}, wait=False) as p:\n"
                "    print(*(q.pid for q in p.procs), flush=True)\n"
+               "    p.wait_ready()\n"
+               "    print('ready', flush=True)\n"
                "    if sys.stdin.readline():\n"
                f"        p.generate({PROMPT}, 240, num_speculative_tokens=1, T=1.0, seed=0, link_delay_s=0.05)\n")
 
-# 玩具模型的一对（fixture pair 共用）在收集时就起（proc_util.early：后台）：轮到这个模块时早已装好
+# 玩具模型的一对（fixture pair 共用）、父进程被杀的测试的三个父进程（PARENT_CODE：各起一对、报 pid、等"go"；
+# Popen，不是 multiprocessing 的孩子）在收集时就起（proc_util.early、popen_background：后台）：这个模块排在用真实
+# 模型的那一组里、测试集的最后，轮到它时它们早已装好
 _TOY = SplitPair(DRAFT, TARGET, wait=False)
 early(__name__, _TOY.procs)
+_DIRS = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
+_PARENTS = [popen_background([sys.executable, "-c", PARENT_CODE] + _DIRS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
 
 
 class Started:
@@ -61,13 +69,14 @@ class Started:
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
     时候，别的测试照常跑——那些测试大多在等进程之间的消息，两个核常有一个闲着。备用的进程在后台（proc_util.background：
     最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
-    - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用；没有选中用它的测试：关掉，None）。
+    - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用；没有选中用它的测试：关掉，None）；"parents"（_PARENTS，
+      父进程被杀的测试的三个父进程；没有选中那个测试：杀掉，[]）。
     - 模块开头："smollm2"（真实模型
       那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，
       那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
-      没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）；"parents"：父进程被杀的测试的三个父进程
-      （PARENT_CODE：各起一对、报 pid、等"go"）。
+      没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）。环境是整个进程的：收集时别的线程
+      （tests/background_runs）可能正在起子进程，所以它们不在收集时起。
     """
 
     def __init__(self, request):
@@ -77,6 +86,10 @@ class Started:
         self.toy = _TOY if any("pair" in it.fixturenames for it in items) else None
         if self.toy is None:
             _TOY.close()
+        if PARENT_TEST in names:
+            self.parents = _PARENTS
+        else:
+            kill_and_close(_PARENTS)
         self.smollm2 = None
         if SMOLLM2_TEST in names:
             from conftest import real_model_path
@@ -102,10 +115,6 @@ class Started:
                     self.victims.append((p, [v for v in BLAS_ENV if v in os.environ]))   # 起完之后父进程的环境里有的
             finally:
                 os.environ.update(saved)
-        if PARENT_TEST in self.names:
-            dirs = [os.path.join(HERE, "..", d) for d in ("lecture05", "lecture01", "lecture02", "lecture06")]
-            self.parents = [popen_background([sys.executable, "-c", PARENT_CODE] + dirs, stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
         return self
 
     def close(self):
@@ -394,10 +403,12 @@ def test_a_killed_worker_fails_the_request_naming_it_in_bounded_time(victim, sta
 
 def test_a_killed_interrupted_or_terminated_parent_leaves_no_worker_behind(started):
     """父进程在请求进行中被 SIGKILL、SIGTERM、Ctrl-C（SIGINT）：两个 worker 的控制管道关了，它们自己退出。
-    三个父进程早早起了（Started.spares，PARENT_CODE）：各自起好一对、报了 pid，在这里才收到"go"开始请求。"""
-    ps, sigs = started.spares().parents, PARENT_SIGS
+    三个父进程在收集时就起了（_PARENTS，PARENT_CODE）：各自起好一对、报了 pid，在这里才收到"go"开始请求。"""
+    ps, sigs = started.parents, PARENT_SIGS
+    foreground([p.pid for p in ps])             # 还没装好（忙的机器上）：先把父进程调回前台，它们之后起的 worker 跟着
     pids = [[int(x) for x in p.stdout.readline().split()] for p in ps]
-    foreground([p.pid for p in ps] + [pid for ws in pids for pid in ws])
+    foreground([pid for ws in pids for pid in ws])
+    assert [p.stdout.readline() for p in ps] == ["ready\n"] * len(ps), "worker 都装好了"
     for p in ps:
         p.stdin.write("go\n")
         p.stdin.flush()
