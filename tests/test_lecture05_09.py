@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import load_script, script_results, script_stdout
+from conftest import load_script, script_results, script_stdout, smollm2_path
 from bpe_lab import BPETokenizer, bytes_to_unicode
 from engine_lab import LLMEngine
 from hw_specs import Chip
