@@ -376,9 +376,9 @@ def _prefetch(path, dtypes):
         pass
 
 
-def _handed_over(path, dtypes):
+def _handed_over(path, dtypes, background=True):
     """
-    在子进程里装模型（_build_for_parent），-> 它装好的 {"real": {dtype: (params, cfg, tok)}, "lm": {dtype: smollm2_lm 的结果}}，
+    在子进程里装模型（_build_for_parent；background：子进程的优先级调到最低），-> 它装好的 {"real": {dtype: (params, cfg, tok)}, "lm": {dtype: smollm2_lm 的结果}}，
     子进程失败时 -> None。
 
     传的办法：这里先建一个临时文件、打开、马上删掉名字（Linux 上建在 /dev/shm，内存里），把打开的文件描述符交给子进程；
@@ -394,9 +394,9 @@ def _handed_over(path, dtypes):
         os.unlink(name)
         from proc_util import popen_background
         code = f"import conftest; conftest._build_for_parent({path!r}, {list(dtypes)!r}, {fd}, {os.getpid()})"
-        child = popen_background([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
-                                 pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        start = popen_background if background else subprocess.Popen
+        child = start([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                      pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _PREFETCH_CHILD.append(child)
         try:
             code = child.wait(timeout=600)

@@ -32,7 +32,7 @@ def _same(a, b, where="params"):
 
 def test_the_model_handed_over_by_the_child_equals_a_load_here(tmp_path):
     path = _write(tmp_path, _params(False), tied=False)
-    got = conftest._handed_over(path, ["float64", "float32"])
+    got = conftest._handed_over(path, ["float64", "float32"], background=False)
     assert got is not None
     p32 = load_gguf(path, dtype=np.float32)
     p64 = as_dtype(p32, np.float64)
@@ -51,7 +51,7 @@ def test_the_model_handed_over_by_the_child_equals_a_load_here(tmp_path):
 def test_a_failing_child_hands_over_nothing(tmp_path):
     bad = tmp_path / "not.gguf"
     bad.write_bytes(b"not a gguf file")
-    assert conftest._handed_over(str(bad), ["float64"]) is None
+    assert conftest._handed_over(str(bad), ["float64"], background=False) is None
 
 
 def test_the_assert_rewriting_done_ahead_is_read_back_and_equals_pytests_own(tmp_path, monkeypatch):
