@@ -60,7 +60,10 @@ PARENT_TEST = "test_a_killed_parent_leaves_no_worker_behind"
 PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 # 父进程：起一个 worker、马上报它的 pid（测试要把它调回前台：父进程在后台时起的 worker 也在后台），装好了报 ready，
 # 然后等着（读 stdin：测试进程不在了，管道一关它也走）
-PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
+# 第一行：Ctrl-C 照常结束父进程。从脚本里 `pytest &`、nohup 起的测试集继承了"忽略 SIGINT"，Python 那时不装自己的
+# 处理函数，父进程就收不到 Ctrl-C 了；这里明写它要的行为（和学生在终端里按 Ctrl-C 时一样）
+PARENT_CODE = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+               "sys.path[:0] = sys.argv[1:]\n"
                "from worker_lab import spawn_worker\n"
                "w = spawn_worker(('toy', 'tiny', 1), num_blocks=16, block_size=4)\n"
                "print(w.proc.pid, flush=True)\n"

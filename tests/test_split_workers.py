@@ -45,7 +45,10 @@ PARENT_SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 # 父进程：起一对、马上报两个 worker 的 pid（测试要把它们调回前台：父进程在后台时起的 worker 也在后台），装好了报
 # ready，等测试说"go"才开始请求（请求要跑 ≥ 240 / 2 轮 × 2 × 0.05 秒 = 12 秒）；没等到（测试进程不在了，stdin 关了）
 # 就直接退出
-PARENT_CODE = ("import sys; sys.path[:0] = sys.argv[1:]\n"
+# 第一行：Ctrl-C 照常结束父进程。从脚本里 `pytest &`、nohup 起的测试集继承了"忽略 SIGINT"，Python 那时不装自己的
+# 处理函数，父进程就收不到 Ctrl-C 了；这里明写它要的行为（和学生在终端里按 Ctrl-C 时一样）
+PARENT_CODE = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+               "sys.path[:0] = sys.argv[1:]\n"
                "from split_worker_lab import SplitPair\n"
                f"with SplitPair({DRAFT!r}, {TARGET!r}, wait=False) as p:\n"
                "    print(*(q.pid for q in p.procs), flush=True)\n"
