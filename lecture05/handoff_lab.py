@@ -105,13 +105,19 @@ def fingerprint(params, cfg):
     模型的指纹 -> 32 个十六进制字符：BLAKE2b(配置的 repr + 每个权重数组的形状、dtype、字节)。
     params 可以是参数 dict、一个 NumpyTransformer（用它的 .params），或 None（不跑模型的 replay 引擎：只有配置）。
     SmolLM2 float64 约 1 GB 权重，算一次约 1 秒：引擎第一次交接时算，之后记住。
+    字节按 C 顺序（和 np.ascontiguousarray(a).tobytes() 相同）。不连续的数组（例如和词嵌入共用的 lm_head，是它转置的
+    视图，float64 时 226 MB）按几 MB 一块地拷成连续的再哈希：摘要和整个拷一次相同，不用再分配一份那么大的内存。
     """
     h = hashlib.blake2b(repr(cfg).encode(), digest_size=16)
     src = getattr(params, "params", params)
     for a in _arrays(src):
-        a = np.ascontiguousarray(a)
         h.update(repr((a.shape, a.dtype.str)).encode())
-        h.update(memoryview(a).cast("B"))
+        if a.flags.c_contiguous:
+            h.update(memoryview(a).cast("B"))
+            continue
+        rows = max(1, (4 << 20) // max(1, a[0].nbytes))        # 每块约 4 MB（至少一行）
+        for i in range(0, len(a), rows):
+            h.update(memoryview(np.ascontiguousarray(a[i:i + rows])).cast("B"))
     return h.hexdigest()
 
 

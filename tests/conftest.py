@@ -152,11 +152,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 _ARMED = [None]          # 上一次给 faulthandler 上弦的时刻（time.monotonic）
 
 
+_TAIL_STARTERS = []      # 用真实模型的那组测试开始时要调用的函数（at_real_model_tail 登记的）
+
+
+def at_real_model_tail(fn):
+    """
+    登记 fn(session)：在测试进程里用真实模型的那组测试（pytest_collection_modifyitems 把它们排在最后）的第一个开始时调用，
+    一次。给要起装真实模型的 worker 的测试文件用：worker 在这组前面的测试跑的时候装（那时测试进程只占一个核，另一个核
+    常空着），轮到那个文件时已经装好；也不在整个测试集里一直占着内存。fn 自己判断这次选没选中要它的测试；出了错什么
+    都不做（那个测试到时自己起）。
+    """
+    _TAIL_STARTERS.append(fn)
+
+
 def pytest_runtest_setup(item):
     """
     每个测试开始时重新上弦（TEST_TIMEOUT 秒后打印调用栈、结束进程）。上弦要起一个看门的线程、取消要等它退出（每次约
     0.2 ms，两千多个测试就是半秒），所以离上一次上弦不到 1 秒时不再重上：任何一个测试最多 TEST_TIMEOUT + 1 秒后被结束。
+    用真实模型的那组测试的第一个开始时，调用 at_real_model_tail 登记的函数。
     """
+    if _TAIL_STARTERS and _real_model_dtypes(getattr(item, "module", None)):
+        starters, _TAIL_STARTERS[:] = list(_TAIL_STARTERS), []
+        for fn in starters:
+            try:
+                fn(item.session)
+            except Exception:   # noqa: BLE001 —— 见 at_real_model_tail
+                pass
     now = time.monotonic()
     if _ARMED[0] is None or now - _ARMED[0] > 1.0:
         out = _REAL_STDERR[0] if _REAL_STDERR else sys.stderr

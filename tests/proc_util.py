@@ -60,16 +60,17 @@ def foreground(pids):
             pass
 
 
-EARLY = {}      # 测试模块的名字 -> 它在被导入（pytest 收集）时就起了的进程（multiprocessing.Process 的 list）
+EARLY = {}      # 测试模块的名字 -> 它早早起了的进程（被导入时、用真实模型的那组测试开始时；multiprocessing.Process 的 list）
 
 
 def early(module, procs):
-    """模块 module 在被导入时起了这些进程（共用的 worker）：调到后台（background），记进 EARLY -> procs。
+    """模块 module 早早起了这些进程（被导入时起的共用 worker；conftest.at_real_model_tail 时起的）：调到后台（background），
+    记进 EARLY（加在它已有的后面）-> procs。
     收集之后、轮到这个模块之前还有几十个测试文件要跑，它们在那段时间里用闲着的 CPU 装好；没有选中用它们的测试时
     由模块自己关掉（模块的测试一个都没选中：测试进程退出时 multiprocessing 结束这些 daemon 进程）。"""
     procs = list(procs)
     background(p.pid for p in procs)
-    EARLY[module] = procs
+    EARLY.setdefault(module, []).extend(procs)
     return procs
 
 

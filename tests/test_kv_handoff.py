@@ -17,7 +17,7 @@ import pytest
 from block_manager_lab import Reservation
 from decode_lab import TransformerLM, autoregressive_generate
 from engine_lab import LLMEngine
-from handoff_lab import KVHandoff, kv_bytes_per_token, recv_handoff, send_handoff
+from handoff_lab import KVHandoff, fingerprint, kv_bytes_per_token, recv_handoff, send_handoff
 from transformer_lab import LMConfig, init_params
 
 CFG = LMConfig(max_seq=64)
@@ -185,6 +185,35 @@ def test_bad_handoffs_raise_and_leave_the_engine_untouched():
     assert _state(dec) == before
     with pytest.raises(ValueError, match="KVHandoff"):
         dec.import_request({"tokens": h.tokens})
+
+
+def test_fingerprint_is_blake2b_of_the_config_and_every_array_in_c_order():
+    """
+    指纹按它的定义独立重算：BLAKE2b（16 字节）依次吃进 repr(配置)，再按键排好的每个数组的 (形状, dtype) 和它
+    C 顺序的字节（tobytes）。不连续的数组（和词嵌入共用的 lm_head 那样的转置视图，这里大到要分好几块哈希）摘要和
+    它连续的拷贝相同；换一个权重的一位、换一个转置，指纹都变。
+    """
+    import hashlib
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((4096, 160))                      # 5.2 MB：转置之后不连续，分两块以上哈希
+    params = {"tok_emb": emb, "lm_head": emb.T, "layers": [{"w": rng.standard_normal((3, 5))[:, ::2]}],
+              "norm": np.float64(1.5) * np.ones(7)}
+
+    def by_hand(p, cfg):
+        h = hashlib.blake2b(repr(cfg).encode(), digest_size=16)
+        for a in (p["layers"][0]["w"], p["lm_head"], p["norm"], p["tok_emb"]):   # 键排好：layers、lm_head、norm、tok_emb
+            h.update(repr((a.shape, a.dtype.str)).encode())
+            h.update(a.tobytes(order="C"))
+        return h.hexdigest()
+
+    assert not params["lm_head"].flags.c_contiguous and not params["layers"][0]["w"].flags.c_contiguous
+    assert fingerprint(params, CFG) == by_hand(params, CFG)
+    copied = {**params, "lm_head": np.ascontiguousarray(emb.T)}
+    assert fingerprint(copied, CFG) == fingerprint(params, CFG)
+    flipped = emb.copy()
+    flipped[4095, 159] = np.nextafter(flipped[4095, 159], np.inf)   # 最后一块里的最后一个数
+    assert fingerprint({**params, "lm_head": flipped.T}, CFG) != fingerprint(params, CFG)
+    assert fingerprint({**params, "lm_head": np.ascontiguousarray(emb)}, CFG) != fingerprint(params, CFG)
 
 
 def test_back_pressure_refuses_without_preempting_then_admits():

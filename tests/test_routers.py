@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
-from proc_util import early, early_elsewhere, exited, foreground, kill_and_close, popen_background
+from conftest import at_real_model_tail
+from proc_util import background, early, early_elsewhere, exited, foreground, kill_and_close, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, wait_all
@@ -100,14 +101,33 @@ _PARENTS = [popen_background([sys.executable, "-c", PARENT_CODE] + _DIRS, stdin=
 early(__name__, [w.proc for w in _WORKERS] + [w.proc for ws in _SPARES.values() for w in ws])
 
 
+_SMOLLM2 = []    # 真实模型的两个 worker（_start_smollm2 起的）
+
+
+def _start_smollm2(session):
+    """选中了 SMOLLM2_TEST、模型文件拿得到时，起它的两个 worker（在后台装，不等），放进 _SMOLLM2；已经起了就什么都不做。"""
+    if _SMOLLM2 or not any(it.name == SMOLLM2_TEST and it.module.__name__ == __name__ for it in session.items):
+        return
+    from conftest import real_model_path
+    try:
+        path = real_model_path()
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        return
+    _SMOLLM2.extend(spawn_worker(("gguf", path, "float64", SMOLLM2_LAYERS), block_size=16) for _ in range(2))
+    early(__name__, [w.proc for w in _SMOLLM2])     # 后台装；别的模块查"没有留下子进程"时知道它们归这里
+
+
+at_real_model_tail(_start_smollm2)      # 用真实模型的那组测试一开始就起（这个文件排在那组的后面）
+
+
 class Started:
     """
     这个模块要的进程都早早起、不等（spawn_worker、Popen）：它们 import、装模型的时候，别的测试照常跑。
     - 收集时：玩具模型的进程（_WORKERS、_SPARES、_PARENTS）；这次没有选中用它们的测试：模块开头就关掉。
       测试拿走的进程由测试关、查。
-    - 模块开头：真实模型的两个 worker（SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU；模型文件拿不到：[]，
-      那个测试自己跳过或失败）。玩具的进程这时早已装好，它们不和这两个抢 CPU；用它们的测试是文件里最后一个，
-      前面的测试跑的时候它们在另一个核上装。
+    - 用真实模型的那组测试开始时（conftest.at_real_model_tail；只跑这个文件时：模块开头）：真实模型的两个 worker
+      （_start_smollm2：SmolLM2 float64 的前 2 层，装模型、算指纹约 0.8 秒 CPU，内存新分配得慢的机器上要几秒；在后台装；
+      模型文件拿不到：[]，那个测试自己跳过或失败）。用它们的测试是文件里最后一个。
     """
 
     def __init__(self, request):
@@ -128,14 +148,8 @@ class Started:
         else:
             kill_and_close(_PARENTS)
         if SMOLLM2_TEST in names:
-            from conftest import real_model_path
-            try:
-                path = real_model_path()
-            except (pytest.skip.Exception, pytest.fail.Exception):
-                path = None
-            if path is not None:
-                self.smollm2 = [spawn_worker(("gguf", path, "float64", SMOLLM2_LAYERS), block_size=16)
-                                for _ in range(2)]
+            _start_smollm2(request.session)
+            self.smollm2 = _SMOLLM2
 
     def take(self, name):
         """这个测试的 worker：等它们装好 -> list。"""
@@ -376,8 +390,8 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
     为什么 2 层就够：跨进程逐位相等靠的是交接把每一层的 K、V 原样送过去、随机数发生器的状态接着用，和层数无关；2 层让
     "层的顺序送错了"也看得出来；其余都是真的：分词器、49,152 的词表、9 个 Q 头对 3 个 KV 头、head_dim 64、共享的
     lm_head、float64。30 层时 worker 要融合约 1 GB 的权重、算同样大的指纹，慢几秒，证明的是同一件事。
-    两个 worker 在模块开头就 spawn 了（fixture started；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，之后约
-    0.6 GB），这个测试排在文件的最后：它们在别的测试跑的时候装；一个提示、3 个 token（第 1 个在 prefill 那边抽，
+    两个 worker 在用真实模型的那组测试开始时就 spawn 了（_start_smollm2；只从文件装前 2 层，装载时各到约 0.8 GB，VmHWM，
+    之后约 0.6 GB），这个测试排在文件的最后：它们在别的测试跑的时候装；一个提示、3 个 token（第 1 个在 prefill 那边抽，
     后 2 个在 decode 那边用送过去的随机数发生器的状态抽）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
@@ -389,6 +403,7 @@ def test_smollm2_float64_pd_router_equals_each_request_alone(started):
         prompt = tok.encode("The capital of France is")
         two = early_exit_draft(model, SMOLLM2_LAYERS)
         want = [int(t) for t in autoregressive_generate(two, prompt, 3, 1.0, np.random.default_rng(5))]
+        foreground(w.proc.pid for w in ws)
         for w in ws:
             info = w.wait_ready()
             assert info["cfg"] == two.cfg and info["cfg"].n_layers == SMOLLM2_LAYERS

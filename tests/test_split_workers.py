@@ -23,6 +23,7 @@ import pytest
 
 from decode_lab import speculative_generate
 from link_lab import COUNT_BYTES, ID_BYTES, RNG_STATE_BYTES, Link, measure_round_trip, one_way_s
+from conftest import at_real_model_tail
 from proc_util import background, early, early_elsewhere, exited, foreground, kill_and_close, popen_background
 from split_clock_lab import modelled_round_s, modelled_verify_s, round_payload_bytes
 from split_models_lab import build_split_model
@@ -67,6 +68,25 @@ _PARENTS = [popen_background([sys.executable, "-c", PARENT_CODE] + _DIRS, stdin=
                              stderr=subprocess.PIPE, text=True) for _ in PARENT_SIGS]
 
 
+_SMOLLM2 = []    # 真实模型的那一对（_start_smollm2 起的 SplitPair）
+
+
+def _start_smollm2(session):
+    """选中了 SMOLLM2_TEST、模型文件拿得到时，起它的那一对（在后台装，不等），放进 _SMOLLM2；已经起了就什么都不做。"""
+    if _SMOLLM2 or not any(it.name == SMOLLM2_TEST and it.module.__name__ == __name__ for it in session.items):
+        return
+    from conftest import real_model_path
+    try:
+        real_model_path()
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        return
+    _SMOLLM2.append(SplitPair(*SMOLLM2_PAIR, wait=False))
+    early(__name__, _SMOLLM2[0].procs)     # 后台装（spares() 和那个测试调回前台）；别的模块查"没有留下子进程"时知道它们归这里
+
+
+at_real_model_tail(_start_smollm2)      # 用真实模型的那组测试一开始就起（这个文件排在那组的后面）
+
+
 class Started:
     """
     这个模块要的进程都早早起、不等（SplitPair(…, wait=False)、Popen），只起这次选中的测试要的；它们 import、装模型的
@@ -74,9 +94,9 @@ class Started:
     最低的优先级），CPU 忙时让前台的测试先跑；测试拿到它们时调回前台。
     - 收集时："toy"（玩具模型的一对 _TOY，fixture pair 共用；没有选中用它的测试：关掉，None）；"parents"（_PARENTS，
       父进程被杀的测试的三个父进程；没有选中那个测试：杀掉，[]）。
-    - 模块开头："smollm2"（真实模型
-      那一对，只装前 1 / 3 层，约 0.5 秒 CPU，最后一个测试才用；玩具的一对装好之前在后台；模型文件拿不到：None，
-      那个测试自己跳过或失败）。
+    - 用真实模型的那组测试开始时（conftest.at_real_model_tail；只跑这个文件时：模块开头）："smollm2"（真实模型
+      那一对，_start_smollm2，只装前 1 / 3 层，约 0.5 秒 CPU，内存新分配得慢的机器上要几秒；最后一个测试才用；在后台，
+      spares() 调回前台；模型文件拿不到：None，那个测试自己跳过或失败）。
     - spares()（玩具的一对装好之后，或第一个要它们的测试）："victims"：被杀 worker 的测试各一对，起的时候父进程的环境里
       没有 BLAS 的变量（测试查 worker 里是一个线程、父进程的环境不变）。环境是整个进程的：收集时别的线程
       （tests/background_runs）可能正在起子进程，所以它们不在收集时起。
@@ -93,15 +113,8 @@ class Started:
             self.parents = _PARENTS
         else:
             kill_and_close(_PARENTS)
-        self.smollm2 = None
-        if SMOLLM2_TEST in names:
-            from conftest import real_model_path
-            try:
-                real_model_path()
-                self.smollm2 = SplitPair(*SMOLLM2_PAIR, wait=False)
-                background(q.pid for q in self.smollm2.procs)     # 玩具的一对装好之前在后台（spares() 调回前台）
-            except (pytest.skip.Exception, pytest.fail.Exception):
-                pass
+        _start_smollm2(request.session)
+        self.smollm2 = _SMOLLM2[0] if _SMOLLM2 else None
 
     def spares(self):
         if self.spawned:
@@ -449,8 +462,9 @@ def test_smollm2_float64_split_lazy_q_equals_speculative_generate(started):
     为什么 3 层的目标就够：两个进程逐 token 等于进程内的参照，靠的是两边按同一个配方造出逐位相同的模型、随机数发生器的状态
     跟着消息走、q 和 p_n 以 float64 原样过去——和层数无关；其余都是真的：49,152 的词表、9 个 Q 头对 3 个 KV 头、共享的
     lm_head、float64。30 层的目标要多融合约 1 GB 的权重、每轮多算 27 层，证明的是同一件事。
-    这一对 worker 在模块开头就起了（Started）；它们跑请求的时候，本进程算参照。内存：两个 worker 只从文件装前 1 / 3 层
-    （load_gguf(n_layers=K)），各到约 0.56 / 0.65 GB（VmHWM），测试进程里的参照约 2.2 GB（会话共用）。"""
+    这一对 worker 在用真实模型的那组测试开始时就起了（_start_smollm2）；它们跑请求的时候，本进程算参照。
+    内存：两个 worker 只从文件装前 1 / 3 层（load_gguf(n_layers=K)），各到约 0.56 / 0.65 GB（VmHWM），
+    测试进程里的参照约 2.2 GB（会话共用）。"""
     from conftest import real_model_path
     from drafts_lab import early_exit_draft
     from smollm2_models import smollm2_lm
