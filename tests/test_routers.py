@@ -17,7 +17,7 @@ import pytest
 
 from decode_lab import TransformerLM, autoregressive_generate
 from conftest import at_real_model_tail
-from proc_util import background, early, early_elsewhere, exited, foreground, kill_and_close, popen_background
+from proc_util import early, early_elsewhere, exited, foreground, kill_and_close, popen_background
 from router_lab import PDRouter, Router
 from transformer_lab import LMConfig, init_params
 from worker_lab import spawn_worker, wait_all
