@@ -9,8 +9,16 @@ import os
 # 必须在任何模块 import numpy 之前设（conftest 最先被加载）；已经设了的环境变量不动。
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# numpy 在 Linux 上给每个 ≥ 4 MB 的新数组 madvise(MADV_HUGEPAGE)。内核的 THP defrag 是 madvise（上游的默认）时，这样的
+# 内存第一次写入就可能当场整理内存去凑 2 MB 的大页；整理不出来（内存碎了）也要先试一遍。测试集一次次新建、释放几百 MB
+# 的数组（float64 的 SmolLM2、worker 进程装模型），在一台这样的机器（2 核的虚拟机，AnonHugePages 始终是 0）上，新建
+# 两个 400 MB 的数组要 0.5–7.3 秒，关掉只要 0.3 秒。测试进程和它起的所有子进程（脚本、worker）都关掉（numpy 在 import
+# 时读这个变量）；已经设了的不动。学生直接运行编号脚本时不设它（seed 04 用不到几百 MB 的数组：在这台机器上设不设
+# 都是 3.9–4.2 秒，交替各量三次）。
+os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 import faulthandler  # noqa: E402
+import gc  # noqa: E402
 import glob  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -50,6 +58,18 @@ def pytest_configure(config):
         if capman is not None:
             capman.resume_global_capture()
     _start_rewrite_ahead(config)
+    gc.disable()         # 收集期间不做垃圾回收（pytest_collection_finish 再打开）：见 _collect_without_gc
+
+
+def _collect_without_gc():
+    """
+    收集完：打开垃圾回收，回收一次，再把留下的对象（模块、测试项、fixture 的定义，整个会话都在）冻结（gc.freeze），
+    之后的回收不再一遍遍地扫它们。收集要改写一百多个测试文件里的 assert、建两千多个测试项，造出大量对象：开着回收时
+    它在收集期间跑十来次完整的回收（约 1.4 秒，测试进程的 gc.callbacks 量的），而收集时造的几乎都不是要回收的环。
+    """
+    gc.enable()
+    gc.collect()
+    gc.freeze()
 
 
 _AHEAD = []     # [(子进程, 临时目录)]：_start_rewrite_ahead 起的
@@ -76,7 +96,8 @@ def _start_rewrite_ahead(config):
     if len(files) < 2:
         return
     prefix = tempfile.mkdtemp(prefix="cs349e-pyc-")
-    code = f"import conftest; conftest._rewrite_ahead({prefix!r}, {files!r})"
+    # 子进程只改写、不留对象：不做垃圾回收（和收集时的测试进程一样，见 _collect_without_gc）
+    code = f"import gc; gc.disable(); import conftest; conftest._rewrite_ahead({prefix!r}, {files!r})"
     try:
         child = subprocess.Popen([sys.executable, "-c", code], cwd=here, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -354,6 +375,7 @@ def pytest_collection_finish(session):
     参数和 float64 的融合模型（smollm2_models.smollm2_lm）装好。测试要模型时拿 REAL_LOCK：装到一半就等它装完，装好了直接用。
     后台出了任何错都不管：测试自己再装一次，错误照常报在测试上。不下载（文件不在本机时什么都不做）。
     """
+    _collect_without_gc()
     if session.config.option.collectonly:
         return
     wants = set()

@@ -4,8 +4,12 @@ conftest 里两处只为测试集快的做法，结果必须和不用它们时�
   这里用一个合成的小 GGUF（test_real_model_lab 写它的办法），不要下载。
 - _rewrite_ahead：另一个进程先替 pytest 改写测试文件里的 assert。写出的缓存 pytest 认得（读得回来），内容和 pytest 自己
   改写的相同，而且 assert 确实改写过了（失败时消息里有各部分的值）。
+另外两处设置（不改变任何结果，只是这里查它们确实生效了）：测试进程和它的子进程不让 numpy 给大数组要大页
+（NUMPY_MADVISE_HUGEPAGE=0）；收集期间不做垃圾回收，收集完打开、把留下的对象冻结。
 """
+import gc
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -103,3 +107,31 @@ def test_the_end_of_the_session_kills_a_child_still_loading_and_an_orphan_stops_
         assert r.returncode == 1 and os.fstat(fd).st_size == 0, r.stderr
     finally:
         os.close(fd)
+
+
+def _madvise_hugepage():
+    """numpy 现在给大数组要不要大页 -> bool（numpy 2.x 在 numpy._core，1.2x 在 numpy.core）。"""
+    try:
+        from numpy._core.multiarray import _get_madvise_hugepage
+    except ImportError:
+        from numpy.core.multiarray import _get_madvise_hugepage
+    return bool(_get_madvise_hugepage())
+
+
+def test_numpy_asks_for_no_huge_pages_here_and_in_the_children():
+    """conftest 在 numpy 装进来之前设 NUMPY_MADVISE_HUGEPAGE=0（用户已经设了的照他的）：测试进程里 numpy 不要大页，
+    子进程继承这个变量（Linux 以外 numpy 本来就不要）。"""
+    want = os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0" and sys.platform.startswith("linux")
+    assert _madvise_hugepage() == want
+    code = ("import numpy as np\n"
+            "try:\n    from numpy._core.multiarray import _get_madvise_hugepage as g\n"
+            "except ImportError:\n    from numpy.core.multiarray import _get_madvise_hugepage as g\n"
+            "print(bool(g()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(want)
+
+
+def test_collection_leaves_the_garbage_collector_on_with_the_collected_objects_frozen():
+    """收集期间关掉的垃圾回收，收集完打开了；收集留下的对象冻结了（之后的回收不再扫它们）。"""
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > 10_000
