@@ -7,6 +7,8 @@
 （key 的第一项相同，通常是同一个测试文件排的）的下一个：两个核都用上，而且这个文件接下来就要它。别的组的不帮着跑：
 它们原本可以在空着的核上白白跑完，拿到前台来就要测试等。key 是一个元组，第一项是组名。
 
+收集的时候不起（hold / release：conftest 在收集开始前 hold、收集完 release）：收集时两个核都在忙（测试进程导入测试文件、
+另一个进程替它改写 assert），这时再起子进程就是三个抢两个核，改写慢到一半；排进队的等收集完再按顺序跑。
 不留下进程：每个子进程有时间上限（到时间杀掉，result 抛 subprocess.TimeoutExpired）；测试进程退出时（atexit），还在跑的
 杀掉，还没轮到的不再启动，tempdir 给的临时目录删掉。没有一个测试要到的子进程（例如 -k 只选了别的测试）最多白跑一次。
 后台线程在，测试进程就别 fork（Python 3.12 起多线程的进程 fork 有 DeprecationWarning，pytest.ini 把警告当错误）：
@@ -30,6 +32,20 @@ _QUEUE = collections.deque()    # 还没开始的 key，按排队的顺序
 _WORKER = []
 _CLOSED = []
 _DIRS = []
+_HELD = []                      # 非空时（hold）后台线程不起新的子进程，等 release
+
+
+def hold():
+    """后台线程先不起新的子进程（submit 照样排队；result 照样当场跑）。"""
+    with _LOCK:
+        _HELD[:] = [True]
+
+
+def release():
+    """hold 之后：后台线程接着按排队的顺序跑。"""
+    with _LOCK:
+        _HELD.clear()
+        _WAKE.notify_all()
 
 
 class _Job:
@@ -124,7 +140,7 @@ def _run(job):
 def _work():
     while True:
         with _LOCK:
-            while not _QUEUE and not _CLOSED:
+            while (not _QUEUE or _HELD) and not _CLOSED:
                 _WAKE.wait()
             if _CLOSED:
                 return

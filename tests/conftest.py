@@ -58,6 +58,8 @@ def pytest_configure(config):
         if capman is not None:
             capman.resume_global_capture()
     _start_rewrite_ahead(config)
+    import background_runs
+    background_runs.hold()      # 收集时不起后台的子进程（收集完 release：pytest_collection_finish）
     gc.disable()         # 收集期间不做垃圾回收（pytest_collection_finish 再打开）：见 _collect_without_gc
 
 
@@ -376,6 +378,8 @@ def pytest_collection_finish(session):
     后台出了任何错都不管：测试自己再装一次，错误照常报在测试上。不下载（文件不在本机时什么都不做）。
     """
     _collect_without_gc()
+    import background_runs
+    background_runs.release()
     if session.config.option.collectonly:
         return
     wants = set()

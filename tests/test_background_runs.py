@@ -57,3 +57,19 @@ def test_a_run_submitted_now_starts_at_once_beside_the_queue():
     assert background_runs._JOBS[key].state != "queued" and key not in background_runs._QUEUE
     r = background_runs.result(key)
     assert r.returncode == 0 and r.stdout.split() == [b"7"]
+
+
+def test_nothing_starts_while_held_and_the_queue_runs_after_release():
+    """收集时（conftest hold 了）后台线程不起子进程，收集完（release）照常跑；这个测试跑的时候已经 release 了。"""
+    assert not background_runs._HELD, "收集完了：conftest 应当已经 release"
+    key = ("test_background_runs: hold", "echo")
+    background_runs.hold()
+    try:
+        background_runs.submit(key, [sys.executable, "-c", "print(5)"])
+        time.sleep(0.2)
+        assert background_runs._JOBS[key].state == "queued" and background_runs._JOBS[key].proc is None
+    finally:
+        background_runs.release()
+    background_runs._JOBS[key].done.wait(30)        # 后台线程自己跑完它（不经过 result 当场跑）
+    r = background_runs.result(key)
+    assert r.returncode == 0 and r.stdout.split() == [b"5"]

@@ -9,11 +9,11 @@ conftest 里两处只为测试集快的做法，结果必须和不用它们时�
 """
 import gc
 import os
-import subprocess
 import sys
 
 import numpy as np
 
+import background_runs
 import conftest
 from decode_lab import TransformerLM
 from real_model_lab import as_dtype, load_gguf
@@ -118,17 +118,21 @@ def _madvise_hugepage():
     return bool(_get_madvise_hugepage())
 
 
+HUGEPAGE_CHILD = ("try:\n    from numpy._core.multiarray import _get_madvise_hugepage as g\n"
+                  "except ImportError:\n    from numpy.core.multiarray import _get_madvise_hugepage as g\n"
+                  "print(bool(g()))")
+HUGEPAGE_KEY = ("test_conftest_speedups", "huge pages in a child")
+background_runs.submit(HUGEPAGE_KEY, [sys.executable, "-c", HUGEPAGE_CHILD])     # 导入时排进后台的队
+
+
 def test_numpy_asks_for_no_huge_pages_here_and_in_the_children():
     """conftest 在 numpy 装进来之前设 NUMPY_MADVISE_HUGEPAGE=0（用户已经设了的照他的）：测试进程里 numpy 不要大页，
     子进程继承这个变量（Linux 以外 numpy 本来就不要）。"""
     want = os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0" and sys.platform.startswith("linux")
     assert _madvise_hugepage() == want
-    code = ("import numpy as np\n"
-            "try:\n    from numpy._core.multiarray import _get_madvise_hugepage as g\n"
-            "except ImportError:\n    from numpy.core.multiarray import _get_madvise_hugepage as g\n"
-            "print(bool(g()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(want)
+    r = background_runs.result(HUGEPAGE_KEY)
+    assert r.returncode == 0, r.stderr.decode("utf-8", "replace")
+    assert r.stdout.decode().strip() == str(want)
 
 
 def test_collection_leaves_the_garbage_collector_on_with_the_collected_objects_frozen():
