@@ -59,17 +59,19 @@ def test_a_run_submitted_now_starts_at_once_beside_the_queue():
     assert r.returncode == 0 and r.stdout.split() == [b"7"]
 
 
+
+# 一个进程自己的队（空的）：hold 着排一个，0.2 秒后还在排队、没有起；release 之后后台线程自己跑完它（不经过 result）
+HOLD_CODE = ("import sys, time; sys.path.insert(0, sys.argv[1]); import background_runs as b\n"
+             "b.hold(); b.submit(('t', 1), [sys.executable, '-c', 'print(5)']); time.sleep(0.2)\n"
+             "j = b._JOBS[('t', 1)]; print(j.state, j.proc)\n"
+             "b.release(); print(j.done.wait(30), j.outcome.stdout.split())\n")
+HOLD_KEY = ("test_background_runs", "hold")
+background_runs.submit(HOLD_KEY, [sys.executable, "-c", HOLD_CODE, os.path.join(ROOT, "tests")], timeout=60)
+
+
 def test_nothing_starts_while_held_and_the_queue_runs_after_release():
     """收集时（conftest hold 了）后台线程不起子进程，收集完（release）照常跑；这个测试跑的时候已经 release 了。"""
     assert not background_runs._HELD, "收集完了：conftest 应当已经 release"
-    key = ("test_background_runs: hold", "echo")
-    background_runs.hold()
-    try:
-        background_runs.submit(key, [sys.executable, "-c", "print(5)"])
-        time.sleep(0.2)
-        assert background_runs._JOBS[key].state == "queued" and background_runs._JOBS[key].proc is None
-    finally:
-        background_runs.release()
-    background_runs._JOBS[key].done.wait(30)        # 后台线程自己跑完它（不经过 result 当场跑）
-    r = background_runs.result(key)
-    assert r.returncode == 0 and r.stdout.split() == [b"5"]
+    r = background_runs.result(HOLD_KEY)
+    assert r.returncode == 0, r.stderr.decode("utf-8", "replace")
+    assert r.stdout.decode().splitlines() == ["queued None", "True [b'5']"]
