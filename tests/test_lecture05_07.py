@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script, script_stdout
+from conftest import ROOT, load_script, script_results, script_stdout
 
 sys.path.insert(0, os.path.join(ROOT, "lecture05"))
 
@@ -16,22 +16,12 @@ W_8B = 2 * (8_030_261_248 - 128256 * 4096)           # decode 每步读的 BF16 
 ROOM = 80e9 - 2 * 8_030_261_248                      # H100 减去 BF16 权重
 
 
-_DEMOS = {}
-
-
 def demo_numbers(name):
     """
-    07 的演示 name（"demo1_allocators" 等）在本进程里跑一次（不打印）返回的数：这次测试会话里每个演示只跑一次，
-    本文件和 test_serving_lab_paged 共用。
+    07 的演示 name（"demo1_allocators" 等）返回的数：脚本在测试集里成对运行时自己存下的（console.save_results），
+    核对的就是那次运行打印的数，不在测试进程里再跑一遍演示。本文件和 test_serving_lab_paged 共用。
     """
-    if name not in _DEMOS:
-        import contextlib
-        import io
-        if "mod" not in _DEMOS:
-            _DEMOS["mod"] = load_script("lecture05/07_paged_kv_cache.py")
-        with contextlib.redirect_stdout(io.StringIO()):
-            _DEMOS[name] = getattr(_DEMOS["mod"], name)()
-    return _DEMOS[name]
+    return script_results("lecture05/07_paged_kv_cache.py")[name]
 
 
 @pytest.fixture(scope="module")

@@ -241,7 +241,7 @@ def test_demo2_prefix_sharing_figures_match_the_reference():
     """
     from test_lecture05_07 import demo_numbers
     s07 = load_script("lecture05/07_paged_kv_cache.py")
-    r = demo_numbers("demo2_prefix_sharing")                   # 07 的演示 2 在这次会话里只跑一次（test_lecture05_07 也读它）
+    r = demo_numbers("demo2_prefix_sharing")     # 07 的演示 2 返回的数：脚本成对运行时存下的（test_lecture05_07 也读它）
     P, O = (s07.PROMPTS + 1500).tolist(), s07.OUTS.tolist()
     total = 487_819 // 16
     base = _reference_paged(P, O, total, 16, 0, 0.01)
