@@ -27,20 +27,44 @@ def with_layers(base, changed):
     float64 的 SmolLM2 整个重新融合一遍约 1.5–2.5 秒（lm_head 就有 2.8e7 个数）；这里只算换掉的层。
     """
     import copy
-
-    import numpy as np
-    from transformer_lab import NumpyTransformer, config_like
-    cfg = base.cfg
-    d = cfg.d_model
-    stub = {"embed": np.zeros((1, d)), "lm_head": np.zeros((d, 1)), "final_norm": np.ones(d)}
-    one = config_like(cfg, n_layers=1)
     m = copy.copy(base)
     m.params = dict(base.params, layers=list(base.params["layers"]))
     m._layers = list(base._layers)
     for li, L in changed.items():
         m.params["layers"][li] = L
-        m._layers[li] = NumpyTransformer(dict(stub, layers=[L]), one)._layers[0]
+        m._layers[li] = fused_layer(base.cfg, L)
     return m
+
+
+def fused_layer(cfg, L):
+    """
+    一层的参数 L（dict）-> 融合好的这一层（NumpyTransformer 的 _layers 的一项）：放进一个只有它的模型里融合，词嵌入和
+    lm_head 用 1 列的占位、上下文只留 1 个位置（RoPE 的表不用算 2048 行）。融合逐层独立，和整个模型一起融合逐位相同。
+    """
+    import numpy as np
+    from transformer_lab import NumpyTransformer, config_like
+    d = cfg.d_model
+    stub = {"embed": np.zeros((1, d)), "lm_head": np.zeros((d, 1)), "final_norm": np.ones(d), "layers": [L]}
+    return NumpyTransformer(stub, config_like(cfg, n_layers=1, max_seq=1))._layers[0]
+
+
+def packed(seqs):
+    """
+    几条 token 序列首尾相接摞成一条，一次前向算完 -> (toks [1, S]、遮罩 [S, S]、RoPE 位置 [S]、每段的起点)。
+    遮罩是块对角的因果遮罩（每个位置只看同一段里它自己和它前面的位置），位置每段从 0 数起：每段看到的和单独前向时
+    一模一样（别段的打分加 −inf，softmax 以后正好是 0），只差矩阵乘分块的舍入（float64 的 1e-16 量级）。
+    为什么摞起来：每个权重矩阵乘一次 S 行，而不是每段各乘一次几十行（行数少时 BLAS 的效率低，numpy 的调用也多几倍）。
+    多算的只是被遮住的跨段打分。
+    """
+    import numpy as np
+    lens = [len(s) for s in seqs]
+    starts = np.cumsum([0] + lens[:-1])
+    toks = np.concatenate([np.asarray(s) for s in seqs]).astype(np.int64)[None]
+    seg = np.repeat(np.arange(len(seqs)), lens)
+    i = np.arange(seg.size)
+    mask = (seg[:, None] == seg[None, :]) & (i[None, :] <= i[:, None])
+    pos = np.concatenate([np.arange(n) for n in lens])
+    return toks, mask, pos, starts
 
 
 def new_token_logits(model, prompt, new):

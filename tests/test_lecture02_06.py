@@ -23,7 +23,7 @@ from decode_lab import speculative_generate
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
 from llm_math import SMOLLM2_135M
-from smollm2_models import smollm2_lm, with_layers
+from smollm2_models import packed, smollm2_lm, with_layers
 from real_model_lab import permute_rope_rows, unpermute_rope_rows
 from transformer_lab import NumpyTransformer, config_like
 
@@ -79,15 +79,20 @@ def head_only_at(model, keep):
     return m
 
 
-def forward_rows(model, ids, rows):
+def forward_rows(model, seqs, rows):
     """
-    model 在一条序列 ids 上一次算完，lm_head 只乘 rows 那几个位置 -> [len(ids), V]：rows 的行是 logits，其余的行是 NaN
-    （哪个测试读了没算的行，argmax、比较都会错，看得出来）。
+    model 在几条序列 seqs（{名字: ids}）摞成的一条上一次算完（smollm2_models.packed），lm_head 只乘 rows[名字] 那几个位置
+    -> {名字: [len(ids), V]}：rows 的行是 logits，其余的行是 NaN（哪个测试读了没算的行，argmax、比较都会错，看得出来）。
     """
-    rows = np.unique(rows)
-    got = head_only_at(model, lambda h: h[:, rows]).forward(np.asarray([ids]))[0]
-    out = np.full((len(ids), model.cfg.vocab), np.nan)
-    out[rows] = got
+    names = list(seqs)
+    toks, mask, pos, starts = packed([seqs[n] for n in names])
+    want = [np.unique(rows[n]) for n in names]
+    flat = np.concatenate([s0 + w for s0, w in zip(starts, want)])
+    got = head_only_at(model, lambda h: h[:, flat]).forward(toks, attn_mask=mask, positions=pos)[0]
+    out = {}
+    for n, w, part in zip(names, want, np.split(got, np.cumsum([len(w) for w in want])[:-1])):
+        out[n] = np.full((len(seqs[n]), model.cfg.vocab), np.nan)
+        out[n][w] = part
     return out
 
 
@@ -104,14 +109,16 @@ def full_passes(lm):
     "chat" 是聊天提示接上参考的贪心回答（去掉最后的 <|im_end|>）：前 16 行就是提示自己的 logits（因果遮罩：第 i 行只看
     前 i + 1 个 token，后面接了什么不改变它，只差 float64 的舍入），最后 8 行（从提示的最后一行起）是回答每一步的 logits。
     每层都整段算；lm_head 只乘测试读的行（参考的行、回答的 8 步：ANSWER_ROWS），别的行是 NaN（forward_rows）。
+    三段摞成一条序列一次前向（smollm2_models.packed：块对角的因果遮罩、每段的位置从 0 数起），每个权重矩阵只乘一次
+    71 行，比三段各算一次少花约三成；每段的 logits 和单独算只差舍入（float64 的 1e-13 量级，下面的测试都比参考、
+    比带缓存的 decode 核对到 1e-10 以内）。摞错了（遮罩漏看、位置错位），各段就离 Hugging Face 的参考很远。
     """
     model, _ = lm
     rows = {name: [r["pos"] for r in x["rows"]] for name, x in HF["inputs"].items()}
     assert 11 in rows["prose"]                               # 演示 3 的熵读的那一行
-    out = {"chat": forward_rows(model, CHAT["ids"] + GREEDY[:-1], rows["chat"] + list(ANSWER_ROWS))}
-    for name in ("prose", "code"):
-        out[name] = forward_rows(model, HF["inputs"][name]["ids"], rows[name])
-    return out
+    seqs = {"chat": CHAT["ids"] + GREEDY[:-1], "prose": HF["inputs"]["prose"]["ids"], "code": HF["inputs"]["code"]["ids"]}
+    rows["chat"] += list(ANSWER_ROWS)
+    return forward_rows(model, seqs, rows)
 
 
 def _run(path):

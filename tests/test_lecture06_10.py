@@ -21,9 +21,9 @@ from decode_lab import TransformerLM, speculative_generate  # noqa: E402
 from drafts_lab import layer_skip_draft, layer_subset  # noqa: E402
 from greedy_lab import greedy_rounds, lookup_rounds  # noqa: E402
 from lookup_lab import PromptLookup, speculative_generate_adaptive  # noqa: E402
-from transformer_lab import NumpyTransformer, config_like  # noqa: E402
+from transformer_lab import config_like  # noqa: E402
 import spec_math_lab  # noqa: E402
-from smollm2_models import new_token_logits, smollm2_lm  # noqa: E402
+from smollm2_models import fused_layer, new_token_logits, packed, smollm2_lm  # noqa: E402
 from quant_lab import LAYER_MATRICES, quantize_matrix  # noqa: E402
 
 S = "lecture06/10_real_model_spec_decode.py"
@@ -266,22 +266,12 @@ def test_greedy_texts_and_target_agreement(run):
 
 def _packed(texts):
     """
-    几段文本（提示 + 新 token）首尾相接摞成一条序列，一次前向算完 -> (toks [1, S]、遮罩 [S, S]、RoPE 位置 [S]、
-    每段预测新 token 的那几行的行号、每段的起点)。
-    遮罩是块对角的因果遮罩（每个位置只看同一段里它自己和它前面的位置），位置每段从 0 数起：每段看到的和单独前向时
-    一模一样（别段的打分加 −inf，softmax 以后正好是 0），只差矩阵乘分块的舍入（float64 的 1e-16 量级）。
-    为什么摞起来：每个权重矩阵乘一次 S 行，而不是每段各乘一次几十行（BLAS 的效率高一些，numpy 的调用少三分之二）；
-    多算的只是被遮住的跨段打分。这台机器上 30 层的前向少花约一成。
+    几段文本（提示 + 新 token）摞成一条序列，一次前向算完（smollm2_models.packed）-> (toks [1, S]、遮罩 [S, S]、
+    RoPE 位置 [S]、每段预测新 token 的那几行的行号、每段的起点)。30 层的前向比三段各算一次少花约一成。
     摞错了（遮罩漏看、位置错位），算出的 logits 就是另一个模型的：test_float32_decisions_hold_on_any_blas 的 err < 1e-2
     立刻不成立。
     """
-    lens = [len(p) + len(n) for p, n in texts]
-    starts = np.cumsum([0] + lens[:-1])
-    toks = np.concatenate([np.r_[np.asarray(p), np.asarray(n)] for p, n in texts]).astype(np.int64)[None]
-    seg = np.repeat(np.arange(len(texts)), lens)
-    i = np.arange(seg.size)
-    mask = (seg[:, None] == seg[None, :]) & (i[None, :] <= i[:, None])
-    pos = np.concatenate([np.arange(n) for n in lens])
+    toks, mask, pos, starts = packed([np.r_[np.asarray(p), np.asarray(n)] for p, n in texts])
     rows = [s0 + len(p) - 1 + np.arange(len(n)) for s0, (p, n) in zip(starts, texts)]
     return toks, mask, pos, rows, starts
 
@@ -350,8 +340,8 @@ def _quantized_layer_f64(target64, P32, scheme, i):
     """
     脚本的量化草稿（drafts_lab.requantized_draft：每层 7 个矩阵 quant_lab.quantize_matrix 就近舍入、转成 float32）
     第 i 层的 float64 版，融合好的（NumpyTransformer 的 _layers 的一项）：矩阵见 _quantized_matrix，RMSNorm 的权重原样转。
-    融合（transformer_lab.NumpyTransformer 的【为了快做的等价变换】）逐层独立：这一层放进一个只有它的模型里融合
-    （词嵌入、lm_head 用 1 列的占位，同 tests/smollm2_models.with_layers），和整个模型一起融合逐位相同。
+    融合（transformer_lab.NumpyTransformer 的【为了快做的等价变换】）逐层独立：tests/smollm2_models.fused_layer
+    只融合这一层，和整个模型一起融合逐位相同。
     """
     layer = {k: _quantized_matrix(v, scheme) if k in LAYER_MATRICES else v.astype(np.float64)
              for k, v in P32["layers"][i].items()}
@@ -359,9 +349,7 @@ def _quantized_layer_f64(target64, P32, scheme, i):
         for k in LAYER_MATRICES:
             whole = quantize_matrix(P32["layers"][0][k], scheme)[0].astype(np.float32).astype(np.float64)
             assert np.array_equal(layer[k], whole), (scheme, k)
-    d = target64.cfg.d_model
-    stub = {"embed": np.zeros((1, d)), "lm_head": np.zeros((d, 1)), "final_norm": np.ones(d)}
-    return NumpyTransformer(dict(stub, layers=[layer]), config_like(target64.cfg, n_layers=1))._layers[0]
+    return fused_layer(target64.cfg, layer)
 
 
 def _quantized_logits(target64, P32, scheme, x0, pack):
