@@ -117,7 +117,7 @@ def pytest_unconfigure(config):
     """后台装模型的子进程（_handed_over）、_start_rewrite_ahead 的子进程还在就结束它们，删掉临时目录。"""
     import shutil
     _CLOSING.append(True)
-    for child in list(_PREFETCH_CHILD):
+    for child in list(_PREFETCH_CHILD) + list(_EARLY_CHILD):
         child.kill()                         # 后台线程收它（wait）；传模型的文件没有名字，不留下什么
     while _AHEAD:
         child, prefix = _AHEAD.pop()
@@ -393,20 +393,26 @@ def pytest_collection_finish(session):
     except ModelUnavailableError:
         return
     if path:
-        threading.Thread(target=_prefetch, args=(path, sorted(wants, reverse=True)), name="real-model-prefetch",
+        mods = {getattr(item.module, "__name__", None) for item in session.items if getattr(item, "module", None)}
+        jobs = [key for key, mod in _EARLY_JOBS if mod in mods]
+        with _EARLY_COND:
+            _EARLY_PENDING.update(jobs)
+        threading.Thread(target=_prefetch, args=(path, sorted(wants, reverse=True), jobs), name="real-model-prefetch",
                          daemon=True).start()
 
 
-def _prefetch(path, dtypes):
+def _prefetch(path, dtypes, jobs=()):
     """
     后台线程：拿着 REAL_LOCK，在一个子进程里（_build_for_parent）装好参数、建好融合的模型，经一个没有名字的文件传回来
     （_handed_over）。装模型的活大半是 numpy 的小运算和 Python，放在测试进程的线程里会和主线程抢 GIL（前面的玩具测试
     因此慢一截）；子进程在另一个核上算，测试进程只映射它写好的数组（不复制）。传回的和这里直接装的逐位相同：同一段代码、
     同一个文件，数组按原样的字节传。不能传（没有 pass_fds 的系统）或者子进程失败时，就在这个线程里照旧装。
+    jobs：compute_early 登记的函数（这次选中的模块的）。模型交过来以后，子进程接着算它们，这个线程收结果（_collect_early）。
     """
+    early = []                               # 还在算 jobs 的子进程和读结果的管道（_handed_over 交出的）
     try:
         with REAL_LOCK:
-            got = _handed_over(path, dtypes) if os.name == "posix" else None
+            got = _handed_over(path, dtypes, jobs=jobs, early=early) if os.name == "posix" else None
             if _CLOSING:                     # 会话已经结束（pytest_unconfigure 结束了子进程）：什么都不再装
                 return
             if got is not None:
@@ -421,9 +427,11 @@ def _prefetch(path, dtypes):
                 smollm2_lm(dt)
     except Exception:   # noqa: BLE001 —— 见 pytest_collection_finish 的说明
         pass
+    finally:
+        _collect_early(*(early or [None, None]), jobs)
 
 
-def _handed_over(path, dtypes, background=True):
+def _handed_over(path, dtypes, background=True, jobs=(), early=None):
     """
     在子进程里装模型（_build_for_parent；background：子进程的优先级调到最低），-> 它装好的 {"real": {dtype: (params, cfg, tok)}, "lm": {dtype: smollm2_lm 的结果}}，
     子进程失败时 -> None。
@@ -431,33 +439,53 @@ def _handed_over(path, dtypes, background=True):
     传的办法：这里先建一个临时文件、打开、马上删掉名字（Linux 上建在 /dev/shm，内存里），把打开的文件描述符交给子进程；
     子进程把所有数组的字节（pickle 协议 5 的带外缓冲区）和其余部分的 pickle 写进去。这里把文件映射进来（写时复制：
     测试改了哪个数组，只改自己的那一份），数组直接指向映射的内存。文件没有名字，谁退出都不会留下它：最后一个描述符和
-    映射一关，内存就还回去。
+    映射一关，内存就还回去。子进程写完文件，在一条管道上说一声 "model"，这里就映射（不等它退出）。
+    jobs（compute_early 的 key）：子进程交了模型以后接着算它们，每算完一个就把结果的 pickle 写进同一条管道；这时
+    early（一个空 list）里放上 [子进程, 管道读的一头]，由调用者交给 _collect_early 去收。没有 jobs：等子进程退出。
     """
     import mmap
     import pickle
+    import select
     shm = "/dev/shm"
     fd, name = tempfile.mkstemp(prefix="cs349e-model-", dir=shm if os.path.isdir(shm) else None)
+    r, w = os.pipe()
+    handed = False
     try:
         os.unlink(name)
         from proc_util import popen_background
-        code = f"import conftest; conftest._build_for_parent({path!r}, {list(dtypes)!r}, {fd}, {os.getpid()})"
+        code = (f"import conftest; conftest._build_for_parent({path!r}, {list(dtypes)!r}, {fd}, {os.getpid()}, "
+                f"{w}, {list(jobs)!r})")
         start = popen_background if background else subprocess.Popen
         child = start([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
-                      pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      pass_fds=(fd, w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(w)
+        w = None
         _PREFETCH_CHILD.append(child)
         try:
-            code = child.wait(timeout=600)
-        except subprocess.TimeoutExpired:
+            said = b""
+            while not said.endswith(b"\n") and len(said) < 64 and select.select([r], [], [], 600)[0]:
+                part = os.read(r, 1)                 # 一个字节一个字节地读到换行：后面的结果留给 _collect_early
+                if not part:
+                    break
+                said += part
+        finally:
+            _PREFETCH_CHILD.clear()
+        if said != b"model\n" or os.fstat(fd).st_size == 0:
             child.kill()
             child.wait()
             return None
-        finally:
-            _PREFETCH_CHILD.clear()
-        if code != 0 or os.fstat(fd).st_size == 0:
+        if jobs and early is not None:
+            early[:] = [child, r]
+            _EARLY_CHILD.append(child)
+            handed = True
+        elif child.wait(timeout=600) != 0:
             return None
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
+        for end in (w, None if handed else r):
+            if end is not None:
+                os.close(end)
     import numpy as np
     np.frombuffer(mm, dtype=np.uint8)[::mmap.PAGESIZE].max()   # 每页读一个字节：在这个后台线程里（numpy 放开 GIL）
     view = memoryview(mm)                                      # 把页映射好，测试第一次用这些数组时不再一页一页地缺页
@@ -468,10 +496,12 @@ def _handed_over(path, dtypes, background=True):
     return pickle.loads(view[o:o + n], buffers=bufs)
 
 
-def _build_for_parent(path, dtypes, fd, parent):
+def _build_for_parent(path, dtypes, fd, parent, said=None, jobs=()):
     """
-    _handed_over 起的子进程里：装好 path 的 float32 / dtypes 的参数和融合的模型，写进文件描述符 fd（格式见 _handed_over）。
-    parent：测试进程的 pid。每装完一步看一眼它还在不在（被杀了的话这个进程归了别人，getppid 变了）：不在就退出。
+    _handed_over 起的子进程里：装好 path 的 float32 / dtypes 的参数和融合的模型，写进文件描述符 fd（格式见 _handed_over），
+    在管道 said 上写 "model\n"；再一个个算 jobs（compute_early 登记的函数，"模块:函数名"），每个的
+    (key, 成没成, 结果或出错的文字) 的 pickle 写进同一条管道。
+    parent：测试进程的 pid。每装完一步、每算完一个看一眼它还在不在（被杀了的话这个进程归了别人，getppid 变了）：不在就退出。
     """
     import pickle
     from smollm2_models import _LM, smollm2_lm
@@ -502,6 +532,92 @@ def _build_for_parent(path, dtypes, fd, parent):
         f.write(pickle.dumps(table))
         f.seek(0)
         f.write(f"{where} {len(bufs)}".encode().ljust(64))
+    if said is None:
+        return
+    with os.fdopen(said, "wb") as out:
+        out.write(b"model\n")
+        out.flush()
+        for key in jobs:
+            orphaned()
+            try:
+                mod, name = key.split(":")
+                item = (key, True, getattr(importlib.import_module(mod), name)())
+            except Exception as e:   # noqa: BLE001 —— 测试进程自己再算一次，错误照常报在测试上
+                item = (key, False, f"{type(e).__name__}: {e}")
+            pickle.dump(item, out, protocol=5)
+            out.flush()
+
+
+# ---------------------------------------------------------------------------
+# 提前算：用真实模型的测试要的参照，后台装模型的子进程交了模型以后接着算
+# ---------------------------------------------------------------------------
+_EARLY_JOBS = []                    # [(key, 登记它的模块名)]：compute_early 登记的，按登记的先后
+_EARLY = {}                         # key -> (成没成, 结果)：子进程交回来的
+_EARLY_PENDING = set()              # 交给了子进程、还没交回来的 key
+_EARLY_CHILD = []                   # 正在算的子进程
+_EARLY_COND = threading.Condition()
+
+
+def _early_key(fn):
+    return f"{fn.__module__}:{fn.__name__}"
+
+
+def compute_early(fn):
+    """
+    登记 fn（测试模块里的一个顶层函数，不带参数，要模型时自己调 smollm2_models.smollm2_lm；它所在的模块要能在别的进程里
+    再 import 一次，导入时不起进程）。这次选中了登记它的模块、模型文件在本机时，后台装真实模型的子进程（_prefetch）把
+    模型交给测试进程以后，接着在它自己那里算 fn()、把结果交回来（early_result 取）。
+    为什么：子进程这时已经装着同一份模型（融合好的 float64，同一段代码建的），算出的和测试进程里算的逐位相同；
+    它在后台（最低的优先级）算，那时测试进程在跑前面不用真实模型的测试，另一个核常空着；轮到用真实模型的测试时，
+    参照已经算好了。在测试模块导入时（收集时）调用，返回 fn。
+    """
+    _EARLY_JOBS.append((_early_key(fn), fn.__module__))
+    return fn
+
+
+def early_result(fn):
+    """
+    fn() 的值：子进程已经算好的直接拿（只拿一次）；它还在算的，把它调回前台、等它交；它没算、算错了、
+    没有子进程：在这里调用 fn()（错误照常报在调用的测试上）。
+    """
+    key = _early_key(fn)
+    with _EARLY_COND:
+        while key in _EARLY_PENDING and key not in _EARLY:
+            from proc_util import foreground
+            foreground([c.pid for c in _PREFETCH_CHILD + _EARLY_CHILD])   # 还在装模型的也算：测试在等它了
+            _EARLY_COND.wait(1.0)
+        got = _EARLY.pop(key, None)
+    if got is not None and got[0]:
+        return got[1]
+    return fn()
+
+
+def _collect_early(child, r, keys):
+    """
+    _prefetch 的线程里：从管道 r 一个个收子进程算好的结果，直到它关上管道；最后收掉子进程，keys 里没交的不再等
+    （early_result 在测试进程里自己算）。
+    """
+    import pickle
+    try:
+        if r is not None:
+            with os.fdopen(r, "rb") as f:
+                while True:
+                    try:
+                        key, ok, value = pickle.load(f)
+                    except (EOFError, pickle.UnpicklingError, OSError):
+                        break
+                    with _EARLY_COND:
+                        _EARLY[key] = (ok, value)
+                        _EARLY_PENDING.discard(key)
+                        _EARLY_COND.notify_all()
+    finally:
+        with _EARLY_COND:
+            _EARLY_PENDING.difference_update(keys)
+            _EARLY_COND.notify_all()
+        if child is not None:
+            child.wait()
+            if child in _EARLY_CHILD:
+                _EARLY_CHILD.remove(child)
 
 
 def is_real_model_script(relpath):

@@ -1,6 +1,7 @@
 """
 conftest 里两处只为测试集快的做法，结果必须和不用它们时一样：
 - _handed_over：后台在子进程里装真实模型、经一个没有名字的文件传回测试进程。传回的参数、融合的模型和在这里直接装的逐位相同。
+  同一个子进程接着算 compute_early 登记的参照（early_result 取）：算成的和在这里算的逐位相同，没算成的在这里算。
   这里用一个合成的小 GGUF（test_real_model_lab 写它的办法），不要下载。
 - _rewrite_ahead：另一个进程先替 pytest 改写测试文件里的 assert。写出的缓存 pytest 认得（读得回来），内容和 pytest 自己
   改写的相同，而且 assert 确实改写过了（失败时消息里有各部分的值）。
@@ -34,10 +35,17 @@ def _same(a, b, where="params"):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), where
 
 
-def test_the_model_handed_over_by_the_child_equals_a_load_here(tmp_path):
+def test_the_model_handed_over_by_the_child_equals_a_load_here_and_so_do_its_early_jobs(tmp_path):
+    """
+    交回的参数、融合的模型和这里直接装的逐位相同。compute_early 的路也在这一个子进程里走：它交了模型（不等它退出）
+    以后接着算 jobs，每个结果经管道交回（_collect_early 收）。算成的 == 在这里算的（这里 job 就是 smollm2_lm 本身，
+    交回一个模型，前向逐位相同）；算错的交回错误的文字（early_result 会在测试进程里自己算）；收完子进程已经退出。
+    """
     path = _write(tmp_path, _params(False), tied=False)
-    got = conftest._handed_over(path, ["float64", "float32"], background=False)
-    assert got is not None
+    good, bad = "smollm2_models:smollm2_lm", "smollm2_models:no_such_job"
+    early = []
+    got = conftest._handed_over(path, ["float64", "float32"], background=False, jobs=[good, bad], early=early)
+    assert got is not None and len(early) == 2
     p32 = load_gguf(path, dtype=np.float32)
     p64 = as_dtype(p32, np.float64)
     _same(got["real"]["float32"][0], p32[0])
@@ -50,6 +58,45 @@ def test_the_model_handed_over_by_the_child_equals_a_load_here(tmp_path):
         assert np.array_equal(lm.forward(TOKS), TransformerLM(P, cfg).forward(TOKS)), dt
         lm.params["final_norm"][0] += 1.0                                    # 映射是写时复制的：数组可以写
     assert got["real"]["float64"][0]["embed"].flags.writeable
+    child, r = early
+    assert child in conftest._EARLY_CHILD
+    conftest._collect_early(child, r, [good, bad])
+    assert child.poll() == 0 and child not in conftest._EARLY_CHILD
+    (ok1, lm), (ok2, err) = conftest._EARLY.pop(good), conftest._EARLY.pop(bad)
+    assert ok1 and not ok2 and "AttributeError" in err
+    assert np.array_equal(lm[0].forward(TOKS), TransformerLM(p64[0], p64[1]).forward(TOKS))
+
+
+def _job():
+    _job.calls += 1
+    return "here"
+
+
+def test_early_result_takes_the_childs_value_waits_for_a_pending_one_and_otherwise_computes_here():
+    import threading
+    key = conftest._early_key(_job)
+    _job.calls = 0
+    conftest._EARLY[key] = (True, "child")                   # 子进程交了：拿它的，不在这里算
+    assert conftest.early_result(_job) == "child" and _job.calls == 0
+    assert conftest.early_result(_job) == "here" and _job.calls == 1      # 只拿一次；再要就在这里算
+    conftest._EARLY[key] = (False, "AttributeError: x")      # 子进程算错了：在这里算（错误报在测试上）
+    assert conftest.early_result(_job) == "here" and _job.calls == 2
+    with conftest._EARLY_COND:                                # 还在算：等它交
+        conftest._EARLY_PENDING.add(key)
+
+    def deliver():
+        with conftest._EARLY_COND:
+            conftest._EARLY[key] = (True, "late")
+            conftest._EARLY_PENDING.discard(key)
+            conftest._EARLY_COND.notify_all()
+    t = threading.Timer(0.05, deliver)
+    t.start()
+    assert conftest.early_result(_job) == "late" and _job.calls == 2
+    t.join()
+    with conftest._EARLY_COND:                                # 交不出（子进程死了，_collect_early 放弃）：在这里算
+        conftest._EARLY_PENDING.add(key)
+    threading.Timer(0.05, conftest._collect_early, (None, None, [key])).start()
+    assert conftest.early_result(_job) == "here" and _job.calls == 3
 
 
 def test_a_failing_child_hands_over_nothing(tmp_path):
@@ -94,11 +141,13 @@ def test_the_end_of_the_session_kills_a_child_still_loading_and_an_orphan_stops_
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import subprocess, sys, conftest\n"
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "e = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
             "conftest._PREFETCH_CHILD.append(c)\n"
+            "conftest._EARLY_CHILD.append(e)\n"                  # 交了模型、还在提前算参照的
             "conftest.pytest_unconfigure(None)\n"
-            "print(c.wait(timeout=10))\n")
+            "print(c.wait(timeout=10), e.wait(timeout=10))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "-9", r.stderr
+    assert r.returncode == 0 and r.stdout.split() == ["-9", "-9"], r.stderr
     path = _write(tmp_path, _params(True))
     fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT)
     try:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import distinct_lab as dl
+from conftest import compute_early, early_result
 from decode_lab import autoregressive_generate
 from seed04_models import seed04_models
 from stats_lab import chi2_gof
@@ -330,6 +331,32 @@ def test_face_names_are_importable_from_tree_lab():
         assert callable(getattr(tree_lab, name)) and name in tree_lab.__all__
 
 
+SMOLLM2_TREE = (4, 8, 1)        # 下面的测试：新 token 数、每轮的节点预算、深度
+
+
+def _smollm2_tree():
+    """
+    下面的测试的那次生成 -> (输出, 统计, 目标在"提示 + 输出"上一次前向、每个位置的 argmax)。后台装模型的子进程提前算
+    （conftest.compute_early：同一份 float64 模型，结果逐位相同）。
+    """
+    from smollm2_models import new_token_logits, smollm2_lm
+    from drafts_lab import layer_skip_draft, layer_subset
+    full, _, tok = smollm2_lm("float64")
+    target = layer_subset(full, range(6), name="SmolLM2 的前 6 层")
+    draft = layer_skip_draft(target, 3, 2)
+    prompt = tok.chat("Name a primary color.")
+    n_new, budget, depth = SMOLLM2_TREE
+    out, st = dynamic_tree_generate(target, draft, prompt, n_new, budget, 0.0, np.random.default_rng(0), top_k=4,
+                                    depth=depth)
+    # 贪心的定义：每个 token 都是它的前缀上目标的 argmax——整段一次前向逐位核对（不用一步一步 decode 出参考序列；
+    # float64 的两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。lm_head 只乘预测新 token 的那几行
+    # （smollm2_models.new_token_logits；每一行独立，和整段算完再切出来的一样）。
+    return out, st, new_token_logits(target, prompt, [int(t) for t in out]).argmax(-1)
+
+
+compute_early(_smollm2_tree)
+
+
 def test_dynamic_tree_on_smollm2_float64_is_greedy_token_for_token():
     """
     SmolLM2 的前 6 层（float64；共用会话里那份融合好的权重）当目标，跳过它的第 3–4 层当草稿：动态树的输出 == 目标的贪心。
@@ -342,19 +369,8 @@ def test_dynamic_tree_on_smollm2_float64_is_greedy_token_for_token():
     核对 1），现在 7 次（草稿 4、目标 2、核对 1），乘加约 4.9e9 → 3.1e9。
     时间几乎全在前向的次数上：每次前向都把 lm_head（49152 × 576 的 float64，226 MB）整个读一遍，树里几个节点差不多。
     """
-    from smollm2_models import new_token_logits, smollm2_lm
-    from drafts_lab import layer_skip_draft, layer_subset
-    full, _, tok = smollm2_lm("float64")
-    target = layer_subset(full, range(6), name="SmolLM2 的前 6 层")
-    draft = layer_skip_draft(target, 3, 2)
-    prompt = tok.chat("Name a primary color.")
-    n_new, budget, depth = 4, 8, 1
-    out, st = dynamic_tree_generate(target, draft, prompt, n_new, budget, 0.0, np.random.default_rng(0), top_k=4,
-                                    depth=depth)
-    # 贪心的定义：每个 token 都是它的前缀上目标的 argmax——整段一次前向逐位核对（不用一步一步 decode 出参考序列；
-    # float64 的两条前向只差 1e-13 量级的舍入，离 argmax 的并列远得很）。lm_head 只乘预测新 token 的那几行
-    # （smollm2_models.new_token_logits；每一行独立，和整段算完再切出来的一样）。
-    top = new_token_logits(target, prompt, [int(t) for t in out]).argmax(-1)
+    n_new, budget, depth = SMOLLM2_TREE
+    out, st, top = early_result(_smollm2_tree)
     assert len(out) == n_new and np.array_equal(out, top)
     assert max(st["nodes"]) <= budget and st["target_calls"] < n_new
     assert min(st["accepted"]) == 0 and max(st["accepted"]) == depth + 1

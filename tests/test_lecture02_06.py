@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import conftest
-from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
+from conftest import (compute_early, early_result, load_script, real_model, script_results, script_stdout,
+                      smollm2_path)
 from decode_lab import speculative_generate
 from gguf_lab import read_gguf
 from ledger_lab import analytic_ops
@@ -102,8 +103,7 @@ def forward_rows(model, seqs, rows):
 ANSWER_ROWS = range(len(CHAT["ids"]) - 1, len(CHAT["ids"]) + len(GREEDY) - 1)
 
 
-@pytest.fixture(scope="module")
-def full_passes(lm):
+def _full_passes():
     """
     float64 模型一次算完的 logits，几个测试共用（每段只算一次）-> {"chat": [16 + 7, V], "prose": [15, V], "code": [33, V]}。
     "chat" 是聊天提示接上参考的贪心回答（去掉最后的 <|im_end|>）：前 16 行就是提示自己的 logits（因果遮罩：第 i 行只看
@@ -112,13 +112,22 @@ def full_passes(lm):
     三段摞成一条序列一次前向（smollm2_models.packed：块对角的因果遮罩、每段的位置从 0 数起），每个权重矩阵只乘一次
     71 行，比三段各算一次少花约三成；每段的 logits 和单独算只差舍入（float64 的 1e-13 量级，下面的测试都比参考、
     比带缓存的 decode 核对到 1e-10 以内）。摞错了（遮罩漏看、位置错位），各段就离 Hugging Face 的参考很远。
+    后台装模型的子进程提前算（conftest.compute_early：同一份 float64 模型，结果逐位相同）。
     """
-    model, _ = lm
+    model = smollm2_lm("float64")[0]
     rows = {name: [r["pos"] for r in x["rows"]] for name, x in HF["inputs"].items()}
     assert 11 in rows["prose"]                               # 演示 3 的熵读的那一行
     seqs = {"chat": CHAT["ids"] + GREEDY[:-1], "prose": HF["inputs"]["prose"]["ids"], "code": HF["inputs"]["code"]["ids"]}
     rows["chat"] += list(ANSWER_ROWS)
     return forward_rows(model, seqs, rows)
+
+
+compute_early(_full_passes)
+
+
+@pytest.fixture(scope="module")
+def full_passes(lm):
+    return early_result(_full_passes)
 
 
 def _run(path):
@@ -425,17 +434,25 @@ def test_float32_is_float32_end_to_end_and_matches_the_reference(path):
     assert np.max(np.abs(logits[0, f32["pos"], f32["top5_ids"]] - np.asarray(f32["top5_logits"]))) < tol
 
 
-@pytest.fixture(scope="module")
-def cached_decode(lm, mod):
+def _cached_decode():
     """
     带缓存一步一步的贪心 decode（演示 4 的提示，<|im_end|> 停）-> (选出的 id, 每步的 logits)，两个测试共用、只跑一次：
     脚本的 greedy_with_skipped_slot，skip = 0——先喂整个提示，之后每步只喂上一步选出的 token，位置和缓存的槽都接着往后数。
+    后台装模型的子进程提前算（conftest.compute_early）。
     """
-    model, tok = lm
+    model, _, tok = smollm2_lm("float64")
     # 脚本的函数每步只取最后一个位置的 logits（[0, -1]）：提示那一步 lm_head 只乘最后一行（head_only_at），少乘 15 行
-    ids, logits, _ = mod.greedy_with_skipped_slot(head_only_at(model, lambda h: h[:, -1:]), CHAT["ids"], 16,
-                                                  [tok.im_end_id], skip=0)
+    ids, logits, _ = load_script(S6).greedy_with_skipped_slot(head_only_at(model, lambda h: h[:, -1:]), CHAT["ids"], 16,
+                                                              [tok.im_end_id], skip=0)
     return ids, logits
+
+
+compute_early(_cached_decode)
+
+
+@pytest.fixture(scope="module")
+def cached_decode(lm, mod):
+    return early_result(_cached_decode)
 
 
 def test_kv_cache_decode_equals_full_pass_on_the_real_model(cached_decode, full_passes):

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import load_script, real_model, script_results, script_stdout, smollm2_path
+from conftest import (compute_early, early_result, load_script, real_model, script_results, script_stdout,
+                      smollm2_path)
 
 from decode_lab import TransformerLM, speculative_generate  # noqa: E402
 from drafts_lab import layer_skip_draft, layer_subset  # noqa: E402
@@ -88,6 +89,28 @@ def _top_gap(logits):
 
 LOOP_KEEP, LOOP_SKIP = 6, (3, 1)    # 跳层草稿的循环：目标 = 真实模型的前 6 层，草稿跳过其中的第 3 层
 LOOP_VOCAB = 8192                   # 它的 lm_head 只留词表的前这么多列
+LOOP_NEW, LOOP_GAMMA = 14, 3        # 生成几个新 token、草稿每轮提议几个
+
+
+def _layer_skip_loop():
+    """
+    下面的测试要的那次生成 -> (输出的 token, 生成器的统计, 目标和草稿在"提示 + 输出"上一次前向的 logits)。
+    后台装模型的子进程提前算（conftest.compute_early：同一份 float64 模型，结果逐位相同）。
+    """
+    target, _, tok = smollm2_lm("float64")
+    s = load_script(S)
+    target = layer_subset(target, range(LOOP_KEEP))              # 一份浅拷贝：换它的 _head 不动会话共用的模型
+    target._head = np.ascontiguousarray(target._head[:, :LOOP_VOCAB])
+    draft = layer_skip_draft(target, *LOOP_SKIP)
+    prompt = tok.chat(s.PROMPTS[0][1])
+    out, st = speculative_generate(target, draft, prompt, LOOP_NEW, LOOP_GAMMA, 0.0, np.random.default_rng(0),
+                                   stop=s.STOP)
+    greedy = [int(x) for x in out]
+    # 教师强制的两次前向：lm_head 只乘要的那几行
+    return greedy, st, new_token_logits(target, prompt, greedy), new_token_logits(draft, prompt, greedy)
+
+
+compute_early(_layer_skip_loop)
 
 
 def test_float64_loop_equals_greedy_and_exact_rounds_layer_skip(f64):
@@ -103,16 +126,10 @@ def test_float64_loop_equals_greedy_and_exact_rounds_layer_skip(f64):
     LOOP_VOCAB 列（词嵌入不变，提示照样查得到；两个模型共用这份 lm_head，说出的 token 都 < LOOP_VOCAB）：整个词表的
     lm_head 每一行的乘加比这 6 层加起来还多，这里每次前向的每一行都算它，占了这个测试一小半的时间。
     """
-    target, tok, s = f64
-    target = layer_subset(target, range(LOOP_KEEP))              # 一份浅拷贝：换它的 _head 不动会话共用的模型
-    target._head = np.ascontiguousarray(target._head[:, :LOOP_VOCAB])
+    _, _, s = f64
     assert s.STOP < LOOP_VOCAB
-    draft = layer_skip_draft(target, *LOOP_SKIP)
-    prompt = tok.chat(s.PROMPTS[0][1])
-    n_new, gamma = 14, 3
-    out, st = speculative_generate(target, draft, prompt, n_new, gamma, 0.0, np.random.default_rng(0), stop=s.STOP)
-    greedy = [int(x) for x in out]
-    lt, ld = new_token_logits(target, prompt, greedy), new_token_logits(draft, prompt, greedy)   # lm_head 只乘要的那几行
+    greedy, st, lt, ld = early_result(_layer_skip_loop)
+    n_new, gamma = LOOP_NEW, LOOP_GAMMA
     assert _greedy_by_teacher_forcing(lt, greedy, n_new, s.STOP)
     assert min(_top_gap(lt), _top_gap(ld)) > 1e-6
     agree = ld.argmax(-1) == np.array(greedy)
