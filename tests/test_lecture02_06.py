@@ -10,6 +10,7 @@ float32 从头到尾是 float32；带缓存的 decode == 一次算完；带停�
 测试会话只装一次（conftest.real_model）。
 """
 import copy
+import functools
 import json
 import math
 import os
@@ -103,6 +104,7 @@ def forward_rows(model, seqs, rows):
 ANSWER_ROWS = range(len(CHAT["ids"]) - 1, len(CHAT["ids"]) + len(GREEDY) - 1)
 
 
+@functools.lru_cache(maxsize=None)      # _stop_runs 也要它：在子进程里（和这里自己算时）只算一次
 def _full_passes():
     """
     float64 模型一次算完的 logits，几个测试共用（每段只算一次）-> {"chat": [16 + 7, V], "prose": [15, V], "code": [33, V]}。
@@ -493,22 +495,17 @@ class _PathDraft:
         self.fed = min(self.fed, m)
 
 
-def _path_draft(lm, full_passes, mask=()):
-    model, _ = lm
-    return _PathDraft(full_passes["chat"], model.cfg, CHAT["ids"] + GREEDY[:-1], mask)
-
-
 SPEC_GAMMA = 2        # 两个停止 token 的测试的草稿长度
 
 
 class _RecordedTarget:
     """
-    两个停止 token 的测试共用的目标：会话共用的 float64 模型（lm_head 只乘 speculative_generate 读的最后 γ + 1 行：
+    两个停止 token 的测试的两次生成（_stop_runs）共用的目标：会话共用的 float64 模型（lm_head 只乘 speculative_generate 读的最后 γ + 1 行：
     head_only_at），外加一本账。一个会话的每次 logits 调用，连同这个会话之前的全部调用（喂了哪个序列、回滚到哪），
     记下返回的行和调用之后缓存里已写的 K、V；另一个会话走到完全相同的调用历史时，取记下的行、把缓存恢复成记下的样子，
     不再前向。前向是确定的（同样的权重、同样的缓存内容、同样的输入给出逐位相同的输出），取出来的就是重算会得到的；
-    历史一有不同（另一个草稿 token），从那一步起照常在模型上前向。两个测试的前两轮（提示 + 2 个草稿，然后 3 个 token）
-    逐位相同，第 3 轮的草稿不同：先跑的那个测试前向 3 次，后跑的只前向第 3 轮（单独跑哪一个都前向 3 次）。
+    历史一有不同（另一个草稿 token），从那一步起照常在模型上前向。两次生成的前两轮（提示 + 2 个草稿，然后 3 个 token）
+    逐位相同，第 3 轮的草稿不同：第一次前向 3 次，第二次只前向第 3 轮。
     speculative_generate 对目标要的：cfg、session() -> .logits(seq) / .truncate(m)（decode_lab._Session 的接口）。
     """
 
@@ -541,12 +538,33 @@ class _RecordedSession:
         self.history += (("truncate", m),)
 
 
+def _stop_runs():
+    """
+    两个停止 token 的测试的两次投机解码（T = 0，γ = SPEC_GAMMA，提示是演示 4 的问题，<|im_end|> 停），按两个测试的先后，
+    共用一个 _RecordedTarget -> [(输出, 统计, 这次之前目标前向的次数, 之后的), …]。草稿见各个测试。
+    后台装模型的子进程提前算（conftest.compute_early：同一份 float64 模型，结果逐位相同）。
+    """
+    model, _, tok = smollm2_lm("float64")
+    rows, path = _full_passes()["chat"], CHAT["ids"] + GREEDY[:-1]
+    target, runs = _RecordedTarget(model), []
+    for mask, seed in (([tok.im_end_id], 1), ((), 2)):
+        before = target.forwards
+        spec, stats = speculative_generate(target, _PathDraft(rows, model.cfg, path, mask),
+                                           tok.chat("What is the capital of France?"), 16, SPEC_GAMMA, 0.0,
+                                           np.random.default_rng(seed), stop=[tok.im_end_id])
+        runs.append(([int(t) for t in spec], stats, before, target.forwards))
+    return runs
+
+
+compute_early(_stop_runs)
+
+
 @pytest.fixture(scope="module")
-def spec_target(lm):
-    return _RecordedTarget(lm[0])
+def stop_runs(lm):
+    return early_result(_stop_runs)
 
 
-def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5, full_passes, spec_target):
+def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5, stop_runs):
     """
     T = 0 时输出 == 贪心对任何草稿都成立，草稿是谁不改变要证明的事；这里要的是停止 token 作为修正 token 出现（被拒绝
     之后由目标抽出），停在被接受的草稿里的情形由下一个测试管。草稿：_PathDraft，目标自己在这条路上的 logits，但从不
@@ -555,40 +573,32 @@ def test_speculative_with_a_stop_token_equals_greedy_at_t0(f64, lm, d4, mod, d5,
     前向 8 次，草稿另算 24 步）。
     """
     P, cfg, tok = f64
-    target = spec_target                                   # 会话共用的 float64 模型（_RecordedTarget）
-    assert spec_target.model.params is lm[0].params
     assert d5["min_gap"] > 1.0
     prompt = tok.chat("What is the capital of France?")
     assert prompt == CHAT["ids"]
-    draft = _path_draft(lm, full_passes, mask=[tok.im_end_id])
     # 贪心（带停止 token）：就是演示 4 那次运行的 autoregressive_generate（同一个 float64 模型、同一个提示、同样的
     # 上限和停止 token），不在进程里再生成一遍
     assert (mod.QUESTION, mod.N_NEW, d4["prompt"]) == ("What is the capital of France?", 16, prompt)
     assert tok.im_end_id == 2
     greedy = d4["ids"]
-    n_fwd = target.forwards
-    spec, stats = speculative_generate(target, draft, prompt, 16, SPEC_GAMMA, 0.0, np.random.default_rng(1), stop=[2])
-    assert target.forwards > n_fwd                         # 至少最后一轮是在模型上前向的（_RecordedTarget）
+    spec, stats, n_fwd, after = stop_runs[0]               # 草稿从不提议 <|im_end|>（_stop_runs 的第一次）
+    assert after > n_fwd                                   # 至少最后一轮是在模型上前向的（_RecordedTarget）
     assert list(greedy) == list(spec) == GREEDY
     assert stats["target_calls"] <= len(GREEDY)
     assert stats["accepted"][-1] < 2                       # 最后一轮有拒绝：<|im_end|> 是修正 token
     assert stats == {"target_calls": 3, "accepted": [2, 2, 1]}
 
 
-def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5, full_passes, spec_target):
+def test_speculative_stop_inside_an_accepted_run_is_cut_there(lm, d5, stop_runs):
     """草稿：_PathDraft，目标自己在这条路上的 logits（不遮任何 id）：T = 0 时只看 argmax，这条路上处处和目标相同、
     α = 1（stats 断言每轮全接受，不成立时这里就红）。γ = 2：每轮 3 个 token，<|im_end|>（第 8 个）是第 3 轮被接受的
     第 2 个草稿，后面那个额外的 token 必须截掉。上一个测试的草稿从不提议 <|im_end|>，停止 token 总是修正 token，
     测不到这种情况。"""
     _, tok = lm
-    target = spec_target                                   # 会话共用的 float64 模型（_RecordedTarget）
     assert d5["min_gap"] > 1.0
     assert tok.chat("What is the capital of France?") == CHAT["ids"]
-    draft = _path_draft(lm, full_passes)
-    n_fwd = target.forwards
-    spec, stats = speculative_generate(target, draft, tok.chat("What is the capital of France?"), 16, SPEC_GAMMA, 0.0,
-                                       np.random.default_rng(2), stop=[2])
-    assert target.forwards > n_fwd                         # 至少最后一轮是在模型上前向的（_RecordedTarget）
+    spec, stats, n_fwd, after = stop_runs[1]               # 草稿不遮任何 id（_stop_runs 的第二次）
+    assert after > n_fwd                                   # 至少最后一轮是在模型上前向的（_RecordedTarget）
     assert list(spec) == GREEDY
     assert stats == {"target_calls": 3, "accepted": [2, 2, 2]}
 

@@ -15,6 +15,7 @@ import pytest
 
 import decode_lab
 import spec_engine_lab
+from conftest import compute_early, early_result
 from decode_lab import NGramLM, TransformerLM, autoregressive_generate, speculative_generate
 from drafts_lab import layer_skip_draft, layer_subset
 from engine_lab import LLMEngine
@@ -284,6 +285,28 @@ def test_bad_speculative_config_raises():
         LLMEngine(MODEL, CFG, 16, block_size=4, speculative_config=[("method", "ngram")])
 
 
+def _smollm2_pair():
+    """下面的测试的目标（SmolLM2 的前 3 层）、草稿（跳过它的第 1 层）和两个提示。"""
+    full, _, tok = smollm2_lm("float64")
+    model = layer_subset(full, range(3), name="SmolLM2 的前 3 层")
+    return model, layer_skip_draft(model, 1, 1), [tok.chat("Name a primary color."), tok.chat("Say hello in Spanish.")]
+
+
+def _smollm2_refs():
+    """
+    下面的测试的参照：每个提示单独的 speculative_generate（γ = 2，T = 1，种子 4 + i，3 个新 token）-> [(输出, 统计), …]。
+    后台装模型的子进程提前算（conftest.compute_early：同一份 float64 模型，结果逐位相同）。
+    """
+    model, draft, prompts = _smollm2_pair()
+    ref_t, ref_d = rows_read(model, 2 + 1), rows_read(draft, 1)
+    return [([int(t) for t in out], st) for out, st in
+            (speculative_generate(ref_t, ref_d, p, 3, 2, 1.0, np.random.default_rng(4 + i), stop=2)
+             for i, p in enumerate(prompts))]
+
+
+compute_early(_smollm2_refs)
+
+
 def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
     """
     真实模型（float64）：跳层自草稿，T = 1，两个请求一起验证 == speculative_generate，每轮接受的个数也相同。
@@ -296,17 +319,12 @@ def test_smollm2_layer_skip_draft_in_the_engine_equals_speculative_generate():
     别的行（14 个 token 的提示各一遍、草稿追上的那几行）不乘 lm_head（每行 2.8e7 次乘加，是这里的大头）、填 NaN：
     它要是读了哪一行，抽出来的就不是引擎的 token，断言变红。
     """
-    full, _, tok = smollm2_lm("float64")
-    model = layer_subset(full, range(3), name="SmolLM2 的前 3 层")
+    model, draft, prompts = _smollm2_pair()
     cfg = model.cfg
-    draft = layer_skip_draft(model, 1, 1)
-    prompts = [tok.chat("Name a primary color."), tok.chat("Say hello in Spanish.")]
     eng = LLMEngine(model, cfg, -(-cfg.max_seq // 16), speculative_config=spec_cfg(draft=draft, gamma=2))
     reqs = run_all(eng, prompts, 3, 1.0, seed=4, stop=2)
-    ref_t, ref_d = rows_read(model, 2 + 1), rows_read(draft, 1)
-    for i, (p, req) in enumerate(zip(prompts, reqs)):
-        want, st = speculative_generate(ref_t, ref_d, p, 3, 2, 1.0, np.random.default_rng(4 + i), stop=2)
-        assert req.output == [int(t) for t in want] and req.accepted == st["accepted"]
+    for req, (want, st) in zip(reqs, early_result(_smollm2_refs)):
+        assert req.output == want and req.accepted == st["accepted"]
     assert_no_leak(eng)
     accepted = [a for req in reqs for a in req.accepted]
     assert min(accepted) == 0 and max(accepted) == 2
